@@ -1,0 +1,67 @@
+package pglimit_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+
+	// Once per deployment (safe to run from every instance at start-up).
+	if err := pglimit.Migrate(ctx, pool, ""); err != nil {
+		panic(err)
+	}
+
+	// One report export per user every 2 seconds, across every instance.
+	lim, err := pglimit.New(pool, &pglimit.Config{
+		Namespace: "export-report",
+		Cooldown:  2 * time.Second,
+	})
+	if err != nil {
+		panic(err)
+	}
+
+	d, err := lim.Allow(ctx, "user-42")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("first call admitted:", d.Allowed)
+
+	d, err = lim.Allow(ctx, "user-42")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("second call admitted:", d.Allowed)
+	fmt.Println("come back within 2s:", d.RetryAfter > 0 && d.RetryAfter <= 2*time.Second)
+
+	// Support staff lift the cooldown.
+	if err := lim.Reset(ctx, "user-42"); err != nil {
+		panic(err)
+	}
+	// Output:
+	// first call admitted: true
+	// second call admitted: false
+	// come back within 2s: true
+}
+
+// databaseURL stands for the application's own database: here, the test
+// server that pglimittest provides.
+func databaseURL() string {
+	url, err := pglimittest.ServerURL()
+	if err != nil {
+		panic(err)
+	}
+	return url
+}

@@ -1,0 +1,187 @@
+package pglimittest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// Environment variables read by [Main] and the helpers.
+const (
+	// EnvURL names a server to use instead of starting one. Tests create
+	// and drop their own schemas in its database.
+	EnvURL = "PGLIMIT_TEST_DATABASE_URL"
+
+	// EnvPrefer forces a source: "docker" or "local".
+	EnvPrefer = "PGLIMIT_TEST_POSTGRES"
+)
+
+var shared struct {
+	sync.Mutex
+	inMain bool
+	srv    *Server
+	err    error
+}
+
+// Main runs a package's tests with a shared PostgreSQL server, started on
+// first use and stopped afterwards, and then checks that no goroutine was
+// left behind. Call it from TestMain:
+//
+//	func TestMain(m *testing.M) { pglimittest.Main(m) }
+func Main(m *testing.M) {
+	shared.Lock()
+	shared.inMain = true
+	shared.Unlock()
+
+	code := m.Run()
+
+	shared.Lock()
+	if shared.srv != nil {
+		if err := shared.srv.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "pglimittest: stopping PostgreSQL: %v\n", err)
+			code = cmpCode(code)
+		}
+	}
+	shared.Unlock()
+
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
+			fmt.Fprintf(os.Stderr, "pglimittest: goroutines left behind: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func cmpCode(code int) int {
+	if code == 0 {
+		return 1
+	}
+	return code
+}
+
+// URL returns the connection URL of the shared test server, starting it on
+// first use. The test fails with instructions when no server can be had.
+func URL(tb testing.TB) string {
+	tb.Helper()
+	url, err := ServerURL()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return url
+}
+
+// ServerURL is [URL] for code that has no testing.TB, such as examples.
+func ServerURL() (string, error) {
+	shared.Lock()
+	defer shared.Unlock()
+	if !shared.inMain {
+		return "", errors.New("pglimittest: call pglimittest.Main(m) from TestMain, so the shared PostgreSQL is stopped after the tests")
+	}
+	if shared.srv == nil && shared.err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		shared.srv, shared.err = StartServer(ctx, &ServerConfig{
+			URL:    os.Getenv(EnvURL),
+			Prefer: os.Getenv(EnvPrefer),
+			Logf:   func(format string, args ...any) { fmt.Fprintf(os.Stderr, "pglimittest: "+format+"\n", args...) },
+		})
+		if shared.err == nil {
+			shared.err = prepare(ctx, shared.srv.URL())
+		}
+		if shared.err != nil {
+			shared.err = fmt.Errorf("pglimittest: no PostgreSQL for tests: %w", shared.err)
+		}
+	}
+	if shared.err != nil {
+		return "", shared.err
+	}
+	return shared.srv.URL(), nil
+}
+
+// prepare installs btree_gist once, in the database's public schema, so
+// that per-test schemas share it and dropping one never drops it.
+func prepare(ctx context.Context, url string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS btree_gist WITH SCHEMA public")
+	return err
+}
+
+// Pool returns a new pool to the shared server, closed when the test ends.
+// Its search_path is empty, so SQL that forgets to qualify a table fails.
+func Pool(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(URL(tb))
+	if err != nil {
+		tb.Fatalf("pglimittest: %v", err)
+	}
+	cfg.MaxConns = 4
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("pglimittest: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	warm(tb, pool)
+	return pool
+}
+
+// warm opens every connection of pool up front. Lazily dialled connections
+// trickle in and spread a burst of requests out in time, which would let a
+// race test pass by accident.
+func warm(tb testing.TB, pool *pgxpool.Pool) {
+	tb.Helper()
+	conns := make([]*pgxpool.Conn, 0, pool.Config().MaxConns)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range pool.Config().MaxConns {
+		c, err := pool.Acquire(context.Background())
+		if err != nil {
+			tb.Fatalf("pglimittest: %v", err)
+		}
+		conns = append(conns, c)
+	}
+}
+
+// Schema creates a schema with pglimit's migrations applied, dropped when
+// the test ends, and returns its name. Tests that each use their own schema
+// can run in parallel.
+func Schema(tb testing.TB) string {
+	tb.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "pglimit_test_" + hex.EncodeToString(b[:])
+
+	pool := Pool(tb)
+	ctx := context.Background()
+	if err := pglimit.Migrate(ctx, pool, name); err != nil {
+		tb.Fatalf("pglimittest: migrate schema %s: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+			tb.Errorf("pglimittest: drop schema %s: %v", name, err)
+		}
+	})
+	return name
+}

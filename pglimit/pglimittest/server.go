@@ -1,0 +1,594 @@
+package pglimittest
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/testcontainers/testcontainers-go"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+)
+
+// Server kinds reported by [Server.Kind].
+const (
+	serverKindURL    = "url"
+	serverKindDocker = "docker"
+	serverKindLocal  = "local"
+)
+
+const (
+	serverDockerImage = "postgres:16-alpine"
+	// Long enough for a slow engine to answer, short enough that machines
+	// without Docker fall through to local binaries without a noticeable wait.
+	serverDockerProbeTimeout = 3 * time.Second
+	serverReadyTimeout       = 30 * time.Second
+	serverStopTimeout        = 10 * time.Second
+	serverPortAttempts       = 3
+)
+
+// ServerConfig says where a test server comes from. A nil *ServerConfig means defaults.
+type ServerConfig struct {
+	// URL of an existing server to use instead of starting one; it must allow
+	// CREATE EXTENSION and CREATE DATABASE. StartServer reads no environment
+	// itself, so callers usually pass os.Getenv("PGLIMIT_TEST_DATABASE_URL").
+	// Defaults to "" (start a server).
+	URL string
+
+	// Durable keeps fsync and full_page_writes on, because the demo and the
+	// load test need honest numbers; tests leave it off for speed. It never
+	// touches synchronous_commit, which the library's behaviour depends on.
+	// Ignored for an existing URL. Defaults to false.
+	Durable bool
+
+	// Logf receives progress lines so a slow start (image pull, initdb) is not
+	// a silent one. Defaults to discarding them.
+	Logf func(format string, args ...any)
+
+	// Prefer picks the source: "" tries URL, then Docker, then local binaries;
+	// "docker" or "local" use only that one (URL still wins when set).
+	// Defaults to "".
+	Prefer string
+}
+
+// Server is a PostgreSQL server for tests, the demo and the load test. It is
+// either borrowed (a URL) or owned (a container or a throwaway cluster), and
+// Close releases only what it owns.
+type Server struct {
+	kind string
+	url  string
+	dir  string // temp dir of a local cluster, "" otherwise
+
+	stop      func() error
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// StartServer finds or starts a PostgreSQL server. When none can be had it
+// fails with a message saying how to provide one: tests must not skip silently.
+func StartServer(ctx context.Context, cfg *ServerConfig) (*Server, error) {
+	if cfg == nil {
+		cfg = &ServerConfig{}
+	}
+	logf := cfg.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+
+	switch cfg.Prefer {
+	case "", serverKindDocker, serverKindLocal:
+	default:
+		// Checked even when URL is set, so a typo in configuration shows up early.
+		return nil, fmt.Errorf(`pglimittest: ServerConfig.Prefer must be "", "docker" or "local", got %q`, cfg.Prefer)
+	}
+	if cfg.URL != "" {
+		logf("using PostgreSQL at the given URL")
+		return &Server{kind: serverKindURL, url: cfg.URL}, nil
+	}
+
+	var tried []string
+	switch cfg.Prefer {
+	case "":
+		if err := serverDockerHealthy(ctx); err != nil {
+			logf("no Docker engine answers (%s); trying local PostgreSQL binaries", serverOneLine(err))
+			tried = append(tried, "docker: no engine answers: "+serverOneLine(err))
+		} else {
+			s, err := startDockerServer(ctx, cfg, logf)
+			if err == nil {
+				return s, nil
+			}
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("pglimittest: docker: %w", err)
+			}
+			logf("%v; trying local PostgreSQL binaries", err)
+			tried = append(tried, "docker: "+err.Error())
+		}
+		s, err := startLocalServer(ctx, cfg, logf)
+		if err == nil {
+			return s, nil
+		}
+		tried = append(tried, "local: "+err.Error())
+	case serverKindDocker:
+		if err := serverDockerHealthy(ctx); err != nil {
+			return nil, serverUnavailable([]string{"docker: no engine answers: " + serverOneLine(err)})
+		}
+		s, err := startDockerServer(ctx, cfg, logf)
+		if err != nil {
+			return nil, serverUnavailable([]string{"docker: " + err.Error()})
+		}
+		return s, nil
+	case serverKindLocal:
+		s, err := startLocalServer(ctx, cfg, logf)
+		if err != nil {
+			return nil, serverUnavailable([]string{"local: " + err.Error()})
+		}
+		return s, nil
+	}
+	return nil, serverUnavailable(tried)
+}
+
+func serverUnavailable(tried []string) error {
+	return fmt.Errorf("pglimittest: no PostgreSQL server available. Provide one by either\n"+
+		"  - setting PGLIMIT_TEST_DATABASE_URL to a superuser URL, e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable\n"+
+		"  - starting a Docker engine (image %s is pulled on first use), or\n"+
+		"  - installing PostgreSQL server binaries with contrib, e.g. apt-get install postgresql postgresql-contrib\n"+
+		"tried:\n  %s", serverDockerImage, strings.Join(tried, "\n  "))
+}
+
+// serverOneLine flattens testcontainers' multi-line errors for log lines.
+func serverOneLine(err error) string {
+	return strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
+}
+
+// URL returns a superuser connection URL to the "postgres" database.
+func (s *Server) URL() string { return s.url }
+
+// Kind tells where the server came from ("url", "docker" or "local"), so
+// callers can log it or reason about what Close will do.
+func (s *Server) Kind() string { return s.kind }
+
+// Close stops what StartServer started and removes its files; a borrowed URL
+// is left alone. It is safe to call more than once.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		if s.stop != nil {
+			s.closeErr = s.stop()
+		}
+	})
+	return s.closeErr
+}
+
+// serverDockerHealthy runs the probe in a goroutine because provider
+// construction ignores ctx; a wedged DOCKER_HOST must not hang the caller.
+func serverDockerHealthy(ctx context.Context) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, serverDockerProbeTimeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				done <- fmt.Errorf("docker probe panicked: %v", r)
+			}
+		}()
+		p, err := testcontainers.NewDockerProvider(testcontainers.WithLogger(serverLogger{func(string, ...any) {}}))
+		if err != nil {
+			done <- err
+			return
+		}
+		done <- p.Health(ctx) // Health closes the provider
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// serverLogger adapts Logf to testcontainers' logger, which otherwise writes
+// to stderr.
+type serverLogger struct{ logf func(string, ...any) }
+
+func (l serverLogger) Printf(format string, args ...any) { l.logf(format, args...) }
+
+func startDockerServer(ctx context.Context, cfg *ServerConfig, logf func(string, ...any)) (s *Server, err error) {
+	// testcontainers has panicking paths (e.g. socket discovery); a test
+	// helper must turn them into errors.
+	defer func() {
+		if r := recover(); r != nil {
+			s, err = nil, fmt.Errorf("testcontainers panicked: %v", r)
+		}
+	}()
+	logf("starting PostgreSQL container %s", serverDockerImage)
+	cmd := []string{"postgres", "-c", "max_connections=300"}
+	if !cfg.Durable {
+		cmd = append(cmd, "-c", "fsync=off", "-c", "full_page_writes=off")
+	}
+	ctr, err := tcpostgres.Run(ctx, serverDockerImage,
+		testcontainers.WithLogger(serverLogger{logf}),
+		tcpostgres.BasicWaitStrategies(),
+		testcontainers.WithCmd(cmd...), // replaces the module's default, which forces fsync=off
+	)
+	if err != nil {
+		_ = testcontainers.TerminateContainer(ctr)
+		return nil, fmt.Errorf("start container: %w", err)
+	}
+	url, err := ctr.ConnectionString(ctx, "sslmode=disable")
+	if err != nil {
+		_ = testcontainers.TerminateContainer(ctr)
+		return nil, fmt.Errorf("container connection string: %w", err)
+	}
+	logf("PostgreSQL container %s ready", ctr.GetContainerID())
+	return &Server{
+		kind: serverKindDocker,
+		url:  url,
+		stop: func() error {
+			if err := testcontainers.TerminateContainer(ctr); err != nil {
+				return fmt.Errorf("pglimittest: terminate container: %w", err)
+			}
+			return nil
+		},
+	}, nil
+}
+
+// serverLocalBin is a directory holding initdb and postgres.
+type serverLocalBin struct {
+	dir     string
+	version string // major version, for log lines
+}
+
+// findLocalBinaries prefers initdb on PATH, as the user's explicit choice,
+// then the highest Debian-style /usr/lib/postgresql/<ver>/bin.
+func findLocalBinaries() (serverLocalBin, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		dir := filepath.Dir(p)
+		if serverIsExecutable(filepath.Join(dir, "postgres")) {
+			return serverLocalBin{dir: dir, version: serverBinVersion(dir)}, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	var found []serverLocalBin
+	for _, dir := range dirs {
+		if serverIsExecutable(filepath.Join(dir, "initdb")) && serverIsExecutable(filepath.Join(dir, "postgres")) {
+			found = append(found, serverLocalBin{dir: dir, version: filepath.Base(filepath.Dir(dir))})
+		}
+	}
+	if len(found) == 0 {
+		return serverLocalBin{}, errors.New("no initdb and postgres on PATH or under /usr/lib/postgresql/<version>/bin")
+	}
+	slices.SortFunc(found, func(a, b serverLocalBin) int {
+		return serverCompareVersions(b.version, a.version) // highest first
+	})
+	return found[0], nil
+}
+
+func serverIsExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
+}
+
+// serverCompareVersions orders "9.6" < "15" < "16".
+func serverCompareVersions(a, b string) int {
+	as, bs := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < max(len(as), len(bs)); i++ {
+		var x, y int
+		if i < len(as) {
+			x, _ = strconv.Atoi(as[i])
+		}
+		if i < len(bs) {
+			y, _ = strconv.Atoi(bs[i])
+		}
+		if c := cmp.Compare(x, y); c != 0 {
+			return c
+		}
+	}
+	return 0
+}
+
+// serverBinVersion returns the major version for log lines; "?" when
+// unknown, since it is not worth failing for.
+func serverBinVersion(dir string) string {
+	out, err := exec.Command(filepath.Join(dir, "postgres"), "--version").Output()
+	if err != nil {
+		return "?"
+	}
+	// "postgres (PostgreSQL) 15.8 (Debian 15.8-1.pgdg120+1)"
+	fields := strings.Fields(string(out))
+	if len(fields) < 3 {
+		return "?"
+	}
+	major, _, _ := strings.Cut(fields[2], ".")
+	return major
+}
+
+// serverCredential returns whom to run initdb and postgres as: both refuse to
+// run as root, so root borrows the "postgres" user, else "nobody".
+func serverCredential() (*syscall.Credential, string, error) {
+	if os.Geteuid() != 0 {
+		return nil, "", nil
+	}
+	var errs []error
+	for _, name := range []string{"postgres", "nobody"} {
+		u, err := user.Lookup(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+		gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+		if err1 != nil || err2 != nil || uid == 0 {
+			errs = append(errs, fmt.Errorf("user %q has unusable uid/gid %s/%s", name, u.Uid, u.Gid))
+			continue
+		}
+		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, name, nil
+	}
+	return nil, "", fmt.Errorf("running as root and no unprivileged user to run PostgreSQL as: %w", errors.Join(errs...))
+}
+
+func serverSysProcAttr(cred *syscall.Credential) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{
+		Credential: cred,
+		// Own process group: Ctrl-C in a terminal reaches only our process,
+		// which then shuts the cluster down in order.
+		Setpgid: true,
+		// If we die without Close (test timeout, kill -9), fast-shut the
+		// cluster instead of leaving it running.
+		Pdeathsig: syscall.SIGINT,
+	}
+}
+
+func startLocalServer(ctx context.Context, cfg *ServerConfig, logf func(string, ...any)) (*Server, error) {
+	bin, err := findLocalBinaries()
+	if err != nil {
+		return nil, err
+	}
+	cred, runAs, err := serverCredential()
+	if err != nil {
+		return nil, err
+	}
+	base := os.TempDir()
+	if cred != nil && !serverSearchable(base) {
+		// e.g. TMPDIR under /root: the unprivileged user could not enter it.
+		logf("%s is not searchable by user %s; using /tmp", base, runAs)
+		base = "/tmp"
+	}
+	dir, err := os.MkdirTemp(base, "pglimittest-")
+	if err != nil {
+		return nil, fmt.Errorf("create temp dir: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	dataDir, sockDir := filepath.Join(dir, "data"), filepath.Join(dir, "sock")
+	if err := os.Mkdir(sockDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create socket dir: %w", err)
+	}
+	if cred != nil {
+		err := filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(path, int(cred.Uid), int(cred.Gid))
+		})
+		if err != nil {
+			return nil, fmt.Errorf("chown temp dir to %s: %w", runAs, err)
+		}
+	}
+
+	asUser := ""
+	if runAs != "" {
+		asUser = " as user " + runAs
+	}
+	logf("starting local PostgreSQL %s from %s%s in %s", bin.version, bin.dir, asUser, dir)
+
+	initArgs := []string{"-D", dataDir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale"}
+	if !cfg.Durable {
+		initArgs = append(initArgs, "--no-sync")
+	}
+	initCmd := exec.CommandContext(ctx, filepath.Join(bin.dir, "initdb"), initArgs...)
+	initCmd.Dir = dir // the unprivileged user may not be able to enter our cwd
+	initCmd.SysProcAttr = serverSysProcAttr(cred)
+	if out, err := initCmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("initdb: %w\n%s", err, serverTail(out))
+	}
+
+	logPath := filepath.Join(dir, "postgres.log")
+	var lastErr error
+	for range serverPortAttempts {
+		port, err := serverFreePort()
+		if err != nil {
+			return nil, err
+		}
+		proc, err := serverStartPostgres(ctx, bin, cred, dir, dataDir, sockDir, logPath, port, cfg.Durable)
+		if err == nil {
+			ok = true
+			logf("local PostgreSQL ready on 127.0.0.1:%d", port)
+			return &Server{
+				kind: serverKindLocal,
+				url:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+				dir:  dir,
+				stop: func() error {
+					stopErr := proc.stop(logf)
+					if err := os.RemoveAll(dir); err != nil {
+						return errors.Join(stopErr, fmt.Errorf("pglimittest: remove %s: %w", dir, err))
+					}
+					return stopErr
+				},
+			}, nil
+		}
+		lastErr = err
+		// Another process can grab the port between our probe and the bind.
+		if ctx.Err() != nil || !strings.Contains(err.Error(), "already in use") {
+			break
+		}
+		logf("port %d was taken; retrying", port)
+	}
+	return nil, lastErr
+}
+
+// serverSearchable reports whether any user can reach into dir.
+func serverSearchable(dir string) bool {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil || fi.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if d == filepath.Dir(d) {
+			return true
+		}
+	}
+}
+
+func serverFreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// serverProc is a running postmaster.
+type serverProc struct {
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed once cmd.Wait returns
+	waitErr error         // valid after exited is closed
+	logPath string
+}
+
+func serverStartPostgres(ctx context.Context, bin serverLocalBin, cred *syscall.Credential, dir, dataDir, sockDir, logPath string, port int, durable bool) (*serverProc, error) {
+	args := []string{
+		"-D", dataDir,
+		"-p", strconv.Itoa(port),
+		"-k", sockDir,
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "max_connections=300",
+	}
+	if !durable {
+		args = append(args, "-c", "fsync=off", "-c", "full_page_writes=off")
+	}
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open server log: %w", err)
+	}
+	defer logFile.Close() // the child keeps its own descriptor
+	offset, _ := logFile.Seek(0, io.SeekEnd)
+
+	// Not CommandContext: the server must outlive ctx, until Close.
+	cmd := exec.Command(filepath.Join(bin.dir, "postgres"), args...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = serverSysProcAttr(cred)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start postgres: %w", err)
+	}
+	p := &serverProc{cmd: cmd, exited: make(chan struct{}), logPath: logPath}
+	go func() {
+		p.waitErr = cmd.Wait()
+		close(p.exited)
+	}()
+
+	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=2", port)
+	if err := p.waitReady(ctx, url, offset); err != nil {
+		p.stop(func(string, ...any) {})
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *serverProc) waitReady(ctx context.Context, url string, logOffset int64) error {
+	ctx, cancel := context.WithTimeout(ctx, serverReadyTimeout)
+	defer cancel()
+	var lastErr error
+	for {
+		select {
+		case <-p.exited:
+			return fmt.Errorf("postgres exited during startup (%v):\n%s", p.waitErr, p.logTail(logOffset))
+		default:
+		}
+		conn, err := pgx.Connect(ctx, url)
+		if err == nil {
+			err = conn.Ping(ctx)
+			_ = conn.Close(context.Background())
+			if err == nil {
+				return nil
+			}
+		}
+		lastErr = err
+		select {
+		case <-p.exited:
+			// Loop once more to report the exit with the log.
+		case <-ctx.Done():
+			return fmt.Errorf("postgres not ready: %w (last error: %v)\n%s", ctx.Err(), lastErr, p.logTail(logOffset))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// stop asks for a fast shutdown (SIGINT), which rolls back open transactions
+// and disconnects clients, then kills the whole group if that takes too long.
+func (p *serverProc) stop(logf func(string, ...any)) error {
+	select {
+	case <-p.exited:
+		return nil
+	default:
+	}
+	pid := p.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGINT); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("pglimittest: signal postgres: %w", err)
+	}
+	select {
+	case <-p.exited:
+		return nil
+	case <-time.After(serverStopTimeout):
+	}
+	logf("postgres did not shut down within %s; killing it", serverStopTimeout)
+	_ = syscall.Kill(-pid, syscall.SIGKILL) // the group: postmaster and backends
+	<-p.exited
+	return nil
+}
+
+func (p *serverProc) logTail(offset int64) string {
+	b, err := os.ReadFile(p.logPath)
+	if err != nil {
+		return "(no server log: " + err.Error() + ")"
+	}
+	if offset > 0 && offset <= int64(len(b)) {
+		b = b[offset:]
+	}
+	return serverTail(b)
+}
+
+// serverTail keeps the last lines of tool output, where the cause usually is.
+func serverTail(b []byte) string {
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 {
+		return "    (no output)"
+	}
+	lines := bytes.Split(b, []byte("\n"))
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	return "    " + string(bytes.Join(lines, []byte("\n    ")))
+}
