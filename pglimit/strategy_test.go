@@ -2,8 +2,13 @@ package pglimit_test
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
@@ -22,19 +27,23 @@ func withStrategy(s pglimit.Strategy, edit func(*pglimit.Config)) pglimittest.Ne
 	}
 }
 
-func TestUpsert(t *testing.T) {
+// Every strategy passes the suite with every combination of the options
+// that change how it talks to the database.
+func TestConformance(t *testing.T) {
 	t.Parallel()
-	pglimittest.Exercise(t, withStrategy(pglimit.Upsert, nil))
-}
-
-func TestNoWait(t *testing.T) {
-	t.Parallel()
-	pglimittest.Exercise(t, withStrategy(pglimit.NoWait, nil))
-}
-
-func TestRange(t *testing.T) {
-	t.Parallel()
-	pglimittest.Exercise(t, withStrategy(pglimit.Range, nil))
+	for _, s := range pglimit.Strategies {
+		for _, async := range []bool{false, true} {
+			for _, preblock := range []int{0, 1000} {
+				t.Run(fmt.Sprintf("%s/async=%t/preblock=%d", s, async, preblock), func(t *testing.T) {
+					t.Parallel()
+					pglimittest.Exercise(t, withStrategy(s, func(c *pglimit.Config) {
+						c.AsyncCommit = async
+						c.PreBlockSize = preblock
+					}))
+				})
+			}
+		}
+	}
 }
 
 // PlainInsert is the article's form, kept for the load test. It does not
@@ -58,5 +67,124 @@ func TestRangePlainInsertSequential(t *testing.T) {
 		if !d.Allowed && (d.RetryAfter <= 0 || d.RetryAfter > time.Minute) {
 			t.Fatalf("request %d: RetryAfter %s, want in (0, 1m]", i, d.RetryAfter)
 		}
+	}
+}
+
+// A refusal for a key in cooldown takes no row lock and writes nothing, so
+// it never waits for a WAL flush: the transaction it ran in has no
+// transaction id afterwards (any lock or write would have assigned one).
+func TestRefusalWritesNothing(t *testing.T) {
+	t.Parallel()
+	for _, s := range pglimit.Strategies {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := pglimittest.Pool(t)
+			lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: pglimittest.Schema(t), Cooldown: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d, err := lim.Allow(ctx, "hot"); err != nil || !d.Allowed {
+				t.Fatalf("first request: %+v, %v", d, err)
+			}
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				d, err := lim.AllowTx(ctx, tx, "hot")
+				if err != nil || d.Allowed {
+					t.Fatalf("refusal: %+v, %v", d, err)
+				}
+				var xid *string
+				if err := tx.QueryRow(ctx, "SELECT pg_current_xact_id_if_assigned()::text").Scan(&xid); err != nil {
+					return err
+				}
+				if xid != nil {
+					t.Errorf("the refusal assigned transaction id %s: it locked or wrote", *xid)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// AsyncCommit changes synchronous_commit for the limiter's own statement
+// only: the connection it ran on keeps the application's setting.
+func TestAsyncCommitStaysInItsStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pglimittest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // every statement on the same connection
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	schema := pglimittest.Schema(t)
+	for _, s := range pglimit.Strategies {
+		lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Minute, AsyncCommit: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v, %v", s, d, err)
+		}
+		var setting string
+		if err := pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&setting); err != nil {
+			t.Fatal(err)
+		}
+		if setting != "on" {
+			t.Fatalf("%s: synchronous_commit is %q on the limiter's connection after Allow, want on", s, setting)
+		}
+	}
+}
+
+// countingDB passes every call to a real pool and counts the statements.
+type countingDB struct {
+	*pgxpool.Pool
+	statements atomic.Int64
+}
+
+func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	c.statements.Add(1)
+	return c.Pool.QueryRow(ctx, sql, args...)
+}
+
+// With the pre-block on, a hot key costs the database one statement per
+// admission, not one per request; a Reset through the limiter lifts it at
+// once.
+func TestPreBlockSparesTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, s := range pglimit.Strategies {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			db := &countingDB{Pool: pglimittest.Pool(t)}
+			lim, err := pglimit.New(db, &pglimit.Config{Strategy: s, Schema: pglimittest.Schema(t), Cooldown: time.Minute, PreBlockSize: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 100 {
+				d, err := lim.Allow(ctx, "hot")
+				if err != nil || d.Allowed != (i == 0) {
+					t.Fatalf("request %d: %+v, %v", i, d, err)
+				}
+				if !d.Allowed && (d.RetryAfter <= 0 || d.RetryAfter > time.Minute) {
+					t.Fatalf("request %d: RetryAfter %s, want in (0, 1m]", i, d.RetryAfter)
+				}
+			}
+			if n := db.statements.Load(); n != 1 {
+				t.Fatalf("100 requests on a hot key ran %d statements, want 1", n)
+			}
+			if err := lim.Reset(ctx, "hot"); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := lim.Allow(ctx, "hot"); err != nil || !d.Allowed {
+				t.Fatalf("after Reset: %+v, %v; want admitted", d, err)
+			}
+		})
 	}
 }
