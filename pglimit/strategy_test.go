@@ -188,3 +188,15 @@ func TestPreBlockSparesTheDatabase(t *testing.T) {
 		})
 	}
 }
+
+// Behind PgBouncer in transaction pooling mode, with the exec mode it
+// needs, every strategy keeps every promise.
+func TestConformanceThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	for _, s := range pglimit.Strategies {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			pglimittest.Exercise(t, withStrategy(s, nil), pglimittest.WithPool(pglimittest.PgBouncerPool))
+		})
+	}
+}

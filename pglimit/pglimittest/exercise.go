@@ -21,15 +21,32 @@ import (
 // any option it exercises.
 type NewLimiter func(db pglimit.DB, cfg *pglimit.Config) (pglimit.Limiter, error)
 
+// Option changes how [Exercise] connects.
+type Option func(*options)
+
+type options struct {
+	pool func(testing.TB) *pgxpool.Pool
+}
+
+// WithPool makes the suite's limiters and transactions use pools from
+// newPool, such as [PgBouncerPool], instead of [Pool].
+func WithPool(newPool func(testing.TB) *pgxpool.Pool) Option {
+	return func(o *options) { o.pool = newPool }
+}
+
 // Exercise runs the conformance suite every strategy must pass against a
 // real PostgreSQL. Each subtest uses its own schema and runs in parallel.
-func Exercise(t *testing.T, newLimiter NewLimiter) {
+func Exercise(t *testing.T, newLimiter NewLimiter, opts ...Option) {
 	t.Helper()
+	o := options{pool: Pool}
+	for _, opt := range opts {
+		opt(&o)
+	}
 
 	setup := func(t *testing.T, cooldown time.Duration) (pglimit.Limiter, *bundle) {
 		t.Helper()
 		t.Parallel()
-		b := &bundle{schema: Schema(t), pool: Pool(t)}
+		b := &bundle{schema: Schema(t), pool: o.pool(t)}
 		return mustNew(t, newLimiter, b.pool, &pglimit.Config{Schema: b.schema, Cooldown: cooldown}), b
 	}
 	ctx := context.Background()
@@ -57,7 +74,7 @@ func Exercise(t *testing.T, newLimiter NewLimiter) {
 
 	t.Run("TwoInstancesAdmitOne", func(t *testing.T) {
 		lim1, b := setup(t, time.Minute)
-		lim2 := mustNew(t, newLimiter, Pool(t), &pglimit.Config{Schema: b.schema, Cooldown: time.Minute})
+		lim2 := mustNew(t, newLimiter, o.pool(t), &pglimit.Config{Schema: b.schema, Cooldown: time.Minute})
 		admitted, errs := race(ctx, []pglimit.Limiter{lim1, lim2}, 200, "hot")
 		if errs != nil || admitted != 1 {
 			t.Fatalf("200 requests over two pools: %d admitted, errors %v; want exactly 1 admitted and no error", admitted, errs)
@@ -70,7 +87,7 @@ func Exercise(t *testing.T, newLimiter NewLimiter) {
 		// One race per key, so a narrow window still gets hit.
 		const cooldown = time.Second
 		lim1, b := setup(t, cooldown)
-		lim2 := mustNew(t, newLimiter, Pool(t), &pglimit.Config{Schema: b.schema, Cooldown: cooldown})
+		lim2 := mustNew(t, newLimiter, o.pool(t), &pglimit.Config{Schema: b.schema, Cooldown: cooldown})
 		keys := make([]string, 25)
 		for i := range keys {
 			keys[i] = fmt.Sprintf("hot-%d", i)

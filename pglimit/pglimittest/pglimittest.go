@@ -33,6 +33,9 @@ var shared struct {
 	inMain bool
 	srv    *Server
 	err    error
+
+	bouncer    *PgBouncer
+	bouncerErr error
 }
 
 // Main runs a package's tests with a shared PostgreSQL server, started on
@@ -48,6 +51,12 @@ func Main(m *testing.M) {
 	code := m.Run()
 
 	shared.Lock()
+	if shared.bouncer != nil {
+		if err := shared.bouncer.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "pglimittest: stopping PgBouncer: %v\n", err)
+			code = cmpCode(code)
+		}
+	}
 	if shared.srv != nil {
 		if err := shared.srv.Close(); err != nil {
 			fmt.Fprintf(os.Stderr, "pglimittest: stopping PostgreSQL: %v\n", err)
@@ -127,10 +136,38 @@ func prepare(ctx context.Context, url string) error {
 // Its search_path is empty, so SQL that forgets to qualify a table fails.
 func Pool(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(URL(tb))
+	return newPool(tb, URL(tb), pgx.QueryExecModeCacheStatement)
+}
+
+// PgBouncerPool returns a new pool that reaches the shared server through a
+// shared PgBouncer in transaction pooling mode, closed when the test ends.
+// It runs queries with pgx.QueryExecModeExec, since PgBouncer 1.18 (Debian
+// 12) cannot keep prepared statements in that mode. The test fails when the
+// pgbouncer binary is missing.
+func PgBouncerPool(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	upstream := URL(tb)
+	shared.Lock()
+	if shared.bouncer == nil && shared.bouncerErr == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		shared.bouncer, shared.bouncerErr = StartPgBouncer(ctx, upstream)
+		cancel()
+	}
+	b, err := shared.bouncer, shared.bouncerErr
+	shared.Unlock()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return newPool(tb, b.URL(), pgx.QueryExecModeExec)
+}
+
+func newPool(tb testing.TB, url string, mode pgx.QueryExecMode) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		tb.Fatalf("pglimittest: %v", err)
 	}
+	cfg.ConnConfig.DefaultQueryExecMode = mode
 	cfg.MaxConns = 4
 	cfg.ConnConfig.RuntimeParams["search_path"] = ""
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
