@@ -36,8 +36,9 @@
 // [Limiter.AllowTx] decides inside the caller's transaction, so a cooldown
 // is consumed only if the caller's work commits. It is sound for every
 // strategy at READ COMMITTED, the PostgreSQL default. While that transaction
-// is open, other requests for the key wait for it (Upsert, Range, up to
-// [Config.Timeout]) or are refused (NoWait), so keep such transactions short.
+// is open, other requests for the key wait for it, up to [Config.Timeout]
+// (NoWait refuses them instead, once the key has a committed row), so keep
+// such transactions short.
 // The admission is dated when AllowTx runs, not when the transaction commits.
 // At REPEATABLE READ or SERIALIZABLE, a key decided concurrently yields a
 // serialization failure (SQLSTATE 40001) rather than a decision: no

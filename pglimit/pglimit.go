@@ -47,8 +47,10 @@ type Limiter interface {
 
 	// AllowTx is Allow inside the caller's transaction: the cooldown is
 	// consumed only if tx commits. While tx is open, other requests for the
-	// same key wait for it (Upsert, Range) or are refused (NoWait). A
-	// contention error never aborts tx: NoWait works inside a savepoint.
+	// same key wait for it, up to Config.Timeout (NoWait refuses them
+	// instead, except for a key tx admits for the first time, whose new row
+	// they wait on). A contention error never aborts tx: NoWait works
+	// inside a savepoint.
 	AllowTx(ctx context.Context, tx pgx.Tx, key string) (Decision, error)
 
 	// Reset lifts the key's cooldown, so its next request is admitted.

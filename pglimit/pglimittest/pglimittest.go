@@ -222,3 +222,50 @@ func Schema(tb testing.TB) string {
 	})
 	return name
 }
+
+// OwnServer starts a server for the calling test alone, which it may
+// restart or crash ([Server.Restart]); it is closed when the test ends. It
+// never uses [EnvURL]: a borrowed server cannot be restarted.
+func OwnServer(tb testing.TB) *Server {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := StartServer(ctx, &ServerConfig{Prefer: os.Getenv(EnvPrefer), Durable: true})
+	if err != nil {
+		tb.Fatalf("pglimittest: a server of its own for this fault test: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := srv.Close(); err != nil {
+			tb.Errorf("pglimittest: %v", err)
+		}
+	})
+	if err := prepare(ctx, srv.URL()); err != nil {
+		tb.Fatalf("pglimittest: %v", err)
+	}
+	return srv
+}
+
+// ServerPool returns a pool of maxConns connections to srv that follows its
+// URL across restarts, closed when the test ends.
+func ServerPool(tb testing.TB, srv *Server, maxConns int32) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(srv.URL())
+	if err != nil {
+		tb.Fatalf("pglimittest: %v", err)
+	}
+	cfg.MaxConns = maxConns
+	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		now, err := pgx.ParseConfig(srv.URL())
+		if err != nil {
+			return err
+		}
+		cc.Host, cc.Port = now.Host, now.Port
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("pglimittest: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}

@@ -71,10 +71,12 @@ type ServerConfig struct {
 // Close releases only what it owns.
 type Server struct {
 	kind string
+	mu   sync.Mutex // guards url, which a container restart may change
 	url  string
 	dir  string // temp dir of a local cluster, "" otherwise
 
 	stop      func() error
+	restart   func(ctx context.Context, immediate bool) error // local clusters only
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -155,8 +157,13 @@ func serverOneLine(err error) string {
 	return strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
 }
 
-// URL returns a superuser connection URL to the "postgres" database.
-func (s *Server) URL() string { return s.url }
+// URL returns a superuser connection URL to the "postgres" database. After
+// [Server.Restart] of a container, the port may have changed.
+func (s *Server) URL() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.url
+}
 
 // Kind tells where the server came from ("url", "docker" or "local"), so
 // callers can log it or reason about what Close will do.
@@ -171,6 +178,19 @@ func (s *Server) Close() error {
 		}
 	})
 	return s.closeErr
+}
+
+// Restart stops the server and starts it again on the same data, for fault
+// tests. With immediate it stops the way a crash does (as pg_ctl stop -m
+// immediate: no checkpoint, recovery at start); otherwise it does a fast
+// shutdown. Open connections are cut either way. A local cluster keeps its
+// port; a container may not, see [Server.URL]. A borrowed URL cannot be
+// restarted.
+func (s *Server) Restart(ctx context.Context, immediate bool) error {
+	if s.restart == nil {
+		return fmt.Errorf("pglimittest: a %s server cannot be restarted; only containers and local clusters can", s.kind)
+	}
+	return s.restart(ctx, immediate)
 }
 
 // serverDockerHealthy runs the probe in a goroutine because provider
@@ -234,7 +254,7 @@ func startDockerServer(ctx context.Context, cfg *ServerConfig, logf func(string,
 		return nil, fmt.Errorf("container connection string: %w", err)
 	}
 	logf("PostgreSQL container %s ready", ctr.GetContainerID())
-	return &Server{
+	srv := &Server{
 		kind: serverKindDocker,
 		url:  url,
 		stop: func() error {
@@ -243,7 +263,31 @@ func startDockerServer(ctx context.Context, cfg *ServerConfig, logf func(string,
 			}
 			return nil
 		},
-	}, nil
+	}
+	srv.restart = func(ctx context.Context, immediate bool) error {
+		// The image stops postgres with SIGINT (a fast shutdown); a zero
+		// timeout is SIGKILL, a crash.
+		timeout := serverStopTimeout
+		if immediate {
+			timeout = 0
+		}
+		if err := ctr.Stop(ctx, &timeout); err != nil {
+			return fmt.Errorf("pglimittest: stop container: %w", err)
+		}
+		if err := ctr.Start(ctx); err != nil {
+			return fmt.Errorf("pglimittest: start container: %w", err)
+		}
+		// Docker may map the port anew.
+		url, err := ctr.ConnectionString(ctx, "sslmode=disable")
+		if err != nil {
+			return fmt.Errorf("pglimittest: container connection string: %w", err)
+		}
+		srv.mu.Lock()
+		srv.url = url
+		srv.mu.Unlock()
+		return nil
+	}
+	return srv, nil
 }
 
 // serverLocalBin is a directory holding initdb and postgres.
@@ -424,16 +468,34 @@ func startLocalServer(ctx context.Context, cfg *ServerConfig, logf func(string, 
 		if err == nil {
 			ok = true
 			logf("local PostgreSQL ready on 127.0.0.1:%d", port)
+			var mu sync.Mutex // guards proc across Restart and Close
 			return &Server{
 				kind: serverKindLocal,
 				url:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
 				dir:  dir,
 				stop: func() error {
+					mu.Lock()
+					defer mu.Unlock()
 					stopErr := proc.stop(logf)
 					if err := os.RemoveAll(dir); err != nil {
 						return errors.Join(stopErr, fmt.Errorf("pglimittest: remove %s: %w", dir, err))
 					}
 					return stopErr
+				},
+				restart: func(ctx context.Context, immediate bool) error {
+					mu.Lock()
+					defer mu.Unlock()
+					if immediate {
+						proc.crash()
+					} else if err := proc.stop(logf); err != nil {
+						return err
+					}
+					p, err := serverStartPostgres(ctx, bin, cred, dir, dataDir, sockDir, logPath, port, cfg.Durable)
+					if err != nil {
+						return fmt.Errorf("pglimittest: restart: %w", err)
+					}
+					proc = p
+					return nil
 				},
 			}, nil
 		}
@@ -567,6 +629,19 @@ func (p *serverProc) stop(logf func(string, ...any)) error {
 	_ = syscall.Kill(-pid, syscall.SIGKILL) // the group: postmaster and backends
 	<-p.exited
 	return nil
+}
+
+// crash stops the postmaster the way a crash does: SIGQUIT makes every
+// process exit at once, without a checkpoint, leaving recovery to the next
+// start.
+func (p *serverProc) crash() {
+	_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGQUIT)
+	select {
+	case <-p.exited:
+	case <-time.After(serverStopTimeout):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.exited
+	}
 }
 
 func (p *serverProc) logTail(offset int64) string {
