@@ -261,6 +261,31 @@ func Exercise(t *testing.T, newLimiter NewLimiter, opts ...Option) {
 		}
 	})
 
+	t.Run("HostileKeysAreData", func(t *testing.T) {
+		lim, b := setup(t, time.Minute)
+		keys := []string{
+			`'; DROP TABLE pglimit_upsert; --`,
+			`" OR 1=1 --`,
+			`$1`,
+			`%s%d%[1]s`,
+			`\x00`,
+			"line\nbreak\ttab",
+			"ключ-🔑",
+		}
+		for _, key := range keys {
+			if d := mustAllow(t, lim, key); !d.Allowed {
+				t.Fatalf("Allow(%q): %+v, want admitted", key, d)
+			}
+			if d := mustAllow(t, lim, key); d.Allowed {
+				t.Fatalf("Allow(%q) again: %+v, want refused", key, d)
+			}
+		}
+		// Every table survived (countRows reads all three), one row per key.
+		if n := countRows(t, b); n != int64(len(keys)) {
+			t.Fatalf("%d rows after %d hostile keys, want one each", n, len(keys))
+		}
+	})
+
 	t.Run("ContextBoundsTheDecision", func(t *testing.T) {
 		lim, b := setup(t, time.Minute)
 		cancelled, cancel := context.WithCancel(ctx)
