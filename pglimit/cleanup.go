@@ -40,10 +40,12 @@ type CleanerConfig struct {
 	// Retention is how long after its cooldown ended a row is kept. An ended
 	// cooldown means the same as no row, so any value is safe; keeping rows
 	// a while means the cleaner rarely touches a key that is still in use
-	// (for Upsert and NoWait a returning key is then an update, not a delete
-	// and an insert) and the Range table doubles as a short admission log.
-	// Must not be negative; zero means the default, so use a nanosecond to
-	// delete as soon as cooldowns end. Defaults to 10 minutes.
+	// (a returning Upsert or NoWait key is then an update, not a delete and
+	// an insert, and NoWait, which refuses a key whose row is locked, seldom
+	// meets a row the cleaner is deleting) and the Range table doubles as a
+	// short admission log. Must not be negative; zero means the default, so
+	// use a nanosecond to delete as soon as cooldowns end. Defaults to 10
+	// minutes.
 	Retention time.Duration
 
 	// BatchSize is the most rows one DELETE removes. A run repeats batches
@@ -99,9 +101,10 @@ type CleanerStats struct {
 //
 // If the leader's session ends (its process exits, its connection is closed
 // or terminated, it stops), another instance takes over within one election
-// interval, min(Interval, 10s), plus a round trip. If the leader hangs or its
-// host vanishes, the server ends its idle session after max(4×that, 5s), and
-// takeover follows within one more election interval.
+// interval E = min(Interval, 10s) plus a round trip; within 1s + E if the
+// leader died during a batch. If the leader hangs or its host vanishes, the
+// server ends its idle session after max(4E, 5s), and takeover follows
+// within one more E. Needs PostgreSQL 14 or later.
 //
 // The cleaner takes one connection out of the pool for good, for the lock;
 // it needs a real session (not PgBouncer transaction pooling).
@@ -250,7 +253,8 @@ func (c *Cleaner) Start(ctx context.Context) error {
 // leadership, so another instance takes over at its next election. If ctx
 // ends first, the running batch is cancelled (it rolls back) and Stop
 // returns an error wrapping ctx's. Either way nothing of the cleaner is left
-// running when Stop returns. Stop on a cleaner not started does nothing.
+// running when Stop returns. Stop on a cleaner not started, or already
+// stopped, does nothing.
 func (c *Cleaner) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	if c.state != cleanerStarted {
