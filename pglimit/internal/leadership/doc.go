@@ -54,19 +54,26 @@
 // it at its next step: within E plus one round trip (plus a dial, if the
 // follower had lost its own connection too).
 //
+// A leader that dies during a statement (a cleanup batch) leaves the server
+// running that statement, and holding the lock, until it ends; blocked on a
+// row or table lock, that can be as long as its statement_timeout. The
+// elector sets client_connection_check_interval = 1s on its session, so the
+// server notices the closed connection within a second, aborts the
+// statement and ends the session: takeover within 1s + E. (pgx itself
+// sends a cancel request when a context cancels a query, so Stop's
+// cancelled batch ends at once.)
+//
 // When the leader hangs or its host or network vanishes, the server notices
 // only when the session has been idle for idle_session_timeout, which the
 // elector sets on its session to max(4E, 5s); a live elector talks to the
 // server every E, so it is never idle that long. Takeover then comes within
-// max(4E, 5s) + E. A leader that comes back finds its connection dead at its
-// next ping or query and becomes a follower. Until then it still reports
-// itself leader, but whatever it tries through Do fails: the database never
-// sees two leaders' work at once.
+// max(4E, 5s) + E, plus the statement_timeout if it vanished during a batch. A
+// leader that comes back finds its connection dead at its next ping or
+// query and becomes a follower. Until then it still reports itself leader,
+// but whatever it tries through Do fails: the database never sees two
+// leaders' work at once.
 //
-// The elector also sets client_connection_check_interval (1s), so that a
-// statement whose client gave up (a batch cancelled by Stop) is aborted,
-// and its session with the lock ended, instead of running on. Both settings
-// need PostgreSQL 14 or later.
+// Both settings need PostgreSQL 14 or later.
 //
 // Elections need a real session: behind PgBouncer in transaction pooling
 // mode, advisory locks do not work; give the elector a direct connection or

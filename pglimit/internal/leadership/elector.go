@@ -216,8 +216,8 @@ func (e *Elector) step(loopCtx context.Context) {
 // the lock, when the elector is gone: idle_session_timeout ends a session
 // idle for longer than a live elector ever is (a leader that hung or whose
 // host vanished), and client_connection_check_interval aborts a statement
-// whose client has closed the connection (a batch cancelled by Stop)
-// instead of letting it run on, holding the lock.
+// whose client has closed the connection (a leader that died during a
+// batch) instead of letting it run on, holding the lock.
 func (e *Elector) dial(ctx context.Context) (*pgx.Conn, error) {
 	conn, err := e.cfg.Acquire(ctx)
 	if err != nil {
