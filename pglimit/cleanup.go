@@ -225,8 +225,11 @@ func (c *Cleaner) Start(ctx context.Context) error {
 	tables := make([]cleanup.Table, 0, len(c.cfg.Tables))
 	for _, name := range c.cfg.Tables {
 		t, err := cleanup.Describe(ctx, c.pool, c.cfg.Schema, name)
-		if err != nil {
+		switch {
+		case errors.Is(err, cleanup.ErrNotLimiterTable):
 			return fmt.Errorf("%w: Tables: %w", ErrInvalidConfig, err)
+		case err != nil:
+			return fmt.Errorf("pglimit: cleaner: %w", err)
 		}
 		tables = append(tables, t)
 	}

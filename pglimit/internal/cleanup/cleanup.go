@@ -4,12 +4,17 @@ package cleanup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
+
+// ErrNotLimiterTable reports a table that is missing or lacks a column that
+// ends cooldowns.
+var ErrNotLimiterTable = errors.New("not a limiter table")
 
 // Querier runs the statements; *pgx.Conn and *pgxpool.Pool satisfy it.
 type Querier interface {
@@ -72,7 +77,7 @@ func Describe(ctx context.Context, q Querier, schema, name string) (Table, error
 		return Table{}, fmt.Errorf("describe %s: %w", qualified, err)
 	}
 	if !exists {
-		return Table{}, fmt.Errorf("table %s does not exist; apply the migrations (pglimit.Migrate) first", qualified)
+		return Table{}, fmt.Errorf("%w: table %s does not exist; apply the migrations (pglimit.Migrate) first", ErrNotLimiterTable, qualified)
 	}
 	for _, e := range ends {
 		for _, col := range columns {
@@ -81,7 +86,7 @@ func Describe(ctx context.Context, q Querier, schema, name string) (Table, error
 			}
 		}
 	}
-	return Table{}, fmt.Errorf("table %s has neither an expires_at timestamptz column nor a during tstzrange column", qualified)
+	return Table{}, fmt.Errorf("%w: table %s has neither an expires_at timestamptz column nor a during tstzrange column", ErrNotLimiterTable, qualified)
 }
 
 // DeleteBatch deletes at most limit rows of t whose cooldown ended more
