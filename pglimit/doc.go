@@ -31,6 +31,14 @@
 // an exclusion constraint and keeps one row per admission. All three pass the
 // same conformance suite (package pglimittest).
 //
+// # Cleanup
+//
+// The Range table gains a row per admission, the others a row per key ever
+// seen. Run a [Cleaner] in every instance: they elect one leader through a
+// PostgreSQL advisory lock, and it deletes, in batches, rows whose cooldown
+// ended more than [CleanerConfig.Retention] ago. [Cleaner.Stats] exposes
+// what it did for metrics.
+//
 // # Transactions
 //
 // [Limiter.AllowTx] decides inside the caller's transaction, so a cooldown

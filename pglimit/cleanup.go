@@ -1,0 +1,415 @@
+package pglimit
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit/internal/cleanup"
+	"github.com/pglimit/cooldown/pglimit/internal/leadership"
+)
+
+// CleanerConfig configures a [Cleaner]. A nil or zero CleanerConfig means
+// defaults.
+type CleanerConfig struct {
+	// Schema holds the tables to clean. A plain identifier. Defaults to
+	// "public".
+	Schema string
+
+	// Tables lists the tables to clean, by plain name in Schema. Each must
+	// have the shape the migrations create: an expires_at timestamptz column
+	// (Upsert, NoWait) or a during tstzrange column (Range). Defaults to
+	// "pglimit_upsert", "pglimit_nowait" and "pglimit_range".
+	Tables []string
+
+	// Interval is the time between two cleanup runs. Instances also try for
+	// leadership this often, but at least every 10s. Defaults to 1 minute.
+	Interval time.Duration
+
+	// Retention is how long after its cooldown ended a row is kept. An ended
+	// cooldown means the same as no row, so any value is safe; keeping rows
+	// a while means the cleaner rarely touches a key that is still in use
+	// (a returning Upsert or NoWait key is then an update, not a delete and
+	// an insert, and NoWait, which refuses a key whose row is locked, seldom
+	// meets a row the cleaner is deleting) and the Range table doubles as a
+	// short admission log. Must not be negative; zero means the default, so
+	// use a nanosecond to delete as soon as cooldowns end. Defaults to 10
+	// minutes.
+	Retention time.Duration
+
+	// BatchSize is the most rows one DELETE removes. A run repeats batches
+	// until one deletes fewer. Must not be negative. Defaults to 1000.
+	BatchSize int
+
+	// BatchTimeout bounds each batch, on the server (statement_timeout) so
+	// that a slow batch fails without costing the connection. Must not be
+	// negative. Defaults to 5s.
+	BatchTimeout time.Duration
+
+	// Logger receives failures (Warn, Error), leadership changes (Info) and
+	// a line per run (Debug). Defaults to [slog.Default].
+	Logger *slog.Logger
+
+	hooks *cleanerHooks // tests only; see export_test.go
+}
+
+// cleanerHooks lets tests wait for events instead of sleeping. Hooks run
+// synchronously on the cleaner's goroutines and must not block for long.
+type cleanerHooks struct {
+	batchStart func(table string)                        // on the leader's connection, before the DELETE
+	batchEnd   func(table string, rows int64, err error) // after it
+	leader     func(leader bool)                         // leadership gained or lost
+}
+
+const (
+	defaultCleanInterval     = time.Minute
+	defaultRetention         = 10 * time.Minute
+	defaultBatchSize         = 1000
+	defaultBatchTimeout      = 5 * time.Second
+	maxElectionInterval      = 10 * time.Second
+	batchClientTimeoutMargin = 2 * time.Second
+)
+
+// CleanerStats is what a [Cleaner] has done since it was created. The
+// counters only grow, so a metrics collector can export them as counters.
+type CleanerStats struct {
+	Runs         uint64        // cleanup runs this instance started as leader
+	Batches      uint64        // DELETE batches that committed
+	RowsDeleted  uint64        // rows those batches deleted
+	Errors       uint64        // batches that failed; a failure ends its run
+	LastSuccess  time.Time     // when the last run without error ended; zero if none has
+	LastDuration time.Duration // how long the last finished run took
+	Leader       bool          // whether this instance is the leader now
+}
+
+// Cleaner deletes limiter rows whose cooldown ended more than
+// [CleanerConfig.Retention] ago, every [CleanerConfig.Interval], in
+// batches. Run one in every instance of the application: they elect a
+// leader through a PostgreSQL session advisory lock, one per schema, and
+// only the leader deletes, on the very connection that holds the lock.
+//
+// If the leader's session ends (its process exits, its connection is closed
+// or terminated, it stops), another instance takes over within one election
+// interval E = min(Interval, 10s) plus a round trip; within 1s + E if the
+// leader died during a batch. If the leader hangs or its host vanishes, the
+// server ends its idle session after max(4E, 5s), and takeover follows
+// within one more E. Needs PostgreSQL 14 or later.
+//
+// The cleaner takes one connection out of the pool for good, for the lock;
+// it needs a real session (not PgBouncer transaction pooling).
+type Cleaner struct {
+	pool    *pgxpool.Pool
+	cfg     CleanerConfig
+	elector *leadership.Elector
+
+	mu      sync.Mutex // guards state; orders running.Add before running.Wait
+	state   cleanerState
+	sched   gocron.Scheduler
+	tables  []cleanup.Table
+	running sync.WaitGroup // runs in progress
+
+	stopping  atomic.Bool
+	runCtx    context.Context // cancelled when Stop's grace runs out
+	cancelRun context.CancelFunc
+
+	runs, batches, rowsDeleted, errs atomic.Uint64
+	lastSuccess, lastDuration        atomic.Int64 // UnixNano; nanoseconds
+}
+
+type cleanerState int
+
+const (
+	cleanerNew cleanerState = iota
+	cleanerStarted
+	cleanerStopped
+)
+
+// NewCleaner returns a cleaner for pool's database. It does no I/O; call
+// [Cleaner.Start] to begin.
+func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c.Logger = c.Logger.With("schema", c.Schema)
+	cl := &Cleaner{pool: pool, cfg: c}
+	hooks := c.hooks
+	cl.elector = leadership.New(leadership.Config{
+		Acquire:  cl.acquire,
+		Key:      cleanupLockID(c.Schema),
+		Interval: min(c.Interval, maxElectionInterval),
+		Logger:   c.Logger,
+		OnChange: func(leader bool) {
+			if hooks != nil && hooks.leader != nil {
+				hooks.leader(leader)
+			}
+		},
+	})
+	return cl, nil
+}
+
+func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
+	var out CleanerConfig
+	if c != nil {
+		out = *c
+	}
+	out.Schema = cmp.Or(out.Schema, defaultSchema)
+	if err := ValidateIdentifier(out.Schema); err != nil {
+		return out, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	if len(out.Tables) == 0 {
+		out.Tables = []string{defaultTables[Upsert], defaultTables[NoWait], defaultTables[Range]}
+	}
+	out.Tables = slices.Clone(out.Tables)
+	for i, t := range out.Tables {
+		if err := ValidateIdentifier(t); err != nil {
+			return out, fmt.Errorf("%w: Tables[%d]: %w", ErrInvalidConfig, i, err)
+		}
+		if slices.Index(out.Tables, t) != i {
+			return out, fmt.Errorf("%w: Tables[%d]: %q is listed twice", ErrInvalidConfig, i, t)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"Interval", &out.Interval, defaultCleanInterval},
+		{"Retention", &out.Retention, defaultRetention},
+		{"BatchTimeout", &out.BatchTimeout, defaultBatchTimeout},
+	} {
+		if *d.v < 0 {
+			return out, fmt.Errorf("%w: %s must not be negative, got %s", ErrInvalidConfig, d.name, *d.v)
+		}
+		*d.v = cmp.Or(*d.v, d.def)
+	}
+	if out.BatchSize < 0 {
+		return out, fmt.Errorf("%w: BatchSize must not be negative, got %d", ErrInvalidConfig, out.BatchSize)
+	}
+	out.BatchSize = cmp.Or(out.BatchSize, defaultBatchSize)
+	out.Logger = cmp.Or(out.Logger, slog.Default())
+	return out, nil
+}
+
+// cleanupLockID is the advisory lock the cleaners of one schema compete
+// for; it differs from the migration lock of the same schema.
+func cleanupLockID(schema string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("pglimit/cleanup/" + schema))
+	return int64(h.Sum64() >> 1)
+}
+
+// Start checks the tables, then starts the election and the schedule. The
+// first run comes one Interval after Start. ctx bounds the checks only; the
+// cleaner runs until [Cleaner.Stop]. A cleaner starts at most once.
+func (c *Cleaner) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state != cleanerNew {
+		return errors.New("pglimit: cleaner: Start called twice, or after Stop")
+	}
+	tables := make([]cleanup.Table, 0, len(c.cfg.Tables))
+	for _, name := range c.cfg.Tables {
+		t, err := cleanup.Describe(ctx, c.pool, c.cfg.Schema, name)
+		switch {
+		case errors.Is(err, cleanup.ErrNotLimiterTable):
+			return fmt.Errorf("%w: Tables: %w", ErrInvalidConfig, err)
+		case err != nil:
+			return fmt.Errorf("pglimit: cleaner: %w", err)
+		}
+		tables = append(tables, t)
+	}
+	sched, err := gocron.NewScheduler(gocron.WithDistributedElector(c.elector))
+	if err != nil {
+		return fmt.Errorf("pglimit: cleaner: %w", err)
+	}
+	_, err = sched.NewJob(gocron.DurationJob(c.cfg.Interval), gocron.NewTask(c.run),
+		gocron.WithName("pglimit cleanup "+c.cfg.Schema),
+		gocron.WithSingletonMode(gocron.LimitModeReschedule))
+	if err != nil {
+		_ = sched.Shutdown()
+		return fmt.Errorf("pglimit: cleaner: %w", err)
+	}
+	c.tables, c.sched = tables, sched
+	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
+	c.state = cleanerStarted
+	c.elector.Start()
+	sched.Start()
+	return nil
+}
+
+// Stop stops scheduling, waits for a running batch to finish, and gives up
+// leadership, so another instance takes over at its next election. If ctx
+// ends first, the running batch is cancelled (it rolls back) and Stop
+// returns an error wrapping ctx's. Either way nothing of the cleaner is left
+// running when Stop returns. Stop on a cleaner not started, or already
+// stopped, does nothing.
+func (c *Cleaner) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	if c.state != cleanerStarted {
+		c.state = cleanerStopped
+		c.mu.Unlock()
+		return nil
+	}
+	c.state = cleanerStopped
+	c.stopping.Store(true)
+	c.mu.Unlock()
+
+	var err error
+	idle := make(chan struct{})
+	go func() {
+		c.running.Wait()
+		close(idle)
+	}()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+		c.cancelRun()
+		<-idle // prompt: a cancelled query returns at once
+		err = fmt.Errorf("pglimit: cleaner: stop: running batch cancelled: %w", context.Cause(ctx))
+	}
+	c.cancelRun()
+	// No run is in progress and none can start, so this returns at once.
+	if serr := c.sched.Shutdown(); serr != nil {
+		err = errors.Join(err, fmt.Errorf("pglimit: cleaner: stop scheduler: %w", serr))
+	}
+	c.elector.Stop(ctx)
+	return err
+}
+
+// Stats returns what the cleaner has done so far.
+func (c *Cleaner) Stats() CleanerStats {
+	s := CleanerStats{
+		Runs:         c.runs.Load(),
+		Batches:      c.batches.Load(),
+		RowsDeleted:  c.rowsDeleted.Load(),
+		Errors:       c.errs.Load(),
+		LastDuration: time.Duration(c.lastDuration.Load()),
+		Leader:       c.elector.Leader(),
+	}
+	if ns := c.lastSuccess.Load(); ns != 0 {
+		s.LastSuccess = time.Unix(0, ns)
+	}
+	return s
+}
+
+// acquire takes a connection out of the pool for the elector, so that it
+// is dialled with the pool's settings and hooks, and sets the per-batch
+// timeout on it.
+func (c *Cleaner) acquire(ctx context.Context) (*pgx.Conn, error) {
+	pc, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	conn := pc.Hijack()
+	ms := (c.cfg.BatchTimeout + time.Millisecond - 1) / time.Millisecond // round up: 0 would disable it
+	if _, err := conn.Exec(ctx, "SELECT set_config('statement_timeout', $1, false)", fmt.Sprintf("%dms", ms)); err != nil {
+		_ = conn.Close(ctx)
+		return nil, err
+	}
+	return conn, nil
+}
+
+// enter registers a run unless the cleaner is stopping.
+func (c *Cleaner) enter() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state != cleanerStarted {
+		return false
+	}
+	c.running.Add(1)
+	return true
+}
+
+// run is the scheduled job: gocron calls it only while the elector says
+// this instance leads, and never twice at once.
+func (c *Cleaner) run() {
+	if !c.enter() {
+		return
+	}
+	defer c.running.Done()
+	c.runs.Add(1)
+	start := time.Now()
+	var deleted int64
+	err := c.sweep(&deleted)
+	end := time.Now()
+	c.lastDuration.Store(int64(end.Sub(start)))
+	switch {
+	case errors.Is(err, leadership.ErrNotLeader):
+		c.cfg.Logger.Debug("pglimit: cleanup run ended: leadership lost", "rows", deleted)
+	case errors.Is(err, errCancelled):
+		c.cfg.Logger.Info("pglimit: cleanup run cancelled by Stop", "rows", deleted)
+	case err != nil:
+		c.cfg.Logger.Error("pglimit: cleanup run failed", "rows", deleted, "err", err)
+	default:
+		c.lastSuccess.Store(end.UnixNano())
+		c.cfg.Logger.Debug("pglimit: cleanup run", "rows", deleted, "duration", end.Sub(start))
+	}
+}
+
+// sweep deletes batches from each table until a batch comes back short, or
+// the cleaner stops.
+func (c *Cleaner) sweep(deleted *int64) error {
+	for _, t := range c.tables {
+		for !c.stopping.Load() {
+			n, err := c.batch(t)
+			*deleted += n
+			if err != nil {
+				return err
+			}
+			if n < int64(c.cfg.BatchSize) {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// errCancelled ends a run whose batch Stop cancelled.
+var errCancelled = errors.New("batch cancelled by Stop")
+
+// batch runs one DELETE on the leader's connection.
+func (c *Cleaner) batch(t cleanup.Table) (int64, error) {
+	// statement_timeout ends a slow batch on the server and keeps the
+	// connection; this deadline is only a backstop for a silent network.
+	ctx, cancel := context.WithTimeout(c.runCtx, c.cfg.BatchTimeout+batchClientTimeoutMargin)
+	defer cancel()
+	var n int64
+	err := c.elector.Do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		if h := c.cfg.hooks; h != nil && h.batchStart != nil {
+			h.batchStart(t.Name)
+		}
+		var err error
+		n, err = t.DeleteBatch(ctx, conn, c.cfg.Retention, c.cfg.BatchSize)
+		if h := c.cfg.hooks; h != nil && h.batchEnd != nil {
+			h.batchEnd(t.Name, n, err)
+		}
+		return err
+	})
+	switch {
+	case errors.Is(err, leadership.ErrNotLeader):
+		return 0, err
+	case err != nil && c.runCtx.Err() != nil:
+		return 0, errCancelled // Stop's grace ran out: not a failure of the cleanup
+	case err != nil:
+		c.errs.Add(1)
+		return 0, fmt.Errorf("pglimit: cleanup: %w", err)
+	}
+	c.batches.Add(1)
+	c.rowsDeleted.Add(uint64(n))
+	return n, nil
+}

@@ -1,0 +1,17 @@
+package pglimit
+
+// CleanerHooks exposes the cleaner's test hooks to package pglimit_test.
+// Each runs synchronously on the cleaner's goroutines.
+type CleanerHooks struct {
+	BatchStart func(table string)
+	BatchEnd   func(table string, rows int64, err error)
+	Leader     func(leader bool)
+}
+
+// SetCleanerHooks makes a cleaner built from cfg call h.
+func SetCleanerHooks(cfg *CleanerConfig, h CleanerHooks) {
+	cfg.hooks = &cleanerHooks{batchStart: h.BatchStart, batchEnd: h.BatchEnd, leader: h.Leader}
+}
+
+// CleanerLockKey is the advisory lock key the cleaners of schema compete for.
+func CleanerLockKey(schema string) int64 { return cleanupLockID(schema) }

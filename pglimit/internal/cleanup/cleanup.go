@@ -1,0 +1,101 @@
+// Package cleanup holds the SQL that deletes limiter rows whose cooldown
+// ended long enough ago, one bounded batch at a time.
+package cleanup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrNotLimiterTable reports a table that is missing or lacks a column that
+// ends cooldowns.
+var ErrNotLimiterTable = errors.New("not a limiter table")
+
+// Querier runs the statements; *pgx.Conn and *pgxpool.Pool satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Table is a limiter table and the expression that says when a row's
+// cooldown ends.
+type Table struct {
+	// Name is the schema-qualified, quoted name.
+	Name string
+
+	// End is "expires_at" (Upsert, NoWait) or "upper(during)" (Range).
+	End string
+
+	deleteSQL string
+}
+
+// Which column ends a cooldown, by the type the migrations give it.
+var ends = []struct{ column, end string }{
+	{"expires_at timestamp with time zone", "expires_at"},
+	{"during tstzrange", "upper(during)"},
+}
+
+// The inner SELECT picks at most $2 rows from the oldest end of the index,
+// skipping rows a request holds locked; its FOR UPDATE re-checks the
+// condition on a row updated since the statement's snapshot, so a key
+// readmitted meanwhile is not picked. The outer condition repeats the test
+// on the row the DELETE sees. A row is deleted only if its cooldown ended
+// more than $1 ago by the database clock, and a Range row whose upper bound
+// is infinite never is.
+const deleteSQL = `
+DELETE FROM %[1]s
+WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM %[1]s
+        WHERE %[2]s < now() - $1::interval
+        ORDER BY %[2]s
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED))
+  AND %[2]s < now() - $1::interval`
+
+const describeSQL = `
+SELECT c.oid IS NOT NULL,
+       coalesce((SELECT array_agg(a.attname::text || ' ' || format_type(a.atttypid, a.atttypmod))
+                 FROM pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                   AND a.attname IN ('expires_at', 'during')), '{}')
+FROM (SELECT to_regclass($1) AS oid) c`
+
+// Describe looks up schema.name, which the caller has validated, and tells
+// which column ends its cooldowns.
+func Describe(ctx context.Context, q Querier, schema, name string) (Table, error) {
+	qualified := pgx.Identifier{schema, name}.Sanitize()
+	var (
+		exists  bool
+		columns []string
+	)
+	if err := q.QueryRow(ctx, describeSQL, qualified).Scan(&exists, &columns); err != nil {
+		return Table{}, fmt.Errorf("describe %s: %w", qualified, err)
+	}
+	if !exists {
+		return Table{}, fmt.Errorf("%w: table %s does not exist; apply the migrations (pglimit.Migrate) first", ErrNotLimiterTable, qualified)
+	}
+	for _, e := range ends {
+		for _, col := range columns {
+			if col == e.column {
+				return Table{Name: qualified, End: e.end, deleteSQL: fmt.Sprintf(deleteSQL, qualified, e.end)}, nil
+			}
+		}
+	}
+	return Table{}, fmt.Errorf("%w: table %s has neither an expires_at timestamptz column nor a during tstzrange column", ErrNotLimiterTable, qualified)
+}
+
+// DeleteBatch deletes at most limit rows of t whose cooldown ended more
+// than retention ago, and returns how many it deleted. Fewer than limit
+// means none were left, or the rest were locked.
+func (t Table) DeleteBatch(ctx context.Context, q Querier, retention time.Duration, limit int) (int64, error) {
+	tag, err := q.Exec(ctx, t.deleteSQL, retention, limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete from %s: %w", t.Name, err)
+	}
+	return tag.RowsAffected(), nil
+}
