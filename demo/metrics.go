@@ -38,10 +38,15 @@ func newHTTPMetrics(reg prometheus.Registerer, cfg config) (*httpMetrics, error)
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "demo_info",
 		Help:        "Always 1; labels describe this instance.",
-		ConstLabels: prometheus.Labels{"name": cfg.instance, "strategy": string(cfg.strategy), "cooldown": cfg.cooldown.String()},
+		ConstLabels: prometheus.Labels{"name": cfg.instance, "strategy": string(cfg.strategy)},
 	})
 	info.Set(1)
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.events, info} {
+	cooldown := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "demo_cooldown_seconds",
+		Help: "The cooldown of GET /items/{user}: at most one admission per user per this many seconds.",
+	})
+	cooldown.Set(cfg.cooldown.Seconds())
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.events, info, cooldown} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
