@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -118,7 +119,7 @@ func (a *app) createItem(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.metrics.itemEvent("created", it.User)
-	w.Header().Set("Location", "/items/"+it.User)
+	w.Header().Set("Location", "/items/"+url.PathEscape(it.User))
 	writeJSON(w, http.StatusCreated, it)
 }
 
@@ -165,7 +166,10 @@ func (a *app) listItems(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.metrics.itemEvent("listed", user)
-	writeJSON(w, http.StatusOK, map[string]any{"user": user, "items": items})
+	writeJSON(w, http.StatusOK, struct {
+		User  string `json:"user"`
+		Items []item `json:"items"`
+	}{user, items})
 }
 
 func (a *app) healthz(w http.ResponseWriter, _ *http.Request) {
@@ -194,12 +198,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // writeError answers with an RFC 9457 problem, like the limiter middleware.
 func writeError(w http.ResponseWriter, status int, detail string) {
-	writeBody(w, status, "application/problem+json", map[string]any{
-		"type":   "about:blank",
-		"title":  http.StatusText(status),
-		"status": status,
-		"detail": detail,
-	})
+	writeBody(w, status, "application/problem+json", struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}{"about:blank", http.StatusText(status), status, detail})
 }
 
 func writeBody(w http.ResponseWriter, status int, contentType string, v any) {
