@@ -65,29 +65,43 @@ type config struct {
 
 // parseConfig reads args, with defaults taken from the environment.
 func parseConfig(args []string, getenv func(string) string, output io.Writer) (config, error) {
-	host, _ := os.Hostname()
+	var envErrs []error
 	env := func(name, def string) string {
 		if v := getenv(name); v != "" {
 			return v
 		}
 		return def
 	}
-	var (
-		c                                    config
-		strategy, cooldown, migrate, onError string
-		maxUsers                             string
-	)
+	// envAs parses a typed default from the environment; a bad value is
+	// reported under the variable's name rather than silently ignored.
+	envAs := func(name string, parse func(string) error) {
+		if v := getenv(name); v != "" {
+			if err := parse(v); err != nil {
+				envErrs = append(envErrs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	}
+	c := config{cooldown: 2 * time.Second, migrate: true, maxUsers: 100}
+	envAs("PGLIMIT_COOLDOWN", func(v string) (err error) { c.cooldown, err = time.ParseDuration(v); return err })
+	envAs("PGLIMIT_MIGRATE", func(v string) (err error) { c.migrate, err = strconv.ParseBool(v); return err })
+	envAs("PGLIMIT_DEMO_MAX_USERS", func(v string) (err error) { c.maxUsers, err = strconv.Atoi(v); return err })
+	if err := errors.Join(envErrs...); err != nil {
+		return config{}, err
+	}
+	host, _ := os.Hostname()
+	var strategy, onError string
+
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(output)
 	fs.StringVar(&c.addr, "addr", env("PGLIMIT_DEMO_ADDR", ":8080"), "listen address (env PGLIMIT_DEMO_ADDR)")
-	fs.StringVar(&c.databaseURL, "database-url", env("DATABASE_URL", ""), `PostgreSQL URL; "" starts a throwaway server (env DATABASE_URL)`)
+	fs.StringVar(&c.databaseURL, "database-url", env("DATABASE_URL", ""), `PostgreSQL URL; empty starts a throwaway server (env DATABASE_URL)`)
 	fs.StringVar(&strategy, "strategy", env("PGLIMIT_STRATEGY", "upsert"), "limiter strategy: upsert, nowait or range (env PGLIMIT_STRATEGY)")
-	fs.StringVar(&cooldown, "cooldown", env("PGLIMIT_COOLDOWN", "2s"), "per-user cooldown of GET /items/{user} (env PGLIMIT_COOLDOWN)")
-	fs.StringVar(&migrate, "migrate", env("PGLIMIT_MIGRATE", "true"), "apply the schema at start (env PGLIMIT_MIGRATE)")
+	fs.DurationVar(&c.cooldown, "cooldown", c.cooldown, "per-user cooldown of GET /items/{user} (env PGLIMIT_COOLDOWN)")
+	fs.BoolVar(&c.migrate, "migrate", c.migrate, "apply pglimit's and the demo's schema at start (env PGLIMIT_MIGRATE)")
 	fs.StringVar(&c.schema, "schema", env("PGLIMIT_SCHEMA", "public"), "schema of every table (env PGLIMIT_SCHEMA)")
 	fs.StringVar(&onError, "on-error", env("PGLIMIT_ON_ERROR", "unavailable"), "when the database fails: unavailable (503), fail-open or fail-closed (429) (env PGLIMIT_ON_ERROR)")
 	fs.StringVar(&c.instance, "instance", env("PGLIMIT_DEMO_INSTANCE", host), "instance name for logs and metrics (env PGLIMIT_DEMO_INSTANCE)")
-	fs.StringVar(&maxUsers, "metrics-max-users", env("PGLIMIT_DEMO_MAX_USERS", "100"), "users with their own metric label, the rest count as \"other\"; 0 disables (env PGLIMIT_DEMO_MAX_USERS)")
+	fs.IntVar(&c.maxUsers, "metrics-max-users", c.maxUsers, `users with their own metric label, the rest count as "other"; 0 disables (env PGLIMIT_DEMO_MAX_USERS)`)
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -99,11 +113,8 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	if c.strategy, err = pglimit.ParseStrategy(strategy); err != nil {
 		return config{}, fmt.Errorf("-strategy: %w", err)
 	}
-	if c.cooldown, err = time.ParseDuration(cooldown); err != nil || c.cooldown <= 0 {
-		return config{}, fmt.Errorf("-cooldown: %q is not a positive duration such as 2s", cooldown)
-	}
-	if c.migrate, err = strconv.ParseBool(migrate); err != nil {
-		return config{}, fmt.Errorf("-migrate: %q is not true or false", migrate)
+	if c.cooldown <= 0 {
+		return config{}, fmt.Errorf("-cooldown: must be positive, got %s", c.cooldown)
 	}
 	if err := pglimit.ValidateIdentifier(c.schema); err != nil {
 		return config{}, fmt.Errorf("-schema: %w", err)
@@ -111,8 +122,8 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	if c.onError, err = pglimithttp.ParseErrorPolicy(onError); err != nil {
 		return config{}, fmt.Errorf("-on-error: %w", err)
 	}
-	if c.maxUsers, err = strconv.Atoi(maxUsers); err != nil || c.maxUsers < 0 {
-		return config{}, fmt.Errorf("-metrics-max-users: %q is not a whole number >= 0", maxUsers)
+	if c.maxUsers < 0 {
+		return config{}, fmt.Errorf("-metrics-max-users: must not be negative, got %d", c.maxUsers)
 	}
 	if c.instance == "" {
 		c.instance = "demo"

@@ -62,8 +62,19 @@ func TestParseConfig(t *testing.T) {
 			t.Errorf("%q: no error", args)
 		}
 	}
-	if _, err := parseConfig(nil, env(map[string]string{"PGLIMIT_COOLDOWN": "-1s"}), io.Discard); err == nil {
-		t.Error("bad PGLIMIT_COOLDOWN: no error")
+	for name, v := range map[string]string{
+		"PGLIMIT_COOLDOWN":       "-1s",
+		"PGLIMIT_MIGRATE":        "perhaps",
+		"PGLIMIT_DEMO_MAX_USERS": "many",
+		"PGLIMIT_STRATEGY":       "redis",
+	} {
+		_, err := parseConfig(nil, env(map[string]string{name: v}), io.Discard)
+		if err == nil {
+			t.Errorf("%s=%s: no error", name, v)
+		}
+	}
+	if c, err := parseConfig([]string{"-migrate"}, env(map[string]string{"PGLIMIT_MIGRATE": "false"}), io.Discard); err != nil || !c.migrate {
+		t.Errorf("-migrate alone over PGLIMIT_MIGRATE=false: %+v, %v", c, err)
 	}
 }
 
