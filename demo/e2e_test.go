@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -116,7 +117,18 @@ func buildDemo(t *testing.T) string {
 		goBin = lookPath(t, "go")
 	}
 	bin := filepath.Join(t.TempDir(), "demo")
-	cmd := exec.Command(goBin, "build", "-o", bin, ".")
+	args := []string{"build", "-o", bin}
+	// Built like this test binary, the demo reuses its compiled packages
+	// (a cold build of the dependencies takes a minute on CI), and under
+	// -race the two demo processes are race-checked too.
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "-race" && s.Value == "true" {
+				args = append(args, "-race")
+			}
+		}
+	}
+	cmd := exec.Command(goBin, append(args, ".")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
