@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimithttp"
+	"github.com/pglimit/cooldown/pglimit/pglimitprom"
+)
+
+// Input limits of POST /items.
+const (
+	maxBodyBytes = 4 << 10
+	maxUserBytes = 64
+	maxNameBytes = 200
+)
+
+// app is the demo service: its store, limiter, metrics and routes.
+type app struct {
+	cfg     config
+	log     *slog.Logger
+	pool    *pgxpool.Pool
+	items   *store
+	reg     *prometheus.Registry
+	metrics *httpMetrics
+	limit   func(http.Handler) http.Handler
+}
+
+func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
+	a := &app{cfg: cfg, log: logger, pool: pool, items: newStore(pool, cfg.schema), reg: prometheus.NewRegistry()}
+
+	a.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		pglimitprom.NewPoolCollector(pool, "demo"),
+	)
+	lm, err := pglimitprom.New(a.reg, &pglimitprom.Options{MaxKeys: cfg.maxUsers})
+	if err != nil {
+		return nil, err
+	}
+	if a.metrics, err = newHTTPMetrics(a.reg, cfg); err != nil {
+		return nil, err
+	}
+
+	lim, err := pglimit.New(pool, &pglimit.Config{
+		Strategy:  cfg.strategy,
+		Cooldown:  cfg.cooldown,
+		Namespace: "list-items",
+		Schema:    cfg.schema,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.limit, err = pglimithttp.Middleware(lm.Instrument(lim, cfg.strategy), &pglimithttp.Config{
+		Cooldown:   cfg.cooldown,
+		KeyFunc:    pglimithttp.FromPathValue("user"),
+		OnError:    cfg.onError,
+		OnDecision: a.logDecision,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// handler routes requests; every response is counted by route and status.
+func (a *app) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /items", a.createItem)
+	mux.Handle("GET /items/{user}", a.limit(http.HandlerFunc(a.listItems)))
+	mux.HandleFunc("GET /healthz", a.healthz)
+	mux.HandleFunc("GET /readyz", a.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
+	}))
+	return a.metrics.instrument(mux)
+}
+
+func (a *app) logDecision(r *http.Request, ev pglimithttp.Event) {
+	switch ev.Outcome {
+	case pglimithttp.OutcomeRefused:
+		a.log.Debug("refused", "user", ev.Key, "retry_after", ev.Decision.RetryAfter)
+	case pglimithttp.OutcomeBadKey:
+		a.log.Info("bad key", "path", r.URL.Path, "err", ev.Err)
+	case pglimithttp.OutcomeFailOpen, pglimithttp.OutcomeFailClosed, pglimithttp.OutcomeUnavailable:
+		a.log.Warn("limiter failed", "user", ev.Key, "outcome", ev.Outcome, "kind", pglimitprom.ErrorKind(ev.Err), "err", ev.Err)
+	}
+}
+
+type itemRequest struct {
+	User string `json:"user"`
+	Name string `json:"name"`
+}
+
+func (a *app) createItem(w http.ResponseWriter, r *http.Request) {
+	in, status, err := decodeItem(w, r)
+	if err != nil {
+		writeError(w, status, err.Error())
+		return
+	}
+	it, err := a.items.create(r.Context(), in.User, in.Name)
+	if err != nil {
+		a.serverError(w, r, "create item", err)
+		return
+	}
+	a.metrics.itemEvent("created", it.User)
+	w.Header().Set("Location", "/items/"+url.PathEscape(it.User))
+	writeJSON(w, http.StatusCreated, it)
+}
+
+// decodeItem reads and validates the body of POST /items; on failure it
+// returns the status to answer with.
+func decodeItem(w http.ResponseWriter, r *http.Request) (itemRequest, int, error) {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	dec.DisallowUnknownFields()
+	var in itemRequest
+	if err := dec.Decode(&in); err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return in, http.StatusRequestEntityTooLarge, fmt.Errorf("body larger than %d bytes", maxBodyBytes)
+		}
+		return in, http.StatusBadRequest, fmt.Errorf("body is not a JSON object {\"user\": ..., \"name\": ...}: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return in, http.StatusRequestEntityTooLarge, fmt.Errorf("body larger than %d bytes", maxBodyBytes)
+		}
+		return in, http.StatusBadRequest, errors.New("body holds more than one JSON value")
+	}
+	switch {
+	case in.User == "":
+		return in, http.StatusBadRequest, errors.New(`"user" is required`)
+	case len(in.User) > maxUserBytes:
+		return in, http.StatusBadRequest, fmt.Errorf(`"user" is longer than %d bytes`, maxUserBytes)
+	case pglimit.ValidateKey(in.User) != nil:
+		return in, http.StatusBadRequest, errors.New(`"user" must be text without NUL characters`)
+	case in.Name == "":
+		return in, http.StatusBadRequest, errors.New(`"name" is required`)
+	case len(in.Name) > maxNameBytes:
+		return in, http.StatusBadRequest, fmt.Errorf(`"name" is longer than %d bytes`, maxNameBytes)
+	case strings.IndexByte(in.Name, 0) >= 0:
+		return in, http.StatusBadRequest, errors.New(`"name" must be text without NUL characters`)
+	}
+	return in, 0, nil
+}
+
+func (a *app) listItems(w http.ResponseWriter, r *http.Request) {
+	user := r.PathValue("user")
+	items, err := a.items.list(r.Context(), user)
+	if err != nil {
+		a.serverError(w, r, "list items", err)
+		return
+	}
+	a.metrics.itemEvent("listed", user)
+	writeJSON(w, http.StatusOK, struct {
+		User  string `json:"user"`
+		Items []item `json:"items"`
+	}{user, items})
+}
+
+func (a *app) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (a *app) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := a.pool.Ping(ctx); err != nil {
+		a.log.Warn("not ready", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "database unreachable")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (a *app) serverError(w http.ResponseWriter, r *http.Request, what string, err error) {
+	a.log.Error(what, "path", r.URL.Path, "err", err)
+	writeError(w, http.StatusInternalServerError, what+" failed")
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	writeBody(w, status, "application/json", v)
+}
+
+// writeError answers with an RFC 9457 problem, like the limiter middleware.
+func writeError(w http.ResponseWriter, status int, detail string) {
+	writeBody(w, status, "application/problem+json", struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}{"about:blank", http.StatusText(status), status, detail})
+}
+
+func writeBody(w http.ResponseWriter, status int, contentType string, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, "encode response", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimithttp"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+func TestMain(m *testing.M) { pglimittest.Main(m) }
+
+type testBundle struct {
+	srv  *httptest.Server
+	logs *bytes.Buffer
+}
+
+// setup serves the demo over a fresh schema of the test server, or over
+// pool when it is given (with the schema left unmigrated).
+func setup(t *testing.T, pool *pgxpool.Pool, edit func(*config)) *testBundle {
+	t.Helper()
+	t.Parallel()
+	cfg := config{
+		strategy: pglimit.Upsert,
+		cooldown: 1500 * time.Millisecond,
+		schema:   "public",
+		instance: "test",
+		maxUsers: 10,
+	}
+	if pool == nil {
+		pool = pglimittest.Pool(t)
+		cfg.schema = pglimittest.Schema(t)
+		if err := migrateDemo(context.Background(), pool, cfg.schema); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	var logs bytes.Buffer
+	a, err := newApp(pool, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(a.handler())
+	t.Cleanup(srv.Close)
+	return &testBundle{srv: srv, logs: &logs}
+}
+
+type response struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+func (b *testBundle) do(t *testing.T, method, path, body string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, b.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := b.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return response{resp.StatusCode, resp.Header, data}
+}
+
+func (r response) json(t *testing.T) map[string]any {
+	t.Helper()
+	var v map[string]any
+	if err := json.Unmarshal(r.body, &v); err != nil {
+		t.Fatalf("status %d body %q: %v", r.code, r.body, err)
+	}
+	return v
+}
+
+func TestCreateListAndCooldown(t *testing.T) {
+	b := setup(t, nil, nil)
+
+	r := b.do(t, "POST", "/items", `{"user": "alice", "name": "first"}`)
+	if r.code != 201 || r.header.Get("Location") != "/items/alice" {
+		t.Fatalf("create: %d %s", r.code, r.body)
+	}
+	if it := r.json(t); it["user"] != "alice" || it["name"] != "first" || it["id"] == nil {
+		t.Fatalf("created item %v", it)
+	}
+	b.do(t, "POST", "/items", `{"user": "bob", "name": "not alice's"}`)
+
+	r = b.do(t, "GET", "/items/alice", "")
+	if r.code != 200 {
+		t.Fatalf("list: %d %s", r.code, r.body)
+	}
+	items, _ := r.json(t)["items"].([]any)
+	if len(items) != 1 {
+		t.Fatalf("alice's items: %s", r.body)
+	}
+	if got := r.header.Get("RateLimit-Policy"); got != `"cooldown";q=1;w=2` {
+		t.Fatalf("RateLimit-Policy %q", got)
+	}
+	if got := r.header.Get("RateLimit"); got != `"cooldown";r=0;t=2` {
+		t.Fatalf("RateLimit on admission %q", got)
+	}
+
+	r = b.do(t, "GET", "/items/alice", "")
+	if r.code != 429 || r.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("second list: %d %s", r.code, r.body)
+	}
+	retry, err := strconv.Atoi(r.header.Get("Retry-After"))
+	if err != nil || retry < 1 || retry > 2 {
+		t.Fatalf("Retry-After %q, want 1 or 2 (1.5 s cooldown, rounded up)", r.header.Get("Retry-After"))
+	}
+	if got, want := r.header.Get("RateLimit"), `"cooldown";r=0;t=`+strconv.Itoa(retry); got != want {
+		t.Fatalf("RateLimit on refusal %q, want %q", got, want)
+	}
+	if p := r.json(t); p["status"] != 429.0 {
+		t.Fatalf("problem %v", p)
+	}
+
+	// Retry-After rounds up, so waiting for it always gets in.
+	time.Sleep(time.Duration(retry) * time.Second)
+	if r := b.do(t, "GET", "/items/alice", ""); r.code != 200 {
+		t.Fatalf("after Retry-After: %d %s", r.code, r.body)
+	}
+}
+
+func TestCreateValidation(t *testing.T) {
+	b := setup(t, nil, nil)
+	for _, tt := range []struct {
+		name, body string
+		code       int
+	}{
+		{"bad json", `{"user": "alice",`, 400},
+		{"not an object", `["alice"]`, 400},
+		{"two values", `{"user": "a", "name": "b"} {}`, 400},
+		{"unknown field", `{"user": "a", "name": "b", "admin": true}`, 400},
+		{"empty body", ``, 400},
+		{"missing user", `{"name": "b"}`, 400},
+		{"missing name", `{"user": "a"}`, 400},
+		{"user too long", `{"user": "` + strings.Repeat("u", maxUserBytes+1) + `", "name": "b"}`, 400},
+		{"name too long", `{"user": "a", "name": "` + strings.Repeat("n", maxNameBytes+1) + `"}`, 400},
+		{"nul in user", `{"user": "a\u0000b", "name": "b"}`, 400},
+		{"nul in name", `{"user": "a", "name": "b\u0000"}`, 400},
+		{"body over the limit", `{"user": "a", "name": "` + strings.Repeat("n", maxBodyBytes) + `"}`, 413},
+		{"longest valid", `{"user": "` + strings.Repeat("u", maxUserBytes) + `", "name": "` + strings.Repeat("n", maxNameBytes) + `"}`, 201},
+	} {
+		r := b.do(t, "POST", "/items", tt.body)
+		if r.code != tt.code {
+			t.Errorf("%s: %d %s, want %d", tt.name, r.code, r.body, tt.code)
+			continue
+		}
+		if tt.code >= 400 {
+			if p := r.json(t); p["status"] != float64(tt.code) || p["detail"] == "" {
+				t.Errorf("%s: problem %v", tt.name, p)
+			}
+		}
+	}
+
+	for _, tt := range []struct {
+		method, path string
+		code         int
+	}{
+		{"GET", "/nope", 404},
+		{"DELETE", "/items/alice", 405},
+		{"GET", "/items", 405},
+		{"GET", "/items/%ff", 400}, // not UTF-8: refused before the limiter
+		{"GET", "/healthz", 200},
+		{"GET", "/readyz", 200},
+	} {
+		if r := b.do(t, tt.method, tt.path, ""); r.code != tt.code {
+			t.Errorf("%s %s: %d %s, want %d", tt.method, tt.path, r.code, r.body, tt.code)
+		}
+	}
+}
+
+func TestDatabaseDown(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+addr+"/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for _, tt := range []struct {
+		policy pglimithttp.ErrorPolicy
+		code   int
+	}{
+		// Fail-open reaches the handler, whose own query fails: 500.
+		{pglimithttp.FailOpen, 500},
+		{pglimithttp.FailClosed, 429},
+		{pglimithttp.Unavailable, 503},
+	} {
+		t.Run(tt.policy.String(), func(t *testing.T) {
+			b := setup(t, pool, func(c *config) { c.onError = tt.policy })
+			start := time.Now()
+			if r := b.do(t, "GET", "/items/alice", ""); r.code != tt.code {
+				t.Fatalf("list: %d %s, want %d", r.code, r.body, tt.code)
+			}
+			if elapsed := time.Since(start); elapsed > 5*time.Second {
+				t.Fatalf("answered after %s", elapsed)
+			}
+			if r := b.do(t, "GET", "/readyz", ""); r.code != 503 {
+				t.Fatalf("readyz: %d, want 503", r.code)
+			}
+			if r := b.do(t, "GET", "/healthz", ""); r.code != 200 {
+				t.Fatalf("healthz: %d, want 200", r.code)
+			}
+			if !strings.Contains(b.logs.String(), "limiter failed") {
+				t.Fatalf("no log line for the failure:\n%s", b.logs)
+			}
+		})
+	}
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	b := setup(t, nil, func(c *config) { c.strategy = pglimit.Range })
+	b.do(t, "POST", "/items", `{"user": "alice", "name": "x"}`)
+	b.do(t, "GET", "/items/alice", "")
+	b.do(t, "GET", "/items/alice", "")
+	b.do(t, "GET", "/nope", "")
+	r := b.do(t, "GET", "/metrics", "")
+	if r.code != 200 {
+		t.Fatalf("metrics: %d", r.code)
+	}
+	for _, want := range []string{
+		`pglimit_decisions_total{outcome="admitted",strategy="range"} 1`,
+		`pglimit_decisions_total{outcome="refused",strategy="range"} 1`,
+		`pglimit_decision_duration_seconds_bucket{outcome="refused",strategy="range",le="+Inf"} 1`,
+		`pglimit_key_decisions_total{key="alice",outcome="refused",strategy="range"} 1`,
+		`pglimit_pool_max_connections{pool="demo"}`,
+		`demo_http_requests_total{code="429",route="GET /items/{user}"} 1`,
+		`demo_http_requests_total{code="201",route="POST /items"} 1`,
+		`demo_http_requests_total{code="404",route="unmatched"} 1`,
+		`demo_http_request_duration_seconds_count{route="GET /items/{user}"} 2`,
+		`demo_item_events_total{event="created",user="alice"} 1`,
+		`demo_item_events_total{event="listed",user="alice"} 1`,
+		`demo_info{name="test",strategy="range"} 1`,
+		`demo_cooldown_seconds 1.5`,
+	} {
+		if !bytes.Contains(r.body, []byte(want)) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}

@@ -1,0 +1,250 @@
+// Command demo is a small HTTP service that shows pglimit in a real
+// application: POST /items creates an item for a user, GET /items/{user}
+// lists them and is limited to one call per cooldown per user, shared by
+// every instance through PostgreSQL.
+//
+// With no database URL it starts a throwaway PostgreSQL from local binaries
+// (or Docker) and deletes it on exit, so `go run ./demo` needs no setup.
+//
+// Flags and their environment variables (the flag wins):
+//
+//	-addr               PGLIMIT_DEMO_ADDR          listen address (:8080)
+//	-database-url       DATABASE_URL               PostgreSQL URL ("" starts a throwaway server)
+//	-strategy           PGLIMIT_STRATEGY           upsert, nowait or range (upsert)
+//	-cooldown           PGLIMIT_COOLDOWN           per-user cooldown of GET /items/{user} (2s)
+//	-migrate            PGLIMIT_MIGRATE            apply pglimit's and the demo's schema at start (true)
+//	-schema             PGLIMIT_SCHEMA             schema of every table (public)
+//	-on-error           PGLIMIT_ON_ERROR           unavailable, fail-open or fail-closed (unavailable)
+//	-instance           PGLIMIT_DEMO_INSTANCE      this instance's name in logs and metrics (host name)
+//	-metrics-max-users  PGLIMIT_DEMO_MAX_USERS     users with their own metric label; 0 disables (100)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimithttp"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+// config is the demo's configuration after flags and environment.
+type config struct {
+	addr        string
+	databaseURL string
+	strategy    pglimit.Strategy
+	cooldown    time.Duration
+	migrate     bool
+	schema      string
+	onError     pglimithttp.ErrorPolicy
+	instance    string
+	maxUsers    int
+}
+
+// parseConfig reads args, with defaults taken from the environment.
+func parseConfig(args []string, getenv func(string) string, output io.Writer) (config, error) {
+	var envErrs []error
+	env := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	// envAs parses a typed default from the environment; a bad value is
+	// reported under the variable's name rather than silently ignored.
+	envAs := func(name string, parse func(string) error) {
+		if v := getenv(name); v != "" {
+			if err := parse(v); err != nil {
+				envErrs = append(envErrs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	}
+	c := config{cooldown: 2 * time.Second, migrate: true, maxUsers: 100}
+	envAs("PGLIMIT_COOLDOWN", func(v string) (err error) { c.cooldown, err = time.ParseDuration(v); return err })
+	envAs("PGLIMIT_MIGRATE", func(v string) (err error) { c.migrate, err = strconv.ParseBool(v); return err })
+	envAs("PGLIMIT_DEMO_MAX_USERS", func(v string) (err error) { c.maxUsers, err = strconv.Atoi(v); return err })
+	if err := errors.Join(envErrs...); err != nil {
+		return config{}, err
+	}
+	host, _ := os.Hostname()
+	var strategy, onError string
+
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(output)
+	fs.StringVar(&c.addr, "addr", env("PGLIMIT_DEMO_ADDR", ":8080"), "listen address (env PGLIMIT_DEMO_ADDR)")
+	fs.StringVar(&c.databaseURL, "database-url", env("DATABASE_URL", ""), `PostgreSQL URL; empty starts a throwaway server (env DATABASE_URL)`)
+	fs.StringVar(&strategy, "strategy", env("PGLIMIT_STRATEGY", "upsert"), "limiter strategy: upsert, nowait or range (env PGLIMIT_STRATEGY)")
+	fs.DurationVar(&c.cooldown, "cooldown", c.cooldown, "per-user cooldown of GET /items/{user} (env PGLIMIT_COOLDOWN)")
+	fs.BoolVar(&c.migrate, "migrate", c.migrate, "apply pglimit's and the demo's schema at start (env PGLIMIT_MIGRATE)")
+	fs.StringVar(&c.schema, "schema", env("PGLIMIT_SCHEMA", "public"), "schema of every table (env PGLIMIT_SCHEMA)")
+	fs.StringVar(&onError, "on-error", env("PGLIMIT_ON_ERROR", "unavailable"), "when the database fails: unavailable (503), fail-open or fail-closed (429) (env PGLIMIT_ON_ERROR)")
+	fs.StringVar(&c.instance, "instance", env("PGLIMIT_DEMO_INSTANCE", host), "instance name for logs and metrics (env PGLIMIT_DEMO_INSTANCE)")
+	fs.IntVar(&c.maxUsers, "metrics-max-users", c.maxUsers, `users with their own metric label, the rest count as "other"; 0 disables (env PGLIMIT_DEMO_MAX_USERS)`)
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+
+	var err error
+	if c.strategy, err = pglimit.ParseStrategy(strategy); err != nil {
+		return config{}, fmt.Errorf("-strategy: %w", err)
+	}
+	if c.cooldown <= 0 {
+		return config{}, fmt.Errorf("-cooldown: must be positive, got %s", c.cooldown)
+	}
+	if err := pglimit.ValidateIdentifier(c.schema); err != nil {
+		return config{}, fmt.Errorf("-schema: %w", err)
+	}
+	if c.onError, err = pglimithttp.ParseErrorPolicy(onError); err != nil {
+		return config{}, fmt.Errorf("-on-error: %w", err)
+	}
+	if c.maxUsers < 0 {
+		return config{}, fmt.Errorf("-metrics-max-users: must not be negative, got %d", c.maxUsers)
+	}
+	if c.instance == "" {
+		c.instance = "demo"
+	}
+	return c, nil
+}
+
+const (
+	startTimeout    = 2 * time.Minute // a first initdb or image pull is slow
+	shutdownTimeout = 10 * time.Second
+)
+
+// run serves until ctx ends, then shuts down in order: stop accepting,
+// finish requests in flight, close the pool, stop the throwaway PostgreSQL.
+// onListen, when set, receives the bound address (tests listen on port 0).
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, onListen func(addr string)) (err error) {
+	cfg, err := parseConfig(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, nil)).With("instance", cfg.instance)
+
+	startCtx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	if cfg.databaseURL == "" {
+		logger.Info("no database URL configured (-database-url or DATABASE_URL): starting a throwaway PostgreSQL")
+		srv, err := pglimittest.StartServer(startCtx, &pglimittest.ServerConfig{
+			Durable: true, // honest latencies on the dashboard
+			Logf: func(format string, args ...any) {
+				logger.Info("postgres: " + fmt.Sprintf(format, args...))
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("start a throwaway PostgreSQL: %w", err)
+		}
+		defer func() {
+			logger.Info("stopping the throwaway PostgreSQL; its data is deleted")
+			if cerr := srv.Close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("stop the throwaway PostgreSQL: %w", cerr))
+			}
+		}()
+		cfg.databaseURL = srv.URL()
+		logger.Info("throwaway PostgreSQL ready (deleted when the demo stops)", "kind", srv.Kind(), "url", cfg.databaseURL)
+	}
+
+	poolCfg, err := pgxpool.ParseConfig(cfg.databaseURL)
+	if err != nil {
+		return fmt.Errorf("database URL: %w", err)
+	}
+	// Lets an operator find (or terminate) this instance's sessions.
+	poolCfg.ConnConfig.RuntimeParams["application_name"] = "pglimit-demo/" + cfg.instance
+	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	defer pool.Close()
+	if err := pool.Ping(startCtx); err != nil {
+		return fmt.Errorf("database unreachable: %w", err)
+	}
+	if cfg.migrate {
+		if err := pglimit.Migrate(startCtx, pool, cfg.schema); err != nil {
+			return err
+		}
+		if err := migrateDemo(startCtx, pool, cfg.schema); err != nil {
+			return err
+		}
+		logger.Info("schema up to date", "schema", cfg.schema)
+	}
+
+	app, err := newApp(pool, cfg, logger)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		return err
+	}
+	httpSrv := &http.Server{
+		Handler:           app.handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      15 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- httpSrv.Serve(ln) }()
+	addr := ln.Addr().String()
+	logger.Info("listening", "addr", addr, "strategy", cfg.strategy, "cooldown", cfg.cooldown, "on_error", cfg.onError)
+	logger.Info("try: curl -i http://" + browsable(addr) + "/items/alice  (twice within " + cfg.cooldown.String() + " for a 429)")
+	if onListen != nil {
+		onListen(addr)
+	}
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := httpSrv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	<-served
+	return nil
+}
+
+// browsable turns a listen address such as "[::]:8080" into one a browser
+// or curl can use.
+func browsable(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "localhost"
+	}
+	return net.JoinHostPort(host, port)
+}

@@ -1,0 +1,56 @@
+package pglimitprom_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitprom"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+func ExampleMetrics_Instrument() {
+	ctx := context.Background()
+	url, err := pglimittest.ServerURL() // stands for the application's database
+	if err != nil {
+		panic(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool, ""); err != nil {
+		panic(err)
+	}
+
+	reg := prometheus.NewRegistry() // or prometheus.DefaultRegisterer
+	metrics, err := pglimitprom.New(reg, nil)
+	if err != nil {
+		panic(err)
+	}
+	reg.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
+
+	lim, err := pglimit.New(pool, &pglimit.Config{Namespace: "example-prom", Cooldown: time.Minute})
+	if err != nil {
+		panic(err)
+	}
+	lim = metrics.Instrument(lim, pglimit.Upsert)
+
+	for range 3 {
+		if _, err := lim.Allow(ctx, "user-7"); err != nil {
+			panic(err)
+		}
+	}
+	_ = lim.Reset(ctx, "user-7")
+
+	n, err := testutil.GatherAndCount(reg, "pglimit_decisions_total", "pglimit_pool_max_connections")
+	fmt.Println("series:", n, err)
+	// Output:
+	// series: 4 <nil>
+}

@@ -1,0 +1,272 @@
+package pglimitprom_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitprom"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+func TestMain(m *testing.M) { pglimittest.Main(m) }
+
+type testBundle struct {
+	reg    *prometheus.Registry
+	m      *pglimitprom.Metrics
+	pool   *pgxpool.Pool
+	schema string
+}
+
+func setup(t *testing.T, opts *pglimitprom.Options) *testBundle {
+	t.Helper()
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	m, err := pglimitprom.New(reg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testBundle{reg: reg, m: m, pool: pglimittest.Pool(t), schema: pglimittest.Schema(t)}
+}
+
+func (b *testBundle) limiter(t *testing.T, cfg pglimit.Config) pglimit.Limiter {
+	t.Helper()
+	cfg.Schema = b.schema
+	lim, err := pglimit.New(b.pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.m.Instrument(lim, cfg.Strategy)
+}
+
+// value reads one series of a gathered counter or histogram (its count).
+func value(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for i := 0; i+1 < len(labels); i += 2 {
+		want[labels[i]] = labels[i+1]
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range want {
+				if got[k] != v {
+					continue metrics
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Histogram != nil:
+				return float64(m.Histogram.GetSampleCount())
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			}
+		}
+	}
+	return -1 // absent
+}
+
+func TestInstrumentCountsDecisions(t *testing.T) {
+	b := setup(t, nil)
+	ctx := context.Background()
+	lim := b.limiter(t, pglimit.Config{Strategy: pglimit.NoWait, Cooldown: time.Minute})
+
+	if got := value(t, b.reg, "pglimit_decisions_total", "strategy", "nowait", "outcome", "error"); got != 0 {
+		t.Fatalf("error series before any decision: %v, want present at 0", got)
+	}
+	for range 3 {
+		if _, err := lim.Allow(ctx, "alice"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := lim.Allow(ctx, ""); !errors.Is(err, pglimit.ErrInvalidKey) {
+		t.Fatalf("empty key: %v", err)
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if d, err := lim.AllowTx(ctx, tx, "bob"); err != nil || !d.Allowed {
+		t.Fatalf("AllowTx: %+v, %v", d, err)
+	}
+
+	for outcome, want := range map[string]float64{"admitted": 2, "refused": 2, "error": 0, "invalid": 1} {
+		if got := value(t, b.reg, "pglimit_decisions_total", "strategy", "nowait", "outcome", outcome); got != want {
+			t.Errorf("decisions %s = %v, want %v", outcome, got, want)
+		}
+	}
+	if got := value(t, b.reg, "pglimit_decision_duration_seconds", "strategy", "nowait", "outcome", "refused"); got != 2 {
+		t.Errorf("refused latency samples = %v, want 2", got)
+	}
+	if got := value(t, b.reg, "pglimit_key_decisions_total"); got != -1 {
+		t.Errorf("per-key metric present without MaxKeys")
+	}
+	if problems, err := testutil.GatherAndLint(b.reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %+v", err, problems)
+	}
+}
+
+func TestInstrumentCountsErrorsByKind(t *testing.T) {
+	b := setup(t, nil)
+	ctx := context.Background()
+
+	// A held row lock makes Upsert wait past its Timeout.
+	lim := b.limiter(t, pglimit.Config{Cooldown: time.Minute, Timeout: 200 * time.Millisecond})
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := lim.AllowTx(ctx, tx, "held"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lim.Allow(ctx, "held"); !errors.Is(err, pglimit.ErrTimeout) {
+		t.Fatalf("held key: %v, want ErrTimeout", err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := lim.Allow(cancelled, "k"); err == nil {
+		t.Fatal("cancelled context: no error")
+	}
+
+	// A server that refuses connections.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	dead, err := pgxpool.New(ctx, "postgres://postgres@"+addr+"/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	raw, err := pglimit.New(dead, &pglimit.Config{Cooldown: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.m.Instrument(raw, "").Allow(ctx, "k"); err == nil {
+		t.Fatal("dead server: no error")
+	}
+
+	for kind, want := range map[string]float64{"timeout": 1, "canceled": 1, "connect": 1} {
+		if got := value(t, b.reg, "pglimit_errors_total", "strategy", "upsert", "kind", kind); got != want {
+			t.Errorf("errors kind=%s: %v, want %v", kind, got, want)
+		}
+	}
+	if got := value(t, b.reg, "pglimit_decisions_total", "strategy", "upsert", "outcome", "error"); got != 3 {
+		t.Errorf("error decisions: %v, want 3", got)
+	}
+}
+
+func TestPerKeyLabelIsCapped(t *testing.T) {
+	b := setup(t, &pglimitprom.Options{MaxKeys: 2})
+	lim := b.limiter(t, pglimit.Config{Strategy: pglimit.Range, Cooldown: time.Minute})
+	for _, k := range []string{"a", "b", "c", "d", "a"} {
+		if _, err := lim.Allow(context.Background(), k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for key, want := range map[string]float64{"a": 1, "b": 1, "other": 2} {
+		if got := value(t, b.reg, "pglimit_key_decisions_total", "key", key, "outcome", "admitted"); got != want {
+			t.Errorf("key %s admitted: %v, want %v", key, got, want)
+		}
+	}
+	if got := value(t, b.reg, "pglimit_key_decisions_total", "key", "a", "outcome", "refused"); got != 1 {
+		t.Errorf("key a refused: %v, want 1", got)
+	}
+	if n := testutil.CollectAndCount(b.reg, "pglimit_key_decisions_total"); n != 4 {
+		t.Errorf("%d per-key series, want 4 (a, b, other admitted; a refused)", n)
+	}
+}
+
+func TestNewRejectsDoubleRegistration(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	if _, err := pglimitprom.New(reg, &pglimitprom.Options{MaxKeys: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pglimitprom.New(reg, nil); err == nil {
+		t.Fatal("second New on one registry: no error")
+	}
+	if _, err := pglimitprom.New(prometheus.NewRegistry(), &pglimitprom.Options{MaxKeys: -1}); err == nil {
+		t.Fatal("negative MaxKeys: no error")
+	}
+}
+
+func TestErrorKind(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		err  error
+		want string
+	}{
+		{nil, ""},
+		{fmt.Errorf("pglimit: upsert: %w after 2s: %w", pglimit.ErrTimeout, context.Canceled), "timeout"},
+		{fmt.Errorf("x: %w", context.DeadlineExceeded), "timeout"},
+		{fmt.Errorf("x: %w", context.Canceled), "canceled"},
+		{fmt.Errorf("x: %w", &pgconn.PgError{Code: "57P01"}), "57P01"},
+		{&pgconn.PgError{Code: "bogus!"}, "other"},
+		{fmt.Errorf("x: %w", io.ErrUnexpectedEOF), "network"},
+		{&net.OpError{Op: "read", Err: errors.New("connection reset")}, "network"},
+		{errors.New("something else"), "other"},
+	} {
+		if got := pglimitprom.ErrorKind(tt.err); got != tt.want {
+			t.Errorf("ErrorKind(%v) = %q, want %q", tt.err, got, tt.want)
+		}
+	}
+}
+
+func TestPoolCollector(t *testing.T) {
+	t.Parallel()
+	pool := pglimittest.Pool(t)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
+	if err := pool.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := value(t, reg, "pglimit_pool_max_connections", "pool", "main"), float64(pool.Config().MaxConns); got != want {
+		t.Errorf("max connections %v, want %v", got, want)
+	}
+	if got := value(t, reg, "pglimit_pool_acquires_total", "pool", "main"); got < 1 {
+		t.Errorf("acquires %v, want at least 1", got)
+	}
+	if n := testutil.CollectAndCount(reg); n != 13 {
+		t.Errorf("%d pool series, want 13", n)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %+v", err, problems)
+	}
+	var sb strings.Builder
+	for _, n := range []string{"pglimit_pool_idle_connections", "pglimit_pool_connections"} {
+		if value(t, reg, n, "pool", "main") < 0 {
+			sb.WriteString(n + " missing; ")
+		}
+	}
+	if sb.Len() > 0 {
+		t.Error(sb.String())
+	}
+}
