@@ -50,34 +50,26 @@ func NewPoolCollector(pool *pgxpool.Pool, name string) prometheus.Collector {
 }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{
+	describe(ch,
 		c.maxConns, c.totalConns, c.acquiredConns, c.idleConns, c.constructingConns,
 		c.acquires, c.acquireSeconds, c.emptyAcquires, c.emptyWaitSeconds,
 		c.canceledAcquires, c.newConns, c.lifetimeDestroys, c.idleDestroys,
-	} {
-		ch <- d
-	}
+	)
 }
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.pool.Stat()
-	gauge := func(d *prometheus.Desc, v float64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
-	}
-	counter := func(d *prometheus.Desc, v float64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
-	}
-	gauge(c.maxConns, float64(s.MaxConns()))
-	gauge(c.totalConns, float64(s.TotalConns()))
-	gauge(c.acquiredConns, float64(s.AcquiredConns()))
-	gauge(c.idleConns, float64(s.IdleConns()))
-	gauge(c.constructingConns, float64(s.ConstructingConns()))
-	counter(c.acquires, float64(s.AcquireCount()))
-	counter(c.acquireSeconds, s.AcquireDuration().Seconds())
-	counter(c.emptyAcquires, float64(s.EmptyAcquireCount()))
-	counter(c.emptyWaitSeconds, s.EmptyAcquireWaitTime().Seconds())
-	counter(c.canceledAcquires, float64(s.CanceledAcquireCount()))
-	counter(c.newConns, float64(s.NewConnsCount()))
-	counter(c.lifetimeDestroys, float64(s.MaxLifetimeDestroyCount()))
-	counter(c.idleDestroys, float64(s.MaxIdleDestroyCount()))
+	s, out := c.pool.Stat(), sampler(ch)
+	out.gauge(c.maxConns, float64(s.MaxConns()))
+	out.gauge(c.totalConns, float64(s.TotalConns()))
+	out.gauge(c.acquiredConns, float64(s.AcquiredConns()))
+	out.gauge(c.idleConns, float64(s.IdleConns()))
+	out.gauge(c.constructingConns, float64(s.ConstructingConns()))
+	out.counter(c.acquires, float64(s.AcquireCount()))
+	out.counter(c.acquireSeconds, s.AcquireDuration().Seconds())
+	out.counter(c.emptyAcquires, float64(s.EmptyAcquireCount()))
+	out.counter(c.emptyWaitSeconds, s.EmptyAcquireWaitTime().Seconds())
+	out.counter(c.canceledAcquires, float64(s.CanceledAcquireCount()))
+	out.counter(c.newConns, float64(s.NewConnsCount()))
+	out.counter(c.lifetimeDestroys, float64(s.MaxLifetimeDestroyCount()))
+	out.counter(c.idleDestroys, float64(s.MaxIdleDestroyCount()))
 }
