@@ -1,11 +1,12 @@
-// Package pglimitprom exports Prometheus metrics for pglimit limiters and
-// the pgx pool they run on.
+// Package pglimitprom exports Prometheus metrics for pglimit limiters, the
+// pgx pool they run on, and the cleanup job.
 //
 // # Usage
 //
 //	m, err := pglimitprom.New(prometheus.DefaultRegisterer, nil)
 //	lim = m.Instrument(lim, pglimit.Upsert) // counts and times every decision
 //	prometheus.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
+//	prometheus.MustRegister(pglimitprom.NewCleanerCollector(cleaner, "public"))
 //
 // # Metrics
 //
@@ -15,6 +16,11 @@
 //	                                                     canceled, connect, network, other
 //	pglimit_key_decisions_total{strategy,key,outcome}    counter, only with Options.MaxKeys > 0
 //	pglimit_pool_*{pool}                                 the pgx pool's statistics (NewPoolCollector)
+//	pglimit_cleanup_*{cleaner}                           a pglimit.Cleaner's statistics (NewCleanerCollector):
+//	                                                     runs_total, batches_total, rows_deleted_total,
+//	                                                     errors_total (counters), last_success_timestamp_seconds
+//	                                                     (0 before the first success), last_duration_seconds,
+//	                                                     leader (1 on the instance that leads, else 0)
 //
 // A key is usually a user id: a label per key is unbounded, so the per-key
 // counter exists only when asked for, and then for at most [Options.MaxKeys]

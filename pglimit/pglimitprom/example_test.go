@@ -54,3 +54,38 @@ func ExampleMetrics_Instrument() {
 	// Output:
 	// series: 4 <nil>
 }
+
+func ExampleNewCleanerCollector() {
+	ctx := context.Background()
+	url, err := pglimittest.ServerURL() // stands for the application's database
+	if err != nil {
+		panic(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool, ""); err != nil {
+		panic(err)
+	}
+
+	cleaner, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{Interval: time.Minute})
+	if err != nil {
+		panic(err)
+	}
+	if err := cleaner.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer cleaner.Stop(ctx)
+
+	reg := prometheus.NewRegistry() // or prometheus.DefaultRegisterer
+	reg.MustRegister(pglimitprom.NewCleanerCollector(cleaner, "public"))
+
+	// Nothing has run yet (the first run comes one Interval after Start),
+	// but every series is there from the start.
+	n, err := testutil.GatherAndCount(reg)
+	fmt.Println("series:", n, err)
+	// Output:
+	// series: 7 <nil>
+}
