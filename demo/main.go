@@ -17,6 +17,9 @@
 //	-on-error           PGLIMIT_ON_ERROR           unavailable, fail-open or fail-closed (unavailable)
 //	-instance           PGLIMIT_DEMO_INSTANCE      this instance's name in logs and metrics (host name)
 //	-metrics-max-users  PGLIMIT_DEMO_MAX_USERS     users with their own metric label; 0 disables (100)
+//	-cleanup            PGLIMIT_CLEANUP            run the cleanup job, led by one instance (true)
+//	-cleanup-interval   PGLIMIT_CLEANUP_INTERVAL   time between cleanup runs (30s)
+//	-cleanup-retention  PGLIMIT_CLEANUP_RETENTION  delete rows whose cooldown ended longer ago than this (1m)
 package main
 
 import (
@@ -35,9 +38,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
+	"github.com/pglimit/cooldown/pglimit/pglimitprom"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
@@ -61,6 +66,10 @@ type config struct {
 	onError     pglimithttp.ErrorPolicy
 	instance    string
 	maxUsers    int
+
+	cleanup          bool
+	cleanupInterval  time.Duration
+	cleanupRetention time.Duration
 }
 
 // parseConfig reads args, with defaults taken from the environment.
@@ -81,10 +90,18 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 			}
 		}
 	}
-	c := config{cooldown: 2 * time.Second, migrate: true, maxUsers: 100}
+	c := config{
+		cooldown: 2 * time.Second, migrate: true, maxUsers: 100,
+		// Shorter than the library's defaults, so that the dashboard's
+		// cleanup panels move within minutes of trying the demo.
+		cleanup: true, cleanupInterval: 30 * time.Second, cleanupRetention: time.Minute,
+	}
 	envAs("PGLIMIT_COOLDOWN", func(v string) (err error) { c.cooldown, err = time.ParseDuration(v); return err })
 	envAs("PGLIMIT_MIGRATE", func(v string) (err error) { c.migrate, err = strconv.ParseBool(v); return err })
 	envAs("PGLIMIT_DEMO_MAX_USERS", func(v string) (err error) { c.maxUsers, err = strconv.Atoi(v); return err })
+	envAs("PGLIMIT_CLEANUP", func(v string) (err error) { c.cleanup, err = strconv.ParseBool(v); return err })
+	envAs("PGLIMIT_CLEANUP_INTERVAL", func(v string) (err error) { c.cleanupInterval, err = time.ParseDuration(v); return err })
+	envAs("PGLIMIT_CLEANUP_RETENTION", func(v string) (err error) { c.cleanupRetention, err = time.ParseDuration(v); return err })
 	if err := errors.Join(envErrs...); err != nil {
 		return config{}, err
 	}
@@ -102,6 +119,9 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.StringVar(&onError, "on-error", env("PGLIMIT_ON_ERROR", "unavailable"), "when the database fails: unavailable (503), fail-open or fail-closed (429) (env PGLIMIT_ON_ERROR)")
 	fs.StringVar(&c.instance, "instance", env("PGLIMIT_DEMO_INSTANCE", host), "instance name for logs and metrics (env PGLIMIT_DEMO_INSTANCE)")
 	fs.IntVar(&c.maxUsers, "metrics-max-users", c.maxUsers, `users with their own metric label, the rest count as "other"; 0 disables (env PGLIMIT_DEMO_MAX_USERS)`)
+	fs.BoolVar(&c.cleanup, "cleanup", c.cleanup, "run the cleanup job; the instances elect one leader to run it (env PGLIMIT_CLEANUP)")
+	fs.DurationVar(&c.cleanupInterval, "cleanup-interval", c.cleanupInterval, "time between cleanup runs (env PGLIMIT_CLEANUP_INTERVAL)")
+	fs.DurationVar(&c.cleanupRetention, "cleanup-retention", c.cleanupRetention, "delete limiter rows whose cooldown ended longer ago than this (env PGLIMIT_CLEANUP_RETENTION)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -125,6 +145,12 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	if c.maxUsers < 0 {
 		return config{}, fmt.Errorf("-metrics-max-users: must not be negative, got %d", c.maxUsers)
 	}
+	if c.cleanupInterval <= 0 {
+		return config{}, fmt.Errorf("-cleanup-interval: must be positive, got %s", c.cleanupInterval)
+	}
+	if c.cleanupRetention <= 0 {
+		return config{}, fmt.Errorf("-cleanup-retention: must be positive (1ns deletes as soon as cooldowns end), got %s", c.cleanupRetention)
+	}
 	if c.instance == "" {
 		c.instance = "demo"
 	}
@@ -132,12 +158,14 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 }
 
 const (
-	startTimeout    = 2 * time.Minute // a first initdb or image pull is slow
-	shutdownTimeout = 10 * time.Second
+	startTimeout       = 2 * time.Minute // a first initdb or image pull is slow
+	shutdownTimeout    = 10 * time.Second
+	cleanupStopTimeout = 5 * time.Second // a running batch may finish; then it is cancelled
 )
 
 // run serves until ctx ends, then shuts down in order: stop accepting,
-// finish requests in flight, close the pool, stop the throwaway PostgreSQL.
+// finish requests in flight, stop the cleanup job (releasing leadership),
+// close the pool, stop the throwaway PostgreSQL.
 // onListen, when set, receives the bound address (tests listen on port 0).
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, onListen func(addr string)) (err error) {
 	cfg, err := parseConfig(args, getenv, stderr)
@@ -200,6 +228,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
+	if cfg.cleanup {
+		// Started after the migrations, since Start checks the tables;
+		// deferred after pool.Close, so stopped before the pool closes.
+		stopCleanup, err := startCleanup(startCtx, pool, cfg, logger, app.reg)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			stopCtx, cancel := context.WithTimeout(context.Background(), cleanupStopTimeout)
+			defer cancel()
+			if serr := stopCleanup(stopCtx); serr != nil {
+				err = errors.Join(err, serr)
+			}
+		}()
+	}
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
 		return err
@@ -234,6 +277,35 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	<-served
 	return nil
+}
+
+// startCleanup starts the cleanup job over cfg's schema and registers its
+// metrics with reg. Every instance runs one; only the elected leader
+// deletes. The returned function stops it.
+func startCleanup(ctx context.Context, pool *pgxpool.Pool, cfg config, logger *slog.Logger, reg prometheus.Registerer) (stop func(context.Context) error, err error) {
+	cleaner, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{
+		Schema:    cfg.schema,
+		Interval:  cfg.cleanupInterval,
+		Retention: cfg.cleanupRetention,
+		Logger:    logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cleanup: %w", err)
+	}
+	if err := reg.Register(pglimitprom.NewCleanerCollector(cleaner, cfg.schema)); err != nil {
+		return nil, fmt.Errorf("cleanup metrics: %w", err)
+	}
+	if err := cleaner.Start(ctx); err != nil {
+		return nil, fmt.Errorf("cleanup: %w", err)
+	}
+	logger.Info("cleanup job started", "interval", cfg.cleanupInterval, "retention", cfg.cleanupRetention)
+	return func(ctx context.Context) error {
+		if err := cleaner.Stop(ctx); err != nil {
+			return fmt.Errorf("stop cleanup: %w", err)
+		}
+		logger.Info("cleanup job stopped")
+		return nil
+	}, nil
 }
 
 // browsable turns a listen address such as "[::]:8080" into one a browser

@@ -27,23 +27,28 @@ func TestParseConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.addr != ":8080" || c.strategy != pglimit.Upsert || c.cooldown != 2*time.Second || !c.migrate ||
-		c.schema != "public" || c.onError != pglimithttp.Unavailable || c.databaseURL != "" || c.maxUsers != 100 || c.instance == "" {
+		c.schema != "public" || c.onError != pglimithttp.Unavailable || c.databaseURL != "" || c.maxUsers != 100 || c.instance == "" ||
+		!c.cleanup || c.cleanupInterval != 30*time.Second || c.cleanupRetention != time.Minute {
 		t.Fatalf("defaults: %+v", c)
 	}
 
 	c, err = parseConfig([]string{"-strategy", "range", "-addr", ":1"}, env(map[string]string{
-		"PGLIMIT_STRATEGY":  "nowait", // the flag wins
-		"PGLIMIT_COOLDOWN":  "250ms",
-		"DATABASE_URL":      "postgres://db/x",
-		"PGLIMIT_MIGRATE":   "false",
-		"PGLIMIT_ON_ERROR":  "fail-open",
-		"PGLIMIT_DEMO_ADDR": ":2",
+		"PGLIMIT_STRATEGY":          "nowait", // the flag wins
+		"PGLIMIT_COOLDOWN":          "250ms",
+		"DATABASE_URL":              "postgres://db/x",
+		"PGLIMIT_MIGRATE":           "false",
+		"PGLIMIT_ON_ERROR":          "fail-open",
+		"PGLIMIT_DEMO_ADDR":         ":2",
+		"PGLIMIT_CLEANUP":           "false",
+		"PGLIMIT_CLEANUP_INTERVAL":  "5s",
+		"PGLIMIT_CLEANUP_RETENTION": "1ns",
 	}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.addr != ":1" || c.strategy != pglimit.Range || c.cooldown != 250*time.Millisecond || c.migrate ||
-		c.onError != pglimithttp.FailOpen || c.databaseURL != "postgres://db/x" {
+		c.onError != pglimithttp.FailOpen || c.databaseURL != "postgres://db/x" ||
+		c.cleanup || c.cleanupInterval != 5*time.Second || c.cleanupRetention != time.Nanosecond {
 		t.Fatalf("flags and env: %+v", c)
 	}
 
@@ -55,6 +60,10 @@ func TestParseConfig(t *testing.T) {
 		{"-schema", "Public; DROP"},
 		{"-on-error", "ignore"},
 		{"-metrics-max-users", "-1"},
+		{"-cleanup", "perhaps"},
+		{"-cleanup-interval", "0s"},
+		{"-cleanup-retention", "0s"},
+		{"-cleanup-retention", "-1m"},
 		{"-nope"},
 		{"extra"},
 	} {
@@ -63,10 +72,13 @@ func TestParseConfig(t *testing.T) {
 		}
 	}
 	for name, v := range map[string]string{
-		"PGLIMIT_COOLDOWN":       "-1s",
-		"PGLIMIT_MIGRATE":        "perhaps",
-		"PGLIMIT_DEMO_MAX_USERS": "many",
-		"PGLIMIT_STRATEGY":       "redis",
+		"PGLIMIT_COOLDOWN":          "-1s",
+		"PGLIMIT_MIGRATE":           "perhaps",
+		"PGLIMIT_DEMO_MAX_USERS":    "many",
+		"PGLIMIT_STRATEGY":          "redis",
+		"PGLIMIT_CLEANUP":           "perhaps",
+		"PGLIMIT_CLEANUP_INTERVAL":  "often",
+		"PGLIMIT_CLEANUP_RETENTION": "-1s",
 	} {
 		_, err := parseConfig(nil, env(map[string]string{name: v}), io.Discard)
 		if err == nil {
@@ -141,10 +153,15 @@ func TestRunWithThrowawayPostgres(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("no shutdown within 30s:\n%s", logs.String())
 	}
-	out := logs.String()
-	for _, want := range []string{"starting a throwaway PostgreSQL", `url="postgres://`, "stopping the throwaway PostgreSQL"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("log lacks %q:\n%s", want, out)
+	// In this order: the cleanup job stops before the database does.
+	out, at := logs.String(), 0
+	for _, want := range []string{"starting a throwaway PostgreSQL", `url="postgres://`, "cleanup job started",
+		"shutting down", "cleanup job stopped", "stopping the throwaway PostgreSQL"} {
+		i := strings.Index(out[at:], want)
+		if i < 0 {
+			t.Errorf("log lacks %q after offset %d:\n%s", want, at, out)
+			continue
 		}
+		at += i + len(want)
 	}
 }
