@@ -27,13 +27,20 @@ import (
 
 // The end-to-end test runs what docker-compose.yml runs, minus Docker and
 // Grafana: two demo processes on one database, a real Prometheus scraping
-// both, load with admissions, refusals, bad requests and database errors;
-// then every PromQL expression of the Grafana dashboard must return data.
+// both, load with admissions, refusals, bad requests and database errors,
+// the cleanup job deleting the rows the load left; then every PromQL
+// expression of the Grafana dashboard must return data.
 
 const (
 	dashboardFile = "../grafana/dashboards/pglimit.json"
 	alertsFile    = "../prometheus/alerts.yml"
 	e2eCooldown   = time.Second
+
+	// Rows expire e2eCooldown after their admission and are deleted at the
+	// next run after the retention, so cleanup runs delete rows during the
+	// test.
+	e2eCleanupInterval  = 500 * time.Millisecond
+	e2eCleanupRetention = 200 * time.Millisecond
 )
 
 // lookPath finds a tool the test needs or fails saying how to install it:
@@ -92,6 +99,15 @@ func TestEndToEnd(t *testing.T) {
 	}
 	st.checkCooldown(t)
 	produceErrors(t, demos)
+	// The load's rows expire within a cooldown of its end; the leader
+	// deletes them at its next run.
+	prom.waitFor(t, `sum(pglimit_cleanup_rows_deleted_total) > 0`, 1)
+	prom.waitFor(t, `pglimit_cleanup_last_success_timestamp_seconds > 0`, 1)
+	if v, err := prom.query(`pglimit_cleanup_rows_deleted_total`); err == nil {
+		for _, s := range v {
+			t.Logf("cleanup: %s deleted %v rows", s.Metric["job"], s.Value[1])
+		}
+	}
 
 	// Every series, including the error counter that exists only after an
 	// error, needs two samples for rate().
@@ -206,6 +222,8 @@ func startDemo(t *testing.T, bin, name, dbURL, schema string) *process {
 		"-cooldown", e2eCooldown.String(),
 		"-instance", name,
 		"-metrics-max-users", "20",
+		"-cleanup-interval", e2eCleanupInterval.String(),
+		"-cleanup-retention", e2eCleanupRetention.String(),
 	)
 	cmd.Env = append(os.Environ(), "DATABASE_URL=") // only the flag counts
 	p := startProcess(t, name, cmd, func(line string) {
