@@ -39,10 +39,14 @@ type app struct {
 	reg     *prometheus.Registry
 	metrics *httpMetrics
 	limit   func(http.Handler) http.Handler
+	failed  *failureLog
 }
 
 func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
-	a := &app{cfg: cfg, log: logger, pool: pool, items: newStore(pool, cfg.schema), reg: prometheus.NewRegistry()}
+	a := &app{
+		cfg: cfg, log: logger, pool: pool, items: newStore(pool, cfg.schema), reg: prometheus.NewRegistry(),
+		failed: &failureLog{log: logger, interval: 10 * time.Second},
+	}
 
 	a.reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -98,7 +102,8 @@ func (a *app) logDecision(r *http.Request, ev pglimithttp.Event) {
 	case pglimithttp.OutcomeBadKey:
 		a.log.Info("bad key", "path", r.URL.Path, "err", ev.Err)
 	case pglimithttp.OutcomeFailOpen, pglimithttp.OutcomeFailClosed, pglimithttp.OutcomeUnavailable:
-		a.log.Warn("limiter failed", "user", ev.Key, "outcome", ev.Outcome, "kind", pglimitprom.ErrorKind(ev.Err), "err", ev.Err)
+		a.metrics.policy.WithLabelValues(string(ev.Outcome)).Inc()
+		a.failed.record(time.Now(), "user", ev.Key, "outcome", ev.Outcome, "kind", pglimitprom.ErrorKind(ev.Err), "err", ev.Err)
 	}
 }
 

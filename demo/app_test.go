@@ -205,13 +205,14 @@ func TestDatabaseDown(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	for _, tt := range []struct {
-		policy pglimithttp.ErrorPolicy
-		code   int
+		policy  pglimithttp.ErrorPolicy
+		code    int
+		outcome pglimithttp.Outcome
 	}{
 		// Fail-open reaches the handler, whose own query fails: 500.
-		{pglimithttp.FailOpen, 500},
-		{pglimithttp.FailClosed, 429},
-		{pglimithttp.Unavailable, 503},
+		{pglimithttp.FailOpen, 500, pglimithttp.OutcomeFailOpen},
+		{pglimithttp.FailClosed, 429, pglimithttp.OutcomeFailClosed},
+		{pglimithttp.Unavailable, 503, pglimithttp.OutcomeUnavailable},
 	} {
 		t.Run(tt.policy.String(), func(t *testing.T) {
 			b := setup(t, pool, func(c *config) { c.onError = tt.policy })
@@ -230,6 +231,10 @@ func TestDatabaseDown(t *testing.T) {
 			}
 			if !strings.Contains(b.logs.String(), "limiter failed") {
 				t.Fatalf("no log line for the failure:\n%s", b.logs)
+			}
+			want := `demo_limiter_failures_total{outcome="` + string(tt.outcome) + `"} 1`
+			if r := b.do(t, "GET", "/metrics", ""); !strings.Contains(string(r.body), want) {
+				t.Fatalf("metrics lack %s", want)
 			}
 		})
 	}

@@ -16,6 +16,7 @@ type httpMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	events   *prometheus.CounterVec
+	policy   *prometheus.CounterVec
 	users    *pglimitprom.CappedLabel
 }
 
@@ -34,6 +35,10 @@ func newHTTPMetrics(reg prometheus.Registerer, cfg config) (*httpMetrics, error)
 			Name: "demo_item_events_total",
 			Help: "Items created and lists served, by user (the first users seen; later ones count as \"other\").",
 		}, []string{"event", "user"}),
+		policy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "demo_limiter_failures_total",
+			Help: "Requests whose limiter decision failed, by what the error policy did: fail_open, fail_closed or unavailable.",
+		}, []string{"outcome"}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "demo_info",
@@ -46,7 +51,7 @@ func newHTTPMetrics(reg prometheus.Registerer, cfg config) (*httpMetrics, error)
 		Help: "The cooldown of GET /items/{user}: at most one admission per user per this many seconds.",
 	})
 	cooldown.Set(cfg.cooldown.Seconds())
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.events, info, cooldown} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.events, m.policy, info, cooldown} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
