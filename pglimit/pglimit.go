@@ -201,6 +201,7 @@ func New(db DB, cfg *Config) (Limiter, error) {
 	// travel as parameters.
 	table := pgx.Identifier{c.Schema, c.Table}.Sanitize()
 	b := base{db: db, cfg: c}
+	b.args.namespace, b.args.cooldown = c.Namespace, c.Cooldown.Microseconds()
 	if c.PreBlockSize > 0 {
 		b.preblock = newPreblock(c.PreBlockSize)
 	}
@@ -286,6 +287,10 @@ type base struct {
 	db       DB
 	cfg      Config
 	preblock *preblock // nil when off
+
+	// args holds the statement parameters that never change, boxed once
+	// instead of at every decision.
+	args struct{ namespace, cooldown any }
 }
 
 // decide validates key, answers from the pre-block when it can, bounds ctx
@@ -323,22 +328,24 @@ func (b *base) wrap(ctx context.Context, err error) error {
 	return fmt.Errorf("pglimit: %s: %w", b.cfg.Strategy, err)
 }
 
-// admitted builds the decision for an admission whose cooldown ends at
-// expires, as seen at the database time now.
-func admitted(expires, now time.Time) Decision {
-	return Decision{Allowed: true, ResetAfter: expires.Sub(now)}
+// admitted builds the decision for an admission whose cooldown ends in
+// remaining, measured on the database clock.
+func admitted(remaining time.Duration) Decision {
+	return Decision{Allowed: true, ResetAfter: remaining}
 }
 
-// refused builds the decision for a refusal. An unknown or already passed end
-// of cooldown (a concurrent decision the statement's snapshot could not see)
-// becomes the whole cooldown: an upper bound, marked as an estimate so the
-// pre-block does not trust it.
-func (b *base) refused(expires, now time.Time) Decision {
-	wait := expires.Sub(now)
-	if expires.IsZero() || wait <= 0 {
+// unknown stands for a cooldown end the statement could not read.
+const unknown = time.Duration(-1)
+
+// refused builds the decision for a refusal whose cooldown ends in
+// remaining. An unknown or already passed end (a concurrent decision the
+// statement's snapshot could not see) becomes the whole cooldown: an upper
+// bound, marked as an estimate so the pre-block does not trust it.
+func (b *base) refused(remaining time.Duration) Decision {
+	if remaining <= 0 {
 		return Decision{RetryAfter: b.cfg.Cooldown, ResetAfter: b.cfg.Cooldown, estimated: true}
 	}
-	return Decision{RetryAfter: wait, ResetAfter: wait}
+	return Decision{RetryAfter: remaining, ResetAfter: remaining}
 }
 
 // reset deletes every row of key in the limiter's namespace.
@@ -348,7 +355,7 @@ func (b *base) reset(ctx context.Context, query, key string) error {
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, b.cfg.Timeout, ErrTimeout)
 	defer cancel()
-	if _, err := b.db.Exec(ctx, query, b.cfg.Namespace, key); err != nil {
+	if _, err := b.db.Exec(ctx, query, b.args.namespace, key); err != nil {
 		return b.wrap(ctx, fmt.Errorf("reset: %w", err))
 	}
 	b.preblock.forget(key)

@@ -24,9 +24,9 @@ WITH admitted AS (
     ON CONFLICT DO NOTHING
     RETURNING upper(during) AS expires_at
 )
-SELECT true, expires_at, statement_timestamp(), %[2]s FROM admitted
+SELECT true, (extract(epoch FROM expires_at - statement_timestamp()) * 1000000)::bigint, %[2]s FROM admitted
 UNION ALL
-(SELECT false, upper(t.during), statement_timestamp(), NULL::text
+(SELECT false, (extract(epoch FROM upper(t.during) - statement_timestamp()) * 1000000)::bigint, NULL::text
  FROM %[1]s AS t
  WHERE t.namespace = $1 AND t.key = $2
    AND t.during && tstzrange(statement_timestamp(), NULL)
@@ -93,7 +93,7 @@ func (l *plainRangeLimiter) AllowTx(ctx context.Context, tx pgx.Tx, key string) 
 func (l *plainRangeLimiter) allow(ctx context.Context, db DB, key string, inTx bool) (Decision, error) {
 	var expires, now time.Time
 	insert := func(q DB) error {
-		return q.QueryRow(ctx, l.insertSQL, l.cfg.Namespace, key, l.cfg.Cooldown.Microseconds()).Scan(&expires, &now)
+		return q.QueryRow(ctx, l.insertSQL, l.args.namespace, key, l.args.cooldown).Scan(&expires, &now)
 	}
 	var err error
 	if inTx {
@@ -102,16 +102,19 @@ func (l *plainRangeLimiter) allow(ctx context.Context, db DB, key string, inTx b
 		err = insert(db)
 	}
 	if err == nil {
-		return admitted(expires, now), nil
+		return admitted(expires.Sub(now)), nil
 	}
 	if pgCode(err) != codeExclusionViolation {
 		return Decision{}, err
 	}
-	err = db.QueryRow(ctx, l.lookupSQL, l.cfg.Namespace, key).Scan(&expires, &now)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	err = db.QueryRow(ctx, l.lookupSQL, l.args.namespace, key).Scan(&expires, &now)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return l.refused(unknown), nil
+	case err != nil:
 		return Decision{}, err
 	}
-	return l.refused(expires, now), nil
+	return l.refused(expires.Sub(now)), nil
 }
 
 func (l *plainRangeLimiter) Reset(ctx context.Context, key string) error {
