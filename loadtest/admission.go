@@ -44,6 +44,8 @@ type admissionCheck struct {
 	// consecutive admissions loses floor(g/C)-1 periods. It means lost
 	// admissions only where requests kept arriving (the hot-key scenarios).
 	LostPeriods int `json:"lost_periods"`
+
+	hasGap bool // MinGapMS holds a gap
 }
 
 // allowedAdmissions is the most admissions, pairwise at least cooldown
@@ -60,7 +62,6 @@ func allowedAdmissions(span, cooldown time.Duration) int {
 // conservative: it reports only what the timings prove.
 func checkClient(byKey map[string][]admission, cooldown time.Duration) admissionCheck {
 	var c admissionCheck
-	minGap := time.Duration(-1)
 	for _, adm := range byKey {
 		if len(adm) == 0 {
 			continue
@@ -86,17 +87,12 @@ func checkClient(byKey map[string][]admission, cooldown time.Duration) admission
 			}
 		}
 		for i := 1; i < len(adm); i++ {
-			if w := widest(adm[i-1], adm[i]); minGap < 0 || w < minGap {
-				minGap = w
-			}
+			c.minGap(widest(adm[i-1], adm[i]))
 			// By the midpoints: the client cannot do better, and the gaps
 			// matter only when they are whole cooldowns long.
 			g := mid(adm[i]) - mid(adm[i-1])
 			c.gap(g, cooldown)
 		}
-	}
-	if minGap >= 0 {
-		c.MinGapMS = ms(minGap)
 	}
 	return c
 }
@@ -112,7 +108,6 @@ func mid(a admission) time.Duration { return a.sent + (a.received-a.sent)/2 }
 // limiter adds the same cooldown).
 func checkRecord(byKey map[string][]time.Time, cooldown time.Duration) admissionCheck {
 	var c admissionCheck
-	minGap := time.Duration(-1)
 	for _, ts := range byKey {
 		if len(ts) == 0 {
 			continue
@@ -125,14 +120,9 @@ func checkRecord(byKey map[string][]time.Time, cooldown time.Duration) admission
 			if g < cooldown {
 				c.Violations++
 			}
-			if minGap < 0 || g < minGap {
-				minGap = g
-			}
+			c.minGap(g)
 			c.gap(g, cooldown)
 		}
-	}
-	if minGap >= 0 {
-		c.MinGapMS = ms(minGap)
 	}
 	return c
 }
@@ -143,6 +133,12 @@ func (c *admissionCheck) count(admitted int, span, cooldown time.Duration) {
 	c.Admitted += admitted
 	c.MaxAllowed += allowed
 	c.OverAdmitted += max(0, admitted-allowed)
+}
+
+func (c *admissionCheck) minGap(g time.Duration) {
+	if !c.hasGap || ms(g) < c.MinGapMS {
+		c.MinGapMS, c.hasGap = ms(g), true
+	}
 }
 
 func (c *admissionCheck) gap(g, cooldown time.Duration) {

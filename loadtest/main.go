@@ -133,7 +133,11 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 			cmd = append(cmd, "-database-url=…") // may hold a password
 			return
 		}
-		cmd = append(cmd, "-"+f.Name+"="+f.Value.String())
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() && f.Value.String() == "true" {
+			cmd = append(cmd, "-"+f.Name)
+			return
+		}
+		cmd = append(cmd, "-"+f.Name+" "+f.Value.String())
 	})
 	o.command = strings.Join(cmd, " ")
 	return o, nil

@@ -204,7 +204,7 @@ func TestHTTPTargetOverAdmits(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	t.Cleanup(srv.Close)
-	rep, _ := runLoadtest(t, exitFailed, "-target", srv.URL, "-scenarios", "contention", "-levels", "2",
+	rep, _ := runLoadtest(t, exitFailed, "-target", srv.URL, "-scenarios", "seed,contention", "-levels", "2",
 		"-short", "-scale", "0.1", "-progress=false")
 	if len(rep.Failures) == 0 || !strings.Contains(rep.Failures[0], "over-admitted") {
 		t.Fatalf("failures %q, want over-admission", rep.Failures)

@@ -200,7 +200,7 @@ func writeMarkdown(w io.Writer, rep *report) {
 
 	for _, s := range rep.Scenarios {
 		fmt.Fprintf(w, "## %s\n\n%s Cooldown %s, %s per run.\n\n", s.Name, s.About,
-			time.Duration(s.CooldownMS*float64(time.Millisecond)), time.Duration(s.DurationS*float64(time.Second)).Round(time.Millisecond))
+			short(time.Duration(s.CooldownMS*float64(time.Millisecond))), short(time.Duration(s.DurationS*float64(time.Second)).Round(time.Millisecond)))
 		fmt.Fprintln(w, "| conc | strategy | decisions/s | × floor | p50 ms | p95 ms | p99 ms | max ms | errors |")
 		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---|")
 		for _, r := range s.Results {
@@ -256,6 +256,11 @@ const readingGuide = `## How to read this
 - **Errors** are by SQLSTATE (40P01 deadlock_detected, 23P01 exclusion_violation, 55P03 lock_not_available, 57014
   query_canceled), else timeout, canceled, http-<status> or other.
 `
+
+// short formats d without zero minutes and seconds: 1h, not 1h0m0s.
+func short(d time.Duration) string {
+	return strings.Replace(strings.Replace(d.String(), "m0s", "m", 1), "h0m", "h", 1)
+}
 
 // bestCheck prefers the database's record to the client's view.
 func bestCheck(r *result) *admissionCheck {

@@ -112,8 +112,10 @@ func buildScenarios(o *options) []scenario {
 		if !slices.Contains(o.scenarios, s.Name) {
 			continue
 		}
-		if o.cooldown > 0 {
-			// Over HTTP the demo's cooldown is the one that counts.
+		if o.targets != nil {
+			// Over HTTP every URL is an instance, and the demo's cooldown
+			// is the one that counts.
+			s.Instances = len(o.targets)
 			s.Cooldown = o.cooldown
 		}
 		out = append(out, s)

@@ -162,12 +162,13 @@ type overHTTP struct {
 	timeout time.Duration
 }
 
-func (t *overHTTP) open(_ context.Context, instances, conns int) (session, error) {
+// open uses every URL: buildScenarios made instances the number of URLs.
+func (t *overHTTP) open(_ context.Context, _, conns int) (session, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns = 0
 	tr.MaxIdleConnsPerHost = conns
 	return &httpSession{
-		urls:   t.urls[:instances],
+		urls:   t.urls,
 		client: &http.Client{Transport: tr, Timeout: t.timeout},
 		size:   conns,
 	}, nil
