@@ -88,8 +88,31 @@ func addLine(p *plot.Plot, label string, xys plotter.XYs, ls draw.LineStyle) err
 // logY puts p's y axis on a log scale over [lo, hi].
 func logY(p *plot.Plot, lo, hi float64) {
 	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Y.Tick.Marker = logTicks{}
 	p.Y.Min, p.Y.Max = lo, hi
+}
+
+// logTicks labels 1, 2 and 5 of every decade, so that an axis spanning
+// less than a decade still has labels (plot.LogTicks labels powers of ten
+// only).
+type logTicks struct{}
+
+func (logTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ticks []plot.Tick
+	for dec := math.Pow10(int(math.Floor(math.Log10(lo)))); dec <= hi; dec *= 10 {
+		for m := 1; m < 10; m++ {
+			v := float64(m) * dec
+			if v < lo || v > hi {
+				continue
+			}
+			t := plot.Tick{Value: v}
+			if m == 1 || m == 2 || m == 5 {
+				t.Label = strconv.FormatFloat(v, 'g', 4, 64)
+			}
+			ticks = append(ticks, t)
+		}
+	}
+	return ticks
 }
 
 // latencyTiles draws, per strategy, p50, p99 and max latency over time:
@@ -126,9 +149,10 @@ func latencyTiles(path string, s *scenarioReport, floorWhat string) error {
 			name string
 			f    func(point) float64
 		}{
-			{"p50", func(pt point) float64 { return pt.P50 }},
-			{"p99", func(pt point) float64 { return pt.P99 }},
+			// Max first, so that the others are drawn over it.
 			{"max", func(pt point) float64 { return pt.Max }},
+			{"p99", func(pt point) float64 { return pt.P99 }},
+			{"p50", func(pt point) float64 { return pt.P50 }},
 		}
 		for j, sr := range series {
 			var xys plotter.XYs
@@ -137,7 +161,11 @@ func latencyTiles(path string, s *scenarioReport, floorWhat string) error {
 					xys = append(xys, plotter.XY{X: pt.T, Y: max(sr.f(pt), lo)})
 				}
 			}
-			ls := draw.LineStyle{Width: vg.Points(1), Color: plotutil.Color(j)}
+			ls := draw.LineStyle{Width: vg.Points(1.2), Color: plotutil.Color(j)}
+			if sr.name == "max" {
+				ls = draw.LineStyle{Width: vg.Points(0.8), Color: color.Gray{Y: 150},
+					Dashes: []vg.Length{vg.Points(2), vg.Points(2)}}
+			}
 			if err := addLine(p, sr.name, xys, ls); err != nil {
 				return err
 			}
