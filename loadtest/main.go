@@ -127,9 +127,13 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-concurrency, -keys and -pool-size must be positive")
 	}
 
+	// The command as reports show it: the flags that shape the figures.
 	cmd := []string{"go run ./loadtest"}
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "database-url" {
+		switch f.Name {
+		case "out", "progress":
+			return
+		case "database-url":
 			cmd = append(cmd, "-database-url=…") // may hold a password
 			return
 		}
