@@ -16,7 +16,8 @@ type admission struct {
 }
 
 // admissionCheck is what a run's admissions say about the promise "two
-// admissions of one key are never less than the cooldown apart".
+// admissions of one key are never less than the cooldown apart" and, for a
+// hot key, about liveness.
 type admissionCheck struct {
 	// Keys is the number of keys with at least one admission.
 	Keys int `json:"keys"`
@@ -36,17 +37,23 @@ type admissionCheck struct {
 	// milliseconds (database record: exact; client: the largest it can
 	// have been). Zero when no key was admitted twice.
 	MinGapMS float64 `json:"min_gap_ms"`
-	// MaxGapMS is the longest time between two consecutive admissions of
-	// one key, in milliseconds.
-	MaxGapMS float64 `json:"max_gap_ms"`
-	// LostPeriods counts whole cooldown periods in which a key that was
-	// admitted before and after was not admitted: a gap g between two
-	// consecutive admissions loses floor(g/C)-1 periods. It means lost
-	// admissions only where requests kept arriving (the hot-key scenarios).
-	LostPeriods int `json:"lost_periods"`
+
+	// Liveness, for a hot key that requests kept reaching (see hotKey):
+	// MaxGapMS is the longest stretch of the run without an admission, and
+	// LostPeriods counts the admissions the cooldown would have allowed in
+	// such stretches but that did not happen: a gap g between two
+	// admissions loses floor(g/C)-1, the stretch before the first
+	// floor(lead/C), the stretch after the last floor(trail/C).
+	MaxGapMS    float64 `json:"max_gap_ms,omitempty"`
+	LostPeriods int     `json:"lost_periods,omitempty"`
 
 	hasGap bool // MinGapMS holds a gap
 }
+
+// hotKey is the run's start and end on the clock of the admissions, for a
+// scenario in which one key was requested all the time: then any cooldown
+// period without an admission is a lost one.
+type hotKey struct{ start, end time.Duration }
 
 // allowedAdmissions is the most admissions, pairwise at least cooldown
 // apart, that fit in a span of time: floor(span/cooldown)+1.
@@ -59,8 +66,10 @@ func allowedAdmissions(span, cooldown time.Duration) int {
 
 // checkClient checks admissions observed by the client. Each admission's
 // decision instant is only known to lie in [sent, received], so the check is
-// conservative: it reports only what the timings prove.
-func checkClient(byKey map[string][]admission, cooldown time.Duration) admissionCheck {
+// conservative: it reports only what the timings prove. For liveness it
+// takes the midpoints: the client cannot do better, and gaps matter there
+// only when they are whole cooldowns long.
+func checkClient(byKey map[string][]admission, cooldown time.Duration, hot *hotKey) admissionCheck {
 	var c admissionCheck
 	for _, adm := range byKey {
 		if len(adm) == 0 {
@@ -74,7 +83,12 @@ func checkClient(byKey map[string][]admission, cooldown time.Duration) admission
 		}
 		c.count(len(adm), last-first, cooldown)
 
+		mids := make([]time.Duration, len(adm))
 		for i, a := range adm {
+			mids[i] = a.sent + (a.received-a.sent)/2
+			if i > 0 {
+				c.minGap(widest(adm[i-1], a))
+			}
 			// Later admissions sent a cooldown or more after a cannot be
 			// proven too close to it: the bound below only grows.
 			for _, b := range adm[i+1:] {
@@ -86,13 +100,10 @@ func checkClient(byKey map[string][]admission, cooldown time.Duration) admission
 				}
 			}
 		}
-		for i := 1; i < len(adm); i++ {
-			c.minGap(widest(adm[i-1], adm[i]))
-			// By the midpoints: the client cannot do better, and the gaps
-			// matter only when they are whole cooldowns long.
-			g := mid(adm[i]) - mid(adm[i-1])
-			c.gap(g, cooldown)
-		}
+		c.liveness(mids, cooldown, hot)
+	}
+	if c.Keys == 0 {
+		c.liveness(nil, cooldown, hot)
 	}
 	return c
 }
@@ -101,28 +112,28 @@ func checkClient(byKey map[string][]admission, cooldown time.Duration) admission
 // be apart.
 func widest(a, b admission) time.Duration { return max(a.received, b.received) - a.sent }
 
-func mid(a admission) time.Duration { return a.sent + (a.received-a.sent)/2 }
-
-// checkRecord checks the admissions the database recorded, as exact times on
-// the database clock (expiry times serve as well: every admission of a
-// limiter adds the same cooldown).
-func checkRecord(byKey map[string][]time.Time, cooldown time.Duration) admissionCheck {
+// checkRecord checks the admissions the database recorded, as exact
+// instants on the database clock, given as offsets from the run's start.
+func checkRecord(byKey map[string][]time.Duration, cooldown time.Duration, hot *hotKey) admissionCheck {
 	var c admissionCheck
 	for _, ts := range byKey {
 		if len(ts) == 0 {
 			continue
 		}
 		ts = slices.Clone(ts)
-		slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
-		c.count(len(ts), ts[len(ts)-1].Sub(ts[0]), cooldown)
+		slices.Sort(ts)
+		c.count(len(ts), ts[len(ts)-1]-ts[0], cooldown)
 		for i := 1; i < len(ts); i++ {
-			g := ts[i].Sub(ts[i-1])
+			g := ts[i] - ts[i-1]
 			if g < cooldown {
 				c.Violations++
 			}
 			c.minGap(g)
-			c.gap(g, cooldown)
 		}
+		c.liveness(ts, cooldown, hot)
+	}
+	if c.Keys == 0 {
+		c.liveness(nil, cooldown, hot)
 	}
 	return c
 }
@@ -141,11 +152,28 @@ func (c *admissionCheck) minGap(g time.Duration) {
 	}
 }
 
-func (c *admissionCheck) gap(g, cooldown time.Duration) {
-	c.MaxGapMS = max(c.MaxGapMS, ms(g))
-	if lost := int(g/cooldown) - 1; lost > 0 {
-		c.LostPeriods += lost
+// liveness adds one key's stretches without admission (ts sorted) to the
+// liveness figures; only for a hot key.
+func (c *admissionCheck) liveness(ts []time.Duration, cooldown time.Duration, hot *hotKey) {
+	if hot == nil {
+		return
 	}
+	stretch := func(d time.Duration, lost int) {
+		c.MaxGapMS = max(c.MaxGapMS, ms(d))
+		c.LostPeriods += max(lost, 0)
+	}
+	if len(ts) == 0 {
+		// Nobody admitted all run long: every chance was lost.
+		stretch(hot.end-hot.start, int((hot.end-hot.start)/cooldown)+1)
+		return
+	}
+	stretch(ts[0]-hot.start, int((ts[0]-hot.start)/cooldown))
+	for i := 1; i < len(ts); i++ {
+		g := ts[i] - ts[i-1]
+		stretch(g, int(g/cooldown)-1)
+	}
+	last := ts[len(ts)-1]
+	stretch(hot.end-last, int((hot.end-last)/cooldown))
 }
 
 // ok reports whether the check found no over-admission of any kind.

@@ -18,6 +18,7 @@ func TestCheckClient(t *testing.T) {
 	tests := []struct {
 		name                  string
 		byKey                 map[string][]admission
+		hot                   *hotKey
 		allowed, over, violat int
 		lost                  int
 	}{
@@ -36,7 +37,7 @@ func TestCheckClient(t *testing.T) {
 			// The count alone misses it: 3 admissions in a span that allows 4.
 			name:    "too close inside a long span",
 			byKey:   map[string][]admission{"k": {at(0), at(C / 2), at(3 * C)}},
-			allowed: 4, violat: 1, lost: 1,
+			allowed: 4, violat: 1,
 		},
 		{
 			// Slow answers: the decisions may have been a cooldown apart.
@@ -54,11 +55,35 @@ func TestCheckClient(t *testing.T) {
 			byKey:   map[string][]admission{"k": {at(0), at(1), at(2), at(3), at(4)}},
 			allowed: 1, over: 4, violat: 10,
 		},
+		{
+			name:    "hot key admitted every cooldown",
+			byKey:   map[string][]admission{"k": {at(0), at(C), at(2 * C), at(3 * C)}},
+			hot:     &hotKey{start: 0, end: 3*C + C/2},
+			allowed: 4,
+		},
+		{
+			// 4 lost between the two, 5 after the second.
+			name:    "hot key with a stall and a silent end",
+			byKey:   map[string][]admission{"k": {at(0), at(5 * C)}},
+			hot:     &hotKey{start: 0, end: 10 * C},
+			allowed: 6, lost: 9,
+		},
+		{
+			name:    "hot key admitted late",
+			byKey:   map[string][]admission{"k": {at(2*C + C/2)}},
+			hot:     &hotKey{start: 0, end: 3 * C},
+			allowed: 1, lost: 2,
+		},
+		{
+			name: "hot key never admitted",
+			hot:  &hotKey{start: 0, end: 3 * C},
+			lost: 4,
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			c := checkClient(tt.byKey, C)
+			c := checkClient(tt.byKey, C, tt.hot)
 			if c.MaxAllowed != tt.allowed || c.OverAdmitted != tt.over || c.Violations != tt.violat || c.LostPeriods != tt.lost {
 				t.Fatalf("got %+v; want allowed %d, over %d, violations %d, lost %d", c, tt.allowed, tt.over, tt.violat, tt.lost)
 			}
@@ -71,14 +96,13 @@ func TestCheckClient(t *testing.T) {
 
 func TestCheckRecord(t *testing.T) {
 	t.Parallel()
-	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
-	good := checkRecord(map[string][]time.Time{"k": {t0.Add(2 * C), t0, t0.Add(C)}, "j": {t0}}, C)
+	good := checkRecord(map[string][]time.Duration{"k": {2 * C, 0, C}, "j": {0}}, C, nil)
 	if !good.ok() || good.Admitted != 4 || good.MaxAllowed != 4 || good.MinGapMS != 1000 {
 		t.Fatalf("a cooldown apart: %+v", good)
 	}
-	bad := checkRecord(map[string][]time.Time{"k": {t0, t0.Add(C - time.Microsecond), t0.Add(5 * C)}}, C)
-	if bad.ok() || bad.Violations != 1 || bad.LostPeriods != 3 {
-		t.Fatalf("a microsecond short: %+v; want 1 violation, 3 lost periods", bad)
+	bad := checkRecord(map[string][]time.Duration{"k": {0, C - time.Microsecond, 5 * C}}, C, &hotKey{start: 0, end: 6 * C})
+	if bad.ok() || bad.Violations != 1 || bad.LostPeriods != 4 || bad.MaxGapMS < 4000 {
+		t.Fatalf("a microsecond short: %+v; want 1 violation, 3+1 lost periods", bad)
 	}
 }
 
@@ -104,7 +128,7 @@ func TestRecorderCatchesOverAdmission(t *testing.T) {
 	run := func(d decideFunc) admissionCheck {
 		rec := newRecorder(time.Now(), 10*time.Millisecond, true)
 		closedLoop(context.Background(), []decideFunc{d, d}, 4, 120*time.Millisecond, hot, rec)
-		return checkClient(rec.keys, cooldown)
+		return checkClient(rec.keys, cooldown, nil)
 	}
 
 	broken := run(func(context.Context, string) outcome {

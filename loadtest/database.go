@@ -179,6 +179,13 @@ func (db *database) record(ctx context.Context, v variant, audit bool) (byKey ma
 	return byKey, err == nil, err
 }
 
+// now reads the database clock, the one the limiter decides by.
+func (db *database) now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	err := db.pool.QueryRow(ctx, "SELECT statement_timestamp()").Scan(&t)
+	return t, err
+}
+
 // dbStats are server counters; a run reports the difference across it.
 type dbStats struct {
 	Commits    int64 `json:"commits"`

@@ -215,7 +215,7 @@ func writeMarkdown(w io.Writer, rep *report) {
 				continue
 			}
 			gap, lost := "–", "–"
-			if c := bestCheck(r); c != nil && c.Admitted > c.Keys {
+			if c := bestCheck(r); c != nil && r.HotKey {
 				gap, lost = fmt.Sprintf("%.0f", c.MaxGapMS), fmt.Sprint(c.LostPeriods)
 			}
 			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", conc(r), r.Variant,
