@@ -51,7 +51,8 @@ func writeCharts(dir string, rep *report) ([]string, error) {
 // variants ran; the floor is black and dashed.
 func style(name string) draw.LineStyle {
 	i := slices.IndexFunc(allVariants(), func(v variant) bool { return v.Name == name })
-	ls := draw.LineStyle{Width: vg.Points(1.5), Color: plotutil.Color(max(i, 0))}
+	// Dashes too, so that lines lying on each other stay apart.
+	ls := draw.LineStyle{Width: vg.Points(1.5), Color: plotutil.Color(max(i, 0)), Dashes: plotutil.Dashes(max(i, 0))}
 	if name == floorName {
 		ls.Color = color.Black
 		ls.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
@@ -274,7 +275,11 @@ func admissionsOverTime(path string, s *scenarioReport) error {
 			return err
 		}
 	}
-	ideal := plotter.XYs{{X: 0, Y: 1}, {X: end, Y: math.Floor(end/cooldown) + 1}}
+	// A staircase: one more admission allowed every cooldown.
+	var ideal plotter.XYs
+	for k := 0.0; k*cooldown <= end; k++ {
+		ideal = append(ideal, plotter.XY{X: k * cooldown, Y: k + 1}, plotter.XY{X: min((k+1)*cooldown, end), Y: k + 1})
+	}
 	if err := addLine(p, "most allowed", ideal, style(floorName)); err != nil {
 		return err
 	}

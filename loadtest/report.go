@@ -170,7 +170,8 @@ func writeMarkdown(w io.Writer, rep *report) {
 	}
 	fmt.Fprintln(w)
 	if m.LoadStart != "" {
-		fmt.Fprintf(w, "- Load average (1, 5, 15 min) at start %s, at end %s: other work on the machine makes figures noisy.\n", m.LoadStart, m.LoadEnd)
+		fmt.Fprintf(w, "- Load average (1, 5, 15 min) at start %s, at end %s (the end includes this run's own load; "+
+			"other work on the machine makes figures noisy).\n", m.LoadStart, m.LoadEnd)
 	}
 	fmt.Fprintf(w, "- Target: %s\n", m.Target)
 	if m.Database != "" {
