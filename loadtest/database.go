@@ -186,6 +186,17 @@ func (db *database) now(ctx context.Context) (time.Time, error) {
 	return t, err
 }
 
+// lockWaiters counts the client backends of the database waiting on a
+// lock (a row, a transaction, a tuple) right now, ours excepted.
+func (db *database) lockWaiters(ctx context.Context) (int, error) {
+	var n int
+	err := db.pool.QueryRow(ctx, `
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend'
+  AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&n)
+	return n, err
+}
+
 // dbStats are server counters; a run reports the difference across it.
 type dbStats struct {
 	Commits    int64 `json:"commits"`

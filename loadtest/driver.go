@@ -112,19 +112,27 @@ func arrivals(phases []phase) []time.Duration {
 
 // progress prints a status line to w once a second until stop is called.
 func progress(w io.Writer, label string, total time.Duration, rec *recorder) (stop func()) {
+	return every(time.Second, func() {
+		fmt.Fprintf(w, "%s  %5.1fs/%.1fs  decisions=%d admitted=%d errors=%d\n",
+			label, time.Since(rec.start).Seconds(), total.Seconds(),
+			rec.decisions.Load(), rec.admitted.Load(), rec.errored.Load())
+	})
+}
+
+// every calls fn every interval, in its own goroutine, until stop is called;
+// stop waits for a call in progress.
+func every(interval time.Duration, fn func()) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		t := time.NewTicker(time.Second)
+		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {
 			case <-done:
 				return
 			case <-t.C:
-				fmt.Fprintf(w, "%s  %5.1fs/%.1fs  decisions=%d admitted=%d errors=%d\n",
-					label, time.Since(rec.start).Seconds(), total.Seconds(),
-					rec.decisions.Load(), rec.admitted.Load(), rec.errored.Load())
+				fn()
 			}
 		}
 	})

@@ -209,8 +209,8 @@ func writeMarkdown(w io.Writer, rep *report) {
 				num(r.Latency.P50), num(r.Latency.P95), num(r.Latency.P99), num(r.Latency.Max), errorsCol(r))
 		}
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| conc | strategy | admitted | allowed | over (client) | db record | max gap ms | lost periods | commits | rollbacks | deadlocks | WAL B/decision | WAL syncs |")
-		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| conc | strategy | admitted | allowed | over (client) | db record | max gap ms | lost periods | commits | rollbacks | deadlocks | lock waiters | WAL B/decision | WAL syncs |")
+		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, r := range s.Results {
 			if r.Variant == floorName {
 				continue
@@ -219,10 +219,14 @@ func writeMarkdown(w io.Writer, rep *report) {
 			if c := bestCheck(r); c != nil && r.HotKey {
 				gap, lost = fmt.Sprintf("%.0f", c.MaxGapMS), fmt.Sprint(c.LostPeriods)
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", conc(r), r.Variant,
+			waiters := "–"
+			if r.DB != nil {
+				waiters = fmt.Sprint(r.LockWaitMax)
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", conc(r), r.Variant,
 				admittedCol(r), allowedCol(r), overCol(r.Client), recordCol(r), gap, lost,
 				dbCol(r, func(d *dbStats) int64 { return d.Commits }), dbCol(r, func(d *dbStats) int64 { return d.Rollbacks }),
-				deadlocksCol(r), walPerDecision(r), dbCol(r, func(d *dbStats) int64 { return d.WALSyncs }))
+				deadlocksCol(r), waiters, walPerDecision(r), dbCol(r, func(d *dbStats) int64 { return d.WALSyncs }))
 		}
 		fmt.Fprintln(w)
 		for _, c := range rep.Charts {
@@ -253,7 +257,8 @@ const readingGuide = `## How to read this
   which nobody was admitted though requests kept coming (meaningful for a hot key whose cooldown keeps expiring).
 - **Database columns** are server-side differences across each run: commits and rollbacks from pg_stat_database
   (an exclusion violation or a deadlock victim is a rollback), deadlocks, WAL bytes from the WAL position per
-  decision, WAL syncs (flushes; fewer than commits means group commit) from pg_stat_wal.
+  decision, WAL syncs (flushes; fewer than commits means group commit) from pg_stat_wal. **lock waiters** is the
+  most backends seen waiting on a lock at once (pg_stat_activity, sampled every 250 ms): a pile-up.
 - **Errors** are by SQLSTATE (40P01 deadlock_detected, 23P01 exclusion_violation, 55P03 lock_not_available, 57014
   query_canceled), else timeout, canceled, http-<status> or other.
 `

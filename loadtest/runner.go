@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"github.com/pglimit/cooldown/pglimit"
@@ -43,6 +44,7 @@ type result struct {
 	Client      *admissionCheck  `json:"client_check,omitempty"`
 	Record      *admissionCheck  `json:"db_record_check,omitempty"`
 	DB          *dbStats         `json:"db_delta,omitempty"`
+	LockWaitMax int              `json:"lock_waiters_max"` // most backends seen waiting on a lock at once
 	Timeline    []point          `json:"timeline,omitempty"`
 }
 
@@ -111,6 +113,17 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		}
 		stop = progress(r.stderr, fmt.Sprintf("%-16s %-11s", label, v.Name), sc.Duration, rec)
 	}
+	// Sample how many backends wait on a lock: a pile-up shows here before
+	// it shows as errors.
+	var lockWaitMax atomic.Int64
+	stopSampling := func() {}
+	if r.db != nil {
+		stopSampling = every(250*time.Millisecond, func() {
+			if n, err := r.db.lockWaiters(ctx); err == nil && int64(n) > lockWaitMax.Load() {
+				lockWaitMax.Store(int64(n))
+			}
+		})
+	}
 	var dropped int64
 	if sc.openLoop() {
 		dropped = openLoop(ctx, decide, arrivals(sc.Phases), prefix+"hot", rec)
@@ -119,6 +132,7 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 	}
 	elapsed := time.Since(rec.start)
 	stop()
+	stopSampling()
 	sess.close()
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -138,6 +152,7 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		Errors:      rec.errs,
 		Dropped:     dropped,
 		Latency:     summarise(rec.hist),
+		LockWaitMax: int(lockWaitMax.Load()),
 	}
 	res.Refused = res.Decisions - res.Admitted - res.ErrorCount
 	var hot *hotKey
