@@ -103,100 +103,110 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		}
 	}
 
-	prefix := fmt.Sprintf("lt%s-%s-%d-", r.runID, sc.Name, level)
-	rec := newRecorder(time.Now(), sc.window(), v.Name != floorName)
-	stop := func() {}
-	if r.opts.progress {
-		label := sc.Name
-		if !sc.openLoop() {
-			label += fmt.Sprintf(" c=%d", level)
-		}
-		stop = progress(r.stderr, fmt.Sprintf("%-16s %-11s", label, v.Name), sc.Duration, rec)
-	}
-	// Sample how many backends wait on a lock: a pile-up shows here before
-	// it shows as errors.
-	var lockWaitMax atomic.Int64
-	stopSampling := func() {}
-	if r.db != nil {
-		stopSampling = every(250*time.Millisecond, func() {
-			if n, err := r.db.lockWaiters(ctx); err == nil && int64(n) > lockWaitMax.Load() {
-				lockWaitMax.Store(int64(n))
-			}
-		})
-	}
-	var dropped int64
-	if sc.openLoop() {
-		dropped = openLoop(ctx, decide, arrivals(sc.Phases), prefix+"hot", rec)
-	} else {
-		closedLoop(ctx, decide, level, sc.Duration, sc.keyFunc(prefix), rec)
-	}
-	elapsed := time.Since(rec.start)
-	stop()
-	stopSampling()
-	sess.close()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-
 	res := &result{
 		Scenario:    sc.Name,
 		Variant:     v.Name,
+		HotKey:      sc.Keys == 1,
 		Concurrency: level,
 		Instances:   sc.Instances,
 		Conns:       sess.conns(),
 		CooldownMS:  ms(sc.Cooldown),
-		DurationS:   elapsed.Seconds(),
-		Decisions:   rec.decisions.Load(),
-		Admitted:    rec.admitted.Load(),
-		ErrorCount:  rec.errored.Load(),
-		Errors:      rec.errs,
-		Dropped:     dropped,
-		Latency:     summarise(rec.hist),
-		LockWaitMax: int(lockWaitMax.Load()),
 	}
+	rec, elapsed := r.drive(ctx, sc, level, v, decide, res)
+	sess.close() // before settle, which waits for the pools' backends to exit
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	res.DurationS = elapsed.Seconds()
+	res.Decisions = rec.decisions.Load()
+	res.Admitted = rec.admitted.Load()
+	res.ErrorCount = rec.errored.Load()
 	res.Refused = res.Decisions - res.Admitted - res.ErrorCount
-	var hot *hotKey
-	if sc.Keys == 1 {
-		// Requests kept coming until the planned end.
-		hot = &hotKey{start: 0, end: min(elapsed, sc.Duration)}
-		res.HotKey = true
-	}
+	res.Errors = rec.errs
 	res.Rate = float64(res.Decisions) / elapsed.Seconds()
+	res.Latency = summarise(rec.hist)
 	if sc.openLoop() || sc.Name == scNaive {
 		res.Timeline = rec.timeline()
+	}
+	var hot *hotKey
+	if res.HotKey {
+		// Requests kept coming until the planned end.
+		hot = &hotKey{start: 0, end: min(elapsed, sc.Duration)}
 	}
 	if v.Name != floorName {
 		c := checkClient(rec.keys, sc.Cooldown, hot)
 		res.Client = &c
 	}
 	if r.db != nil {
-		if err := r.db.settle(ctx, r.ownPools); err != nil {
+		if err := r.databaseFigures(ctx, res, sc, v, before, dbStart, hot); err != nil {
 			return nil, err
-		}
-		after, err := r.db.snapshot(ctx)
-		if err != nil {
-			return nil, err
-		}
-		d := after.sub(before)
-		res.DB = &d
-		byKey, ok, err := r.db.record(ctx, v, sc.Audit)
-		if err != nil {
-			return nil, fmt.Errorf("read the admissions the database recorded: %w", err)
-		}
-		if ok {
-			// The record holds when each cooldown ends: the admission was a
-			// cooldown earlier.
-			offsets := make(map[string][]time.Duration, len(byKey))
-			for k, ts := range byKey {
-				for _, t := range ts {
-					offsets[k] = append(offsets[k], t.Sub(dbStart)-sc.Cooldown)
-				}
-			}
-			c := checkRecord(offsets, sc.Cooldown, hot)
-			res.Record = &c
 		}
 	}
 	return res, nil
+}
+
+// drive sends the scenario's load and records it, with the progress line
+// and the lock-waiter sampling around it. It sets res.Dropped and
+// res.LockWaitMax.
+func (r *runner) drive(ctx context.Context, sc *scenario, level int, v variant, decide []decideFunc, res *result) (*recorder, time.Duration) {
+	prefix := fmt.Sprintf("lt%s-%s-%d-", r.runID, sc.Name, level)
+	rec := newRecorder(time.Now(), sc.window(), v.Name != floorName)
+	if r.opts.progress {
+		label := sc.Name
+		if !sc.openLoop() {
+			label += fmt.Sprintf(" c=%d", level)
+		}
+		defer progress(r.stderr, fmt.Sprintf("%-16s %-11s", label, v.Name), sc.Duration, rec)()
+	}
+	if r.db != nil {
+		// A pile-up of backends waiting on a lock shows here before it
+		// shows as errors.
+		var waiters atomic.Int64
+		defer func() { res.LockWaitMax = int(waiters.Load()) }()
+		defer every(250*time.Millisecond, func() {
+			if n, err := r.db.lockWaiters(ctx); err == nil && int64(n) > waiters.Load() {
+				waiters.Store(int64(n))
+			}
+		})()
+	}
+	if sc.openLoop() {
+		res.Dropped = openLoop(ctx, decide, arrivals(sc.Phases), prefix+"hot", rec)
+	} else {
+		closedLoop(ctx, decide, level, sc.Duration, sc.keyFunc(prefix), rec)
+	}
+	return rec, time.Since(rec.start)
+}
+
+// databaseFigures adds the server's counters across the run and the check
+// of the admissions the database recorded.
+func (r *runner) databaseFigures(ctx context.Context, res *result, sc *scenario, v variant, before dbStats, dbStart time.Time, hot *hotKey) error {
+	if err := r.db.settle(ctx, r.ownPools); err != nil {
+		return err
+	}
+	after, err := r.db.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	d := after.sub(before)
+	res.DB = &d
+	byKey, ok, err := r.db.record(ctx, v, sc.Audit)
+	if err != nil {
+		return fmt.Errorf("read the admissions the database recorded: %w", err)
+	}
+	if !ok {
+		return nil
+	}
+	// The record holds when each cooldown ends: the admission was a
+	// cooldown earlier.
+	offsets := make(map[string][]time.Duration, len(byKey))
+	for k, ts := range byKey {
+		for _, t := range ts {
+			offsets[k] = append(offsets[k], t.Sub(dbStart)-sc.Cooldown)
+		}
+	}
+	c := checkRecord(offsets, sc.Cooldown, hot)
+	res.Record = &c
+	return nil
 }
 
 // failures returns why res fails the run: over-admission by any strategy
