@@ -1,0 +1,302 @@
+package main
+
+import (
+	"fmt"
+	"image/color"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+// writeCharts draws the PNGs for the scenarios that ran and returns their
+// file names.
+func writeCharts(dir string, rep *report) ([]string, error) {
+	floorWhat := rep.Meta.Floor
+	var names []string
+	for _, s := range rep.Scenarios {
+		var err error
+		switch s.Name {
+		case scSeed:
+			err = latencyTiles(filepath.Join(dir, "seed-latency.png"), s, floorWhat)
+			names = append(names, "seed-latency.png")
+		case scContention:
+			err = byConcurrency(filepath.Join(dir, "contention-throughput.png"), s, floorWhat, "Decisions per second, one hot key",
+				"decisions/s", func(r *result) float64 { return r.Rate })
+			if err == nil {
+				err = byConcurrency(filepath.Join(dir, "contention-p99.png"), s, floorWhat, "p99 latency, one hot key",
+					"p99 (ms)", func(r *result) float64 { return r.Latency.P99 })
+			}
+			names = append(names, "contention-throughput.png", "contention-p99.png")
+		case scNaive:
+			err = admissionsOverTime(filepath.Join(dir, "range-naive-admissions.png"), s)
+			names = append(names, "range-naive-admissions.png")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Name, err)
+		}
+	}
+	return names, nil
+}
+
+// style gives each variant the same colour in every chart, whichever
+// variants ran; the floor is black and dashed.
+func style(name string) draw.LineStyle {
+	i := slices.IndexFunc(allVariants(), func(v variant) bool { return v.Name == name })
+	// Dashes too, so that lines lying on each other stay apart.
+	ls := draw.LineStyle{Width: vg.Points(1.5), Color: plotutil.Color(max(i, 0)), Dashes: plotutil.Dashes(max(i, 0))}
+	if name == floorName {
+		ls.Color = color.Black
+		ls.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+	}
+	return ls
+}
+
+func newPlot(title, x, y string) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = x
+	p.Y.Label.Text = y
+	p.Add(plotter.NewGrid())
+	p.Legend.Top = true
+	return p
+}
+
+func addLine(p *plot.Plot, label string, xys plotter.XYs, ls draw.LineStyle) error {
+	if len(xys) == 0 {
+		return nil
+	}
+	l, err := plotter.NewLine(xys)
+	if err != nil {
+		return err
+	}
+	l.LineStyle = ls
+	p.Add(l)
+	if label != "" {
+		p.Legend.Add(label, l)
+	}
+	return nil
+}
+
+// logY puts p's y axis on a log scale over [lo, hi].
+func logY(p *plot.Plot, lo, hi float64) {
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = logTicks{}
+	p.Y.Min, p.Y.Max = lo, hi
+}
+
+// logTicks labels 1, 2 and 5 of every decade, so that an axis spanning
+// less than a decade still has labels (plot.LogTicks labels powers of ten
+// only).
+type logTicks struct{}
+
+func (logTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ticks []plot.Tick
+	for dec := math.Pow10(int(math.Floor(math.Log10(lo)))); dec <= hi; dec *= 10 {
+		for m := 1; m < 10; m++ {
+			v := float64(m) * dec
+			if v < lo || v > hi {
+				continue
+			}
+			t := plot.Tick{Value: v}
+			if m == 1 || m == 2 || m == 5 {
+				t.Label = strconv.FormatFloat(v, 'g', 4, 64)
+			}
+			ticks = append(ticks, t)
+		}
+	}
+	return ticks
+}
+
+// latencyTiles draws, per strategy, p50, p99 and max latency over time:
+// the article's Grafana panels, one tile per strategy on a shared scale.
+func latencyTiles(path string, s *scenarioReport, floorWhat string) error {
+	lo, hi := math.Inf(1), 0.0
+	for _, r := range s.Results {
+		for _, pt := range r.Timeline {
+			if pt.Count > 0 {
+				lo, hi = min(lo, pt.P50), max(hi, pt.Max)
+			}
+		}
+	}
+	if hi == 0 {
+		return nil
+	}
+	lo = max(lo/2, 0.01)
+	hi *= 2
+
+	const cols = 2
+	rows := (len(s.Results) + cols - 1) / cols
+	plots := make([][]*plot.Plot, rows)
+	for i := range plots {
+		plots[i] = make([]*plot.Plot, cols)
+	}
+	for i, r := range s.Results {
+		title := r.Variant
+		if r.Variant == floorName {
+			title += " (" + floorWhat + ", same arrivals)"
+		}
+		p := newPlot(title, "time (s)", "latency (ms)")
+		logY(p, lo, hi)
+		series := []struct {
+			name string
+			f    func(point) float64
+		}{
+			// Max first, so that the others are drawn over it.
+			{"max", func(pt point) float64 { return pt.Max }},
+			{"p99", func(pt point) float64 { return pt.P99 }},
+			{"p50", func(pt point) float64 { return pt.P50 }},
+		}
+		for j, sr := range series {
+			var xys plotter.XYs
+			for _, pt := range r.Timeline {
+				if pt.Count > 0 {
+					xys = append(xys, plotter.XY{X: pt.T, Y: max(sr.f(pt), lo)})
+				}
+			}
+			ls := draw.LineStyle{Width: vg.Points(1.2), Color: plotutil.Color(j)}
+			if sr.name == "max" {
+				ls = draw.LineStyle{Width: vg.Points(0.8), Color: color.Gray{Y: 150},
+					Dashes: []vg.Length{vg.Points(2), vg.Points(2)}}
+			}
+			if err := addLine(p, sr.name, xys, ls); err != nil {
+				return err
+			}
+		}
+		plots[i/cols][i%cols] = p
+	}
+	const w, tileH = 10 * vg.Inch, 2.8 * vg.Inch
+	img := vgimg.New(w, tileH*vg.Length(rows))
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,
+		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
+	canvases := plot.Align(plots, tiles, dc)
+	for i := range plots {
+		for j, p := range plots[i] {
+			if p != nil {
+				p.Draw(canvases[i][j])
+			}
+		}
+	}
+	return savePNG(path, img)
+}
+
+func savePNG(path string, img *vgimg.Canvas) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// byConcurrency draws one line per strategy (and the floor) of y against
+// concurrency, both axes logarithmic.
+func byConcurrency(path string, s *scenarioReport, floorWhat, title, ylabel string, y func(*result) float64) error {
+	p := newPlot(title, "concurrent workers", ylabel)
+	order, byVariant := groupByVariant(s)
+	lo, hi := math.Inf(1), 0.0
+	var ticks plot.ConstantTicks
+	seen := map[int]bool{}
+	for _, r := range s.Results {
+		if v := y(r); v > 0 {
+			lo, hi = min(lo, v), max(hi, v)
+		}
+		if !seen[r.Concurrency] {
+			seen[r.Concurrency] = true
+			ticks = append(ticks, plot.Tick{Value: float64(r.Concurrency), Label: strconv.Itoa(r.Concurrency)})
+		}
+	}
+	if hi == 0 {
+		return nil
+	}
+	for _, name := range order {
+		var xys plotter.XYs
+		for _, r := range byVariant[name] {
+			if v := y(r); v > 0 {
+				xys = append(xys, plotter.XY{X: float64(r.Concurrency), Y: v})
+			}
+		}
+		label := name
+		if name == floorName {
+			label = "floor (" + floorWhat + ")"
+		}
+		if err := addLine(p, label, xys, style(name)); err != nil {
+			return err
+		}
+		pts, err := plotter.NewScatter(xys)
+		if err != nil {
+			return err
+		}
+		pts.GlyphStyle.Color = style(name).Color
+		pts.GlyphStyle.Shape = draw.CircleGlyph{}
+		p.Add(pts)
+	}
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = ticks
+	// Headroom above the floor for the legend.
+	logY(p, lo/2, hi*10)
+	p.Legend.Left = true
+	return p.Save(8*vg.Inch, 5*vg.Inch, path)
+}
+
+// admissionsOverTime draws each strategy's cumulative admissions on the hot
+// key against the most the cooldown allows: a flat stretch is a lost
+// admission.
+func admissionsOverTime(path string, s *scenarioReport) error {
+	p := newPlot("Admissions on one hot key whose cooldown keeps expiring", "time (s)", "admissions so far")
+	cooldown := s.CooldownMS / 1000
+	var end float64
+	for _, r := range s.Results {
+		if r.Variant == floorName {
+			continue
+		}
+		var (
+			xys plotter.XYs
+			sum int64
+		)
+		for _, pt := range r.Timeline {
+			sum += pt.Admitted
+			xys = append(xys, plotter.XY{X: pt.T, Y: float64(sum)})
+			end = max(end, pt.T)
+		}
+		if err := addLine(p, r.Variant, xys, style(r.Variant)); err != nil {
+			return err
+		}
+	}
+	// A staircase: one more admission allowed every cooldown.
+	var ideal plotter.XYs
+	for k := 0.0; k*cooldown <= end; k++ {
+		ideal = append(ideal, plotter.XY{X: k * cooldown, Y: k + 1}, plotter.XY{X: min((k+1)*cooldown, end), Y: k + 1})
+	}
+	if err := addLine(p, "most allowed", ideal, style(floorName)); err != nil {
+		return err
+	}
+	p.Legend.Left = true
+	return p.Save(8*vg.Inch, 5*vg.Inch, path)
+}
+
+// groupByVariant returns the variants in first-seen order and their
+// results.
+func groupByVariant(s *scenarioReport) ([]string, map[string][]*result) {
+	var order []string
+	by := map[string][]*result{}
+	for _, r := range s.Results {
+		if _, ok := by[r.Variant]; !ok {
+			order = append(order, r.Variant)
+		}
+		by[r.Variant] = append(by[r.Variant], r)
+	}
+	return order, by
+}

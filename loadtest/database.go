@@ -1,0 +1,313 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// database is the load test's own view of PostgreSQL, beside the pools under
+// test: it creates one schema per strategy, empties them between runs, reads
+// the server's counters and the admissions the database recorded.
+type database struct {
+	pool    *pgxpool.Pool
+	version int    // server_version_num
+	appName string // application_name of the pools under test
+	schemas map[string]string
+}
+
+func openDatabase(ctx context.Context, url, appName string) (*database, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	cfg.MaxConns = 2
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName + "-monitor"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	db := &database{pool: pool, appName: appName, schemas: map[string]string{}}
+	if err := pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&db.version); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return db, nil
+}
+
+func (db *database) close() { db.pool.Close() }
+
+// maxConns is how many connections one pool under test may open: the
+// server's limit less a margin for superusers, this monitor and whatever
+// else is connected.
+func (db *database) maxConns(ctx context.Context) (int, error) {
+	var limit, used int
+	err := db.pool.QueryRow(ctx, `
+SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int,
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')`).Scan(&limit, &used)
+	if err != nil {
+		return 0, err
+	}
+	return max(limit-used-4, 1), nil
+}
+
+// auditTable records every admission of the Upsert and NoWait tables, whose
+// own rows keep only the latest. A trigger writes it, only on admission
+// (refusals change no row), inside the admitting transaction.
+const (
+	auditTable   = "lt_admissions"
+	auditTrigger = "lt_record_admission"
+	auditSetup   = `
+CREATE TABLE %[1]s.lt_admissions (key text NOT NULL, expires_at timestamptz NOT NULL);
+CREATE FUNCTION %[1]s.lt_record_admission() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO %[1]s.lt_admissions (key, expires_at) VALUES (NEW.key, NEW.expires_at);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER lt_record_admission AFTER INSERT OR UPDATE ON %[1]s.%[2]s
+    FOR EACH ROW EXECUTE FUNCTION %[1]s.lt_record_admission();`
+)
+
+// setup creates a fresh schema per variant (named after runID), migrated,
+// with the audit trigger where the table keeps no history.
+func (db *database) setup(ctx context.Context, runID string, vs []variant) error {
+	// In public, as the tests do, so that dropping our schemas never drops
+	// the extension other schemas use.
+	if _, err := db.pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS btree_gist WITH SCHEMA public"); err != nil {
+		return fmt.Errorf("%w: %w", pglimit.ErrExtension, err)
+	}
+	for _, v := range vs {
+		schema := fmt.Sprintf("loadtest_%s_%s", runID, identPart(v.Name))
+		if err := pglimit.Migrate(ctx, db.pool, schema); err != nil {
+			return fmt.Errorf("migrate %s: %w", schema, err)
+		}
+		db.schemas[v.Name] = schema
+		if v.Strategy == pglimit.Range {
+			continue
+		}
+		if _, err := db.pool.Exec(ctx, fmt.Sprintf(auditSetup, ident(schema), ident(tableOf(v)))); err != nil {
+			return fmt.Errorf("audit trigger in %s: %w", schema, err)
+		}
+	}
+	return nil
+}
+
+// identPart turns a variant name into identifier characters.
+func identPart(name string) string {
+	b := []byte(name)
+	for i, c := range b {
+		if c == '-' {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
+func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+func tableOf(v variant) string { return "pglimit_" + string(v.Strategy) }
+
+// dropSchemas removes what setup created.
+func (db *database) dropSchemas(ctx context.Context) error {
+	var errs []error
+	for _, s := range db.schemas {
+		if _, err := db.pool.Exec(ctx, "DROP SCHEMA "+ident(s)+" CASCADE"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// prepare empties v's tables and switches its audit trigger on or off, then
+// checkpoints, so that every run starts from the same state: an empty table
+// and the first write to each page paying for a full-page image.
+func (db *database) prepare(ctx context.Context, v variant, audit bool) error {
+	if schema, ok := db.schemas[v.Name]; ok {
+		table := ident(schema) + "." + ident(tableOf(v))
+		stmts := []string{"TRUNCATE " + table}
+		if v.Strategy != pglimit.Range {
+			stmts[0] += ", " + ident(schema) + "." + auditTable
+			state := "DISABLE"
+			if audit {
+				state = "ENABLE"
+			}
+			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s %s TRIGGER %s", table, state, auditTrigger))
+		}
+		for _, s := range stmts {
+			if _, err := db.pool.Exec(ctx, s); err != nil {
+				return fmt.Errorf("prepare %s: %w", v.Name, err)
+			}
+		}
+	}
+	// Not fatal: a role without pg_checkpoint just gets noisier WAL figures.
+	_, _ = db.pool.Exec(ctx, "CHECKPOINT")
+	return nil
+}
+
+// record returns the admissions the database holds for v, by key: the
+// Range table's own rows, or the audit table. ok is false where there is
+// no record (the audit trigger was off, or v is the floor).
+func (db *database) record(ctx context.Context, v variant, audit bool) (byKey map[string][]time.Time, ok bool, err error) {
+	schema, found := db.schemas[v.Name]
+	if !found || (!audit && v.Strategy != pglimit.Range) {
+		return nil, false, nil
+	}
+	q := "SELECT key, expires_at FROM " + ident(schema) + "." + auditTable
+	if v.Strategy == pglimit.Range {
+		q = "SELECT key, upper(during) FROM " + ident(schema) + "." + ident(tableOf(v))
+	}
+	rows, err := db.pool.Query(ctx, q)
+	if err != nil {
+		return nil, false, err
+	}
+	byKey = map[string][]time.Time{}
+	var (
+		key string
+		at  time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&key, &at}, func() error {
+		byKey[key] = append(byKey[key], at)
+		return nil
+	})
+	return byKey, err == nil, err
+}
+
+// now reads the database clock, the one the limiter decides by.
+func (db *database) now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	err := db.pool.QueryRow(ctx, "SELECT statement_timestamp()").Scan(&t)
+	return t, err
+}
+
+// lockWaiters counts the client backends of the database waiting on a
+// lock (a row, a transaction, a tuple) right now, ours excepted.
+func (db *database) lockWaiters(ctx context.Context) (int, error) {
+	var n int
+	err := db.pool.QueryRow(ctx, `
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend'
+  AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&n)
+	return n, err
+}
+
+// dbStats are server counters; a run reports the difference across it.
+type dbStats struct {
+	Commits    int64 `json:"commits"`
+	Rollbacks  int64 `json:"rollbacks"`
+	Deadlocks  int64 `json:"deadlocks"`
+	WALBytes   int64 `json:"wal_bytes"`
+	WALRecords int64 `json:"wal_records"` // PostgreSQL 14+
+	WALSyncs   int64 `json:"wal_syncs"`   // PostgreSQL 14-17
+}
+
+func (a dbStats) sub(b dbStats) dbStats {
+	return dbStats{
+		Commits:    a.Commits - b.Commits,
+		Rollbacks:  a.Rollbacks - b.Rollbacks,
+		Deadlocks:  a.Deadlocks - b.Deadlocks,
+		WALBytes:   a.WALBytes - b.WALBytes,
+		WALRecords: a.WALRecords - b.WALRecords,
+		WALSyncs:   a.WALSyncs - b.WALSyncs,
+	}
+}
+
+// snapshot reads the counters in one statement. WAL bytes come from the
+// WAL position, exact and immediate; the rest from the cumulative
+// statistics, which a backend publishes when it exits or within about a
+// second of going idle (see settle).
+func (db *database) snapshot(ctx context.Context) (dbStats, error) {
+	walStats := "NULL::jsonb"
+	if db.version >= 140000 {
+		walStats = "(SELECT to_jsonb(w) FROM pg_stat_wal AS w)"
+	}
+	var (
+		s   dbStats
+		wal []byte
+	)
+	err := db.pool.QueryRow(ctx, `
+SELECT d.xact_commit, d.xact_rollback, d.deadlocks,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, `+walStats+`
+FROM pg_stat_database AS d
+WHERE d.datname = current_database()`).Scan(&s.Commits, &s.Rollbacks, &s.Deadlocks, &s.WALBytes, &wal)
+	if err != nil {
+		return dbStats{}, fmt.Errorf("read statistics: %w", err)
+	}
+	if wal != nil {
+		var w struct {
+			Records *int64 `json:"wal_records"`
+			Sync    *int64 `json:"wal_sync"`
+		}
+		if err := json.Unmarshal(wal, &w); err == nil {
+			if w.Records != nil {
+				s.WALRecords = *w.Records
+			}
+			if w.Sync != nil {
+				s.WALSyncs = *w.Sync
+			}
+		}
+	}
+	return s, nil
+}
+
+// settle waits until the statistics of a finished run are published. The
+// pools under test are closed by then: their backends flush their counters
+// as they exit, before they leave pg_stat_activity. Over HTTP the demo's
+// backends stay connected and flush within about a second of going idle.
+func (db *database) settle(ctx context.Context, ownPools bool) error {
+	if !ownPools {
+		return sleep(ctx, 1500*time.Millisecond)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		err := db.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", db.appName).Scan(&n)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d connections of the run still open after 10s", n)
+		}
+		if err := sleep(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// settings returns the server facts a reader needs to judge the figures.
+func (db *database) settings(ctx context.Context) (map[string]string, error) {
+	out := map[string]string{}
+	rows, err := db.pool.Query(ctx, `
+SELECT name, current_setting(name) FROM pg_settings
+WHERE name IN ('server_version', 'synchronous_commit', 'fsync', 'full_page_writes', 'wal_level',
+               'shared_buffers', 'max_connections', 'deadlock_timeout', 'wal_sync_method', 'commit_delay')`)
+	if err != nil {
+		return nil, err
+	}
+	var name, value string
+	_, err = pgx.ForEachRow(rows, []any{&name, &value}, func() error {
+		out[name] = value
+		return nil
+	})
+	return out, err
+}

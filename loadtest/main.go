@@ -1,0 +1,300 @@
+// Command loadtest compares pglimit's strategies side by side under
+// concurrency against a real PostgreSQL, and writes a terminal table, a
+// Markdown report, a JSON file with every figure and PNG charts.
+//
+//	go run ./loadtest -short          # the CI/README version, under 2 minutes
+//	go run ./loadtest -scale 0.1      # the article's 10-minute load in 1 minute
+//	go run ./loadtest -target http://localhost:9091,http://localhost:9095
+//
+// With no -database-url (or DATABASE_URL) it starts a throwaway, durable
+// PostgreSQL and stops it at the end. It exits 1 when a strategy other than
+// range-naive over-admits, when the default Range strategy deadlocks, or
+// when the seed scenario sees errors; 2 when it cannot run.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// options are the parsed flags.
+type options struct {
+	databaseURL string
+	targets     []string
+	label       string
+	cooldown    time.Duration // over HTTP: the demo's
+	variants    []variant
+	scenarios   []string
+	scale       float64
+	short       bool
+	levels      []int
+	concurrency int
+	keys        int
+	poolSize    int
+	out         string
+	progress    bool
+	command     string // how the run was invoked, without secrets
+}
+
+func parseOptions(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"),
+		"PostgreSQL URL (default $DATABASE_URL; empty starts a throwaway server in-process, none over HTTP)")
+	target := fs.String("target", "", "comma-separated base URLs of running demo instances, one instance each (default: the library in-process)")
+	fs.StringVar(&o.label, "label", "http", "name of what the HTTP target runs, for the report (e.g. its strategy)")
+	fs.DurationVar(&o.cooldown, "cooldown", 0, "the HTTP target's cooldown, against which admissions are checked (default 2s over HTTP; in-process each scenario sets its own)")
+	strategies := fs.String("strategies", "upsert,nowait,range,range-naive", "strategies to compare, in-process")
+	scens := fs.String("scenarios", strings.Join(scenarioNames, ","), "scenarios to run")
+	fs.Float64Var(&o.scale, "scale", 1, "multiply every duration (0.1 runs the 10-minute seed load in 1 minute)")
+	fs.BoolVar(&o.short, "short", false, "the CI/README version: every scenario and strategy in under 2 minutes")
+	levels := fs.String("levels", "1,4,16,64,256", "contention: concurrency levels")
+	fs.IntVar(&o.concurrency, "concurrency", 16, "many-keys: concurrent workers")
+	fs.IntVar(&o.keys, "keys", 100_000, "many-keys: distinct users")
+	fs.IntVar(&o.poolSize, "pool-size", 10, "seed: connections per instance")
+	fs.StringVar(&o.out, "out", "loadtest/out", "directory for report.md, results.json and the charts")
+	fs.BoolVar(&o.progress, "progress", true, "print a progress line to stderr every second")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+
+	var err error
+	if o.scenarios, err = parseList(*scens, scenarioNames); err != nil {
+		return nil, fmt.Errorf("-scenarios: %w", err)
+	}
+	if *target != "" {
+		o.targets = strings.Split(*target, ",")
+		o.variants = []variant{{Name: o.label}}
+		if o.cooldown <= 0 {
+			o.cooldown = 2 * time.Second
+		}
+	} else {
+		if o.cooldown != 0 {
+			return nil, errors.New("-cooldown applies only with -target: in-process, each scenario sets its own")
+		}
+		byName := map[string]variant{}
+		var names []string
+		for _, v := range allVariants() {
+			byName[v.Name] = v
+			names = append(names, v.Name)
+		}
+		chosen, err := parseList(*strategies, names)
+		if err != nil {
+			return nil, fmt.Errorf("-strategies: %w", err)
+		}
+		for _, n := range chosen {
+			o.variants = append(o.variants, byName[n])
+		}
+	}
+	for _, f := range strings.Split(*levels, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-levels: %q is not a positive number", f)
+		}
+		o.levels = append(o.levels, n)
+	}
+	switch {
+	case o.scale <= 0:
+		return nil, errors.New("-scale must be positive")
+	case o.concurrency < 1, o.keys < 1, o.poolSize < 1:
+		return nil, errors.New("-concurrency, -keys and -pool-size must be positive")
+	}
+
+	// The command as reports show it: the flags that shape the figures.
+	cmd := []string{"go run ./loadtest"}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "out", "progress":
+			return
+		case "database-url":
+			cmd = append(cmd, "-database-url=…") // may hold a password
+			return
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() && f.Value.String() == "true" {
+			cmd = append(cmd, "-"+f.Name)
+			return
+		}
+		cmd = append(cmd, "-"+f.Name+" "+f.Value.String())
+	})
+	o.command = strings.Join(cmd, " ")
+	return o, nil
+}
+
+// parseList splits a comma-separated list and checks every name is known,
+// keeping the order of known.
+func parseList(s string, known []string) ([]string, error) {
+	var want []string
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !slices.Contains(known, f) {
+			return nil, fmt.Errorf("%q is not one of %s", f, strings.Join(known, ", "))
+		}
+		want = append(want, f)
+	}
+	if len(want) == 0 {
+		return nil, errors.New("empty list")
+	}
+	var out []string
+	for _, k := range known {
+		if slices.Contains(want, k) {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}
+
+// Exit codes.
+const (
+	exitOK          = 0
+	exitFailed      = 1
+	exitError       = 2
+	exitInterrupted = 130
+)
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseOptions(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "loadtest:", err)
+		return exitError
+	}
+	rep, err := execute(ctx, o, stderr)
+	if ctx.Err() != nil {
+		fmt.Fprintln(stderr, "loadtest: interrupted")
+		return exitInterrupted
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "loadtest:", err)
+		return exitError
+	}
+	writeTable(stdout, rep)
+	if err := writeOutputs(o.out, rep); err != nil {
+		fmt.Fprintln(stderr, "loadtest:", err)
+		return exitError
+	}
+	fmt.Fprintf(stderr, "loadtest: wrote %s\n", o.out)
+	if len(rep.Failures) > 0 {
+		for _, f := range rep.Failures {
+			fmt.Fprintln(stderr, "FAIL:", f)
+		}
+		return exitFailed
+	}
+	fmt.Fprintln(stderr, "loadtest: PASS")
+	return exitOK
+}
+
+// execute sets up the database and the target, runs every scenario and
+// returns the report.
+func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error) {
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "loadtest: "+format+"\n", args...) }
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	runID := hex.EncodeToString(b[:])
+	appName := "pglimit-loadtest-" + runID
+	rep := newReport(o)
+
+	dbURL := o.databaseURL
+	if dbURL == "" && o.targets == nil {
+		srv, err := pglimittest.StartServer(ctx, &pglimittest.ServerConfig{Durable: true, Logf: logf})
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err := srv.Close(); err != nil {
+				logf("stopping PostgreSQL: %v", err)
+			}
+		}()
+		logf("PostgreSQL at %s (stopped and removed at exit)", srv.URL())
+		dbURL = srv.URL()
+		rep.Meta.Database = "throwaway " + srv.Kind() + " PostgreSQL started by the load test, durable settings"
+	}
+
+	r := &runner{opts: o, stderr: stderr, runID: runID}
+	if dbURL != "" {
+		db, err := openDatabase(ctx, dbURL, appName)
+		if err != nil {
+			return nil, err
+		}
+		defer db.close()
+		r.db = db
+		if rep.Meta.Settings, err = db.settings(ctx); err != nil {
+			return nil, err
+		}
+		if rep.Meta.Database == "" {
+			rep.Meta.Database = "PostgreSQL at the given URL"
+		}
+	}
+
+	if o.targets != nil {
+		r.target = &overHTTP{urls: o.targets, timeout: 30 * time.Second}
+		rep.Meta.Target = fmt.Sprintf("HTTP, %d demo instance(s), running %q", len(o.targets), o.label)
+		rep.Meta.Floor = "GET /healthz"
+	} else {
+		if err := r.db.setup(ctx, runID, o.variants); err != nil {
+			return nil, err
+		}
+		defer func() {
+			// Not ctx: clean up after Ctrl-C too.
+			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := r.db.dropSchemas(cctx); err != nil {
+				logf("dropping schemas: %v", err)
+			}
+		}()
+		cfg, err := pgxpool.ParseConfig(dbURL)
+		if err != nil {
+			return nil, err
+		}
+		cfg.ConnConfig.RuntimeParams["application_name"] = appName
+		maxConns, err := r.db.maxConns(ctx)
+		if err != nil {
+			return nil, err
+		}
+		r.target = &inProcess{cfg: cfg, maxConns: maxConns, schemas: r.db.schemas}
+		r.ownPools = true
+		rep.Meta.Target = "in-process (the library called directly; each instance its own pgxpool pool)"
+		rep.Meta.Floor = "SELECT 1"
+	}
+
+	for _, sc := range buildScenarios(o) {
+		res, err := r.scenario(ctx, &sc)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", sc.Name, err)
+		}
+		rep.add(&sc, res)
+	}
+	rep.finish()
+	return rep, nil
+}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"image/png"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+func TestMain(m *testing.M) { pglimittest.Main(m) }
+
+// tiny runs every scenario in a few seconds.
+var tiny = []string{"-short", "-scale", "0.2", "-levels", "1,8", "-keys", "1000", "-progress=false"}
+
+// runLoadtest runs the command with args plus -out, expects exit code want,
+// and returns the parsed results.json.
+func runLoadtest(t *testing.T, want int, args ...string) (*report, string) {
+	t.Helper()
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), append(args, "-out", out), &stdout, &stderr)
+	if code != want {
+		t.Fatalf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", code, want, &stdout, &stderr)
+	}
+	if !strings.Contains(stdout.String(), "decisions/s") {
+		t.Errorf("no table on stdout:\n%s", &stdout)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("results.json: %v", err)
+	}
+	return &rep, out
+}
+
+// checkOutputs checks report.md and the charts exist and are readable.
+func checkOutputs(t *testing.T, out string, rep *report, charts []string) {
+	t.Helper()
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range rep.Scenarios {
+		if !bytes.Contains(md, []byte("## "+s.Name+"\n")) {
+			t.Errorf("report.md has no section for %s", s.Name)
+		}
+	}
+	if strings.Join(rep.Charts, ",") != strings.Join(charts, ",") {
+		t.Errorf("charts %q, want %q", rep.Charts, charts)
+	}
+	for _, c := range charts {
+		f, err := os.Open(filepath.Join(out, c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := png.DecodeConfig(f)
+		f.Close()
+		if err != nil || cfg.Width < 400 || cfg.Height < 200 {
+			t.Errorf("%s: %dx%d, %v; want a readable PNG", c, cfg.Width, cfg.Height, err)
+		}
+		if fi, err := os.Stat(filepath.Join(out, c)); err != nil || fi.Size() > 200<<10 {
+			t.Errorf("%s: larger than 200 KB or unreadable (%v)", c, err)
+		}
+		if !bytes.Contains(md, []byte("("+c+")")) {
+			t.Errorf("report.md does not show %s", c)
+		}
+	}
+}
+
+// checkResults asserts what must hold in every run: every scenario, level
+// and variant ran; nothing but range-naive over-admitted; hot keys were
+// admitted at least once; the seed load saw no errors.
+func checkResults(t *testing.T, rep *report, variants []string, levels map[string]int) {
+	t.Helper()
+	if len(rep.Failures) > 0 {
+		t.Errorf("failures: %q", rep.Failures)
+	}
+	if len(rep.Scenarios) != len(scenarioNames) {
+		t.Fatalf("%d scenarios, want %d", len(rep.Scenarios), len(scenarioNames))
+	}
+	for _, s := range rep.Scenarios {
+		want := levels[s.Name] * (1 + len(variants))
+		if len(s.Results) != want {
+			t.Errorf("%s: %d results, want %d", s.Name, len(s.Results), want)
+		}
+		for _, r := range s.Results {
+			name := s.Name + "/" + strconv.Itoa(r.Concurrency) + "/" + r.Variant
+			if r.Decisions == 0 || math.IsNaN(r.Rate) || r.Latency.P99 <= 0 {
+				t.Errorf("%s: no decisions measured: %+v", name, r)
+			}
+			if r.Variant == floorName {
+				continue
+			}
+			if r.Client == nil {
+				t.Errorf("%s: no admission check", name)
+				continue
+			}
+			if r.Variant == naive.Name {
+				t.Logf("%s (reported, not asserted): admitted %d, client check %+v, record %+v, errors %v",
+					name, r.Admitted, *r.Client, r.Record, r.Errors)
+				continue
+			}
+			if r.Client.OverAdmitted != 0 || r.Client.Violations != 0 {
+				t.Errorf("%s: over-admitted: %+v", name, *r.Client)
+			}
+			if r.Record != nil && (r.Record.OverAdmitted != 0 || r.Record.Violations != 0) {
+				t.Errorf("%s: the database's record shows over-admission: %+v", name, *r.Record)
+			}
+			if r.Admitted == 0 {
+				t.Errorf("%s: nothing admitted", name)
+			}
+			if s.Name == scSeed && r.ErrorCount > 0 {
+				t.Errorf("%s: errors %v", name, r.Errors)
+			}
+		}
+	}
+}
+
+var allCharts = []string{"seed-latency.png", "contention-throughput.png", "contention-p99.png", "range-naive-admissions.png"}
+
+func TestInProcess(t *testing.T) {
+	t.Parallel()
+	rep, out := runLoadtest(t, exitOK, append([]string{"-database-url", pglimittest.URL(t)}, tiny...)...)
+	var names []string
+	for _, v := range allVariants() {
+		names = append(names, v.Name)
+	}
+	checkResults(t, rep, names, map[string]int{scSeed: 1, scContention: 2, scManyKeys: 1, scNaive: 1})
+	checkOutputs(t, out, rep, allCharts)
+
+	for _, s := range rep.Scenarios {
+		for _, r := range s.Results {
+			if r.DB == nil || r.DB.Commits == 0 {
+				t.Errorf("%s/%s: no database deltas: %+v", s.Name, r.Variant, r.DB)
+			}
+			// The database keeps a record wherever the scenario audits, and
+			// always for Range.
+			wantRecord := r.Variant != floorName && (s.Name != scManyKeys || strings.HasPrefix(r.Variant, "range"))
+			if (r.Record != nil) != wantRecord {
+				t.Errorf("%s/%s: database record %+v, want one: %t", s.Name, r.Variant, r.Record, wantRecord)
+			}
+			if r.Record != nil && r.Variant != naive.Name && r.Record.Admitted != r.Client.Admitted {
+				t.Errorf("%s/%s: the database recorded %d admissions, the client saw %d", s.Name, r.Variant, r.Record.Admitted, r.Client.Admitted)
+			}
+		}
+	}
+}
+
+// demo stands in for the demo service: GET /items/{user} behind the
+// limiter, 200 admitted, 429 with Retry-After refused.
+func demo(lim pglimit.Limiter) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {})
+	mux.HandleFunc("GET /items/{user}", func(w http.ResponseWriter, r *http.Request) {
+		d, err := lim.Allow(r.Context(), r.PathValue("user"))
+		switch {
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		case !d.Allowed:
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(d.RetryAfter.Seconds()))))
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+		default:
+			w.Write([]byte("[]"))
+		}
+	})
+	return mux
+}
+
+func TestHTTPTarget(t *testing.T) {
+	t.Parallel()
+	schema := pglimittest.Schema(t)
+	var urls []string
+	for range 2 { // two instances sharing one database, as in the compose stack
+		lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Schema: schema, Cooldown: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(demo(lim))
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	rep, out := runLoadtest(t, exitOK, append([]string{"-target", strings.Join(urls, ","), "-cooldown", "1s", "-label", "upsert-http"}, tiny...)...)
+	checkResults(t, rep, []string{"upsert-http"}, map[string]int{scSeed: 1, scContention: 2, scManyKeys: 1, scNaive: 1})
+	checkOutputs(t, out, rep, allCharts)
+}
+
+// TestHTTPTargetOverAdmits points the load test at a service that admits
+// everything: it must say so and exit 1.
+func TestHTTPTargetOverAdmits(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(srv.Close)
+	rep, _ := runLoadtest(t, exitFailed, "-target", srv.URL, "-scenarios", "seed,contention", "-levels", "2",
+		"-short", "-scale", "0.1", "-progress=false")
+	if len(rep.Failures) == 0 || !strings.Contains(rep.Failures[0], "over-admitted") {
+		t.Fatalf("failures %q, want over-admission", rep.Failures)
+	}
+}
+
+func TestParseOptions(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-strategies", "upsert,bogus"},
+		{"-scenarios", ""},
+		{"-levels", "1,0"},
+		{"-scale", "0"},
+		{"-cooldown", "1s"}, // only over HTTP
+		{"extra"},
+	} {
+		if _, err := parseOptions(args, &bytes.Buffer{}); err == nil {
+			t.Errorf("%q: no error", args)
+		}
+	}
+	o, err := parseOptions([]string{"-strategies", "range-naive,upsert", "-database-url", "postgres://u:secret@h/db"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.variants) != 2 || o.variants[0].Name != "upsert" || o.variants[1] != naive {
+		t.Errorf("variants %+v, want upsert then range-naive", o.variants)
+	}
+	if strings.Contains(o.command, "secret") {
+		t.Errorf("the recorded command shows the database password: %s", o.command)
+	}
+}

@@ -1,0 +1,371 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// report is everything a run found; results.json is this, marshalled.
+type report struct {
+	Meta      meta              `json:"meta"`
+	Scenarios []*scenarioReport `json:"scenarios"`
+	Failures  []string          `json:"failures"`
+	Notes     []string          `json:"notes"`
+	Charts    []string          `json:"charts"`
+
+	variants map[string]variant
+}
+
+type meta struct {
+	Command   string            `json:"command"`
+	Started   string            `json:"started"`
+	Finished  string            `json:"finished"`
+	Go        string            `json:"go"`
+	Platform  string            `json:"platform"`
+	CPUs      int               `json:"cpus"`
+	CPUModel  string            `json:"cpu_model,omitempty"`
+	LoadStart string            `json:"load_average_start,omitempty"`
+	LoadEnd   string            `json:"load_average_end,omitempty"`
+	Database  string            `json:"database,omitempty"`
+	Settings  map[string]string `json:"settings,omitempty"`
+	Target    string            `json:"target"`
+	Floor     string            `json:"floor"`
+}
+
+type scenarioReport struct {
+	Name       string    `json:"name"`
+	About      string    `json:"about"`
+	CooldownMS float64   `json:"cooldown_ms"`
+	DurationS  float64   `json:"planned_duration_s"`
+	Results    []*result `json:"results"`
+}
+
+func newReport(o *options) *report {
+	rep := &report{
+		Meta: meta{
+			Command:   o.command,
+			Started:   time.Now().UTC().Format(time.RFC3339),
+			Go:        runtime.Version(),
+			Platform:  runtime.GOOS + "/" + runtime.GOARCH,
+			CPUs:      runtime.NumCPU(),
+			CPUModel:  cpuModel(),
+			LoadStart: loadAverage(),
+		},
+		Failures: []string{},
+		Notes:    []string{},
+		Charts:   []string{},
+		variants: map[string]variant{floorName: floor},
+	}
+	for _, v := range o.variants {
+		rep.variants[v.Name] = v
+	}
+	return rep
+}
+
+func (rep *report) add(sc *scenario, res []*result) {
+	rep.Scenarios = append(rep.Scenarios, &scenarioReport{
+		Name: sc.Name, About: sc.About, CooldownMS: ms(sc.Cooldown), DurationS: sc.Duration.Seconds(), Results: res,
+	})
+	for _, r := range res {
+		v := rep.variants[r.Variant]
+		rep.Failures = append(rep.Failures, failures(r, v)...)
+		if v == naive && ((r.Client != nil && !r.Client.ok()) || (r.Record != nil && !r.Record.ok())) {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("range-naive over-admitted in %s (reported, not fatal): "+
+				"a plain INSERT should still be refused by the exclusion constraint, so this needs a look", r.Scenario))
+		}
+	}
+}
+
+func (rep *report) finish() {
+	rep.Meta.Finished = time.Now().UTC().Format(time.RFC3339)
+	rep.Meta.LoadEnd = loadAverage()
+}
+
+// loadAverage reads the 1, 5 and 15 minute load averages, where the system
+// shows them: figures taken on a busy machine are noisy.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// writeOutputs writes results.json, report.md and the charts into dir.
+func writeOutputs(dir string, rep *report) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	charts, err := writeCharts(dir, rep)
+	if err != nil {
+		return fmt.Errorf("charts: %w", err)
+	}
+	rep.Charts = charts
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "report.md"))
+	if err != nil {
+		return err
+	}
+	writeMarkdown(f, rep)
+	return f.Close()
+}
+
+// writeTable prints one line per run, the figures a reader compares first.
+func writeTable(w io.Writer, rep *report) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tconc\tstrategy\tdecisions/s\t×floor\tp50 ms\tp95 ms\tp99 ms\tmax ms\tadmitted\tallowed\tover\tdb record\terrors\tdeadlocks\tWAL B/dec\t")
+	for _, s := range rep.Scenarios {
+		for _, r := range s.Results {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+				r.Scenario, conc(r), r.Variant, num(r.Rate), ratio(r), num(r.Latency.P50), num(r.Latency.P95),
+				num(r.Latency.P99), num(r.Latency.Max), admittedCol(r), allowedCol(r), overCol(r.Client), recordCol(r),
+				errorsCol(r), deadlocksCol(r), walPerDecision(r))
+		}
+	}
+	tw.Flush()
+}
+
+func writeMarkdown(w io.Writer, rep *report) {
+	m := rep.Meta
+	fmt.Fprintf(w, "# pglimit load test\n\n")
+	fmt.Fprintf(w, "`%s`\n\n", m.Command)
+	fmt.Fprintf(w, "- Started %s, finished %s; %s, %s, %d CPUs", m.Started, m.Finished, m.Go, m.Platform, m.CPUs)
+	if m.CPUModel != "" {
+		fmt.Fprintf(w, " (%s)", m.CPUModel)
+	}
+	fmt.Fprintln(w)
+	if m.LoadStart != "" {
+		fmt.Fprintf(w, "- Load average (1, 5, 15 min) at start %s, at end %s (the end includes this run's own load; "+
+			"other work on the machine makes figures noisy).\n", m.LoadStart, m.LoadEnd)
+	}
+	fmt.Fprintf(w, "- Target: %s\n", m.Target)
+	if m.Database != "" {
+		fmt.Fprintf(w, "- Database: %s", m.Database)
+		if len(m.Settings) > 0 {
+			var kv []string
+			for _, k := range slices.Sorted(maps.Keys(m.Settings)) {
+				kv = append(kv, k+"="+m.Settings[k])
+			}
+			fmt.Fprintf(w, " (%s)", strings.Join(kv, ", "))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w)
+	if len(rep.Failures) == 0 {
+		fmt.Fprintf(w, "**PASS**: no strategy but range-naive over-admitted, Range never deadlocked, the seed load saw no errors.\n\n")
+	} else {
+		fmt.Fprintf(w, "**FAIL**:\n\n")
+		for _, f := range rep.Failures {
+			fmt.Fprintf(w, "- %s\n", f)
+		}
+		fmt.Fprintln(w)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(w, "> %s\n\n", n)
+	}
+
+	for _, s := range rep.Scenarios {
+		fmt.Fprintf(w, "## %s\n\n%s Cooldown %s, %s per run.\n\n", s.Name, s.About,
+			short(time.Duration(s.CooldownMS*float64(time.Millisecond))), short(time.Duration(s.DurationS*float64(time.Second)).Round(time.Millisecond)))
+		fmt.Fprintln(w, "| conc | strategy | decisions/s | × floor | p50 ms | p95 ms | p99 ms | max ms | errors |")
+		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---|")
+		for _, r := range s.Results {
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", conc(r), r.Variant, num(r.Rate), ratio(r),
+				num(r.Latency.P50), num(r.Latency.P95), num(r.Latency.P99), num(r.Latency.Max), errorsCol(r))
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| conc | strategy | admitted | allowed | over (client) | db record | max gap ms | lost periods | commits | rollbacks | deadlocks | lock waiters | WAL B/decision | WAL syncs |")
+		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, r := range s.Results {
+			if r.Variant == floorName {
+				continue
+			}
+			gap, lost := "–", "–"
+			if c := bestCheck(r); c != nil && r.HotKey {
+				gap, lost = fmt.Sprintf("%.0f", c.MaxGapMS), fmt.Sprint(c.LostPeriods)
+			}
+			waiters := "–"
+			if r.DB != nil {
+				waiters = fmt.Sprint(r.LockWaitMax)
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", conc(r), r.Variant,
+				admittedCol(r), allowedCol(r), overCol(r.Client), recordCol(r), gap, lost,
+				dbCol(r, func(d *dbStats) int64 { return d.Commits }), dbCol(r, func(d *dbStats) int64 { return d.Rollbacks }),
+				deadlocksCol(r), waiters, walPerDecision(r), dbCol(r, func(d *dbStats) int64 { return d.WALSyncs }))
+		}
+		fmt.Fprintln(w)
+		for _, c := range rep.Charts {
+			if strings.HasPrefix(c, s.Name+"-") {
+				fmt.Fprintf(w, "![%s](%s)\n\n", strings.TrimSuffix(c, ".png"), c)
+			}
+		}
+	}
+	fmt.Fprint(w, readingGuide)
+}
+
+const readingGuide = `## How to read this
+
+- **decisions/s** counts every answered request (admitted, refused or failed) over the run. **× floor** divides it by
+  the floor measured in the same run, at the same concurrency, with identically sized fresh pools: ` + "`SELECT 1`" + `
+  in-process, ` + "`GET /healthz`" + ` over HTTP. The seed load is open loop (a fixed arrival rate), so its × floor is
+  about 1 by construction and only its latency compares.
+- **Latency** is measured per request, errors included, from the moment it was due (open loop) or sent (closed loop)
+  to its answer, recorded in an HDR histogram (3 significant digits).
+- **admitted / allowed / over (client)**: per key, the admissions seen by the load test, against the most the cooldown
+  allows in the time they span, floor(span / cooldown) + 1; over = Σ max(0, admitted − allowed), plus every pair of
+  admissions whose send and receive times prove them less than a cooldown apart. Must be 0 for every strategy.
+- **db record**: the same check on the database's own record of admissions, on the database clock: the Range
+  table's rows (one per admission), or for Upsert and NoWait an audit trigger that logs every admitting write
+  (refusals write nothing, so it costs only on admissions; it is off in many-keys, where it would double the writes).
+  A difference between its count and the client's means an admission the client did not see as one (or the reverse).
+- **max gap / lost periods**: the longest time between two admissions of a key, and the whole cooldown periods in
+  which nobody was admitted though requests kept coming (meaningful for a hot key whose cooldown keeps expiring).
+- **Database columns** are server-side differences across each run: commits and rollbacks from pg_stat_database
+  (an exclusion violation or a deadlock victim is a rollback), deadlocks, WAL bytes from the WAL position per
+  decision, WAL syncs (flushes; fewer than commits means group commit) from pg_stat_wal. **lock waiters** is the
+  most backends seen waiting on a lock at once (pg_stat_activity, sampled every 250 ms): a pile-up.
+- **Errors** are by SQLSTATE (40P01 deadlock_detected, 23P01 exclusion_violation, 55P03 lock_not_available, 57014
+  query_canceled), else timeout, canceled, http-<status> or other.
+`
+
+// short formats d without zero minutes and seconds: 1h, not 1h0m0s.
+func short(d time.Duration) string {
+	return strings.Replace(strings.Replace(d.String(), "m0s", "m", 1), "h0m", "h", 1)
+}
+
+// bestCheck prefers the database's record to the client's view.
+func bestCheck(r *result) *admissionCheck {
+	if r.Record != nil {
+		return r.Record
+	}
+	return r.Client
+}
+
+func conc(r *result) string {
+	if r.Concurrency == 0 {
+		return "open"
+	}
+	return fmt.Sprint(r.Concurrency)
+}
+
+func ratio(r *result) string {
+	if r.Variant == floorName || r.FloorRate == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", r.Ratio)
+}
+
+func admittedCol(r *result) string {
+	if r.Variant == floorName {
+		return "–"
+	}
+	return fmt.Sprint(r.Admitted)
+}
+
+func allowedCol(r *result) string {
+	if r.Client == nil {
+		return "–"
+	}
+	return fmt.Sprint(r.Client.MaxAllowed)
+}
+
+func overCol(c *admissionCheck) string {
+	if c == nil {
+		return "–"
+	}
+	return fmt.Sprint(c.OverAdmitted + c.Violations)
+}
+
+func recordCol(r *result) string {
+	c := r.Record
+	if c == nil {
+		return "n/a"
+	}
+	state := "ok"
+	if !c.ok() {
+		state = fmt.Sprintf("OVER %d", c.OverAdmitted+c.Violations)
+	}
+	return fmt.Sprintf("%s %d/%d", state, c.Admitted, c.MaxAllowed)
+}
+
+func errorsCol(r *result) string {
+	if r.ErrorCount == 0 && r.Dropped == 0 {
+		return "0"
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(r.Errors)) {
+		parts = append(parts, fmt.Sprintf("%s:%d", k, r.Errors[k]))
+	}
+	if r.Dropped > 0 {
+		parts = append(parts, fmt.Sprintf("dropped:%d", r.Dropped))
+	}
+	return strings.Join(parts, " ")
+}
+
+func deadlocksCol(r *result) string {
+	if r.DB == nil {
+		return fmt.Sprint(r.Errors["40P01"])
+	}
+	return fmt.Sprint(r.DB.Deadlocks)
+}
+
+func dbCol(r *result, f func(*dbStats) int64) string {
+	if r.DB == nil {
+		return "–"
+	}
+	return fmt.Sprint(f(r.DB))
+}
+
+func walPerDecision(r *result) string {
+	if r.DB == nil || r.Decisions == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f", float64(r.DB.WALBytes)/float64(r.Decisions))
+}
+
+// num formats a rate or a latency to a sensible precision.
+func num(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}

@@ -1,0 +1,245 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// runner runs scenarios against one target, one run at a time: every
+// strategy gets the whole machine.
+type runner struct {
+	opts     *options
+	target   target
+	db       *database // nil over HTTP without -database-url
+	ownPools bool      // the pools under test are ours (in-process)
+	stderr   io.Writer
+	runID    string
+}
+
+// result is one run: one variant, one scenario, one level.
+type result struct {
+	Scenario    string           `json:"scenario"`
+	Variant     string           `json:"strategy"`
+	HotKey      bool             `json:"hot_key"`     // one key, requested all run long
+	Concurrency int              `json:"concurrency"` // closed-loop workers; 0 for open loop
+	Instances   int              `json:"instances"`
+	Conns       int              `json:"conns_per_instance"`
+	CooldownMS  float64          `json:"cooldown_ms"`
+	DurationS   float64          `json:"duration_s"`
+	Decisions   int64            `json:"decisions"`
+	Admitted    int64            `json:"admitted"`
+	Refused     int64            `json:"refused"`
+	ErrorCount  int64            `json:"error_count"`
+	Errors      map[string]int64 `json:"errors"`
+	Dropped     int64            `json:"dropped"`
+	Rate        float64          `json:"decisions_per_s"`
+	FloorRate   float64          `json:"floor_per_s"`
+	Ratio       float64          `json:"ratio_to_floor"`
+	Latency     latency          `json:"latency"`
+	Client      *admissionCheck  `json:"client_check,omitempty"`
+	Record      *admissionCheck  `json:"db_record_check,omitempty"`
+	DB          *dbStats         `json:"db_delta,omitempty"`
+	LockWaitMax int              `json:"lock_waiters_max"` // most backends seen waiting on a lock at once
+	Timeline    []point          `json:"timeline,omitempty"`
+}
+
+func (r *runner) scenario(ctx context.Context, sc *scenario) ([]*result, error) {
+	var out []*result
+	for _, level := range sc.Levels {
+		var floorRate float64
+		for _, v := range append([]variant{floor}, r.opts.variants...) {
+			res, err := r.one(ctx, sc, level, v)
+			if err != nil {
+				return nil, fmt.Errorf("%s at %d: %w", v.Name, level, err)
+			}
+			if v.Name == floorName {
+				floorRate = res.Rate
+			} else if floorRate > 0 {
+				res.FloorRate = floorRate
+				res.Ratio = res.Rate / floorRate
+			}
+			out = append(out, res)
+		}
+	}
+	return out, nil
+}
+
+// one runs variant v through scenario sc at one level, with fresh
+// instances, and gathers every figure.
+func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*result, error) {
+	conns := r.opts.poolSize
+	if !sc.openLoop() {
+		conns = (level + sc.Instances - 1) / sc.Instances
+	}
+	if r.db != nil && r.ownPools {
+		if err := r.db.prepare(ctx, v, sc.Audit); err != nil {
+			return nil, err
+		}
+	}
+	sess, err := r.target.open(ctx, sc.Instances, conns)
+	if err != nil {
+		return nil, err
+	}
+	defer sess.close()
+	decide, err := sess.deciders(v, sc.Cooldown)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		before  dbStats
+		dbStart time.Time // the run's start on the database clock
+	)
+	if r.db != nil {
+		if before, err = r.db.snapshot(ctx); err != nil {
+			return nil, err
+		}
+		if dbStart, err = r.db.now(ctx); err != nil {
+			return nil, err
+		}
+	}
+
+	res := &result{
+		Scenario:    sc.Name,
+		Variant:     v.Name,
+		HotKey:      sc.Keys == 1,
+		Concurrency: level,
+		Instances:   sc.Instances,
+		Conns:       sess.conns(),
+		CooldownMS:  ms(sc.Cooldown),
+	}
+	rec, elapsed := r.drive(ctx, sc, level, v, decide, res)
+	sess.close() // before settle, which waits for the pools' backends to exit
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	res.DurationS = elapsed.Seconds()
+	res.Decisions = rec.decisions.Load()
+	res.Admitted = rec.admitted.Load()
+	res.ErrorCount = rec.errored.Load()
+	res.Refused = res.Decisions - res.Admitted - res.ErrorCount
+	res.Errors = rec.errs
+	res.Rate = float64(res.Decisions) / elapsed.Seconds()
+	res.Latency = summarise(rec.hist)
+	if sc.openLoop() || sc.Name == scNaive {
+		res.Timeline = rec.timeline()
+	}
+	var hot *hotKey
+	if res.HotKey {
+		// Requests kept coming until the planned end.
+		hot = &hotKey{start: 0, end: min(elapsed, sc.Duration)}
+	}
+	if v.Name != floorName {
+		c := checkClient(rec.keys, sc.Cooldown, hot)
+		res.Client = &c
+	}
+	if r.db != nil {
+		if err := r.databaseFigures(ctx, res, sc, v, before, dbStart, hot); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// drive sends the scenario's load and records it, with the progress line
+// and the lock-waiter sampling around it. It sets res.Dropped and
+// res.LockWaitMax.
+func (r *runner) drive(ctx context.Context, sc *scenario, level int, v variant, decide []decideFunc, res *result) (*recorder, time.Duration) {
+	prefix := fmt.Sprintf("lt%s-%s-%d-", r.runID, sc.Name, level)
+	rec := newRecorder(time.Now(), sc.window(), v.Name != floorName)
+	if r.opts.progress {
+		label := sc.Name
+		if !sc.openLoop() {
+			label += fmt.Sprintf(" c=%d", level)
+		}
+		defer progress(r.stderr, fmt.Sprintf("%-16s %-11s", label, v.Name), sc.Duration, rec)()
+	}
+	if r.db != nil {
+		// A pile-up of backends waiting on a lock shows here before it
+		// shows as errors.
+		var waiters atomic.Int64
+		defer func() { res.LockWaitMax = int(waiters.Load()) }()
+		defer every(250*time.Millisecond, func() {
+			if n, err := r.db.lockWaiters(ctx); err == nil && int64(n) > waiters.Load() {
+				waiters.Store(int64(n))
+			}
+		})()
+	}
+	if sc.openLoop() {
+		res.Dropped = openLoop(ctx, decide, arrivals(sc.Phases), prefix+"hot", rec)
+	} else {
+		closedLoop(ctx, decide, level, sc.Duration, sc.keyFunc(prefix), rec)
+	}
+	return rec, time.Since(rec.start)
+}
+
+// databaseFigures adds the server's counters across the run and the check
+// of the admissions the database recorded.
+func (r *runner) databaseFigures(ctx context.Context, res *result, sc *scenario, v variant, before dbStats, dbStart time.Time, hot *hotKey) error {
+	if err := r.db.settle(ctx, r.ownPools); err != nil {
+		return err
+	}
+	after, err := r.db.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	d := after.sub(before)
+	res.DB = &d
+	byKey, ok, err := r.db.record(ctx, v, sc.Audit)
+	if err != nil {
+		return fmt.Errorf("read the admissions the database recorded: %w", err)
+	}
+	if !ok {
+		return nil
+	}
+	// The record holds when each cooldown ends: the admission was a
+	// cooldown earlier.
+	offsets := make(map[string][]time.Duration, len(byKey))
+	for k, ts := range byKey {
+		for _, t := range ts {
+			offsets[k] = append(offsets[k], t.Sub(dbStart)-sc.Cooldown)
+		}
+	}
+	c := checkRecord(offsets, sc.Cooldown, hot)
+	res.Record = &c
+	return nil
+}
+
+// failures returns why res fails the run: over-admission by any strategy
+// but range-naive (the article's failure mode, reported, not fatal), a
+// deadlock in the default Range strategy, errors in the seed scenario.
+func failures(res *result, v variant) []string {
+	if v.Name == floorName || v == naive {
+		return nil
+	}
+	var out []string
+	where := fmt.Sprintf("%s in %s", v.Name, res.Scenario)
+	if res.Concurrency > 0 {
+		where += fmt.Sprintf(" at concurrency %d", res.Concurrency)
+	}
+	if c := res.Client; c != nil && !c.ok() {
+		out = append(out, fmt.Sprintf("%s over-admitted (client check): %d admitted, %d allowed, %d over, %d pairs closer than the cooldown",
+			where, c.Admitted, c.MaxAllowed, c.OverAdmitted, c.Violations))
+	}
+	if c := res.Record; c != nil && !c.ok() {
+		out = append(out, fmt.Sprintf("%s over-admitted (database record): %d admitted, %d allowed, %d over, %d pairs closer than the cooldown",
+			where, c.Admitted, c.MaxAllowed, c.OverAdmitted, c.Violations))
+	}
+	if v.Strategy == pglimit.Range && !v.PlainInsert {
+		deadlocks := res.Errors["40P01"]
+		if res.DB != nil {
+			deadlocks = max(deadlocks, res.DB.Deadlocks)
+		}
+		if deadlocks > 0 {
+			out = append(out, fmt.Sprintf("%s deadlocked %d times", where, deadlocks))
+		}
+	}
+	if res.Scenario == scSeed && (res.ErrorCount > 0 || res.Dropped > 0) {
+		out = append(out, fmt.Sprintf("%s: %d errors %v, %d arrivals dropped", where, res.ErrorCount, res.Errors, res.Dropped))
+	}
+	return out
+}

@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// variant is one column of the comparison: a strategy (with options), the
+// floor, or whatever the demo instances behind an HTTP target run.
+type variant struct {
+	Name        string
+	Strategy    pglimit.Strategy
+	PlainInsert bool
+}
+
+// floorName names the floor in reports: the same instances doing the least
+// work a request can do (SELECT 1 in-process, GET /healthz over HTTP).
+const floorName = "floor"
+
+var floor = variant{Name: floorName}
+
+// naive is the Range strategy with the article's plain INSERT.
+var naive = variant{Name: "range-naive", Strategy: pglimit.Range, PlainInsert: true}
+
+// allVariants lists the strategies a run can compare, in report order.
+func allVariants() []variant {
+	vs := make([]variant, 0, len(pglimit.Strategies)+1)
+	for _, s := range pglimit.Strategies {
+		vs = append(vs, variant{Name: string(s), Strategy: s})
+	}
+	return append(vs, naive)
+}
+
+// decideFunc makes one decision for key on one instance.
+type decideFunc func(ctx context.Context, key string) outcome
+
+// target is what the load is sent to.
+type target interface {
+	// open brings up instances app instances sized for conns concurrent
+	// requests each, fresh for every run so that runs do not share state.
+	open(ctx context.Context, instances, conns int) (session, error)
+}
+
+// session is one run's instances.
+type session interface {
+	// deciders returns one decideFunc per instance for v.
+	deciders(v variant, cooldown time.Duration) ([]decideFunc, error)
+	// conns is the connections each instance may use.
+	conns() int
+	close()
+}
+
+// inProcess runs the library itself: each instance is its own pgxpool
+// pool, as two replicas of an application would have.
+type inProcess struct {
+	cfg      *pgxpool.Config
+	maxConns int               // the most one instance may open
+	schemas  map[string]string // variant name to schema
+}
+
+func (t *inProcess) open(ctx context.Context, instances, conns int) (session, error) {
+	s := &poolSession{schemas: t.schemas, size: min(conns, t.maxConns)}
+	for range instances {
+		cfg := t.cfg.Copy()
+		cfg.MaxConns = int32(s.size)
+		cfg.MinConns = 0
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		s.pools = append(s.pools, p)
+		if err := warm(ctx, p); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// warm opens every connection of p up front, in parallel, so that
+// connection set-up is not measured as decision latency.
+func warm(ctx context.Context, p *pgxpool.Pool) error {
+	n := int(p.Config().MaxConns)
+	conns := make([]*pgxpool.Conn, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { conns[i], errs[i] = p.Acquire(ctx) })
+	}
+	wg.Wait()
+	var first error
+	for i, c := range conns {
+		if c != nil {
+			c.Release()
+		}
+		if first == nil && errs[i] != nil {
+			first = fmt.Errorf("open connection %d of %d: %w", i+1, n, errs[i])
+		}
+	}
+	return first
+}
+
+type poolSession struct {
+	pools   []*pgxpool.Pool
+	schemas map[string]string
+	size    int
+}
+
+func (s *poolSession) conns() int { return s.size }
+
+func (s *poolSession) deciders(v variant, cooldown time.Duration) ([]decideFunc, error) {
+	out := make([]decideFunc, len(s.pools))
+	for i, p := range s.pools {
+		if v.Name == floorName {
+			out[i] = func(ctx context.Context, _ string) outcome {
+				var one int
+				err := p.QueryRow(ctx, "SELECT 1").Scan(&one)
+				return outcome{allowed: err == nil, err: err}
+			}
+			continue
+		}
+		lim, err := pglimit.New(p, &pglimit.Config{
+			Strategy:    v.Strategy,
+			PlainInsert: v.PlainInsert,
+			Cooldown:    cooldown,
+			Namespace:   "loadtest",
+			Schema:      s.schemas[v.Name],
+		})
+		if err != nil {
+			return nil, err
+		}
+		out[i] = func(ctx context.Context, key string) outcome {
+			d, err := lim.Allow(ctx, key)
+			return outcome{allowed: d.Allowed, err: err}
+		}
+	}
+	return out, nil
+}
+
+func (s *poolSession) close() {
+	for _, p := range s.pools {
+		p.Close()
+	}
+}
+
+// overHTTP sends GET /items/{user} to running demo instances, one instance
+// per base URL: 200 is an admission, 429 with Retry-After a refusal, anything
+// else an error. The floor is GET /healthz.
+type overHTTP struct {
+	urls    []string
+	timeout time.Duration
+}
+
+// open uses every URL: buildScenarios made instances the number of URLs.
+func (t *overHTTP) open(_ context.Context, _, conns int) (session, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 0
+	tr.MaxIdleConnsPerHost = conns
+	return &httpSession{
+		urls:   t.urls,
+		client: &http.Client{Transport: tr, Timeout: t.timeout},
+		size:   conns,
+	}, nil
+}
+
+type httpSession struct {
+	urls   []string
+	client *http.Client
+	size   int
+}
+
+func (s *httpSession) conns() int { return s.size }
+
+func (s *httpSession) deciders(v variant, _ time.Duration) ([]decideFunc, error) {
+	out := make([]decideFunc, len(s.urls))
+	for i, base := range s.urls {
+		base = strings.TrimRight(base, "/")
+		if v.Name == floorName {
+			out[i] = func(ctx context.Context, _ string) outcome {
+				code, _, err := s.get(ctx, base+"/healthz")
+				if err == nil && code/100 != 2 {
+					err = &httpStatusError{code: code}
+				}
+				return outcome{allowed: err == nil, err: err}
+			}
+			continue
+		}
+		out[i] = func(ctx context.Context, key string) outcome {
+			code, h, err := s.get(ctx, base+"/items/"+url.PathEscape(key))
+			switch {
+			case err != nil:
+				return outcome{err: err}
+			case code == http.StatusOK:
+				return outcome{allowed: true}
+			case code == http.StatusTooManyRequests && h.Get("Retry-After") != "":
+				return outcome{}
+			default:
+				return outcome{err: &httpStatusError{code: code}}
+			}
+		}
+	}
+	return out, nil
+}
+
+func (s *httpSession) get(ctx context.Context, u string) (int, http.Header, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, resp.Body) // keep the connection reusable
+	return resp.StatusCode, resp.Header, err
+}
+
+func (s *httpSession) close() { s.client.CloseIdleConnections() }
