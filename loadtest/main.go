@@ -68,7 +68,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	target := fs.String("target", "", "comma-separated base URLs of running demo instances, one instance each (default: the library in-process)")
 	fs.StringVar(&o.label, "label", "http", "name of what the HTTP target runs, for the report (e.g. its strategy)")
 	fs.DurationVar(&o.cooldown, "cooldown", 0, "the HTTP target's cooldown, against which admissions are checked (default 2s over HTTP; in-process each scenario sets its own)")
-	strategies := fs.String("strategies", "upsert,nowait,range,range-naive", "strategies to compare, in-process")
+	strategies := fs.String("strategies", "upsert,nowait,range,range-naive",
+		"strategies to compare, in-process; each of upsert, nowait and range also comes as <name>-async (Config.AsyncCommit) and <name>-preblock (Config.PreBlockSize)")
 	scens := fs.String("scenarios", strings.Join(scenarioNames, ","), "scenarios to run")
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every duration (0.1 runs the 10-minute seed load in 1 minute)")
 	fs.BoolVar(&o.short, "short", false, "the CI/README version: every scenario and strategy in under 2 minutes")

@@ -134,11 +134,12 @@ var allCharts = []string{"seed-latency.png", "contention-throughput.png", "conte
 
 func TestInProcess(t *testing.T) {
 	t.Parallel()
-	rep, out := runLoadtest(t, exitOK, append([]string{"-database-url", pglimittest.URL(t)}, tiny...)...)
+	// Every variant, so that CI checks the options for over-admission too.
 	var names []string
 	for _, v := range allVariants() {
 		names = append(names, v.Name)
 	}
+	rep, out := runLoadtest(t, exitOK, append([]string{"-database-url", pglimittest.URL(t), "-strategies", strings.Join(names, ",")}, tiny...)...)
 	checkResults(t, rep, names, map[string]int{scSeed: 1, scContention: 2, scManyKeys: 1, scNaive: 1})
 	checkOutputs(t, out, rep, allCharts)
 

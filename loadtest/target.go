@@ -21,7 +21,13 @@ type variant struct {
 	Name        string
 	Strategy    pglimit.Strategy
 	PlainInsert bool
+	AsyncCommit bool // pglimit.Config.AsyncCommit
+	PreBlock    int  // pglimit.Config.PreBlockSize
 }
+
+// preBlockSize is the pre-block of the *-preblock variants: room for every
+// key of the many-keys scenario.
+const preBlockSize = 100_000
 
 // floorName names the floor in reports: the same instances doing the least
 // work a request can do (SELECT 1 in-process, GET /healthz over HTTP).
@@ -32,13 +38,22 @@ var floor = variant{Name: floorName}
 // naive is the Range strategy with the article's plain INSERT.
 var naive = variant{Name: "range-naive", Strategy: pglimit.Range, PlainInsert: true}
 
-// allVariants lists the strategies a run can compare, in report order.
+// allVariants lists the strategies a run can compare, in report order: the
+// strategies as they are by default, the article's Range, then each
+// strategy with asynchronous commit and with the local pre-block.
 func allVariants() []variant {
-	vs := make([]variant, 0, len(pglimit.Strategies)+1)
+	vs := make([]variant, 0, 3*len(pglimit.Strategies)+1)
 	for _, s := range pglimit.Strategies {
 		vs = append(vs, variant{Name: string(s), Strategy: s})
 	}
-	return append(vs, naive)
+	vs = append(vs, naive)
+	for _, s := range pglimit.Strategies {
+		vs = append(vs, variant{Name: string(s) + "-async", Strategy: s, AsyncCommit: true})
+	}
+	for _, s := range pglimit.Strategies {
+		vs = append(vs, variant{Name: string(s) + "-preblock", Strategy: s, PreBlock: preBlockSize})
+	}
+	return vs
 }
 
 // decideFunc makes one decision for key on one instance.
@@ -131,11 +146,13 @@ func (s *poolSession) deciders(v variant, cooldown time.Duration) ([]decideFunc,
 			continue
 		}
 		lim, err := pglimit.New(p, &pglimit.Config{
-			Strategy:    v.Strategy,
-			PlainInsert: v.PlainInsert,
-			Cooldown:    cooldown,
-			Namespace:   "loadtest",
-			Schema:      s.schemas[v.Name],
+			Strategy:     v.Strategy,
+			PlainInsert:  v.PlainInsert,
+			AsyncCommit:  v.AsyncCommit,
+			PreBlockSize: v.PreBlock,
+			Cooldown:     cooldown,
+			Namespace:    "loadtest",
+			Schema:       s.schemas[v.Name],
 		})
 		if err != nil {
 			return nil, err
