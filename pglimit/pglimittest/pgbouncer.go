@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/url"
 	"os"
 	"os/exec"
@@ -75,16 +74,8 @@ logfile = %s
 	if err := os.WriteFile(iniPath, []byte(ini), 0o600); err != nil {
 		return nil, err
 	}
-	if cred != nil {
-		err := filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			return os.Lchown(path, int(cred.Uid), int(cred.Gid))
-		})
-		if err != nil {
-			return nil, fmt.Errorf("pglimittest: chown %s to %s: %w", dir, runAs, err)
-		}
+	if err := serverChown(dir, cred); err != nil {
+		return nil, fmt.Errorf("pglimittest: chown %s to %s: %w", dir, runAs, err)
 	}
 
 	cmd := exec.Command(bin, iniPath)

@@ -428,16 +428,8 @@ func startLocalServer(ctx context.Context, cfg *ServerConfig, logf func(string, 
 	if err := os.Mkdir(sockDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create socket dir: %w", err)
 	}
-	if cred != nil {
-		err := filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			return os.Lchown(path, int(cred.Uid), int(cred.Gid))
-		})
-		if err != nil {
-			return nil, fmt.Errorf("chown temp dir to %s: %w", runAs, err)
-		}
+	if err := serverChown(dir, cred); err != nil {
+		return nil, fmt.Errorf("chown temp dir to %s: %w", runAs, err)
 	}
 
 	asUser := ""
@@ -507,6 +499,19 @@ func startLocalServer(ctx context.Context, cfg *ServerConfig, logf func(string, 
 		logf("port %d was taken; retrying", port)
 	}
 	return nil, lastErr
+}
+
+// serverChown gives the tree at dir to the user of cred; nil cred is a no-op.
+func serverChown(dir string, cred *syscall.Credential) error {
+	if cred == nil {
+		return nil
+	}
+	return filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, int(cred.Uid), int(cred.Gid))
+	})
 }
 
 // serverSearchable reports whether any user can reach into dir.
