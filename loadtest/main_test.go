@@ -244,6 +244,8 @@ func TestParseOptions(t *testing.T) {
 		{"-levels", "1,0"},
 		{"-scale", "0"},
 		{"-cooldown", "1s"}, // only over HTTP
+		{"-label", "x"},
+		{"-target", "http://127.0.0.1:1", "-strategies", "upsert"}, // in-process only
 		{"extra"},
 	} {
 		if _, err := parseOptions(args, &bytes.Buffer{}); err == nil {
