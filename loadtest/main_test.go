@@ -21,7 +21,7 @@ import (
 func TestMain(m *testing.M) { pglimittest.Main(m) }
 
 // tiny runs every scenario in a few seconds.
-var tiny = []string{"-short", "-scale", "0.2", "-levels", "1,8", "-keys", "1000", "-progress=false"}
+var tiny = []string{"-short", "-scale", "0.15", "-levels", "1,8", "-keys", "1000", "-progress=false"}
 
 // runLoadtest runs the command with args plus -out, expects exit code want,
 // and returns the parsed results.json.
