@@ -108,7 +108,7 @@ func (logTicks) Ticks(lo, hi float64) []plot.Tick {
 			}
 			t := plot.Tick{Value: v}
 			if m == 1 || m == 2 || m == 5 {
-				t.Label = strconv.FormatFloat(v, 'g', 4, 64)
+				t.Label = tickLabel(v)
 			}
 			ticks = append(ticks, t)
 		}
@@ -187,6 +187,18 @@ func latencyTiles(path string, s *scenarioReport, floorWhat string) error {
 		}
 	}
 	return savePNG(path, img)
+}
+
+// tickLabel writes 0.05, 20, 5k, 1M rather than 5e+03.
+func tickLabel(v float64) string {
+	switch {
+	case v >= 1e6:
+		return strconv.FormatFloat(v/1e6, 'f', -1, 64) + "M"
+	case v >= 1e3:
+		return strconv.FormatFloat(v/1e3, 'f', -1, 64) + "k"
+	default:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	}
 }
 
 func savePNG(path string, img *vgimg.Canvas) error {

@@ -90,15 +90,20 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if o.scenarios, err = parseList(*scens, scenarioNames); err != nil {
 		return nil, fmt.Errorf("-scenarios: %w", err)
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *target != "" {
+		if set["strategies"] {
+			return nil, errors.New("-strategies applies in-process only: the demo instances run one strategy, name it with -label")
+		}
 		o.targets = strings.Split(*target, ",")
 		o.variants = []variant{{Name: o.label}}
 		if o.cooldown <= 0 {
 			o.cooldown = 2 * time.Second
 		}
 	} else {
-		if o.cooldown != 0 {
-			return nil, errors.New("-cooldown applies only with -target: in-process, each scenario sets its own")
+		if set["cooldown"] || set["label"] {
+			return nil, errors.New("-cooldown and -label apply only with -target: in-process, each scenario sets its own cooldown")
 		}
 		byName := map[string]variant{}
 		var names []string

@@ -21,7 +21,7 @@ import (
 func TestMain(m *testing.M) { pglimittest.Main(m) }
 
 // tiny runs every scenario in a few seconds.
-var tiny = []string{"-short", "-scale", "0.2", "-levels", "1,8", "-keys", "1000", "-progress=false"}
+var tiny = []string{"-short", "-scale", "0.15", "-levels", "1,8", "-keys", "1000", "-progress=false"}
 
 // runLoadtest runs the command with args plus -out, expects exit code want,
 // and returns the parsed results.json.
@@ -181,11 +181,12 @@ func demo(lim pglimit.Limiter) http.Handler {
 	return mux
 }
 
-func TestHTTPTarget(t *testing.T) {
-	t.Parallel()
+// demoInstances starts two demo stand-ins sharing one database, as in the
+// compose stack, and returns their URLs joined for -target.
+func demoInstances(t *testing.T) string {
 	schema := pglimittest.Schema(t)
 	var urls []string
-	for range 2 { // two instances sharing one database, as in the compose stack
+	for range 2 {
 		lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Schema: schema, Cooldown: time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -194,9 +195,33 @@ func TestHTTPTarget(t *testing.T) {
 		t.Cleanup(srv.Close)
 		urls = append(urls, srv.URL)
 	}
-	rep, out := runLoadtest(t, exitOK, append([]string{"-target", strings.Join(urls, ","), "-cooldown", "1s", "-label", "upsert-http"}, tiny...)...)
+	return strings.Join(urls, ",")
+}
+
+func TestHTTPTarget(t *testing.T) {
+	t.Parallel()
+	rep, out := runLoadtest(t, exitOK, append([]string{"-target", demoInstances(t), "-cooldown", "1s", "-label", "upsert-http"}, tiny...)...)
 	checkResults(t, rep, []string{"upsert-http"}, map[string]int{scSeed: 1, scContention: 2, scManyKeys: 1, scNaive: 1})
 	checkOutputs(t, out, rep, allCharts)
+}
+
+// TestHTTPTargetDatabaseDeltas reads the server's counters over HTTP when
+// given the database URL.
+func TestHTTPTargetDatabaseDeltas(t *testing.T) {
+	t.Parallel()
+	rep, _ := runLoadtest(t, exitOK, "-target", demoInstances(t), "-cooldown", "1s", "-database-url", pglimittest.URL(t),
+		"-scenarios", "seed", "-short", "-scale", "0.1", "-progress=false")
+	for _, r := range rep.Scenarios[0].Results {
+		// Every decision commits at least once; the floor (GET /healthz)
+		// need not touch the database. Other tests share the server, so
+		// only a lower bound holds.
+		if r.DB == nil || (r.Variant != floorName && r.DB.Commits < r.Decisions) {
+			t.Errorf("%s: database deltas %+v for %d decisions", r.Variant, r.DB, r.Decisions)
+		}
+		if r.Record != nil {
+			t.Errorf("%s: a database record over HTTP, where the load test owns no table", r.Variant)
+		}
+	}
 }
 
 // TestHTTPTargetOverAdmits points the load test at a service that admits
@@ -220,6 +245,8 @@ func TestParseOptions(t *testing.T) {
 		{"-levels", "1,0"},
 		{"-scale", "0"},
 		{"-cooldown", "1s"}, // only over HTTP
+		{"-label", "x"},
+		{"-target", "http://127.0.0.1:1", "-strategies", "upsert"}, // in-process only
 		{"extra"},
 	} {
 		if _, err := parseOptions(args, &bytes.Buffer{}); err == nil {
