@@ -49,7 +49,7 @@ func lookPath(t *testing.T, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		t.Fatalf("%s not found on PATH: apt-get install prometheus (Debian's package has prometheus and promtool)", name)
+		pglimittest.Missing(t, "%s not found on PATH: apt-get install prometheus (Debian's package has prometheus and promtool)", name)
 	}
 	return p
 }

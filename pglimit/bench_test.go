@@ -39,14 +39,15 @@ func BenchmarkAllow(b *testing.B) {
 	})
 
 	variants := []struct {
-		name  string
-		cfg   pglimit.Config
-		plain bool
+		name string
+		cfg  pglimit.Config
 	}{
 		{name: "upsert", cfg: pglimit.Config{Strategy: pglimit.Upsert}},
 		{name: "nowait", cfg: pglimit.Config{Strategy: pglimit.NoWait}},
 		{name: "range", cfg: pglimit.Config{Strategy: pglimit.Range}},
 		{name: "range-naive", cfg: pglimit.Config{Strategy: pglimit.Range, PlainInsert: true}},
+		// The pre-block answers a hot key in process: no round trip.
+		{name: "upsert-preblock", cfg: pglimit.Config{Strategy: pglimit.Upsert, PreBlockSize: 1000}},
 	}
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
