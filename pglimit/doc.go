@@ -25,11 +25,18 @@
 //
 // # Strategies
 //
-// [Upsert] (the default) decides in one INSERT ... ON CONFLICT DO UPDATE with
-// a guard; [NoWait] locks the key's row with FOR UPDATE NOWAIT and refuses
-// when someone else holds it; [Range] inserts a tstzrange into a table with
-// an exclusion constraint and keeps one row per admission. All three pass the
-// same conformance suite (package pglimittest).
+// [Upsert] (the default) decides with a guarded UPDATE, or an INSERT for a
+// key never seen; [NoWait] locks the key's row with FOR UPDATE NOWAIT and
+// refuses when someone else holds it; [Range] inserts a tstzrange into a
+// table with an exclusion constraint and keeps one row per admission. Each
+// is one statement, one round trip, and a refusal for a key in cooldown
+// takes no lock and writes nothing. All three pass the same conformance
+// suite (package pglimittest).
+//
+// [Config.AsyncCommit] takes the WAL flush out of admissions, at the price
+// of at most one early admission per key after a database crash.
+// [Config.PreBlockSize] refuses keys the database has put in cooldown
+// without a round trip until their cooldown ends.
 //
 // # Cleanup
 //
