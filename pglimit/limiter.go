@@ -10,7 +10,7 @@ import (
 )
 
 // stmtLimiter is every strategy that decides in one statement returning
-// (admitted, expires_at, database now) — all of them but Range with
+// (admitted, microseconds until the cooldown ends) — all of them but Range with
 // PlainInsert. The strategies differ only in their SQL and in which error
 // means "someone else is deciding" (see strategy_*.go).
 type stmtLimiter struct {
