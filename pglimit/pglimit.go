@@ -324,7 +324,7 @@ func (b *base) decide(ctx context.Context, key string, inTx bool, fn func(ctx co
 // ErrTimeout (the pgx error then only says the context was cancelled).
 func (b *base) wrap(ctx context.Context, err error) error {
 	if cause := context.Cause(ctx); errors.Is(cause, ErrTimeout) && !errors.Is(err, ErrTimeout) {
-		return fmt.Errorf("pglimit: %s: %w after %s: %w", b.cfg.Strategy, ErrTimeout, b.cfg.Timeout, err)
+		return fmt.Errorf("%w (%s, after %s): %w", ErrTimeout, b.cfg.Strategy, b.cfg.Timeout, err)
 	}
 	return fmt.Errorf("pglimit: %s: %w", b.cfg.Strategy, err)
 }

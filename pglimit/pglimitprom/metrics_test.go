@@ -225,7 +225,7 @@ func TestErrorKind(t *testing.T) {
 		want string
 	}{
 		{nil, ""},
-		{fmt.Errorf("pglimit: upsert: %w after 2s: %w", pglimit.ErrTimeout, context.Canceled), "timeout"},
+		{fmt.Errorf("%w (upsert, after 2s): %w", pglimit.ErrTimeout, context.Canceled), "timeout"},
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), "timeout"},
 		{fmt.Errorf("x: %w", context.Canceled), "canceled"},
 		{fmt.Errorf("x: %w", &pgconn.PgError{Code: "57P01"}), "57P01"},
