@@ -70,6 +70,7 @@ type cleanerHooks struct {
 	batchStart func(table string)                        // on the leader's connection, before the DELETE
 	batchEnd   func(table string, rows int64, err error) // after it
 	leader     func(leader bool)                         // leadership gained or lost
+	stopping   func()                                    // Stop has begun: no new run starts
 }
 
 const (
@@ -268,6 +269,9 @@ func (c *Cleaner) Stop(ctx context.Context) error {
 	c.state = cleanerStopped
 	c.stopping.Store(true)
 	c.mu.Unlock()
+	if h := c.cfg.hooks; h != nil && h.stopping != nil {
+		h.stopping()
+	}
 
 	var err error
 	idle := make(chan struct{})

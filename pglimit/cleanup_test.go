@@ -71,6 +71,7 @@ type fleet struct {
 
 	inFlight, maxInFlight atomic.Int32           // DELETE batches running, across the fleet
 	beforeBatch           atomic.Pointer[func()] // if set, called as a batch starts
+	stops                 atomic.Int32           // Stop calls that have begun stopping
 
 	mu       sync.Mutex
 	acquired []leaderEvent // every time an instance became leader
@@ -128,6 +129,10 @@ func (f *fleet) add(t testing.TB, edit func(*pglimit.CleanerConfig)) *pglimit.Cl
 				f.acquired = append(f.acquired, leaderEvent{i, time.Now()})
 				f.mu.Unlock()
 			}
+			f.w.poke()
+		},
+		Stopping: func() {
+			f.stops.Add(1)
 			f.w.poke()
 		},
 	})
@@ -436,6 +441,7 @@ func TestCleanerStopWaitsForBatch(t *testing.T) {
 
 	stopped := make(chan error, 1)
 	go func() { stopped <- c.Stop(context.Background()) }()
+	f.w.until(t, "Stop to begin", func() bool { return f.stops.Load() > 0 })
 	close(release)
 	if err := <-stopped; err != nil {
 		t.Fatalf("Stop: %v", err)

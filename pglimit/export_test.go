@@ -6,11 +6,12 @@ type CleanerHooks struct {
 	BatchStart func(table string)
 	BatchEnd   func(table string, rows int64, err error)
 	Leader     func(leader bool)
+	Stopping   func()
 }
 
 // SetCleanerHooks makes a cleaner built from cfg call h.
 func SetCleanerHooks(cfg *CleanerConfig, h CleanerHooks) {
-	cfg.hooks = &cleanerHooks{batchStart: h.BatchStart, batchEnd: h.BatchEnd, leader: h.Leader}
+	cfg.hooks = &cleanerHooks{batchStart: h.BatchStart, batchEnd: h.BatchEnd, leader: h.Leader, stopping: h.Stopping}
 }
 
 // CleanerLockKey is the advisory lock key the cleaners of schema compete for.
