@@ -28,14 +28,7 @@ WITH locked AS (
     ON CONFLICT (namespace, key) DO NOTHING
     RETURNING expires_at
 )
-SELECT true, (extract(epoch FROM expires_at - statement_timestamp()) * 1000000)::bigint, %[2]s FROM updated
-UNION ALL
-SELECT true, (extract(epoch FROM expires_at - statement_timestamp()) * 1000000)::bigint, %[2]s FROM inserted
-UNION ALL
-SELECT false, (extract(epoch FROM t.expires_at - statement_timestamp()) * 1000000)::bigint, NULL::text
-FROM %[1]s AS t
-WHERE t.namespace = $1 AND t.key = $2
-  AND NOT EXISTS (SELECT FROM updated) AND NOT EXISTS (SELECT FROM inserted)`
+` + keyRowAnswerSQL
 
 func newNoWait(b base, table string) *stmtLimiter {
 	return newStmtLimiter(b, table, noWaitAllowSQL, codeLockNotAvailable)

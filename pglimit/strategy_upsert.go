@@ -27,6 +27,12 @@ WITH updated AS (
     ON CONFLICT (namespace, key) DO NOTHING
     RETURNING expires_at
 )
+` + keyRowAnswerSQL
+
+// keyRowAnswerSQL ends the Upsert and NoWait statements, whose admitting
+// parts are the CTEs updated and inserted: the row one of them wrote, else
+// the key's current cooldown as a refusal.
+const keyRowAnswerSQL = `
 SELECT true, (extract(epoch FROM expires_at - statement_timestamp()) * 1000000)::bigint, %[2]s FROM updated
 UNION ALL
 SELECT true, (extract(epoch FROM expires_at - statement_timestamp()) * 1000000)::bigint, %[2]s FROM inserted
