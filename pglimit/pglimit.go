@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"regexp"
 	"strings"
 	"time"
@@ -34,6 +35,12 @@ var (
 	// [Config.Timeout]. The caller's own context deadline is reported as
 	// [context.DeadlineExceeded] instead.
 	ErrTimeout = errors.New("pglimit: decision timed out")
+
+	// ErrNoExclusionConstraint reports a Range table without the exclusion
+	// constraint that makes it a limiter (its btree_gist extension was
+	// dropped, say). A Range limiter refuses to decide on such a table; run
+	// [Migrate] on its schema to restore the constraint.
+	ErrNoExclusionConstraint = errors.New("pglimit: the Range table has no exclusion constraint; run pglimit.Migrate on its schema to restore it")
 )
 
 // Limiter decides whether a key may pass now, with the database as the
@@ -46,11 +53,16 @@ type Limiter interface {
 	Allow(ctx context.Context, key string) (Decision, error)
 
 	// AllowTx is Allow inside the caller's transaction: the cooldown is
-	// consumed only if tx commits. While tx is open, other requests for the
-	// same key wait for it, up to Config.Timeout (NoWait refuses them
-	// instead, except for a key tx admits for the first time, whose new row
-	// they wait on). A contention error never aborts tx: NoWait works
-	// inside a savepoint.
+	// consumed only if tx commits, and it runs from the decision's write,
+	// not from the commit. While tx is open, other requests for the same
+	// key wait for it, up to Config.Timeout (NoWait refuses them instead,
+	// except for a key tx admits for the first time, whose new row they
+	// wait on). AllowTx never aborts tx: its statement runs in a savepoint,
+	// so a lost race (at any isolation level) is a refusal and a wait past
+	// Config.Timeout, bounded on the server by lock_timeout, is
+	// [ErrTimeout], and tx stays usable either way. Cancelling ctx while
+	// the statement runs does end tx, because pgx then closes the
+	// connection.
 	AllowTx(ctx context.Context, tx pgx.Tx, key string) (Decision, error)
 
 	// Reset lifts the key's cooldown, so its next request is admitted.
@@ -58,7 +70,8 @@ type Limiter interface {
 }
 
 // Decision is the outcome of [Limiter.Allow]. Durations are measured on the
-// database clock.
+// database clock, when the decision's statement ends; a cooldown starts
+// when the decision writes it, after any wait for a lock.
 type Decision struct {
 	// Allowed reports whether the request was admitted.
 	Allowed bool
@@ -203,6 +216,7 @@ func New(db DB, cfg *Config) (Limiter, error) {
 	table := pgx.Identifier{c.Schema, c.Table}.Sanitize()
 	b := base{db: db, cfg: c}
 	b.args.namespace, b.args.cooldown = c.Namespace, c.Cooldown.Microseconds()
+	b.args.lockClass = keyLockClass(table, c.Namespace)
 	if c.PreBlockSize > 0 {
 		b.preblock = newPreblock(c.PreBlockSize)
 	}
@@ -291,7 +305,19 @@ type base struct {
 
 	// args holds the statement parameters that never change, boxed once
 	// instead of at every decision.
-	args struct{ namespace, cooldown any }
+	args struct{ namespace, cooldown, lockClass any }
+}
+
+// keyLockClass is the first half of the advisory lock a first request
+// takes on its key (the second is the key's hash, computed in SQL): one
+// class per table and namespace, so that limiters on other tables or
+// namespaces never wait for each other.
+func keyLockClass(table, namespace string) int32 {
+	h := fnv.New32a()
+	h.Write([]byte(table))
+	h.Write([]byte{0})
+	h.Write([]byte(namespace))
+	return int32(h.Sum32())
 }
 
 // decide validates key, answers from the pre-block when it can, bounds ctx
@@ -306,7 +332,14 @@ func (b *base) decide(ctx context.Context, key string, inTx bool, fn func(ctx co
 	if wait := b.preblock.remaining(key, sent); wait > 0 {
 		return Decision{RetryAfter: wait, ResetAfter: wait}, nil
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, b.cfg.Timeout, ErrTimeout)
+	gen := b.preblock.generation()
+	bound := b.cfg.Timeout
+	if inTx {
+		// The server bounds the wait (lock_timeout) and keeps the caller's
+		// connection; this deadline only catches a server gone silent.
+		bound += txClientTimeoutMargin
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, bound, ErrTimeout)
 	defer cancel()
 	d, err := fn(ctx)
 	if err != nil {
@@ -315,10 +348,14 @@ func (b *base) decide(ctx context.Context, key string, inTx bool, fn func(ctx co
 	if !inTx && !d.estimated {
 		// The statement ran after sent, so sent+ResetAfter is no later
 		// than the end of the cooldown on the database clock.
-		b.preblock.block(key, sent.Add(d.ResetAfter))
+		b.preblock.block(key, sent.Add(d.ResetAfter), gen)
 	}
 	return d, nil
 }
+
+// txClientTimeoutMargin is how much longer than Timeout AllowTx waits for
+// the server before giving up on the connection.
+const txClientTimeoutMargin = time.Second
 
 // wrap adds the strategy name and, when the limiter's own timeout fired,
 // ErrTimeout (the pgx error then only says the context was cancelled).
@@ -370,9 +407,3 @@ func pgCode(err error) string {
 	}
 	return ""
 }
-
-// SQLSTATE codes the strategies read.
-const (
-	codeLockNotAvailable   = "55P03"
-	codeExclusionViolation = "23P01"
-)

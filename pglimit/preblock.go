@@ -12,6 +12,11 @@ type preblock struct {
 	mu    sync.Mutex
 	max   int
 	until map[string]time.Time
+
+	// resets counts forget calls. A decision records a block only if no
+	// Reset happened while it ran: its statement may have read the key
+	// before the Reset deleted it.
+	resets uint64
 }
 
 func newPreblock(size int) *preblock {
@@ -32,13 +37,27 @@ func (p *preblock) remaining(key string, now time.Time) time.Duration {
 	return max(until.Sub(now), 0)
 }
 
-// block records that key is refused until the local time until.
-func (p *preblock) block(key string, until time.Time) {
+// generation returns the number of resets so far, for block.
+func (p *preblock) generation() uint64 {
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.resets
+}
+
+// block records that key is refused until the local time until, unless a
+// reset happened since generation returned gen.
+func (p *preblock) block(key string, until time.Time, gen uint64) {
 	if p == nil || !until.After(time.Now()) {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.resets != gen {
+		return
+	}
 	if _, ok := p.until[key]; !ok && len(p.until) >= p.max {
 		p.evict()
 	}
@@ -71,6 +90,7 @@ func (p *preblock) forget(key string) {
 	}
 	p.mu.Lock()
 	delete(p.until, key)
+	p.resets++
 	p.mu.Unlock()
 }
 

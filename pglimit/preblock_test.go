@@ -12,7 +12,7 @@ func TestPreblockStaysWithinItsSize(t *testing.T) {
 	p := newPreblock(size)
 	until := time.Now().Add(time.Hour)
 	for i := range 10 * size {
-		p.block(fmt.Sprintf("flood-%d", i), until)
+		p.block(fmt.Sprintf("flood-%d", i), until, 0)
 		if n := p.len(); n > size {
 			t.Fatalf("after %d keys the pre-block holds %d entries, more than its size %d", i+1, n, size)
 		}
@@ -27,7 +27,7 @@ func TestPreblockRemaining(t *testing.T) {
 	t.Parallel()
 	p := newPreblock(10)
 	now := time.Now()
-	p.block("k", now.Add(time.Minute))
+	p.block("k", now.Add(time.Minute), 0)
 	if got := p.remaining("k", now); got != time.Minute {
 		t.Fatalf("remaining = %s, want 1m", got)
 	}
@@ -37,7 +37,7 @@ func TestPreblockRemaining(t *testing.T) {
 	if got := p.remaining("other", now); got != 0 {
 		t.Fatalf("remaining for an unknown key = %s, want 0", got)
 	}
-	p.block("past", now.Add(-time.Second))
+	p.block("past", now.Add(-time.Second), 0)
 	if p.len() != 1 {
 		t.Fatal("an already ended block was stored")
 	}
@@ -46,8 +46,25 @@ func TestPreblockRemaining(t *testing.T) {
 		t.Fatalf("remaining after forget = %s, want 0", got)
 	}
 	var off *preblock
-	off.block("k", now.Add(time.Minute))
+	off.block("k", now.Add(time.Minute), 0)
 	if off.remaining("k", now) != 0 {
 		t.Fatal("a nil pre-block blocked")
+	}
+}
+
+// A decision that began before a Reset does not record its block: its
+// statement may have read the key before the Reset deleted it.
+func TestPreblockIgnoresBlocksFromBeforeAReset(t *testing.T) {
+	t.Parallel()
+	p := newPreblock(10)
+	gen := p.generation()
+	p.forget("k") // a Reset while the decision ran
+	p.block("k", time.Now().Add(time.Minute), gen)
+	if got := p.remaining("k", time.Now()); got != 0 {
+		t.Fatalf("remaining = %s after a block from before a Reset, want 0", got)
+	}
+	p.block("k", time.Now().Add(time.Minute), p.generation())
+	if got := p.remaining("k", time.Now()); got <= 0 {
+		t.Fatal("a block from after the Reset was not recorded")
 	}
 }

@@ -12,33 +12,61 @@ import (
 // Range inserts [now, now+cooldown) into a table whose exclusion constraint
 // forbids two overlapping ranges for one key.
 //
-// ON CONFLICT DO NOTHING (allowed with an exclusion constraint, unlike DO
-// UPDATE) turns an overlap into "no row" instead of an error, so racing
-// inserts neither abort nor deadlock, and a refusal writes nothing. As for
-// Upsert, the second branch reads when the blocking cooldown ends, from the
-// statement's snapshot.
+// A live cooldown in the statement's snapshot is a refusal, read without
+// a lock or a write. Otherwise the statement takes a transaction-level
+// advisory lock on the key, so that it waits for a concurrent admission
+// (in a caller's open transaction, say) before it reads the clock, and
+// inserts its range from then. ON CONFLICT DO NOTHING (allowed with an
+// exclusion constraint, unlike DO UPDATE) turns an overlap with an
+// admission committed after the snapshot into no row instead of an error,
+// so racing inserts neither abort nor deadlock; the caller then runs the
+// statement again on a fresh snapshot.
 const rangeAllowSQL = `
-WITH admitted AS (
+WITH current AS (
+    SELECT upper(t.during) AS expires_at FROM %[1]s AS t
+    WHERE t.namespace = $1 AND t.key = $2
+      AND t.during && tstzrange(clock_timestamp(), NULL)
+    ORDER BY upper(t.during) DESC
+    LIMIT 1
+), first AS (
+    SELECT pg_advisory_xact_lock($4::integer, hashtext($2))
+    WHERE NOT EXISTS (SELECT FROM current)
+), stamp AS (
+    SELECT clock_timestamp() AS now FROM first
+), admitted AS (
     INSERT INTO %[1]s (namespace, key, during)
-    VALUES ($1, $2, tstzrange(statement_timestamp(), statement_timestamp() + $3::bigint * interval '1 microsecond'))
+    SELECT $1, $2, tstzrange(now, now + $3::bigint * interval '1 microsecond') FROM stamp
     ON CONFLICT DO NOTHING
     RETURNING upper(during) AS expires_at
 )
-SELECT true, (extract(epoch FROM expires_at - statement_timestamp()) * 1000000)::bigint, %[2]s FROM admitted
+SELECT true, (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint, %[2]s FROM admitted
 UNION ALL
-(SELECT false, (extract(epoch FROM upper(t.during) - statement_timestamp()) * 1000000)::bigint, NULL::text
- FROM %[1]s AS t
- WHERE t.namespace = $1 AND t.key = $2
-   AND t.during && tstzrange(statement_timestamp(), NULL)
-   AND NOT EXISTS (SELECT FROM admitted)
- ORDER BY upper(t.during) DESC
- LIMIT 1)`
+SELECT false, (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint, NULL::text FROM current`
 
 func newRange(b base, table string) Limiter {
 	if b.cfg.PlainInsert {
 		return newPlainRange(b, table)
 	}
-	return newStmtLimiter(b, table, rangeAllowSQL, "")
+	l := newStmtLimiter(b, table, rangeAllowSQL, "")
+	l.verify = func(ctx context.Context, db DB) error { return verifyExclusion(ctx, db, table) }
+	return l
+}
+
+// Without its exclusion constraint the Range table admits every request:
+// the constraint is the limiter. It can go missing behind the limiter's
+// back, with the btree_gist extension it needs (DROP EXTENSION ... CASCADE).
+const exclusionExistsSQL = `
+SELECT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass($1) AND contype = 'x')`
+
+func verifyExclusion(ctx context.Context, db DB, table string) error {
+	var ok bool
+	if err := db.QueryRow(ctx, exclusionExistsSQL, table).Scan(&ok); err != nil {
+		return fmt.Errorf("check the exclusion constraint of %s: %w", table, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNoExclusionConstraint, table)
+	}
+	return nil
 }
 
 // plainRangeLimiter is the article's form of Range: a plain INSERT, where an

@@ -3,6 +3,7 @@ package pglimit_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -167,6 +168,12 @@ func TestPreBlockSparesTheDatabase(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// A first decision may check the table once (Range); count from
+			// after it.
+			if _, err := lim.Allow(ctx, "warm-up"); err != nil {
+				t.Fatal(err)
+			}
+			db.statements.Store(0)
 			for i := range 100 {
 				d, err := lim.Allow(ctx, "hot")
 				if err != nil || d.Allowed != (i == 0) {
@@ -197,6 +204,68 @@ func TestConformanceThroughPgBouncer(t *testing.T) {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			pglimittest.Exercise(t, withStrategy(s, nil), pglimittest.WithPool(pglimittest.PgBouncerPool))
+		})
+	}
+}
+
+// A Reset racing an Allow that reads the key before the Reset deletes it
+// leaves no stale pre-block entry: once both have returned, a key the
+// database holds no row for is admitted.
+func TestPreBlockResetRace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, s := range pglimit.Strategies {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			pool, schema := pglimittest.Pool(t), pglimittest.Schema(t)
+			cfg := pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Minute}
+			other, err := pglimit.New(pool, &cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.PreBlockSize = 10000
+			lim, err := pglimit.New(pool, &cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stale, raced atomic.Int64
+			var wg sync.WaitGroup
+			for w := range 4 {
+				wg.Go(func() {
+					for i := range 250 {
+						key := fmt.Sprintf("k%d-%d", w, i)
+						if d, err := other.Allow(ctx, key); err != nil || !d.Allowed {
+							t.Errorf("%s: first request: %+v, %v", key, d, err)
+							return
+						}
+						var refused bool
+						var inner sync.WaitGroup
+						inner.Go(func() {
+							d, err := lim.Allow(ctx, key)
+							if err != nil {
+								t.Errorf("%s: %v", key, err)
+							}
+							refused = err == nil && !d.Allowed
+						})
+						if err := lim.Reset(ctx, key); err != nil {
+							t.Errorf("%s: reset: %v", key, err)
+						}
+						inner.Wait()
+						if !refused {
+							continue // it ran after the Reset and was admitted
+						}
+						raced.Add(1)
+						// The refusal ran before the DELETE, so no row is left.
+						if d, err := lim.Allow(ctx, key); err != nil || !d.Allowed {
+							stale.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if n := stale.Load(); n > 0 {
+				t.Fatalf("%d of %d keys refused after a Reset that raced a refusal, with no row in the database", n, raced.Load())
+			}
 		})
 	}
 }

@@ -43,12 +43,8 @@ func Exercise(t *testing.T, newLimiter NewLimiter, opts ...Option) {
 		opt(&o)
 	}
 
-	setup := func(t *testing.T, cooldown time.Duration) (pglimit.Limiter, *bundle) {
-		t.Helper()
-		t.Parallel()
-		b := &bundle{schema: Schema(t), pool: o.pool(t)}
-		return mustNew(t, newLimiter, b.pool, &pglimit.Config{Schema: b.schema, Cooldown: cooldown}), b
-	}
+	s := &suite{newLimiter: newLimiter, opts: o}
+	setup := s.setup
 	ctx := context.Background()
 
 	t.Run("AdmitsThenRefuses", func(t *testing.T) {
@@ -332,6 +328,25 @@ func Exercise(t *testing.T, newLimiter NewLimiter, opts ...Option) {
 			t.Fatalf("error %v, want one wrapping ErrTimeout", err)
 		}
 	})
+
+	s.exerciseTransactions(t)
+	s.exerciseClock(t)
+	s.exerciseIsolation(t)
+}
+
+// suite is what the parts of [Exercise] share.
+type suite struct {
+	newLimiter NewLimiter
+	opts       options
+}
+
+// setup marks t parallel and returns a limiter with cooldown over a new
+// schema, and the schema and pool it uses.
+func (s *suite) setup(t *testing.T, cooldown time.Duration) (pglimit.Limiter, *bundle) {
+	t.Helper()
+	t.Parallel()
+	b := &bundle{schema: Schema(t), pool: s.opts.pool(t)}
+	return mustNew(t, s.newLimiter, b.pool, &pglimit.Config{Schema: b.schema, Cooldown: cooldown}), b
 }
 
 func mustNew(t *testing.T, newLimiter NewLimiter, db pglimit.DB, cfg *pglimit.Config) pglimit.Limiter {
