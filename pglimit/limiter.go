@@ -10,10 +10,14 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// stmtLimiter is every strategy that decides in one statement returning
-// (admitted, microseconds until the cooldown ends, setting) — all of them
-// but Range with PlainInsert. The strategies differ only in their SQL and in
-// which error means "someone else is deciding" (see strategy_*.go).
+// stmtLimiter is every strategy that decides in one statement, all of them
+// but Range with PlainInsert. The strategies differ only in their SQL and
+// in which error means "someone else is deciding" (see strategy_*.go).
+//
+// A single GCRA limit (a cooldown among them) has its own statement, the
+// cheapest: the TAT is the row's expires_at. Any other set of limits, and
+// AllowAtMost, Reserve and Peek, use the general statement (general.go),
+// on Upsert and NoWait only.
 //
 // A statement that returns no row has not decided: a concurrent decision
 // changed the key after the statement's snapshot was taken, so the
@@ -21,9 +25,12 @@ import (
 // fresh snapshot.
 type stmtLimiter struct {
 	base
-	allowSQL   string // on the limiter's own db; may carry the async-commit setting
-	allowTxSQL string // in a caller's transaction, whose durability is the caller's
-	resetSQL   string
+	single            bool   // the limits are one GCRA limit: fastSQL decides
+	fastSQL, fastTx   string // fastTx: in a caller's transaction, whose durability is the caller's
+	general, generalT string // "" for Range
+	peekSQL           string
+	resetSQL          string
+	rangeArgs         bool // the fast statement takes no tau ($5)
 
 	// contended is the SQLSTATE that means a concurrent decision holds the
 	// key; it becomes a refusal. Empty when contention raises no error.
@@ -33,6 +40,12 @@ type stmtLimiter struct {
 	// limiter's promise; until it has passed, every decision runs it.
 	verify   func(ctx context.Context, db DB) error
 	verified atomic.Bool
+
+	// Parameters boxed once: the limits' spec, and a single GCRA limit's
+	// increment and tolerance for one unit.
+	spec          any
+	oneT, oneTau  any
+	emission, tau int64 // µs: T, and Burst*T
 }
 
 var _ Limiter = (*stmtLimiter)(nil)
@@ -61,70 +74,245 @@ const (
 	codeSerializationFailure = "40001"
 )
 
-func newStmtLimiter(b base, table, template, contended string) *stmtLimiter {
+// newStmtLimiter builds a limiter from a fast statement template; lock is
+// the general statement's lock clause, "" for a strategy without one.
+func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimiter {
 	column := noSettingColumn
 	if b.cfg.AsyncCommit {
 		column = asyncCommitColumn
 	}
-	return &stmtLimiter{
-		base:       b,
-		allowSQL:   fmt.Sprintf(template, table, column),
-		allowTxSQL: fmt.Sprintf(template, table, noSettingColumn),
-		resetSQL:   fmt.Sprintf(deleteKeySQL, table),
-		contended:  contended,
+	l := &stmtLimiter{
+		base:      b,
+		single:    len(b.cfg.Limits) == 1 && b.cfg.Limits[0].Algorithm == GCRA,
+		fastSQL:   fmt.Sprintf(template, table, column),
+		fastTx:    fmt.Sprintf(template, table, noSettingColumn),
+		resetSQL:  fmt.Sprintf(deleteKeySQL, table),
+		rangeArgs: lock == "",
+		contended: contended,
+		spec:      spec(b.cfg.Limits),
+	}
+	if lock != "" {
+		fn := pgx.Identifier{b.cfg.Schema, "pglimit_decide"}.Sanitize()
+		l.general = fmt.Sprintf(generalAllowSQL, table, column, lock, fn)
+		l.generalT = fmt.Sprintf(generalAllowSQL, table, noSettingColumn, lock, fn)
+		l.peekSQL = fmt.Sprintf(generalPeekSQL, table, "", "", fn)
+	}
+	if l.single {
+		lim := b.cfg.Limits[0]
+		l.emission, l.tau = lim.emission(), int64(lim.Burst)*lim.emission()
+		l.oneT, l.oneTau = l.emission, l.tau-l.emission
+	}
+	return l
+}
+
+// query is one decision's statement: which SQL, with what arguments, and
+// how to read its answer.
+type query struct {
+	own, tx string
+	args    []any
+	n, mode int
+	general bool
+}
+
+// allowQuery is the query of AllowN.
+func (l *stmtLimiter) allowQuery(key string, n int) query {
+	if !l.single {
+		return l.generalQuery(key, n, modeAllow, 0)
+	}
+	q := query{own: l.fastSQL, tx: l.fastTx, n: n}
+	nT, tau := l.oneT, l.oneTau
+	if n != 1 {
+		nT, tau = int64(n)*l.emission, l.tau-int64(n)*l.emission
+	}
+	q.args = []any{l.args.namespace, key, nT, l.args.lockClass, tau}
+	if l.rangeArgs {
+		q.args = q.args[:4]
+	}
+	return q
+}
+
+func (l *stmtLimiter) generalQuery(key string, n, mode int, maxDelay time.Duration) query {
+	return query{
+		own: l.general, tx: l.generalT, n: n, mode: mode, general: true,
+		args: []any{l.args.namespace, key, l.args.lockClass, n, mode, maxDelay.Microseconds(), l.spec},
 	}
 }
 
+func (l *stmtLimiter) scan(row pgx.Row, q query) (Decision, bool, error) {
+	if q.general {
+		return l.scanGeneral(row, q.n, q.mode)
+	}
+	var r struct {
+		ok       bool
+		tat, now int64
+	}
+	if err := row.Scan(&r.ok, &r.tat, &r.now, nil); err != nil {
+		return Decision{}, false, noRowsAsUndecided(err)
+	}
+	return l.gcraDecision(r.ok, r.tat, r.now, q.n), true, nil
+}
+
+// noRowsAsUndecided turns "no row" into a nil error: the statement did not
+// decide.
+func noRowsAsUndecided(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	return err
+}
+
 func (l *stmtLimiter) Allow(ctx context.Context, key string) (Decision, error) {
-	return l.decide(ctx, key, false, func(ctx context.Context) (Decision, error) {
-		if err := l.check(ctx, l.db); err != nil {
-			return Decision{}, err
-		}
-		for range maxAttempts {
-			d, decided, err := l.run(ctx, l.db, l.allowSQL, key)
-			switch code := pgCode(err); {
-			case code == codeSerializationFailure:
-				continue // the statement was its own transaction: run it afresh
-			case code != "" && code == l.contended:
-				return l.refused(unknown), nil
-			case err != nil || decided:
-				return d, err
-			}
-		}
-		return l.refused(unknown), nil
+	return l.AllowN(ctx, key, 1)
+}
+
+func (l *stmtLimiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
+	if err := l.checkCost(n); err != nil {
+		return Decision{}, err
+	}
+	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
+		return l.run(ctx, l.allowQuery(key, n))
 	})
 }
 
-// AllowTx runs the statement in a savepoint, so that no error of its own
-// (contention, a serialization failure at the caller's isolation level, a
-// lock wait past Timeout) aborts the caller's transaction. The wait is
-// bounded on the server by lock_timeout, set for the savepoint and restored
-// after it: a client-side deadline would make pgx close the caller's
-// connection.
 func (l *stmtLimiter) AllowTx(ctx context.Context, tx pgx.Tx, key string) (Decision, error) {
-	return l.decide(ctx, key, true, func(ctx context.Context) (Decision, error) {
-		if err := l.check(ctx, tx); err != nil {
-			return Decision{}, err
-		}
-		for range maxAttempts {
-			d, decided, err := l.runInSavepoint(ctx, tx, key)
-			switch code := pgCode(err); {
-			case err == nil && !decided:
-				continue // in READ COMMITTED the next statement has a fresh snapshot
-			case code != "" && code == l.contended:
-				return l.refused(unknown), nil
-			case code == codeLockNotAvailable:
-				return Decision{}, fmt.Errorf("%w (%s, lock_timeout %s): %w", ErrTimeout, l.cfg.Strategy, l.cfg.Timeout, err)
-			case code == codeSerializationFailure:
-				// At REPEATABLE READ or above, a concurrent decision changed
-				// the key after the caller's snapshot: it won the race.
-				return l.refused(unknown), nil
-			default:
-				return d, err
-			}
-		}
-		return l.refused(unknown), nil
+	return l.AllowTxN(ctx, tx, key, 1)
+}
+
+func (l *stmtLimiter) AllowTxN(ctx context.Context, tx pgx.Tx, key string, n int) (Decision, error) {
+	if err := l.checkCost(n); err != nil {
+		return Decision{}, err
+	}
+	return l.decide(ctx, key, true, false, func(ctx context.Context) (Decision, error) {
+		return l.runTx(ctx, tx, l.allowQuery(key, n))
 	})
+}
+
+func (l *stmtLimiter) AllowAtMost(ctx context.Context, key string, n int) (Decision, error) {
+	if n <= 0 {
+		return Decision{}, fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
+	}
+	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
+		if l.general == "" { // Range: a cooldown grants one unit at a time
+			return l.run(ctx, l.allowQuery(key, 1))
+		}
+		return l.run(ctx, l.generalQuery(key, n, modeAtMost, 0))
+	})
+}
+
+func (l *stmtLimiter) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error) {
+	if l.general == "" {
+		return Decision{}, fmt.Errorf("%w: Reserve on the %s strategy", ErrUnsupported, l.cfg.Strategy)
+	}
+	if err := l.checkReserve(n, maxDelay); err != nil {
+		return Decision{}, err
+	}
+	return l.decide(ctx, key, false, false, func(ctx context.Context) (Decision, error) {
+		return l.run(ctx, l.generalQuery(key, n, modeReserve, maxDelay))
+	})
+}
+
+// checkReserve validates Reserve's arguments: GCRA limits only, a maximum
+// delay that is not negative, and n units that could fit within it.
+func (l *stmtLimiter) checkReserve(n int, maxDelay time.Duration) error {
+	if maxDelay < 0 {
+		return fmt.Errorf("%w: maxDelay must not be negative, got %s", ErrInvalidCost, maxDelay)
+	}
+	if n <= 0 {
+		return fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
+	}
+	for _, lim := range l.cfg.Limits {
+		if lim.Algorithm != GCRA {
+			return fmt.Errorf("%w: Reserve on limit %q, which is %s, not GCRA", ErrUnsupported, lim.Name, lim.Algorithm)
+		}
+		if t := lim.emission(); int64(n)*t > int64(lim.Burst)*t+maxDelay.Microseconds() {
+			return fmt.Errorf("%w: n = %d never fits limit %q within %s", ErrInvalidCost, n, lim.Name, maxDelay)
+		}
+	}
+	return nil
+}
+
+func (l *stmtLimiter) Peek(ctx context.Context, key string, n int) (Decision, error) {
+	if err := l.checkCost(n); err != nil {
+		return Decision{}, err
+	}
+	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
+		if l.general == "" {
+			return l.peekRange(ctx, key, n)
+		}
+		row := l.db.QueryRow(ctx, l.peekSQL, l.args.namespace, key, n, modeAllow, int64(0), l.spec)
+		d, _, err := l.scanGeneral(row, n, modeAllow)
+		return d, err
+	})
+}
+
+// peekRange is Peek for Range, whose live cooldown is its TAT.
+func (l *stmtLimiter) peekRange(ctx context.Context, key string, n int) (Decision, error) {
+	var tat *int64
+	var now int64
+	if err := l.db.QueryRow(ctx, l.peekSQL, l.args.namespace, key).Scan(&tat, &now); err != nil {
+		return Decision{}, err
+	}
+	if tat == nil || *tat <= now+l.tau-int64(n)*l.emission {
+		d := l.gcraDecision(true, max(now, derefOr(tat, now))+int64(n)*l.emission, now, n)
+		return d, nil
+	}
+	return l.gcraDecision(false, *tat, now, n), nil
+}
+
+func derefOr(p *int64, or int64) int64 {
+	if p == nil {
+		return or
+	}
+	return *p
+}
+
+// run decides on the limiter's own db, in the statement's own transaction.
+func (l *stmtLimiter) run(ctx context.Context, q query) (Decision, error) {
+	if err := l.check(ctx, l.db); err != nil {
+		return Decision{}, err
+	}
+	for range maxAttempts {
+		d, decided, err := l.scan(l.db.QueryRow(ctx, q.own, q.args...), q)
+		switch code := pgCode(err); {
+		case code == codeSerializationFailure:
+			continue // the statement was its own transaction: run it afresh
+		case code != "" && code == l.contended:
+			return l.lostRace(), nil
+		case err != nil || decided:
+			return d, err
+		}
+	}
+	return l.lostRace(), nil
+}
+
+// runTx decides in the caller's transaction. The statement runs in a
+// savepoint, so that no error of its own (contention, a serialization
+// failure at the caller's isolation level, a lock wait past Timeout) aborts
+// the transaction. The wait is bounded on the server by lock_timeout, set
+// for the savepoint and restored after it: a client-side deadline would
+// make pgx close the caller's connection.
+func (l *stmtLimiter) runTx(ctx context.Context, tx pgx.Tx, q query) (Decision, error) {
+	if err := l.check(ctx, tx); err != nil {
+		return Decision{}, err
+	}
+	for range maxAttempts {
+		d, decided, err := l.runInSavepoint(ctx, tx, q)
+		switch code := pgCode(err); {
+		case err == nil && !decided:
+			continue // in READ COMMITTED the next statement has a fresh snapshot
+		case code != "" && code == l.contended:
+			return l.lostRace(), nil
+		case code == codeLockNotAvailable:
+			return Decision{}, fmt.Errorf("%w (%s, lock_timeout %s): %w", ErrTimeout, l.cfg.Strategy, l.cfg.Timeout, err)
+		case code == codeSerializationFailure:
+			// At REPEATABLE READ or above, a concurrent decision changed
+			// the key after the caller's snapshot: it won the race.
+			return l.lostRace(), nil
+		default:
+			return d, err
+		}
+	}
+	return l.lostRace(), nil
 }
 
 // savepointSQL and its companions wrap the statement in AllowTx. They go to
@@ -140,18 +328,17 @@ const (
 	rollbackSQL           = `ROLLBACK TO SAVEPOINT pglimit_decision; RELEASE SAVEPOINT pglimit_decision`
 )
 
-func (l *stmtLimiter) runInSavepoint(ctx context.Context, tx pgx.Tx, key string) (d Decision, decided bool, err error) {
+func (l *stmtLimiter) runInSavepoint(ctx context.Context, tx pgx.Tx, q query) (d Decision, decided bool, err error) {
 	ms := (l.cfg.Timeout + time.Millisecond - 1) / time.Millisecond // round up: 0 would disable it
 	var b pgx.Batch
 	b.Queue(savepointSQL)
 	b.Queue(setLockTimeoutSQL, fmt.Sprintf("%dms", ms))
-	q := b.Queue(l.allowTxSQL, l.args.namespace, key, l.args.cooldown, l.args.lockClass)
-	b.Queue(restoreLockTimeoutSQL)
-	b.Queue(releaseSQL)
-	q.QueryRow(func(row pgx.Row) error {
-		d, decided, err = l.scan(row)
+	b.Queue(q.tx, q.args...).QueryRow(func(row pgx.Row) error {
+		d, decided, err = l.scan(row, q)
 		return err
 	})
+	b.Queue(restoreLockTimeoutSQL)
+	b.Queue(releaseSQL)
 	if batchErr := tx.SendBatch(ctx, &b).Close(); err == nil {
 		err = batchErr
 	}
@@ -175,33 +362,6 @@ func (l *stmtLimiter) check(ctx context.Context, db DB) error {
 	}
 	l.verified.Store(true)
 	return nil
-}
-
-// run runs the statement once. decided is false when it returned no row.
-func (l *stmtLimiter) run(ctx context.Context, db DB, query, key string) (d Decision, decided bool, err error) {
-	return l.scan(db.QueryRow(ctx, query, l.args.namespace, key, l.args.cooldown, l.args.lockClass))
-}
-
-// scan reads the statement's answer: (admitted, microseconds until the
-// cooldown ends, setting), computed in SQL, since two plain integers scan
-// with less work than two timestamps.
-func (l *stmtLimiter) scan(row pgx.Row) (d Decision, decided bool, err error) {
-	var r struct {
-		ok          bool
-		remainingUS int64
-	}
-	err = row.Scan(&r.ok, &r.remainingUS, nil)
-	remaining := time.Duration(r.remainingUS) * time.Microsecond
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return Decision{}, false, nil
-	case err != nil:
-		return Decision{}, false, err
-	case r.ok:
-		return admitted(remaining), true, nil
-	default:
-		return l.refused(remaining), true, nil
-	}
 }
 
 func (l *stmtLimiter) Reset(ctx context.Context, key string) error {

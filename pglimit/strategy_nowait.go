@@ -7,17 +7,17 @@ package pglimit
 //
 // The article this strategy comes from ran SELECT, UPDATE or INSERT and
 // COMMIT as separate round trips; here they are one statement. The lock is
-// taken only on a row whose cooldown has ended in the statement's snapshot
+// taken only on a row that fits the request in the statement's snapshot
 // (FOR UPDATE re-checks that against the latest row version), so a refusal
-// for a key in cooldown takes no lock and writes nothing. It differs from
-// Upsert only in NOWAIT.
+// takes no lock and writes nothing. It differs from Upsert only in NOWAIT,
+// here and in the general statement.
 const noWaitAllowSQL = `
 WITH locked AS (
-    SELECT t.namespace FROM %[1]s AS t
-    WHERE t.namespace = $1 AND t.key = $2 AND t.expires_at <= clock_timestamp()
+    SELECT t.expires_at FROM %[1]s AS t
+    WHERE t.namespace = $1 AND t.key = $2 AND t.expires_at <= clock_timestamp() + $5::bigint * interval '1 microsecond'
     FOR UPDATE NOWAIT
 ),` + keyRowTailSQL
 
 func newNoWait(b base, table string) *stmtLimiter {
-	return newStmtLimiter(b, table, noWaitAllowSQL, codeLockNotAvailable)
+	return newStmtLimiter(b, table, noWaitAllowSQL, "FOR UPDATE NOWAIT", codeLockNotAvailable)
 }

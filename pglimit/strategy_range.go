@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -22,10 +21,12 @@ import (
 // so racing inserts neither abort nor deadlock; the caller then runs the
 // statement again on a fresh snapshot.
 const rangeAllowSQL = `
-WITH current AS (
-    SELECT upper(t.during) AS expires_at FROM %[1]s AS t
+WITH clock AS (
+    SELECT clock_timestamp() AS now
+), current AS (
+    SELECT upper(t.during) AS expires_at, c.now FROM clock AS c, %[1]s AS t
     WHERE t.namespace = $1 AND t.key = $2
-      AND t.during && tstzrange(clock_timestamp(), NULL)
+      AND t.during && tstzrange(c.now, NULL)
     ORDER BY upper(t.during) DESC
     LIMIT 1
 ), first AS (
@@ -39,15 +40,25 @@ WITH current AS (
     ON CONFLICT DO NOTHING
     RETURNING upper(during) AS expires_at
 )
-SELECT true, (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint, %[2]s FROM admitted
+SELECT true, (extract(epoch FROM a.expires_at) * 1000000)::bigint, (extract(epoch FROM s.now) * 1000000)::bigint, %[2]s
+FROM admitted AS a, stamp AS s
 UNION ALL
-SELECT false, (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint, NULL::text FROM current`
+SELECT false, (extract(epoch FROM expires_at) * 1000000)::bigint, (extract(epoch FROM now) * 1000000)::bigint, NULL::text
+FROM current`
+
+// rangePeekSQL reads the key's live cooldown, if any, and the clock.
+const rangePeekSQL = `
+SELECT (SELECT (extract(epoch FROM max(upper(t.during))) * 1000000)::bigint FROM %[1]s AS t
+        WHERE t.namespace = $1 AND t.key = $2 AND t.during && tstzrange(c.now, NULL)),
+       (extract(epoch FROM c.now) * 1000000)::bigint
+FROM (SELECT clock_timestamp() AS now) AS c`
 
 func newRange(b base, table string) Limiter {
 	if b.cfg.PlainInsert {
 		return newPlainRange(b, table)
 	}
-	l := newStmtLimiter(b, table, rangeAllowSQL, "")
+	l := newStmtLimiter(b, table, rangeAllowSQL, "", "")
+	l.peekSQL = fmt.Sprintf(rangePeekSQL, table)
 	l.verify = func(ctx context.Context, db DB) error { return verifyExclusion(ctx, db, table) }
 	return l
 }
@@ -71,12 +82,12 @@ func verifyExclusion(ctx context.Context, db DB, table string) error {
 
 // plainRangeLimiter is the article's form of Range: a plain INSERT, where an
 // exclusion violation means refused. Racing plain INSERTs on one key can
-// deadlock (40P01); it exists so the load test can show that.
+// deadlock (40P01); it exists so the load test can show that. Everything but
+// the decision itself is Range's.
 type plainRangeLimiter struct {
-	base
+	*stmtLimiter
 	insertSQL string
 	lookupSQL string
-	resetSQL  string
 }
 
 var _ Limiter = (*plainRangeLimiter)(nil)
@@ -85,10 +96,10 @@ const (
 	rangePlainInsertSQL = `
 INSERT INTO %s (namespace, key, during)
 VALUES ($1, $2, tstzrange(statement_timestamp(), statement_timestamp() + $3::bigint * interval '1 microsecond'))
-RETURNING upper(during), statement_timestamp()`
+RETURNING (extract(epoch FROM upper(during)) * 1000000)::bigint, (extract(epoch FROM statement_timestamp()) * 1000000)::bigint`
 
 	rangeLookupSQL = `
-SELECT upper(during), statement_timestamp()
+SELECT (extract(epoch FROM upper(during)) * 1000000)::bigint, (extract(epoch FROM statement_timestamp()) * 1000000)::bigint
 FROM %s
 WHERE namespace = $1 AND key = $2 AND during && tstzrange(statement_timestamp(), NULL)
 ORDER BY upper(during) DESC
@@ -97,21 +108,34 @@ LIMIT 1`
 
 func newPlainRange(b base, table string) *plainRangeLimiter {
 	return &plainRangeLimiter{
-		base:      b,
-		insertSQL: fmt.Sprintf(rangePlainInsertSQL, table),
-		lookupSQL: fmt.Sprintf(rangeLookupSQL, table),
-		resetSQL:  fmt.Sprintf(deleteKeySQL, table),
+		stmtLimiter: newStmtLimiter(b, table, rangeAllowSQL, "", ""),
+		insertSQL:   fmt.Sprintf(rangePlainInsertSQL, table),
+		lookupSQL:   fmt.Sprintf(rangeLookupSQL, table),
 	}
 }
 
 func (l *plainRangeLimiter) Allow(ctx context.Context, key string) (Decision, error) {
-	return l.decide(ctx, key, false, func(ctx context.Context) (Decision, error) {
+	return l.AllowN(ctx, key, 1)
+}
+
+func (l *plainRangeLimiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
+	if err := l.checkCost(n); err != nil {
+		return Decision{}, err
+	}
+	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
 		return l.allow(ctx, l.db, key, false)
 	})
 }
 
 func (l *plainRangeLimiter) AllowTx(ctx context.Context, tx pgx.Tx, key string) (Decision, error) {
-	return l.decide(ctx, key, true, func(ctx context.Context) (Decision, error) {
+	return l.AllowTxN(ctx, tx, key, 1)
+}
+
+func (l *plainRangeLimiter) AllowTxN(ctx context.Context, tx pgx.Tx, key string, n int) (Decision, error) {
+	if err := l.checkCost(n); err != nil {
+		return Decision{}, err
+	}
+	return l.decide(ctx, key, true, false, func(ctx context.Context) (Decision, error) {
 		return l.allow(ctx, tx, key, true)
 	})
 }
@@ -119,9 +143,9 @@ func (l *plainRangeLimiter) AllowTx(ctx context.Context, tx pgx.Tx, key string) 
 // allow runs the INSERT; inside a caller's transaction it runs in a
 // savepoint so that the violation does not abort the caller's work.
 func (l *plainRangeLimiter) allow(ctx context.Context, db DB, key string, inTx bool) (Decision, error) {
-	var expires, now time.Time
+	var tat, now int64
 	insert := func(q DB) error {
-		return q.QueryRow(ctx, l.insertSQL, l.args.namespace, key, l.args.cooldown).Scan(&expires, &now)
+		return q.QueryRow(ctx, l.insertSQL, l.args.namespace, key, l.emission).Scan(&tat, &now)
 	}
 	var err error
 	if inTx {
@@ -130,21 +154,17 @@ func (l *plainRangeLimiter) allow(ctx context.Context, db DB, key string, inTx b
 		err = insert(db)
 	}
 	if err == nil {
-		return admitted(expires.Sub(now)), nil
+		return l.gcraDecision(true, tat, now, 1), nil
 	}
 	if pgCode(err) != codeExclusionViolation {
 		return Decision{}, err
 	}
-	err = db.QueryRow(ctx, l.lookupSQL, l.args.namespace, key).Scan(&expires, &now)
+	err = db.QueryRow(ctx, l.lookupSQL, l.args.namespace, key).Scan(&tat, &now)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return l.refused(unknown), nil
+		return l.lostRace(), nil
 	case err != nil:
 		return Decision{}, err
 	}
-	return l.refused(expires.Sub(now)), nil
-}
-
-func (l *plainRangeLimiter) Reset(ctx context.Context, key string) error {
-	return l.reset(ctx, l.resetSQL, key)
+	return l.gcraDecision(false, tat, now, 1), nil
 }

@@ -1,0 +1,155 @@
+package pglimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// base holds what every strategy shares.
+type base struct {
+	db       DB
+	cfg      Config
+	policy   *Policy   // shared by every Decision, through Decision.Violated
+	preblock *preblock // nil when off
+
+	// worst is the longest any limit can make a key wait: the RetryAfter
+	// of a refusal whose wait the statement could not read.
+	worst time.Duration
+
+	// minCapacity is the largest n AllowN accepts: what the tightest limit
+	// admits at once.
+	minCapacity int
+
+	// args holds the statement parameters that never change, boxed once
+	// instead of at every decision.
+	args struct{ namespace, lockClass any }
+}
+
+func newBase(db DB, c Config, table string) base {
+	b := base{db: db, cfg: c, policy: &Policy{Namespace: c.Namespace, Strategy: c.Strategy, Limits: c.Limits}}
+	b.minCapacity = c.Limits[0].capacity()
+	for _, l := range c.Limits {
+		b.minCapacity = min(b.minCapacity, l.capacity())
+		b.worst = max(b.worst, l.longestWait())
+	}
+	b.args.namespace, b.args.lockClass = c.Namespace, keyLockClass(table, c.Namespace)
+	if c.PreBlockSize > 0 {
+		b.preblock = newPreblock(c.PreBlockSize)
+	}
+	return b
+}
+
+// Policy returns what the limiter enforces.
+func (b *base) Policy() Policy {
+	p := *b.policy
+	p.Limits = append([]Limit(nil), p.Limits...)
+	return p
+}
+
+// keyLockClass is the first half of the advisory lock a first request
+// takes on its key (the second is the key's hash, computed in SQL): one
+// class per table and namespace, so that limiters on other tables or
+// namespaces never wait for each other.
+func keyLockClass(table, namespace string) int32 {
+	h := fnv.New32a()
+	h.Write([]byte(table))
+	h.Write([]byte{0})
+	h.Write([]byte(namespace))
+	return int32(h.Sum32())
+}
+
+// checkCost validates n for AllowN: positive, and no more than every limit
+// admits at once.
+func (b *base) checkCost(n int) error {
+	if n <= 0 {
+		return fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
+	}
+	if n > b.minCapacity {
+		return fmt.Errorf("%w: n = %d is more than the limits admit at once (%d)", ErrInvalidCost, n, b.minCapacity)
+	}
+	return nil
+}
+
+// decide validates key, answers from the pre-block when it can (unless
+// usePreblock is false), bounds ctx by the limiter's timeout and runs fn.
+// Only decisions made outside a caller's transaction (inTx false) feed the
+// pre-block: a caller's transaction may still roll back what it saw.
+func (b *base) decide(ctx context.Context, key string, inTx, usePreblock bool, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+	if err := ValidateKey(key); err != nil {
+		return Decision{}, err
+	}
+	sent := time.Now()
+	if usePreblock {
+		if wait := b.preblock.remaining(key, sent); wait > 0 {
+			return Decision{RetryAfter: wait, ResetAfter: wait, Limit: b.cfg.Limits[0], violated: 1, policy: b.policy}, nil
+		}
+	}
+	gen := b.preblock.generation()
+	bound := b.cfg.Timeout
+	if inTx {
+		// The server bounds the wait (lock_timeout) and keeps the caller's
+		// connection; this deadline only catches a server gone silent.
+		bound += txClientTimeoutMargin
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, bound, ErrTimeout)
+	defer cancel()
+	d, err := fn(ctx)
+	if err != nil {
+		return Decision{}, b.wrap(ctx, err)
+	}
+	if !inTx && d.next > 0 {
+		// The statement ran after sent, so sent+next is no later than
+		// when the database will admit the key's next unit.
+		b.preblock.block(key, sent.Add(d.next), gen)
+	}
+	return d, nil
+}
+
+// txClientTimeoutMargin is how much longer than Timeout AllowTx waits for
+// the server before giving up on the connection.
+const txClientTimeoutMargin = time.Second
+
+// wrap adds the strategy name and, when the limiter's own timeout fired,
+// ErrTimeout (the pgx error then only says the context was cancelled).
+func (b *base) wrap(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrTimeout) && !errors.Is(err, ErrTimeout) {
+		return fmt.Errorf("%w (%s, after %s): %w", ErrTimeout, b.cfg.Strategy, b.cfg.Timeout, err)
+	}
+	return fmt.Errorf("pglimit: %s: %w", b.cfg.Strategy, err)
+}
+
+// lostRace is the refusal of a request that lost a race it could not see
+// the end of (a concurrent decision, or one that kept changing the key):
+// the longest wait any limit can impose, an upper bound, which the
+// pre-block does not trust.
+func (b *base) lostRace() Decision {
+	violated := uint16(1)<<len(b.cfg.Limits) - 1
+	return Decision{RetryAfter: b.worst, ResetAfter: b.worst, Limit: b.cfg.Limits[0], violated: violated, policy: b.policy}
+}
+
+// reset deletes every row of key in the limiter's namespace.
+func (b *base) reset(ctx context.Context, query, key string) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, b.cfg.Timeout, ErrTimeout)
+	defer cancel()
+	if _, err := b.db.Exec(ctx, query, b.args.namespace, key); err != nil {
+		return b.wrap(ctx, fmt.Errorf("reset: %w", err))
+	}
+	b.preblock.forget(key)
+	return nil
+}
+
+// pgCode returns the SQLSTATE of err, or "" if it is not a server error.
+func pgCode(err error) string {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return pgErr.Code
+	}
+	return ""
+}

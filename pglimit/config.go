@@ -1,0 +1,228 @@
+package pglimit
+
+import (
+	"cmp"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Strategy selects the SQL a limiter uses. All strategies keep the same
+// promises; they differ in cost under contention and in table growth.
+type Strategy string
+
+const (
+	// Upsert updates the key's row only when its cooldown has ended (an
+	// UPDATE with that guard), or inserts it for a key never seen. One round
+	// trip, one row per key.
+	Upsert Strategy = "upsert"
+
+	// NoWait locks the key's row with SELECT ... FOR UPDATE NOWAIT, then
+	// updates or inserts it, and treats a row locked by someone else as a
+	// refusal. One round trip, one row per key.
+	NoWait Strategy = "nowait"
+
+	// Range inserts the cooldown as a tstzrange into a table whose
+	// exclusion constraint forbids overlaps. One round trip, one row per
+	// admission: it needs the cleanup job.
+	Range Strategy = "range"
+)
+
+// Strategies lists every strategy, in the order reports show them.
+var Strategies = []Strategy{Upsert, NoWait, Range}
+
+// ParseStrategy returns the strategy named s (case-insensitive).
+func ParseStrategy(s string) (Strategy, error) {
+	st := Strategy(strings.ToLower(strings.TrimSpace(s)))
+	switch st {
+	case Upsert, NoWait, Range:
+		return st, nil
+	}
+	return "", fmt.Errorf("%w: Strategy %q is not one of upsert, nowait, range", ErrInvalidConfig, s)
+}
+
+// Config configures a limiter. A nil Config is invalid because a limit has
+// no sensible default: set Cooldown or Limits. Every other zero field takes
+// its default.
+type Config struct {
+	// Strategy selects the SQL. Defaults to [Upsert].
+	Strategy Strategy
+
+	// Cooldown is the least time between two admissions of the same key:
+	// shorthand for Limits {{Name: "cooldown", Rate: 1, Period: Cooldown,
+	// Burst: 1}}. Set Cooldown or Limits, not both; must be positive, at
+	// most 366 days.
+	Cooldown time.Duration
+
+	// Limits are the limits every key must satisfy all at once, at most
+	// [MaxLimits]. Range supports only a cooldown: one GCRA limit with
+	// Burst 1.
+	Limits []Limit
+
+	// Namespace separates limiters that share a table (one per endpoint or
+	// cooldown). Same rules as a key. Defaults to "default".
+	Namespace string
+
+	// Schema holds the limiter's table. A plain identifier. Defaults to
+	// "public".
+	Schema string
+
+	// Table is the limiter's table. A plain identifier, of the shape the
+	// migrations create for the strategy. Defaults to "pglimit_upsert",
+	// "pglimit_nowait" or "pglimit_range".
+	Table string
+
+	// Timeout bounds each decision on top of the caller's context; past it
+	// the decision fails with [ErrTimeout]. Defaults to 2s.
+	Timeout time.Duration
+
+	// PlainInsert makes the Range strategy use a plain INSERT and treat an
+	// exclusion violation as a refusal, as the article that inspired this
+	// package did. It exists so the load test can compare; do not use it.
+	// Defaults to false.
+	PlainInsert bool
+
+	// AsyncCommit commits the limiter's own writes with synchronous_commit
+	// off, so an admission does not wait for its WAL flush (+40% admissions
+	// in the README's benchmark on a disk that flushes in 19µs; more where
+	// flushes are slow). The setting is local to
+	// the limiter's statement (never the session, never the application's
+	// other queries on a shared pool) and is not applied by AllowTx, where
+	// the caller's commit decides. The cost: a database crash may lose the
+	// last fraction of a second of admissions, so a key admitted just
+	// before the crash may be admitted once more, early, after it. Defaults
+	// to false.
+	AsyncCommit bool
+
+	// PreBlockSize, when positive, turns on the local pre-block: after the
+	// database has decided that a key is in cooldown until T, this process
+	// refuses the key until T without a round trip, remembering at most
+	// PreBlockSize keys (a full cache forgets keys, which only costs round
+	// trips). It never refuses past the end of a cooldown the database
+	// reported, but a Reset made by another instance reaches this one only
+	// when the remembered cooldown ends: at most Cooldown later. A Reset
+	// through this limiter clears its own entry at once. Defaults to 0
+	// (off).
+	PreBlockSize int
+}
+
+const (
+	defaultNamespace = "default"
+	defaultSchema    = "public"
+	defaultTimeout   = 2 * time.Second
+)
+
+var defaultTables = map[Strategy]string{
+	Upsert: "pglimit_upsert",
+	NoWait: "pglimit_nowait",
+	Range:  "pglimit_range",
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	if c == nil {
+		return Config{}, fmt.Errorf("%w: Config is nil; Cooldown or Limits is required", ErrInvalidConfig)
+	}
+	out := *c
+	out.Strategy = cmp.Or(out.Strategy, Upsert)
+	if _, err := ParseStrategy(string(out.Strategy)); err != nil {
+		return Config{}, err
+	}
+	limits, err := out.limits()
+	if err != nil {
+		return Config{}, err
+	}
+	out.Limits = limits
+	out.Namespace = cmp.Or(out.Namespace, defaultNamespace)
+	if err := ValidateKey(out.Namespace); err != nil {
+		return Config{}, fmt.Errorf("%w: Namespace: %w", ErrInvalidConfig, err)
+	}
+	out.Schema = cmp.Or(out.Schema, defaultSchema)
+	if err := ValidateIdentifier(out.Schema); err != nil {
+		return Config{}, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	out.Table = cmp.Or(out.Table, defaultTables[out.Strategy])
+	if err := ValidateIdentifier(out.Table); err != nil {
+		return Config{}, fmt.Errorf("%w: Table: %w", ErrInvalidConfig, err)
+	}
+	if out.Timeout < 0 {
+		return Config{}, fmt.Errorf("%w: Timeout must not be negative, got %s", ErrInvalidConfig, out.Timeout)
+	}
+	out.Timeout = cmp.Or(out.Timeout, defaultTimeout)
+	if out.PreBlockSize < 0 {
+		return Config{}, fmt.Errorf("%w: PreBlockSize must not be negative, got %d", ErrInvalidConfig, out.PreBlockSize)
+	}
+	if out.PlainInsert && out.Strategy != Range {
+		return Config{}, fmt.Errorf("%w: PlainInsert applies only to the Range strategy", ErrInvalidConfig)
+	}
+	if out.Strategy == Range && !isCooldown(out.Limits) {
+		return Config{}, fmt.Errorf("%w: Range supports only a cooldown (one GCRA limit with Burst 1); use Upsert or NoWait for other limits", ErrInvalidConfig)
+	}
+	return out, nil
+}
+
+// limits returns the limits c sets, validated and with defaults filled in.
+func (c *Config) limits() ([]Limit, error) {
+	switch {
+	case c.Cooldown != 0 && len(c.Limits) > 0:
+		return nil, fmt.Errorf("%w: set Cooldown or Limits, not both", ErrInvalidConfig)
+	case c.Cooldown < 0 || c.Cooldown > maxPeriod:
+		return nil, fmt.Errorf("%w: Cooldown must be positive and at most %s, got %s", ErrInvalidConfig, maxPeriod, c.Cooldown)
+	case c.Cooldown > 0:
+		return []Limit{{Name: "cooldown", Rate: 1, Period: c.Cooldown, Burst: 1}}, nil
+	case len(c.Limits) == 0:
+		return nil, fmt.Errorf("%w: Cooldown or Limits is required", ErrInvalidConfig)
+	case len(c.Limits) > MaxLimits:
+		return nil, fmt.Errorf("%w: %d Limits, more than the maximum of %d", ErrInvalidConfig, len(c.Limits), MaxLimits)
+	}
+	out := make([]Limit, len(c.Limits))
+	for i, l := range c.Limits {
+		var err error
+		if out[i], err = l.withDefaults(i); err != nil {
+			return nil, err
+		}
+		if j := slices.IndexFunc(out[:i], func(o Limit) bool { return o.Name == out[i].Name }); j >= 0 {
+			return nil, fmt.Errorf("%w: Limits[%d] and Limits[%d] are both named %q", ErrInvalidConfig, j, i, out[i].Name)
+		}
+	}
+	return out, nil
+}
+
+// isCooldown reports whether limits are one GCRA limit with burst 1: a
+// cooldown of Period/Rate.
+func isCooldown(limits []Limit) bool {
+	return len(limits) == 1 && limits[0].Algorithm == GCRA && limits[0].Burst == 1
+}
+
+// ValidateKey reports whether key can be used as a key or namespace: it must
+// be non-empty, at most [MaxKeyLength] bytes, valid UTF-8 and free of NUL
+// bytes (which PostgreSQL text cannot hold). The error wraps [ErrInvalidKey].
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	case len(key) > MaxKeyLength:
+		return fmt.Errorf("%w: %d bytes, more than the maximum of %d", ErrInvalidKey, len(key), MaxKeyLength)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	case strings.IndexByte(key, 0) >= 0:
+		return fmt.Errorf("%w: contains a NUL byte", ErrInvalidKey)
+	}
+	return nil
+}
+
+var identifierRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidateIdentifier reports whether name is a plain, lower-case SQL
+// identifier of at most 63 bytes (PostgreSQL's limit): a letter or
+// underscore, then letters, digits or underscores. Such a name means the same
+// quoted or not, so schemas made by hand and by migrations agree.
+func ValidateIdentifier(name string) error {
+	if !identifierRE.MatchString(name) {
+		return fmt.Errorf("%q is not a plain identifier (lower-case letters, digits and _, at most 63 bytes, not starting with a digit)", name)
+	}
+	return nil
+}
+

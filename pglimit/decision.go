@@ -1,0 +1,106 @@
+package pglimit
+
+import "time"
+
+// Decision is the outcome of a [Limiter] call. Durations are measured on
+// the database clock, when the decision's statement ends; the units a
+// decision admits are counted from when it writes them, after any wait for
+// a lock.
+type Decision struct {
+	// Allowed reports whether the request was admitted.
+	Allowed bool
+
+	// Granted is how many units were admitted: n for an admitted AllowN,
+	// between 1 and n for AllowAtMost, 0 for a refusal.
+	Granted int
+
+	// Remaining is how many units the key could use right after this
+	// decision, under the limit closest to exhaustion ([Decision.Limit]).
+	Remaining int
+
+	// RetryAfter is how long a refused caller should wait before the same
+	// request may be admitted: the longest wait among the limits that
+	// refused it. Zero when Allowed. When a concurrent decision was in
+	// flight and its outcome is not known, it is an upper bound: the
+	// longest any limit can make a key wait.
+	RetryAfter time.Duration
+
+	// ResetAfter is the time until the binding limit is back to its full
+	// burst or quota: about the cooldown after a cooldown's admission.
+	ResetAfter time.Duration
+
+	// Delay is, for [Limiter.Reserve], how long the caller must wait
+	// before acting on the units it reserved. Zero otherwise.
+	Delay time.Duration
+
+	// Limit is the binding limit: for an admission, the one with the
+	// fewest units remaining; for a refusal, the violated one with the
+	// longest wait.
+	Limit Limit
+
+	violated uint16  // bit i: the policy's limit i refused
+	policy   *Policy // the limiter's, for Violated
+	next     time.Duration
+	at       int64 // the database time the decision used, µs since the epoch; 0 if none
+}
+
+// Violated returns the limits that refused the request, in the limiter's
+// order; none when it was admitted.
+func (d Decision) Violated() []Limit {
+	if d.violated == 0 || d.policy == nil {
+		return nil
+	}
+	var out []Limit
+	for i, l := range d.policy.Limits {
+		if d.violated&(1<<i) != 0 {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// longestWait is the longest the limit can make a key wait: a full burst
+// for GCRA, a window, or two for the sliding window.
+func (l Limit) longestWait() time.Duration {
+	switch l.Algorithm {
+	case GCRA:
+		return micros(int64(l.Burst) * l.emission())
+	case SlidingWindow:
+		return 2 * l.Period
+	}
+	return l.Period
+}
+
+// gcraDecision builds the decision of a single GCRA limit l from what its
+// statement returned: whether it admitted n units, the key's theoretical
+// arrival time after the decision (or, for a refusal, as it stood) and the
+// database time, both in µs since the epoch.
+func (b *base) gcraDecision(admitted bool, tat, now int64, n int) Decision {
+	l := b.cfg.Limits[0]
+	t := l.emission()
+	burst := int64(l.Burst) * t
+	base := max(tat, now)
+	d := Decision{
+		Allowed:    admitted,
+		Remaining:  int(max((now+burst-base)/t, 0)),
+		ResetAfter: micros(max(tat-now, 0)),
+		Limit:      l,
+		policy:     b.policy,
+		at:         now,
+	}
+	if admitted {
+		d.Granted = n
+		if d.Remaining == 0 {
+			d.next = micros(base + t - now - burst)
+		}
+		return d
+	}
+	d.violated = 1
+	d.RetryAfter = micros(base + int64(n)*t - now - burst)
+	if n == 1 {
+		d.next = d.RetryAfter
+	}
+	return d
+}

@@ -1,0 +1,164 @@
+package pglimit
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Algorithm says how a [Limit] counts. docs/limits.md defines each exactly.
+type Algorithm int
+
+const (
+	// GCRA (the generic cell rate algorithm) admits a smooth rate: up to
+	// Burst requests at once, then one every Period/Rate. It keeps one
+	// timestamp per key and limit. The default.
+	GCRA Algorithm = iota
+
+	// FixedWindow admits at most Rate per window of length Period, a
+	// window starting at the key's first admitted request after the
+	// previous one ended. For hard quotas (per day, per month).
+	FixedWindow
+
+	// SlidingWindow approximates a sliding window of length Period with two
+	// counters: windows aligned to multiples of Period, the previous one's
+	// count weighted by how much of it the sliding window still covers. It
+	// admits at most 2*Rate in any interval of length Period, and Rate when
+	// the previous window's requests were spread evenly.
+	SlidingWindow
+)
+
+func (a Algorithm) String() string {
+	switch a {
+	case GCRA:
+		return "gcra"
+	case FixedWindow:
+		return "fixed_window"
+	case SlidingWindow:
+		return "sliding_window"
+	}
+	return "Algorithm(" + strconv.Itoa(int(a)) + ")"
+}
+
+// Limit is one rule a key must satisfy: Rate per Period, counted by
+// Algorithm.
+type Limit struct {
+	// Name identifies the limit in decisions, headers (RateLimit-Policy)
+	// and metrics: an HTTP token (letters, digits and !#$%&'*+-.^_`|~) of
+	// at most 64 bytes, unique within a limiter. Defaults to
+	// "<Rate>-per-<Period>", such as "5-per-1m0s".
+	Name string
+
+	// Rate is how many units a key may use per Period. Must be positive.
+	Rate int
+
+	// Period is the window the Rate applies to: at least 1ms, at most 366
+	// days, and at least 1µs per unit of Rate.
+	Period time.Duration
+
+	// Burst is, for GCRA, how many units a key may use at once. Must not
+	// be negative; window algorithms take none. Defaults to 1.
+	Burst int
+
+	// Algorithm says how the limit counts. Defaults to [GCRA].
+	Algorithm Algorithm
+}
+
+// PerSecond returns a GCRA limit of n per second, with a burst of n.
+func PerSecond(n int) Limit { return per(n, time.Second) }
+
+// PerMinute returns a GCRA limit of n per minute, with a burst of n.
+func PerMinute(n int) Limit { return per(n, time.Minute) }
+
+// PerHour returns a GCRA limit of n per hour, with a burst of n.
+func PerHour(n int) Limit { return per(n, time.Hour) }
+
+// PerDay returns a GCRA limit of n per day, with a burst of n.
+func PerDay(n int) Limit { return per(n, 24*time.Hour) }
+
+func per(n int, period time.Duration) Limit {
+	return Limit{Rate: n, Period: period, Burst: n}
+}
+
+// Bounds on limits, so that every quantity fits the integer arithmetic the
+// statements do in microseconds.
+const (
+	// MaxLimits is the most limits one limiter enforces at once.
+	MaxLimits = 8
+
+	maxLimitName = 64
+	minPeriod    = time.Millisecond
+	maxPeriod    = 366 * 24 * time.Hour
+	maxRate      = 1 << 30
+)
+
+// ErrInvalidCost reports a cost (n) that is not positive, or larger than
+// any of the limiter's limits could ever admit at once. Nothing is written.
+var ErrInvalidCost = errors.New("pglimit: invalid cost")
+
+// emission is a limit's interval per unit, in microseconds, rounded up so
+// that a limit is never faster than asked.
+func (l Limit) emission() int64 {
+	p := l.Period.Microseconds()
+	r := int64(l.Rate)
+	return (p + r - 1) / r
+}
+
+// capacity is how many units the limit admits at once from a fresh state.
+func (l Limit) capacity() int {
+	if l.Algorithm == GCRA {
+		return l.Burst
+	}
+	return l.Rate
+}
+
+// withDefaults validates l, the i-th limit, and fills its defaults.
+func (l Limit) withDefaults(i int) (Limit, error) {
+	field := func(name string) string { return fmt.Sprintf("Limits[%d].%s", i, name) }
+	switch {
+	case l.Algorithm < GCRA || l.Algorithm > SlidingWindow:
+		return l, fmt.Errorf("%w: %s is %s, not one of GCRA, FixedWindow, SlidingWindow", ErrInvalidConfig, field("Algorithm"), l.Algorithm)
+	case l.Rate <= 0 || l.Rate > maxRate:
+		return l, fmt.Errorf("%w: %s must be in [1, %d], got %d", ErrInvalidConfig, field("Rate"), maxRate, l.Rate)
+	case l.Period < minPeriod || l.Period > maxPeriod:
+		return l, fmt.Errorf("%w: %s must be in [%s, %s], got %s", ErrInvalidConfig, field("Period"), minPeriod, maxPeriod, l.Period)
+	case l.Period/time.Duration(l.Rate) < time.Microsecond:
+		return l, fmt.Errorf("%w: %s: %d per %s is more than one per microsecond", ErrInvalidConfig, field("Rate"), l.Rate, l.Period)
+	case l.Burst < 0 || l.Burst > maxRate:
+		return l, fmt.Errorf("%w: %s must be in [0, %d], got %d", ErrInvalidConfig, field("Burst"), maxRate, l.Burst)
+	case l.Burst != 0 && l.Algorithm != GCRA:
+		return l, fmt.Errorf("%w: %s applies to GCRA only; %s takes none", ErrInvalidConfig, field("Burst"), l.Algorithm)
+	}
+	if l.Algorithm == GCRA && l.Burst == 0 {
+		l.Burst = 1
+	}
+	if l.Name == "" {
+		l.Name = fmt.Sprintf("%d-per-%s", l.Rate, l.Period)
+	}
+	if err := validToken(l.Name); err != nil {
+		return l, fmt.Errorf("%w: %s: %w", ErrInvalidConfig, field("Name"), err)
+	}
+	return l, nil
+}
+
+// validToken reports whether s is an HTTP token (RFC 9110 tchar) of at
+// most maxLimitName bytes, fit for a RateLimit-Policy name.
+func validToken(s string) error {
+	if s == "" || len(s) > maxLimitName {
+		return fmt.Errorf("%q must be 1 to %d bytes", s, maxLimitName)
+	}
+	for i := range len(s) {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case c < 0x80 && tokenPunct[c]:
+		default:
+			return fmt.Errorf("%q is not an HTTP token: byte %q at %d", s, c, i)
+		}
+	}
+	return nil
+}
+
+var tokenPunct = [128]bool{'!': true, '#': true, '$': true, '%': true, '&': true, '\'': true, '*': true,
+	'+': true, '-': true, '.': true, '^': true, '_': true, '`': true, '|': true, '~': true}
