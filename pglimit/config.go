@@ -225,4 +225,3 @@ func ValidateIdentifier(name string) error {
 	}
 	return nil
 }
-

@@ -142,4 +142,3 @@ func New(db DB, cfg *Config) (Limiter, error) {
 		return newUpsert(b, table), nil
 	}
 }
-
