@@ -16,3 +16,7 @@ func SetCleanerHooks(cfg *CleanerConfig, h CleanerHooks) {
 
 // CleanerLockKey is the advisory lock key the cleaners of schema compete for.
 func CleanerLockKey(schema string) int64 { return cleanupLockID(schema) }
+
+// DecisionAt is the database time a decision used, in microseconds since
+// the Unix epoch; 0 when it did not come from the database.
+func DecisionAt(d Decision) int64 { return d.at }
