@@ -71,6 +71,7 @@ type cleanerHooks struct {
 	batchEnd   func(table string, rows int64, err error) // after it
 	leader     func(leader bool)                         // leadership gained or lost
 	stopping   func()                                    // Stop has begun: no new run starts
+	batchWait  func(table string)                        // a batch is about to wait for the leader's connection
 }
 
 const (
@@ -392,6 +393,9 @@ func (c *Cleaner) batch(t cleanup.Table) (int64, error) {
 	// connection; this deadline is only a backstop for a silent network.
 	ctx, cancel := context.WithTimeout(c.runCtx, c.cfg.BatchTimeout+batchClientTimeoutMargin)
 	defer cancel()
+	if h := c.cfg.hooks; h != nil && h.batchWait != nil {
+		h.batchWait(t.Name)
+	}
 	var n int64
 	err := c.elector.Do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
 		if h := c.cfg.hooks; h != nil && h.batchStart != nil {

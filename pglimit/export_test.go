@@ -7,11 +7,12 @@ type CleanerHooks struct {
 	BatchEnd   func(table string, rows int64, err error)
 	Leader     func(leader bool)
 	Stopping   func()
+	BatchWait  func(table string)
 }
 
 // SetCleanerHooks makes a cleaner built from cfg call h.
 func SetCleanerHooks(cfg *CleanerConfig, h CleanerHooks) {
-	cfg.hooks = &cleanerHooks{batchStart: h.BatchStart, batchEnd: h.BatchEnd, leader: h.Leader, stopping: h.Stopping}
+	cfg.hooks = &cleanerHooks{batchStart: h.BatchStart, batchEnd: h.BatchEnd, leader: h.Leader, stopping: h.Stopping, batchWait: h.BatchWait}
 }
 
 // CleanerLockKey is the advisory lock key the cleaners of schema compete for.
