@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -84,6 +85,15 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if err != nil {
 		return fmt.Errorf("pglimit: migrate: %w", err)
 	}
+	// Without pending migrations, as at every start but the first, each
+	// instance goes on at once instead of queueing for the schema's lock.
+	pending, err := provider.HasPending(ctx)
+	if err != nil {
+		return fmt.Errorf("pglimit: migrate: %w", err)
+	}
+	if !pending {
+		return nil
+	}
 	if _, err := provider.Up(ctx); err != nil {
 		return fmt.Errorf("pglimit: migrate: %w", err)
 	}
@@ -140,6 +150,17 @@ func createSchema(ctx context.Context, conn *pgx.Conn, schema string) error {
 		return nil
 	}
 	_, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize())
+	return createdElsewhere(err)
+}
+
+// createdElsewhere forgives the error of CREATE ... IF NOT EXISTS racing a
+// creator outside Migrate's lock (an older version, the goose CLI, a DBA):
+// it waits for that transaction and, once it commits, fails with 23505,
+// which then means the object exists.
+func createdElsewhere(err error) error {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "23505" {
+		return nil
+	}
 	return err
 }
 
@@ -159,7 +180,7 @@ func createExtension(ctx context.Context, conn *pgx.Conn) error {
 		return err
 	}
 	_, err := conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS btree_gist SCHEMA "+pgx.Identifier{ExtensionSchema}.Sanitize())
-	return err
+	return createdElsewhere(err)
 }
 
 // repairRange gives a Range table that exists without its exclusion
