@@ -288,6 +288,24 @@ func TestCleanerOneLeaderDeletes(t *testing.T) {
 	}
 }
 
+// Two services share a schema but clean different tables: each table set
+// elects its own leader, so neither set is left uncleaned.
+func TestCleanerTableSetsLeadApart(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, 0, nil)
+	for _, table := range []string{"pglimit_upsert", "pglimit_nowait"} {
+		f.add(t, func(c *pglimit.CleanerConfig) { c.Tables = []string{table} })
+	}
+	f.seedKeys(t, "pglimit_upsert", "u", 50, "-1 hour")
+	f.seedKeys(t, "pglimit_nowait", "n", 50, "-1 hour")
+	f.w.until(t, "both tables cleaned", func() bool {
+		return f.count(t, "pglimit_upsert", "true") == 0 && f.count(t, "pglimit_nowait", "true") == 0
+	})
+	if l := f.leaders(); len(l) != 2 {
+		t.Errorf("instances %v lead, want both: each leads its own table set", l)
+	}
+}
+
 func TestCleanerTakeover(t *testing.T) {
 	t.Parallel()
 	const interval = 20 * time.Millisecond
