@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -296,6 +297,62 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event =
 				t.Fatalf("%d of %d Migrate calls failed while the %s was being created elsewhere", failed, n, tc.name)
 			}
 			if !rangeHolds(t, admin, "tenant", "k") {
+				t.Error("Range admits twice within its cooldown")
+			}
+		})
+	}
+}
+
+// Least-privileged roles: one that may create schemas in the database (and
+// so the trusted extension) gets btree_gist in pglimit_ext; one that may
+// not, given its schema and the extension by an administrator, migrates
+// without needing more.
+func TestMigrateLeastPrivilegedRoles(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		admin   func(role string) []string // run by the superuser in the new database
+		wantExt string
+	}{
+		{"create on the database", func(role string) []string {
+			return []string{"GRANT CREATE ON DATABASE %s TO " + role}
+		}, pglimit.ExtensionSchema},
+		{"own schema only, extension installed", func(role string) []string {
+			return []string{"CREATE EXTENSION btree_gist SCHEMA public", "CREATE SCHEMA tenant AUTHORIZATION " + role}
+		}, "public"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			super := pglimittest.Pool(t)
+			role := fmt.Sprintf("pglimit_role_%d_%d", time.Now().UnixNano(), databaseSeq.Add(1))
+			if _, err := super.Exec(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { // after the database is dropped
+				if _, err := super.Exec(context.Background(), "DROP ROLE IF EXISTS "+role); err != nil {
+					t.Errorf("drop role: %v", err)
+				}
+			})
+			cfg := newDatabase(t)
+			admin := openPool(t, cfg)
+			for _, q := range tc.admin(role) {
+				if strings.Contains(q, "%s") {
+					q = fmt.Sprintf(q, cfg.ConnConfig.Database)
+				}
+				if _, err := admin.Exec(ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			cfg.ConnConfig.User = role
+			pool := openPool(t, cfg)
+			if err := pglimit.Migrate(ctx, pool, "tenant"); err != nil {
+				t.Fatalf("Migrate as %s: %v", tc.name, err)
+			}
+			if got := extensionSchema(t, pool); got != tc.wantExt {
+				t.Errorf("btree_gist in %s, want %s", got, tc.wantExt)
+			}
+			if !rangeHolds(t, pool, "tenant", "k") {
 				t.Error("Range admits twice within its cooldown")
 			}
 		})
