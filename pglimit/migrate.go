@@ -39,8 +39,8 @@ var ErrExtension = errors.New("pglimit: cannot create extension btree_gist, whic
 // schema, Migrate uses it where it is.
 const ExtensionSchema = "pglimit_ext"
 
-// rangeConstraint is the exclusion constraint migration 00002 gives the
-// Range table; without it the table admits everything.
+// The Range table and the exclusion constraint migration 00002 gives it;
+// without the constraint the table admits everything.
 const (
 	rangeTable      = "pglimit_range"
 	rangeConstraint = "pglimit_range_no_overlap"
@@ -106,15 +106,15 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 // first runs on different schemas both create it (23505), and
 // CREATE SCHEMA IF NOT EXISTS races the same way on one schema.
 //
-// The lock is held on a connection of its own, released before goose
-// runs: migration 00003 builds indexes CONCURRENTLY, which waits for every
-// transaction in the database, including a Migrate waiting for this lock.
+// The lock is held on a connection of its own, closed before goose runs:
+// migration 00003 builds indexes CONCURRENTLY, which waits for every
+// transaction in the database, so no Migrate may hold this lock meanwhile.
 func prepareDatabase(ctx context.Context, connCfg *pgx.ConnConfig, schema string) error {
 	conn, err := pgx.ConnectConfig(ctx, connCfg)
 	if err != nil {
 		return fmt.Errorf("pglimit: migrate: %w", err)
 	}
-	// Closing the session releases the lock whatever happened.
+	// Closing the session releases the lock.
 	defer conn.Close(context.Background())
 	err = pollLock(ctx, func() (got bool, err error) {
 		err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", setupLockID).Scan(&got)
@@ -131,9 +131,6 @@ func prepareDatabase(ctx context.Context, connCfg *pgx.ConnConfig, schema string
 	}
 	if err := repairRange(ctx, conn, schema); err != nil {
 		return fmt.Errorf("pglimit: migrate: repair %s.%s: %w", schema, rangeConstraint, err)
-	}
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", setupLockID); err != nil {
-		return fmt.Errorf("pglimit: migrate: setup unlock: %w", err)
 	}
 	return nil
 }
