@@ -101,6 +101,9 @@ func (a *app) logDecision(r *http.Request, ev pglimithttp.Event) {
 		a.log.Debug("refused", "user", ev.Key, "retry_after", ev.Decision.RetryAfter)
 	case pglimithttp.OutcomeBadKey:
 		a.log.Info("bad key", "path", r.URL.Path, "err", ev.Err)
+	case pglimithttp.OutcomeCanceled:
+		// The client hung up while the limiter decided: not a failure.
+		a.log.Debug("client gone before the decision", "user", ev.Key)
 	case pglimithttp.OutcomeFailOpen, pglimithttp.OutcomeFailClosed, pglimithttp.OutcomeUnavailable:
 		a.metrics.policy.WithLabelValues(string(ev.Outcome)).Inc()
 		a.failed.record(time.Now(), "user", ev.Key, "outcome", ev.Outcome, "kind", pglimitprom.ErrorKind(ev.Err), "err", ev.Err)

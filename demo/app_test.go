@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/pglimit"
@@ -24,8 +26,10 @@ import (
 func TestMain(m *testing.M) { pglimittest.Main(m) }
 
 type testBundle struct {
-	srv  *httptest.Server
-	logs *bytes.Buffer
+	srv    *httptest.Server
+	logs   *bytes.Buffer
+	pool   *pgxpool.Pool
+	schema string
 }
 
 // setup serves the demo over a fresh schema of the test server, or over
@@ -57,7 +61,7 @@ func setup(t *testing.T, pool *pgxpool.Pool, edit func(*config)) *testBundle {
 	}
 	srv := httptest.NewServer(a.handler())
 	t.Cleanup(srv.Close)
-	return &testBundle{srv: srv, logs: &logs}
+	return &testBundle{srv: srv, logs: &logs, pool: pool, schema: cfg.schema}
 }
 
 type response struct {
@@ -237,6 +241,78 @@ func TestDatabaseDown(t *testing.T) {
 				t.Fatalf("metrics lack %s", want)
 			}
 		})
+	}
+}
+
+// A client that hangs up while its request waits for the limiter is no
+// limiter failure: no failure counted or logged, no limiter error, a
+// "canceled" decision instead.
+func TestClientGoneIsNotALimiterFailure(t *testing.T) {
+	b := setup(t, nil, nil)
+	ctx := context.Background()
+	// Make the decision wait: the limiter's table is locked against writes.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{b.schema, "pglimit_upsert"}.Sanitize()+" IN EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+
+	reqCtx, hangUp := context.WithCancel(ctx)
+	defer hangUp()
+	req, err := http.NewRequestWithContext(reqCtx, "GET", b.srv.URL+"/items/alice", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		resp, err := b.srv.Client().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	// Hang up once the decision waits for the lock.
+	deadline := time.Now().Add(30 * time.Second)
+	for waiting := 0; waiting == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the decision never waited for the lock")
+		}
+		time.Sleep(10 * time.Millisecond) // the server has no event to wait on
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%pglimit_upsert%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hangUp()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("client: %v, want context.Canceled", err)
+	}
+	// The server notices the hang-up and the decision ends soon after.
+	const (
+		canceled = `pglimit_decisions_total{outcome="canceled",strategy="upsert"} 1`
+		failed   = `pglimit_decisions_total{outcome="error",strategy="upsert"} 1`
+	)
+	var metrics string
+	for !strings.Contains(metrics, canceled) && !strings.Contains(metrics, failed) {
+		if time.Now().After(deadline) {
+			t.Fatal("the decision was never counted")
+		}
+		time.Sleep(10 * time.Millisecond) // as above
+		metrics = string(b.do(t, "GET", "/metrics", "").body)
+	}
+	if !strings.Contains(metrics, canceled) {
+		t.Errorf("metrics lack %s", canceled)
+	}
+	for _, bad := range []string{`demo_limiter_failures_total{`, failed, `kind="canceled"`} {
+		if strings.Contains(metrics, bad) {
+			t.Errorf("metrics count the hang-up as a failure: %s", bad)
+		}
+	}
+	if strings.Contains(b.logs.String(), "limiter failed") {
+		t.Errorf("the hang-up was logged as a limiter failure:\n%s", b.logs)
 	}
 }
 

@@ -78,11 +78,6 @@ CREATE TRIGGER lt_record_admission AFTER INSERT OR UPDATE ON %[1]s.%[2]s
 // setup creates a fresh schema per variant (named after runID), migrated,
 // with the audit trigger where the table keeps no history.
 func (db *database) setup(ctx context.Context, runID string, vs []variant) error {
-	// In public, as the tests do, so that dropping our schemas never drops
-	// the extension other schemas use.
-	if _, err := db.pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS btree_gist WITH SCHEMA public"); err != nil {
-		return fmt.Errorf("%w: %w", pglimit.ErrExtension, err)
-	}
 	for _, v := range vs {
 		schema := fmt.Sprintf("loadtest_%s_%s", runID, identPart(v.Name))
 		if err := pglimit.Migrate(ctx, db.pool, schema); err != nil {

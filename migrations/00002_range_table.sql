@@ -1,12 +1,18 @@
 -- Table for the Range strategy: one row per admission. The exclusion
 -- constraint forbids two overlapping cooldowns for the same (namespace, key),
 -- which is the whole limiter. btree_gist supplies the gist operator class for
--- the text equality columns; it ships with PostgreSQL's contrib modules and is
--- a trusted extension, so a role with CREATE on the database may create it.
+-- the text equality columns; it ships with PostgreSQL's contrib modules.
+--
+-- The extension is not created here: a database holds it once, in one
+-- schema, and created from here it would land in the schema being migrated,
+-- so dropping that schema would drop it and the constraint of every other
+-- Range table with it. pglimit.Migrate creates it first, in a schema of its
+-- own (pglimit_ext); with the goose CLI, create it once beforehand:
+--   CREATE SCHEMA pglimit_ext; CREATE EXTENSION btree_gist SCHEMA pglimit_ext;
+-- A gist index finds the default operator class wherever it lives, so that
+-- schema need not be on the search_path.
 
 -- +goose Up
-CREATE EXTENSION IF NOT EXISTS btree_gist;
-
 CREATE TABLE pglimit_range (
     namespace text      NOT NULL,
     key       text      NOT NULL,

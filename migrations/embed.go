@@ -2,8 +2,11 @@
 //
 // The files are plain SQL with unqualified table names, so they land in the
 // schema first on the search_path. pglimit.Migrate applies them with its own
-// version table; the goose CLI can apply the same directory:
+// version table, after creating the btree_gist extension in its own schema
+// (pglimit_ext) if the database lacks it; the goose CLI can apply the same
+// directory once the extension exists:
 //
+//	psql "$DATABASE_URL" -c 'CREATE SCHEMA IF NOT EXISTS pglimit_ext' -c 'CREATE EXTENSION IF NOT EXISTS btree_gist SCHEMA pglimit_ext'
 //	goose -dir migrations -table pglimit_goose_db_version postgres "$DATABASE_URL" up
 package migrations
 

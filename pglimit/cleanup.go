@@ -5,9 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,6 +71,7 @@ type cleanerHooks struct {
 	batchEnd   func(table string, rows int64, err error) // after it
 	leader     func(leader bool)                         // leadership gained or lost
 	stopping   func()                                    // Stop has begun: no new run starts
+	batchWait  func(table string)                        // a batch is about to wait for the leader's connection
 }
 
 const (
@@ -97,8 +98,12 @@ type CleanerStats struct {
 // Cleaner deletes limiter rows whose cooldown ended more than
 // [CleanerConfig.Retention] ago, every [CleanerConfig.Interval], in
 // batches. Run one in every instance of the application: they elect a
-// leader through a PostgreSQL session advisory lock, one per schema, and
-// only the leader deletes, on the very connection that holds the lock.
+// leader through a PostgreSQL session advisory lock, one per schema and
+// set of [CleanerConfig.Tables], and only the leader deletes, on the very
+// connection that holds the lock. Cleaners of the same schema with other
+// table sets elect their own leader; two sets that share a table both
+// clean it, which is safe (rows locked by the other are skipped) but not
+// one at a time.
 //
 // If the leader's session ends (its process exits, its connection is closed
 // or terminated, it stops), another instance takes over within one election
@@ -151,7 +156,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
 	hooks := c.hooks
 	cl.elector = leadership.New(leadership.Config{
 		Acquire:  cl.acquire,
-		Key:      cleanupLockID(c.Schema),
+		Key:      cleanupLockID(c.Schema, c.Tables),
 		Interval: min(c.Interval, maxElectionInterval),
 		Logger:   c.Logger,
 		OnChange: func(leader bool) {
@@ -206,12 +211,15 @@ func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
 	return out, nil
 }
 
-// cleanupLockID is the advisory lock the cleaners of one schema compete
-// for; it differs from the migration lock of the same schema.
-func cleanupLockID(schema string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte("pglimit/cleanup/" + schema))
-	return int64(h.Sum64() >> 1)
+// cleanupLockID is the advisory lock that the cleaners of one table set
+// compete for: the leader cleans exactly the tables the lock names, so
+// cleaners configured with other tables of the same schema elect a leader
+// of their own instead of waiting forever behind one that never cleans
+// their tables. Order does not matter; identifiers cannot hold the
+// separator.
+func cleanupLockID(schema string, tables []string) int64 {
+	sorted := slices.Sorted(slices.Values(tables))
+	return lockID("pglimit/cleanup/" + schema + "/" + strings.Join(sorted, ","))
 }
 
 // Start checks the tables, then starts the election and the schedule. The
@@ -392,6 +400,9 @@ func (c *Cleaner) batch(t cleanup.Table) (int64, error) {
 	// connection; this deadline is only a backstop for a silent network.
 	ctx, cancel := context.WithTimeout(c.runCtx, c.cfg.BatchTimeout+batchClientTimeoutMargin)
 	defer cancel()
+	if h := c.cfg.hooks; h != nil && h.batchWait != nil {
+		h.batchWait(t.Name)
+	}
 	var n int64
 	err := c.elector.Do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
 		if h := c.cfg.hooks; h != nil && h.batchStart != nil {

@@ -288,6 +288,24 @@ func TestCleanerOneLeaderDeletes(t *testing.T) {
 	}
 }
 
+// Two services share a schema but clean different tables: each table set
+// elects its own leader, so neither set is left uncleaned.
+func TestCleanerTableSetsLeadApart(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, 0, nil)
+	for _, table := range []string{"pglimit_upsert", "pglimit_nowait"} {
+		f.add(t, func(c *pglimit.CleanerConfig) { c.Tables = []string{table} })
+	}
+	f.seedKeys(t, "pglimit_upsert", "u", 50, "-1 hour")
+	f.seedKeys(t, "pglimit_nowait", "n", 50, "-1 hour")
+	f.w.until(t, "both tables cleaned", func() bool {
+		return f.count(t, "pglimit_upsert", "true") == 0 && f.count(t, "pglimit_nowait", "true") == 0
+	})
+	if l := f.leaders(); len(l) != 2 {
+		t.Errorf("instances %v lead, want both: each leads its own table set", l)
+	}
+}
+
 func TestCleanerTakeover(t *testing.T) {
 	t.Parallel()
 	const interval = 20 * time.Millisecond
@@ -521,6 +539,68 @@ func TestCleanerStopCancelsBatch(t *testing.T) {
 	}
 	pool.Close()
 	goleak.VerifyNone(t, ignore)
+}
+
+// A leader whose connection stalls (a hung backend, a silent network)
+// while the election pings on it must not hold Stop past its ctx: the run
+// that waits for that connection gives up when Stop's grace runs out.
+func TestCleanerStopWithinCtxWhenLeaderStalls(t *testing.T) {
+	t.Parallel()
+	schema := pglimittest.Schema(t)
+	proxy, poolCfg := newStallProxy(t)
+	waiting, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cfg := &pglimit.CleanerConfig{
+		Schema:    schema,
+		Tables:    []string{"pglimit_upsert"},
+		Interval:  50 * time.Millisecond,
+		Retention: time.Minute,
+		Logger:    slog.New(slog.NewTextHandler(t.Output(), nil)),
+	}
+	pglimit.SetCleanerHooks(cfg, pglimit.CleanerHooks{BatchWait: func(string) {
+		once.Do(func() {
+			close(waiting)
+			<-release
+		})
+	}})
+	c, err := pglimit.NewCleaner(openPool(t, poolCfg), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop(context.Background()) })
+
+	// A run begins (so this instance leads); its first batch is held
+	// before it asks for the connection. The connection stalls, and the
+	// next election ping hangs on it.
+	select {
+	case <-waiting:
+	case <-time.After(waitTimeout):
+		t.Fatal("no cleanup batch started")
+	}
+	proxy.stall()
+	select {
+	case <-proxy.heldBytes():
+	case <-time.After(waitTimeout):
+		t.Fatal("the leader sent nothing on its stalled connection")
+	}
+	close(release) // the batch now wants the connection the ping holds
+
+	const grace = 300 * time.Millisecond
+	stopCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	start := time.Now()
+	err = c.Stop(stopCtx)
+	took := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Stop: %v, want it to wrap context.DeadlineExceeded", err)
+	}
+	if took > grace+500*time.Millisecond {
+		t.Fatalf("Stop took %s with a grace of %s while the leader's connection stalled", took, grace)
+	}
+	t.Logf("Stop returned %s after its %s grace ran out", took-grace, grace)
 }
 
 func TestCleanerConfigErrors(t *testing.T) {

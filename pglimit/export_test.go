@@ -7,15 +7,20 @@ type CleanerHooks struct {
 	BatchEnd   func(table string, rows int64, err error)
 	Leader     func(leader bool)
 	Stopping   func()
+	BatchWait  func(table string)
 }
 
 // SetCleanerHooks makes a cleaner built from cfg call h.
 func SetCleanerHooks(cfg *CleanerConfig, h CleanerHooks) {
-	cfg.hooks = &cleanerHooks{batchStart: h.BatchStart, batchEnd: h.BatchEnd, leader: h.Leader, stopping: h.Stopping}
+	cfg.hooks = &cleanerHooks{batchStart: h.BatchStart, batchEnd: h.BatchEnd, leader: h.Leader, stopping: h.Stopping, batchWait: h.BatchWait}
 }
 
-// CleanerLockKey is the advisory lock key the cleaners of schema compete for.
-func CleanerLockKey(schema string) int64 { return cleanupLockID(schema) }
+// CleanerLockKey is the advisory lock key the cleaners of schema with the
+// default tables compete for.
+func CleanerLockKey(schema string) int64 {
+	c, _ := (&CleanerConfig{Schema: schema}).withDefaults()
+	return cleanupLockID(c.Schema, c.Tables)
+}
 
 // DecisionAt is the database time a decision used, in microseconds since
 // the Unix epoch; 0 when it did not come from the database.

@@ -3,17 +3,17 @@ package pglimit
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/pglimit/cooldown/migrations"
 )
@@ -27,78 +27,252 @@ const MigrationsTable = "pglimit_goose_db_version"
 // strategy's exclusion constraint needs, could not be created.
 var ErrExtension = errors.New("pglimit: cannot create extension btree_gist, which the Range strategy needs; " +
 	"install PostgreSQL's contrib modules (Debian/Ubuntu: apt-get install postgresql-contrib) " +
-	"and run CREATE EXTENSION btree_gist as a superuser or a role with CREATE on the database")
+	"and run CREATE SCHEMA " + ExtensionSchema + "; CREATE EXTENSION btree_gist SCHEMA " + ExtensionSchema +
+	" as a superuser or a role with CREATE on the database")
+
+// ExtensionSchema is the schema in which [Migrate] creates btree_gist when
+// the database does not have it yet. A schema of its own, because a
+// database holds an extension once, in one schema, and dropping that schema
+// drops the extension and with it the exclusion constraint of every Range
+// table in the database: dropping a tenant's schema must not do that.
+// Migrate refuses to migrate it. Where btree_gist already exists, in any
+// schema, Migrate uses it where it is.
+const ExtensionSchema = "pglimit_ext"
+
+// The Range table and the exclusion constraint migration 00002 gives it;
+// without the constraint the table admits everything.
+const (
+	rangeTable      = "pglimit_range"
+	rangeConstraint = "pglimit_range_no_overlap"
+)
 
 // Migrate creates or upgrades pglimit's tables in schema ("" means
-// "public"), creating the schema if needed. It is safe to run from every
-// instance at start-up: a session advisory lock derived from the schema name
-// serializes concurrent runs.
+// "public"), creating the schema, and btree_gist in [ExtensionSchema], if
+// needed. It is safe to run from every instance at start-up, on one schema
+// or many: creating schemas and the extension, which belong to the whole
+// database, is serialized by one advisory lock per database, and the
+// migrations of a schema by one per schema.
 //
-// It dials its own connection from pool's configuration, so the pool's
+// It also repairs what a migrated schema can lose without goose noticing:
+// if the Range table's exclusion constraint is missing (dropping btree_gist
+// drops it), Migrate recreates the extension and the constraint, first
+// deleting the rows that overlap an earlier row of their key, which the
+// table admitted while it had no constraint.
+//
+// It dials its own connections from pool's configuration, so the pool's
 // connections never see the search_path it sets.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	schema = cmp.Or(schema, defaultSchema)
 	if err := ValidateIdentifier(schema); err != nil {
 		return fmt.Errorf("%w: schema: %w", ErrInvalidConfig, err)
 	}
-	// CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the
-	// schema exists; a least-privileged role may lack it.
-	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists); err != nil {
-		return fmt.Errorf("pglimit: migrate: %w", err)
+	if schema == ExtensionSchema {
+		return fmt.Errorf("%w: schema: %s is reserved for the btree_gist extension", ErrInvalidConfig, ExtensionSchema)
 	}
-	if !exists {
-		if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
-			return fmt.Errorf("pglimit: migrate: create schema %s: %w", schema, err)
-		}
-	}
-
 	connCfg := pool.Config().ConnConfig.Copy()
 	connCfg.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
+	if err := prepareDatabase(ctx, connCfg, schema); err != nil {
+		return err
+	}
+
 	db := stdlib.OpenDB(*connCfg)
 	defer db.Close()
-
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID(schema)))
-	if err != nil {
-		return fmt.Errorf("pglimit: migrate: %w", err)
-	}
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithTableName(MigrationsTable),
-		goose.WithSessionLocker(locker),
+		goose.WithSessionLocker(sessionLocker{id: migrationLockID(schema)}),
 	)
 	if err != nil {
 		return fmt.Errorf("pglimit: migrate: %w", err)
 	}
+	// Without pending migrations, as at every start but the first, each
+	// instance goes on at once instead of queueing for the schema's lock.
+	pending, err := provider.HasPending(ctx)
+	if err != nil {
+		return fmt.Errorf("pglimit: migrate: %w", err)
+	}
+	if !pending {
+		return nil
+	}
 	if _, err := provider.Up(ctx); err != nil {
-		if isExtensionError(err) {
-			return fmt.Errorf("%w: %w", ErrExtension, err)
-		}
 		return fmt.Errorf("pglimit: migrate: %w", err)
 	}
 	return nil
 }
 
+// prepareDatabase creates schema and btree_gist if missing, and repairs a
+// Range table that lost its constraint, under the database's setup lock:
+// the extension is one per database, so a lock per schema would let two
+// first runs on different schemas both create it (23505), and
+// CREATE SCHEMA IF NOT EXISTS races the same way on one schema.
+//
+// The lock is held on a connection of its own, closed before goose runs:
+// migration 00003 builds indexes CONCURRENTLY, which waits for every
+// transaction in the database, so no Migrate may hold this lock meanwhile.
+func prepareDatabase(ctx context.Context, connCfg *pgx.ConnConfig, schema string) error {
+	conn, err := pgx.ConnectConfig(ctx, connCfg)
+	if err != nil {
+		return fmt.Errorf("pglimit: migrate: %w", err)
+	}
+	// Closing the session releases the lock.
+	defer conn.Close(context.Background())
+	err = pollLock(ctx, func() (got bool, err error) {
+		err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", setupLockID).Scan(&got)
+		return got, err
+	})
+	if err != nil {
+		return fmt.Errorf("pglimit: migrate: setup lock: %w", err)
+	}
+	if err := createSchema(ctx, conn, schema); err != nil {
+		return fmt.Errorf("pglimit: migrate: create schema %s: %w", schema, err)
+	}
+	if err := createExtension(ctx, conn); err != nil {
+		return fmt.Errorf("%w: %w", ErrExtension, err)
+	}
+	if err := repairRange(ctx, conn, schema); err != nil {
+		return fmt.Errorf("pglimit: migrate: repair %s.%s: %w", schema, rangeConstraint, err)
+	}
+	return nil
+}
+
+// createSchema creates schema unless it exists. CREATE SCHEMA IF NOT EXISTS
+// alone needs CREATE on the database even when the schema exists; a
+// least-privileged role given an existing schema may lack it.
+func createSchema(ctx context.Context, conn *pgx.Conn, schema string) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	_, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize())
+	return createdElsewhere(err)
+}
+
+// createdElsewhere forgives the error of CREATE ... IF NOT EXISTS racing a
+// creator outside Migrate's lock (an older version, the goose CLI, a DBA):
+// it waits for that transaction and, once it commits, fails with 23505,
+// which then means the object exists.
+func createdElsewhere(err error) error {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "23505" {
+		return nil
+	}
+	return err
+}
+
+// createExtension creates btree_gist in ExtensionSchema unless the database
+// has it in some schema already. Its operator classes need not be on the
+// search_path: a gist index on text finds the default operator class
+// wherever it lives.
+func createExtension(ctx context.Context, conn *pgx.Conn) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'btree_gist')").Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	if err := createSchema(ctx, conn, ExtensionSchema); err != nil {
+		return err
+	}
+	_, err := conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS btree_gist SCHEMA "+pgx.Identifier{ExtensionSchema}.Sanitize())
+	return createdElsewhere(err)
+}
+
+// repairRange gives a Range table that exists without its exclusion
+// constraint the constraint back. The rows it admitted meanwhile may
+// overlap; of two overlapping rows of one key the later one goes, so the
+// cooldown that began first stays in force. The table is locked against
+// writers throughout, so no overlap can slip in between.
+func repairRange(ctx context.Context, conn *pgx.Conn, schema string) error {
+	table := pgx.Identifier{schema, rangeTable}.Sanitize()
+	var missing bool
+	err := conn.QueryRow(ctx, `
+SELECT to_regclass($1) IS NOT NULL
+   AND NOT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2)`,
+		table, rangeConstraint).Scan(&missing)
+	if err != nil || !missing {
+		return err
+	}
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, q := range []string{
+			`LOCK TABLE %[1]s IN ACCESS EXCLUSIVE MODE`,
+			`DELETE FROM %[1]s AS a USING %[1]s AS b
+WHERE a.namespace = b.namespace AND a.key = b.key AND a.during && b.during
+  AND (lower(b.during), b.ctid) < (lower(a.during), a.ctid)`,
+			`ALTER TABLE %[1]s ADD CONSTRAINT %[2]s
+    EXCLUDE USING gist (namespace WITH =, key WITH =, during WITH &&)`,
+		} {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(q, table, pgx.Identifier{rangeConstraint}.Sanitize())); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// sessionLocker is goose's per-schema session lock, taken with pollLock:
+// goose's own locker polls every 5 s and gives up after 5 minutes, so a
+// fleet of instances starting together would queue 5 s apiece and the last
+// ones fail.
+type sessionLocker struct{ id int64 }
+
+func (l sessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
+	return pollLock(ctx, func() (got bool, err error) {
+		err = conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", l.id).Scan(&got)
+		return got, err
+	})
+}
+
+func (l sessionLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
+	var held bool
+	if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.id).Scan(&held); err != nil {
+		return err
+	}
+	if !held {
+		return errors.New("pglimit: migrate: the schema's lock was not held at unlock")
+	}
+	return nil
+}
+
+// pollLock calls try until it takes the lock or ctx ends. It polls rather
+// than wait in pg_advisory_lock: a waiting statement holds a snapshot, and
+// CREATE INDEX CONCURRENTLY in the lock holder's migration waits for every
+// snapshot in the database, so holder and waiter would wait for each other
+// through the application, where no deadlock detector sees them.
+func pollLock(ctx context.Context, try func() (bool, error)) error {
+	const maxPause = 250 * time.Millisecond
+	pause := 5 * time.Millisecond
+	for {
+		got, err := try()
+		if err != nil || got {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		case <-t.C:
+		}
+		pause = min(2*pause, maxPause)
+	}
+}
+
+// setupLockID serializes the part of Migrate that touches the whole
+// database.
+var setupLockID = lockID("pglimit/migrate")
+
 // migrationLockID gives each schema its own goose lock, so migrating one
 // schema never waits for another (and never for other goose users, whose
 // default lock id is shared).
 func migrationLockID(schema string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte("pglimit/migrate/" + schema))
-	return int64(h.Sum64() >> 1)
+	return lockID("pglimit/migrate/" + schema)
 }
 
-// isExtensionError recognises CREATE EXTENSION btree_gist failing: the
-// control file is missing (contrib not installed) or the role may not
-// create it.
-func isExtensionError(err error) bool {
-	pgErr, ok := errors.AsType[*pgconn.PgError](err)
-	if !ok {
-		return false
-	}
-	switch pgErr.Code {
-	case "58P01", "0A000", "42501": // undefined_file, feature_not_supported, insufficient_privilege
-		return strings.Contains(pgErr.Message, "extension")
-	}
-	return false
+func lockID(name string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return int64(h.Sum64() >> 1)
 }

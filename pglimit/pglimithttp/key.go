@@ -3,6 +3,7 @@ package pglimithttp
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -62,6 +63,11 @@ func FromHeader(name string) KeyFunc {
 //
 // IPv4-mapped IPv6 addresses are keyed as IPv4 and zones are dropped, so one
 // client has one key.
+//
+// A request that came in over a Unix socket (its RemoteAddr is "@" or "")
+// has a process on this host as its peer, usually a reverse proxy: the peer
+// is taken to be 127.0.0.1, exactly as a proxy connecting over loopback
+// TCP. List 127.0.0.0/8 in trustedProxies to read X-Forwarded-For from it.
 func RemoteIP(trustedProxies []netip.Prefix) KeyFunc {
 	trusted := make([]netip.Prefix, 0, len(trustedProxies))
 	for _, p := range trustedProxies {
@@ -79,6 +85,9 @@ func RemoteIP(trustedProxies []netip.Prefix) KeyFunc {
 	}
 	return func(r *http.Request) (string, error) {
 		peer, err := parseAddr(r.RemoteAddr)
+		if err != nil && overUnixSocket(r) {
+			peer, err = unixPeer, nil
+		}
 		if err != nil {
 			return "", fmt.Errorf("remote address: %w", err)
 		}
@@ -105,6 +114,15 @@ func RemoteIP(trustedProxies []netip.Prefix) KeyFunc {
 }
 
 var errNoAddr = errors.New("not an IP address")
+
+// unixPeer stands for the peer of a Unix socket: a process on this host.
+var unixPeer = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+
+// overUnixSocket reports whether the server received r on a Unix socket.
+func overUnixSocket(r *http.Request) bool {
+	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	return ok && strings.HasPrefix(local.Network(), "unix")
+}
 
 // parseAddr reads "ip", "ip:port" or "[ipv6]:port", as found in RemoteAddr
 // and in X-Forwarded-For entries written by various proxies.

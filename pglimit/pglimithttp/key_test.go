@@ -1,9 +1,15 @@
 package pglimithttp
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -172,4 +178,72 @@ func FuzzFromHeader(f *testing.F) {
 			t.Fatalf("key %q from %q", got, v)
 		}
 	})
+}
+
+// Behind a proxy that talks to the server over a Unix socket, RemoteAddr
+// is "@" or "": the peer is a process on this host, keyed and trusted as
+// the loopback address 127.0.0.1 would be. A real server on a socket in a
+// temporary directory.
+func TestRemoteIPOverUnixSocket(t *testing.T) {
+	t.Parallel()
+	dir, err := os.MkdirTemp("", "pglimithttp") // short: socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "s")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loopback := append([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, testProxies...)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		trusted := testProxies
+		if r.URL.Query().Get("trust") == "loopback" {
+			trusted = loopback
+		}
+		key, err := RemoteIP(trusted)(r)
+		if err != nil {
+			http.Error(w, fmt.Sprintf("RemoteAddr %q: %v", r.RemoteAddr, err), http.StatusBadRequest)
+			return
+		}
+		io.WriteString(w, key)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+	}}
+	t.Cleanup(client.CloseIdleConnections)
+	for _, tt := range []struct {
+		name, query, xff, want string
+	}{
+		{"proxy on the socket trusted as loopback", "trust=loopback", "198.51.100.7", "198.51.100.7"},
+		{"proxy chain through the socket", "trust=loopback", "198.51.100.7, 10.0.0.2", "198.51.100.7"},
+		{"no header from a trusted socket peer", "trust=loopback", "", "127.0.0.1"},
+		{"socket peer not trusted: header ignored", "", "198.51.100.7", "127.0.0.1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req, err := http.NewRequest("GET", "http://unix/?"+tt.query, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.xff != "" {
+				req.Header.Set("X-Forwarded-For", tt.xff)
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK || string(body) != tt.want {
+				t.Fatalf("%d %q, want 200 %q", resp.StatusCode, body, tt.want)
+			}
+		})
+	}
 }

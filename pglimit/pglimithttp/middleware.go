@@ -2,6 +2,7 @@ package pglimithttp
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -63,7 +64,17 @@ const (
 	OutcomeFailOpen    Outcome = "fail_open"   // limiter failed; passed to the handler
 	OutcomeFailClosed  Outcome = "fail_closed" // limiter failed; 429
 	OutcomeUnavailable Outcome = "unavailable" // limiter failed; 503
+
+	// OutcomeCanceled: the request's context was cancelled while the
+	// limiter decided, as when the client disconnects. The client gave up;
+	// the limiter did not fail, so no error policy applies. Answered with
+	// 499, which nobody reads but access logs and metrics record.
+	OutcomeCanceled Outcome = "canceled"
 )
+
+// statusClientClosedRequest is nginx's code for a client that went away
+// before the answer.
+const statusClientClosedRequest = 499
 
 // Event describes one decision, for logging and metrics.
 type Event struct {
@@ -163,6 +174,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	d, err := m.lim.Allow(r.Context(), key)
 	h := w.Header()
 	switch {
+	case err != nil && errors.Is(err, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled):
+		m.report(r, Event{Key: key, Outcome: OutcomeCanceled, Err: err})
+		w.WriteHeader(statusClientClosedRequest)
 	case err != nil:
 		m.fail(w, r, next, key, err)
 	case d.Allowed:

@@ -323,6 +323,31 @@ func TestDatabaseDown(t *testing.T) {
 	}
 }
 
+// A client that disconnects cancels its request's context. That is the
+// client giving up, not the limiter failing: whatever the error policy, the
+// middleware reports OutcomeCanceled, never calls the handler, and answers
+// 499, which nobody reads but access logs and metrics record.
+func TestClientGoneIsNotAFailure(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []pglimithttp.ErrorPolicy{pglimithttp.Unavailable, pglimithttp.FailOpen, pglimithttp.FailClosed} {
+		t.Run(policy.String(), func(t *testing.T) {
+			t.Parallel()
+			h, b := setup(t, nil, pglimithttp.Config{OnError: policy}, pglimit.Config{Cooldown: time.Minute})
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequestWithContext(ctx, "GET", "/items/alice", nil))
+			ev := b.lastEvent(t)
+			if ev.Outcome != pglimithttp.OutcomeCanceled || !errors.Is(ev.Err, context.Canceled) {
+				t.Errorf("event %+v, want OutcomeCanceled with context.Canceled", ev)
+			}
+			if rec.Code != 499 || strings.Contains(rec.Body.String(), "items of") {
+				t.Errorf("status %d, body %q; want 499 and no handler", rec.Code, rec.Body)
+			}
+		})
+	}
+}
+
 func TestTerminatedBackend(t *testing.T) {
 	t.Parallel()
 	// The pool's only connection is killed by the server between two

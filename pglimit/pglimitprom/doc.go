@@ -10,10 +10,11 @@
 //
 // # Metrics
 //
-//	pglimit_decisions_total{strategy,outcome}            counter; outcome: admitted, refused, error, invalid
+//	pglimit_decisions_total{strategy,outcome}            counter; outcome: admitted, refused, error, invalid,
+//	                                                     canceled (the caller's context was cancelled: no error)
 //	pglimit_decision_duration_seconds{strategy,outcome}  histogram (classic buckets, see DefaultBuckets)
 //	pglimit_errors_total{strategy,kind}                  counter; kind: a SQLSTATE such as 57P01, or timeout,
-//	                                                     canceled, connect, network, other
+//	                                                     connect, network, other
 //	pglimit_key_decisions_total{strategy,key,outcome}    counter, only with Options.MaxKeys > 0
 //	pglimit_pool_*{pool}                                 the pgx pool's statistics (NewPoolCollector)
 //	pglimit_cleanup_*{cleaner}                           a pglimit.Cleaner's statistics (NewCleanerCollector):

@@ -22,6 +22,11 @@ const (
 	OutcomeRefused  = "refused"
 	OutcomeError    = "error"
 	OutcomeInvalid  = "invalid" // the key failed validation; nothing reached the database
+
+	// OutcomeCanceled: the caller's context was cancelled before the
+	// decision came back, as when an HTTP client disconnects. The caller
+	// gave up; the limiter did not fail, so it is no error.
+	OutcomeCanceled = "canceled"
 )
 
 // OtherKey is the key label of keys past [Options.MaxKeys].
@@ -76,7 +81,7 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pglimit_decisions_total",
-			Help: "Limiter decisions, by strategy and outcome (admitted, refused, error, invalid).",
+			Help: "Limiter decisions, by strategy and outcome (admitted, refused, error, invalid, canceled).",
 		}, []string{"strategy", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "pglimit_decision_duration_seconds",
@@ -85,7 +90,7 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 		}, []string{"strategy", "outcome"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pglimit_errors_total",
-			Help: "Failed decisions by strategy and kind: a SQLSTATE, or timeout, canceled, connect, network, other.",
+			Help: "Failed decisions by strategy and kind: a SQLSTATE, or timeout, connect, network, other. Callers that gave up are not counted.",
 		}, []string{"strategy", "kind"}),
 	}
 	cs := []prometheus.Collector{m.decisions, m.duration, m.errors}
@@ -116,7 +121,7 @@ func (m *Metrics) Instrument(lim pglimit.Limiter, strategy pglimit.Strategy) pgl
 	l := &instrumented{Limiter: lim, m: m, strategy: s}
 	// Present from the start, so rates and ratios have a series to read
 	// before the first refusal or error.
-	for _, o := range []string{OutcomeAdmitted, OutcomeRefused, OutcomeError} {
+	for _, o := range []string{OutcomeAdmitted, OutcomeRefused, OutcomeError, OutcomeCanceled} {
 		m.decisions.WithLabelValues(s, o)
 		m.duration.WithLabelValues(s, o)
 	}
@@ -135,18 +140,18 @@ var _ pglimit.Limiter = (*instrumented)(nil)
 func (l *instrumented) Allow(ctx context.Context, key string) (pglimit.Decision, error) {
 	start := time.Now()
 	d, err := l.Limiter.Allow(ctx, key)
-	l.observe(key, d, err, time.Since(start))
+	l.observe(ctx, key, d, err, time.Since(start))
 	return d, err
 }
 
 func (l *instrumented) AllowTx(ctx context.Context, tx pgx.Tx, key string) (pglimit.Decision, error) {
 	start := time.Now()
 	d, err := l.Limiter.AllowTx(ctx, tx, key)
-	l.observe(key, d, err, time.Since(start))
+	l.observe(ctx, key, d, err, time.Since(start))
 	return d, err
 }
 
-func (l *instrumented) observe(key string, d pglimit.Decision, err error, took time.Duration) {
+func (l *instrumented) observe(ctx context.Context, key string, d pglimit.Decision, err error, took time.Duration) {
 	var outcome string
 	switch {
 	case errors.Is(err, pglimit.ErrInvalidKey):
@@ -154,6 +159,8 @@ func (l *instrumented) observe(key string, d pglimit.Decision, err error, took t
 		// may be arbitrary bytes, so it gets no per-key label either.
 		l.m.decisions.WithLabelValues(l.strategy, OutcomeInvalid).Inc()
 		return
+	case canceled(ctx, err):
+		outcome = OutcomeCanceled
 	case err != nil:
 		outcome = OutcomeError
 		l.m.errors.WithLabelValues(l.strategy, ErrorKind(err)).Inc()
@@ -167,6 +174,14 @@ func (l *instrumented) observe(key string, d pglimit.Decision, err error, took t
 	if l.m.keyDecisions != nil {
 		l.m.keyDecisions.WithLabelValues(l.strategy, l.m.keys.Value(key), outcome).Inc()
 	}
+}
+
+// canceled reports whether err ended a decision because ctx, the caller's,
+// was cancelled: the caller gave up (an HTTP client disconnected), which
+// is no failure of the limiter. The limiter's own Timeout and a deadline
+// are failures, and do not count.
+func canceled(ctx context.Context, err error) bool {
+	return err != nil && errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled)
 }
 
 // ErrorKind names the kind of a limiter error, as in pglimit_errors_total:

@@ -173,13 +173,59 @@ func TestInstrumentCountsErrorsByKind(t *testing.T) {
 		t.Fatal("dead server: no error")
 	}
 
-	for kind, want := range map[string]float64{"timeout": 1, "canceled": 1, "connect": 1} {
+	for kind, want := range map[string]float64{"timeout": 1, "connect": 1} {
 		if got := value(t, b.reg, "pglimit_errors_total", "strategy", "upsert", "kind", kind); got != want {
 			t.Errorf("errors kind=%s: %v, want %v", kind, got, want)
 		}
 	}
-	if got := value(t, b.reg, "pglimit_decisions_total", "strategy", "upsert", "outcome", "error"); got != 3 {
-		t.Errorf("error decisions: %v, want 3", got)
+	if got := value(t, b.reg, "pglimit_errors_total", "strategy", "upsert", "kind", "canceled"); got > 0 {
+		t.Errorf("errors kind=canceled: %v, want none: the caller gave up", got)
+	}
+	if got := value(t, b.reg, "pglimit_decisions_total", "strategy", "upsert", "outcome", "error"); got != 2 {
+		t.Errorf("error decisions: %v, want 2", got)
+	}
+}
+
+// A caller that goes away (an HTTP client disconnecting cancels its
+// request's context) is no failure of the limiter: it is counted under
+// outcome "canceled", not as an error, so that it cannot page anyone.
+func TestCancelledCallerIsNotAnError(t *testing.T) {
+	b := setup(t, nil)
+	ctx := context.Background()
+	lim := b.limiter(t, pglimit.Config{Cooldown: time.Minute})
+	if got := value(t, b.reg, "pglimit_decisions_total", "strategy", "upsert", "outcome", "canceled"); got != 0 {
+		t.Errorf("canceled series before any decision: %v, want present at 0", got)
+	}
+
+	// One caller gives up while it waits behind a held row lock; one had
+	// given up before it asked.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := lim.AllowTx(ctx, tx, "held"); err != nil {
+		t.Fatal(err)
+	}
+	waiting, cancel := context.WithCancel(ctx)
+	stop := time.AfterFunc(50*time.Millisecond, cancel)
+	defer stop.Stop()
+	if _, err := lim.Allow(waiting, "held"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("caller cancelled while waiting: %v, want context.Canceled", err)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := lim.Allow(gone, "k"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("caller cancelled before: %v, want context.Canceled", err)
+	}
+
+	for outcome, want := range map[string]float64{"canceled": 2, "error": 0} {
+		if got := value(t, b.reg, "pglimit_decisions_total", "strategy", "upsert", "outcome", outcome); got != want {
+			t.Errorf("decisions outcome=%s: %v, want %v", outcome, got, want)
+		}
+	}
+	if got := value(t, b.reg, "pglimit_errors_total", "strategy", "upsert", "kind", "canceled"); got > 0 {
+		t.Errorf("errors kind=canceled: %v, want none", got)
 	}
 }
 

@@ -107,9 +107,6 @@ func ServerURL() (string, error) {
 			Prefer: os.Getenv(EnvPrefer),
 			Logf:   func(format string, args ...any) { fmt.Fprintf(os.Stderr, "pglimittest: "+format+"\n", args...) },
 		})
-		if shared.err == nil {
-			shared.err = prepare(ctx, shared.srv.URL())
-		}
 		if shared.err != nil {
 			shared.err = fmt.Errorf("pglimittest: no PostgreSQL for tests: %w", shared.err)
 		}
@@ -118,18 +115,6 @@ func ServerURL() (string, error) {
 		return "", shared.err
 	}
 	return shared.srv.URL(), nil
-}
-
-// prepare installs btree_gist once, in the database's public schema, so
-// that per-test schemas share it and dropping one never drops it.
-func prepare(ctx context.Context, url string) error {
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS btree_gist WITH SCHEMA public")
-	return err
 }
 
 // Pool returns a new pool to the shared server, closed when the test ends.
@@ -239,9 +224,6 @@ func OwnServer(tb testing.TB) *Server {
 			tb.Errorf("pglimittest: %v", err)
 		}
 	})
-	if err := prepare(ctx, srv.URL()); err != nil {
-		tb.Fatalf("pglimittest: %v", err)
-	}
 	return srv
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -60,8 +59,11 @@ type Elector struct {
 	cfg    Config
 	leader atomic.Bool
 
-	mu      sync.Mutex // held while conn is in use
-	conn    *pgx.Conn  // nil while lost
+	// sem is a lock of one, held while conn is in use. Not a sync.Mutex:
+	// waiting for it must end with the waiter's ctx, or a batch could wait
+	// out a ping stuck on a stalled connection, and Stop with it.
+	sem     chan struct{}
+	conn    *pgx.Conn // nil while lost
 	stopped bool
 	lastErr string // the last failure logged, so a long outage logs once
 
@@ -71,8 +73,20 @@ type Elector struct {
 
 // New returns an elector that has not started.
 func New(cfg Config) *Elector {
-	return &Elector{cfg: cfg}
+	return &Elector{cfg: cfg, sem: make(chan struct{}, 1)}
 }
+
+// lock takes sem, unless ctx ends first.
+func (e *Elector) lock(ctx context.Context) error {
+	select {
+	case e.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func (e *Elector) unlock() { <-e.sem }
 
 // IdleTimeout is the idle_session_timeout the elector sets on its session
 // for an election interval of interval.
@@ -98,8 +112,9 @@ func (e *Elector) Stop(ctx context.Context) {
 	e.cancel()
 	<-e.done // prompt: the loop's queries are cancelled with it
 
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	// No Do runs and the loop has ended: free at once.
+	e.sem <- struct{}{}
+	defer e.unlock()
 	if e.stopped {
 		return
 	}
@@ -130,10 +145,13 @@ func (e *Elector) Leader() bool {
 // Do runs fn on the connection that holds the lock, so that fn's
 // statements execute only in the leader's session; it returns ErrNotLeader
 // without calling fn when this process is not the leader. If the
-// connection is closed afterwards, leadership is lost.
+// connection is closed afterwards, leadership is lost. Waiting for the
+// connection, which the election may be using, ends with ctx.
 func (e *Elector) Do(ctx context.Context, fn func(ctx context.Context, conn *pgx.Conn) error) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	if err := e.lock(ctx); err != nil {
+		return err
+	}
+	defer e.unlock()
 	if e.stopped || e.conn == nil || !e.leader.Load() {
 		return ErrNotLeader
 	}
@@ -161,10 +179,12 @@ func (e *Elector) loop(ctx context.Context) {
 // step moves the state machine once: a leader checks its connection; a
 // lost elector dials; a follower asks for the lock.
 func (e *Elector) step(loopCtx context.Context) {
+	if e.lock(loopCtx) != nil {
+		return // stopped
+	}
+	defer e.unlock()
 	ctx, cancel := context.WithTimeout(loopCtx, stepTimeout)
 	defer cancel()
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.stopped {
 		return
 	}
@@ -233,7 +253,7 @@ func (e *Elector) dial(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // drop closes a connection found dead (or failing) and loses leadership;
-// a follower's failure is logged by the caller. Caller holds mu.
+// a follower's failure is logged by the caller. Caller holds sem.
 func (e *Elector) drop(cause error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -250,7 +270,7 @@ func (e *Elector) drop(cause error) {
 }
 
 // setLeader records the state, logging and reporting a change. Caller
-// holds mu.
+// holds sem.
 func (e *Elector) setLeader(leader bool, reason string) {
 	if e.leader.Swap(leader) == leader {
 		return
@@ -269,7 +289,7 @@ func (e *Elector) setLeader(leader bool, reason string) {
 }
 
 // logFailure logs a failure unless it repeats the previous one, so a
-// database outage does not log every interval. Caller holds mu.
+// database outage does not log every interval. Caller holds sem.
 func (e *Elector) logFailure(what string, err error) {
 	msg := what + ": " + err.Error()
 	if msg == e.lastErr {
