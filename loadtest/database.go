@@ -75,9 +75,9 @@ CREATE TRIGGER lt_record_admission AFTER INSERT OR UPDATE ON %[1]s.%[2]s
     FOR EACH ROW EXECUTE FUNCTION %[1]s.lt_record_admission();`
 )
 
-// setup creates a fresh schema per variant that runs on PostgreSQL but the
-// read floor (named after runID), migrated, with the audit trigger where the
-// table keeps no history.
+// setup creates a fresh schema (named after runID), migrated, for every
+// variant with a table (the strategies and the write floor), with the audit
+// trigger where a strategy's table keeps no history.
 func (db *database) setup(ctx context.Context, runID string, vs []variant) error {
 	// In public, as the tests do, so that dropping our schemas never drops
 	// the extension other schemas use.

@@ -195,7 +195,7 @@ func writeMarkdown(w io.Writer, rep *report) {
 	}
 	fmt.Fprintf(w, "- Floors, measured at every level with the same instances: `%s` (floor)", m.Floor)
 	if m.WriteFloor != "" {
-		fmt.Fprintf(w, ", `%s` (floor-write)", m.WriteFloor)
+		fmt.Fprintf(w, ", `%s` in autocommit on pre-seeded keys (floor-write)", m.WriteFloor)
 	}
 	if m.RedisFloor != "" {
 		fmt.Fprintf(w, ", Redis `%s` (floor-redis)", m.RedisFloor)
@@ -266,9 +266,9 @@ const readingGuide = `## How to read this
   about 1 by construction and only its latency compares.
 - **× write floor** (in-process) divides by the write floor (floor-write): the cheapest durable single-row write by
   primary key, an autocommit ` + "`UPDATE ... SET expires_at = now()`" + ` of a pre-seeded row of the Upsert table as
-  migrated, on the same keys. An admission has to write at least that much, so a strategy that admits nearly every
-  request (many-keys) should come close to 1 and cannot go much above it without giving up durability
-  (AsyncCommit) or writing less (a pre-block). On a hot key it is every request writing the one row in turn.
+  migrated, on the same keys. A durable admission writes at least that much, so where nearly every request admits
+  (many-keys) a durable strategy can hardly beat it; AsyncCommit can, by not waiting for the WAL flush. On a hot key
+  it is every request writing the one row in turn, which a refusal that writes nothing beats by far.
 - **× redis_rate** divides by the peer, github.com/go-redis/redis_rate (GCRA in a Lua script) on a redis-server the
   load test starts without persistence, with the same workers, keys and cooldown (Limit{Rate: 1, Period: cooldown,
   Burst: 1}), each instance its own go-redis client with as many connections as a strategy's pool. floor-redis is a
