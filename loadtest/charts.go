@@ -20,24 +20,24 @@ import (
 // writeCharts draws the PNGs for the scenarios that ran and returns their
 // file names.
 func writeCharts(dir string, rep *report) ([]string, error) {
-	floorWhat := rep.Meta.Floor
+	m := &rep.Meta
 	var names []string
 	for _, s := range rep.Scenarios {
 		var err error
 		switch s.Name {
 		case scSeed:
-			err = latencyTiles(filepath.Join(dir, "seed-latency.png"), s, floorWhat)
+			err = latencyTiles(filepath.Join(dir, "seed-latency.png"), s, m)
 			names = append(names, "seed-latency.png")
 		case scContention:
-			err = byConcurrency(filepath.Join(dir, "contention-throughput.png"), s, floorWhat, "Decisions per second, one hot key",
+			err = byConcurrency(filepath.Join(dir, "contention-throughput.png"), s, m, "Decisions per second, one hot key",
 				"decisions/s", func(r *result) float64 { return r.Rate })
 			if err == nil {
-				err = byConcurrency(filepath.Join(dir, "contention-p99.png"), s, floorWhat, "p99 latency, one hot key",
+				err = byConcurrency(filepath.Join(dir, "contention-p99.png"), s, m, "p99 latency, one hot key",
 					"p99 (ms)", func(r *result) float64 { return r.Latency.P99 })
 			}
 			names = append(names, "contention-throughput.png", "contention-p99.png")
 		case scNaive:
-			err = admissionsOverTime(filepath.Join(dir, "range-naive-admissions.png"), s)
+			err = admissionsOverTime(filepath.Join(dir, "range-naive-admissions.png"), s, rep.variants)
 			names = append(names, "range-naive-admissions.png")
 		}
 		if err != nil {
@@ -48,16 +48,41 @@ func writeCharts(dir string, rep *report) ([]string, error) {
 }
 
 // style gives each variant the same colour in every chart, whichever
-// variants ran; the floor is black and dashed.
+// variants ran. The floors are black, each with its own dashes; the peer is
+// a thick red line, the one the strategies are measured against.
 func style(name string) draw.LineStyle {
 	i := slices.IndexFunc(allVariants(), func(v variant) bool { return v.Name == name })
 	// Dashes too, so that lines lying on each other stay apart.
 	ls := draw.LineStyle{Width: vg.Points(1.5), Color: plotutil.Color(max(i, 0)), Dashes: plotutil.Dashes(max(i, 0))}
-	if name == floorName {
+	switch name {
+	case floorName:
 		ls.Color = color.Black
 		ls.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+	case writeFloorName:
+		ls.Color = color.Black
+		ls.Dashes = []vg.Length{vg.Points(1), vg.Points(2)}
+	case pingFloorName:
+		ls.Color = color.Gray{Y: 110}
+		ls.Dashes = []vg.Length{vg.Points(8), vg.Points(2), vg.Points(1), vg.Points(2)}
+	case peerName:
+		ls.Color = color.RGBA{R: 200, A: 255}
+		ls.Width = vg.Points(2.5)
+		ls.Dashes = nil
 	}
 	return ls
+}
+
+// legend names a variant in charts, floors with what they measure.
+func legend(name string, m *meta) string {
+	switch name {
+	case floorName:
+		return "floor (" + m.Floor + ")"
+	case writeFloorName:
+		return "write floor (UPDATE by key)"
+	case pingFloorName:
+		return "Redis floor (" + m.RedisFloor + ")"
+	}
+	return name
 }
 
 func newPlot(title, x, y string) *plot.Plot {
@@ -118,7 +143,7 @@ func (logTicks) Ticks(lo, hi float64) []plot.Tick {
 
 // latencyTiles draws, per strategy, p50, p99 and max latency over time:
 // the article's Grafana panels, one tile per strategy on a shared scale.
-func latencyTiles(path string, s *scenarioReport, floorWhat string) error {
+func latencyTiles(path string, s *scenarioReport, m *meta) error {
 	lo, hi := math.Inf(1), 0.0
 	for _, r := range s.Results {
 		for _, pt := range r.Timeline {
@@ -133,16 +158,16 @@ func latencyTiles(path string, s *scenarioReport, floorWhat string) error {
 	lo = max(lo/2, 0.01)
 	hi *= 2
 
-	const cols = 2
+	const cols = 3
 	rows := (len(s.Results) + cols - 1) / cols
 	plots := make([][]*plot.Plot, rows)
 	for i := range plots {
 		plots[i] = make([]*plot.Plot, cols)
 	}
 	for i, r := range s.Results {
-		title := r.Variant
-		if r.Variant == floorName {
-			title += " (" + floorWhat + ", same arrivals)"
+		title := legend(r.Variant, m)
+		if title != r.Variant {
+			title += ", same arrivals"
 		}
 		p := newPlot(title, "time (s)", "latency (ms)")
 		logY(p, lo, hi)
@@ -173,7 +198,7 @@ func latencyTiles(path string, s *scenarioReport, floorWhat string) error {
 		}
 		plots[i/cols][i%cols] = p
 	}
-	const w, tileH = 10 * vg.Inch, 2.8 * vg.Inch
+	const w, tileH = 12 * vg.Inch, 2.6 * vg.Inch
 	img := vgimg.New(w, tileH*vg.Length(rows))
 	dc := draw.New(img)
 	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,
@@ -213,9 +238,9 @@ func savePNG(path string, img *vgimg.Canvas) error {
 	return f.Close()
 }
 
-// byConcurrency draws one line per strategy (and the floor) of y against
-// concurrency, both axes logarithmic.
-func byConcurrency(path string, s *scenarioReport, floorWhat, title, ylabel string, y func(*result) float64) error {
+// byConcurrency draws one line per variant (floors and peer included) of y
+// against concurrency, both axes logarithmic.
+func byConcurrency(path string, s *scenarioReport, m *meta, title, ylabel string, y func(*result) float64) error {
 	p := newPlot(title, "concurrent workers", ylabel)
 	order, byVariant := groupByVariant(s)
 	lo, hi := math.Inf(1), 0.0
@@ -240,11 +265,7 @@ func byConcurrency(path string, s *scenarioReport, floorWhat, title, ylabel stri
 				xys = append(xys, plotter.XY{X: float64(r.Concurrency), Y: v})
 			}
 		}
-		label := name
-		if name == floorName {
-			label = "floor (" + floorWhat + ")"
-		}
-		if err := addLine(p, label, xys, style(name)); err != nil {
+		if err := addLine(p, legend(name, m), xys, style(name)); err != nil {
 			return err
 		}
 		pts, err := plotter.NewScatter(xys)
@@ -266,12 +287,12 @@ func byConcurrency(path string, s *scenarioReport, floorWhat, title, ylabel stri
 // admissionsOverTime draws each strategy's cumulative admissions on the hot
 // key against the most the cooldown allows: a flat stretch is a lost
 // admission.
-func admissionsOverTime(path string, s *scenarioReport) error {
+func admissionsOverTime(path string, s *scenarioReport, variants map[string]variant) error {
 	p := newPlot("Admissions on one hot key whose cooldown keeps expiring", "time (s)", "admissions so far")
 	cooldown := s.CooldownMS / 1000
 	var end float64
 	for _, r := range s.Results {
-		if r.Variant == floorName {
+		if variants[r.Variant].Floor {
 			continue
 		}
 		var (

@@ -75,16 +75,20 @@ CREATE TRIGGER lt_record_admission AFTER INSERT OR UPDATE ON %[1]s.%[2]s
     FOR EACH ROW EXECUTE FUNCTION %[1]s.lt_record_admission();`
 )
 
-// setup creates a fresh schema per variant (named after runID), migrated,
-// with the audit trigger where the table keeps no history.
+// setup creates a fresh schema (named after runID), migrated, for every
+// variant with a table (the strategies and the write floor), with the audit
+// trigger where a strategy's table keeps no history.
 func (db *database) setup(ctx context.Context, runID string, vs []variant) error {
 	for _, v := range vs {
+		if v.Redis || v.Name == floorName {
+			continue
+		}
 		schema := fmt.Sprintf("loadtest_%s_%s", runID, identPart(v.Name))
 		if err := pglimit.Migrate(ctx, db.pool, schema); err != nil {
 			return fmt.Errorf("migrate %s: %w", schema, err)
 		}
 		db.schemas[v.Name] = schema
-		if v.Strategy == pglimit.Range {
+		if v.Strategy == pglimit.Range || v.Floor {
 			continue
 		}
 		if _, err := db.pool.Exec(ctx, fmt.Sprintf(auditSetup, ident(schema), ident(tableOf(v)))); err != nil {
@@ -120,23 +124,32 @@ func (db *database) dropSchemas(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// prepare empties v's tables and switches its audit trigger on or off, then
-// checkpoints, so that every run starts from the same state: an empty table
-// and the first write to each page paying for a full-page image.
-func (db *database) prepare(ctx context.Context, v variant, audit bool) error {
+// prepare empties v's tables and switches its audit trigger on or off, or
+// for the write floor fills its table with seed, then checkpoints, so that
+// every run starts from the same state: the same table and the first write
+// to each page paying for a full-page image.
+func (db *database) prepare(ctx context.Context, v variant, audit bool, seed []string) error {
 	if schema, ok := db.schemas[v.Name]; ok {
 		table := ident(schema) + "." + ident(tableOf(v))
-		stmts := []string{"TRUNCATE " + table}
-		if v.Strategy != pglimit.Range {
-			stmts[0] += ", " + ident(schema) + "." + auditTable
+		type stmt struct {
+			sql  string
+			args []any
+		}
+		stmts := []stmt{{sql: "TRUNCATE " + table}}
+		switch {
+		case v == writeFloor:
+			stmts = append(stmts, stmt{"INSERT INTO " + table + " (namespace, key, expires_at) SELECT $1, k, now() FROM unnest($2::text[]) AS k",
+				[]any{namespace, seed}})
+		case v.Strategy != pglimit.Range:
+			stmts[0].sql += ", " + ident(schema) + "." + auditTable
 			state := "DISABLE"
 			if audit {
 				state = "ENABLE"
 			}
-			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s %s TRIGGER %s", table, state, auditTrigger))
+			stmts = append(stmts, stmt{sql: fmt.Sprintf("ALTER TABLE %s %s TRIGGER %s", table, state, auditTrigger)})
 		}
 		for _, s := range stmts {
-			if _, err := db.pool.Exec(ctx, s); err != nil {
+			if _, err := db.pool.Exec(ctx, s.sql, s.args...); err != nil {
 				return fmt.Errorf("prepare %s: %w", v.Name, err)
 			}
 		}
@@ -148,10 +161,10 @@ func (db *database) prepare(ctx context.Context, v variant, audit bool) error {
 
 // record returns the admissions the database holds for v, by key: the
 // Range table's own rows, or the audit table. ok is false where there is
-// no record (the audit trigger was off, or v is the floor).
+// no record (the audit trigger was off, or v is a floor or the peer).
 func (db *database) record(ctx context.Context, v variant, audit bool) (byKey map[string][]time.Time, ok bool, err error) {
 	schema, found := db.schemas[v.Name]
-	if !found || (!audit && v.Strategy != pglimit.Range) {
+	if !found || v.Floor || (!audit && v.Strategy != pglimit.Range) {
 		return nil, false, nil
 	}
 	q := "SELECT key, expires_at FROM " + ident(schema) + "." + auditTable

@@ -2,14 +2,16 @@
 // concurrency against a real PostgreSQL, and writes a terminal table, a
 // Markdown report, a JSON file with every figure and PNG charts.
 //
-//	go run ./loadtest -short          # the CI/README version, under 2 minutes
+//	go run ./loadtest -short          # the README version, under 3 minutes
 //	go run ./loadtest -scale 0.1      # the article's 10-minute load in 1 minute
 //	go run ./loadtest -target http://localhost:9091,http://localhost:9095
 //
 // With no -database-url (or DATABASE_URL) it starts a throwaway, durable
-// PostgreSQL and stops it at the end. It exits 1 when a strategy other than
-// range-naive over-admits, when the default Range strategy deadlocks, or
-// when the seed scenario sees errors; 2 when it cannot run.
+// PostgreSQL and stops it at the end; for the peer, redis_rate, it starts
+// redis-server on a free loopback port, without persistence. It exits 1
+// when a strategy other than range-naive (or the peer) over-admits, when
+// the default Range strategy deadlocks, or when the seed scenario sees
+// errors; 2 when it cannot run.
 package main
 
 import (
@@ -51,7 +53,7 @@ type options struct {
 	scale       float64
 	short       bool
 	levels      []int
-	concurrency int
+	concurrency []int
 	keys        int
 	poolSize    int
 	out         string
@@ -68,13 +70,14 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	target := fs.String("target", "", "comma-separated base URLs of running demo instances, one instance each (default: the library in-process)")
 	fs.StringVar(&o.label, "label", "http", "name of what the HTTP target runs, for the report (e.g. its strategy)")
 	fs.DurationVar(&o.cooldown, "cooldown", 0, "the HTTP target's cooldown, against which admissions are checked (default 2s over HTTP; in-process each scenario sets its own)")
-	strategies := fs.String("strategies", "upsert,nowait,range,range-naive",
-		"strategies to compare, in-process; each of upsert, nowait and range also comes as <name>-async (Config.AsyncCommit) and <name>-preblock (Config.PreBlockSize)")
+	strategies := fs.String("strategies", "redis_rate,upsert,nowait,range,range-naive",
+		"strategies to compare, in-process; each of upsert, nowait and range also comes as <name>-async (Config.AsyncCommit) and <name>-preblock (Config.PreBlockSize); "+
+			"redis_rate is the peer (github.com/go-redis/redis_rate on redis-server, which must be installed)")
 	scens := fs.String("scenarios", strings.Join(scenarioNames, ","), "scenarios to run")
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every duration (0.1 runs the 10-minute seed load in 1 minute)")
-	fs.BoolVar(&o.short, "short", false, "the CI/README version: every scenario and strategy in under 2 minutes")
+	fs.BoolVar(&o.short, "short", false, "the README version: every scenario, the default strategies and the peer in under 3 minutes")
 	levels := fs.String("levels", "1,4,16,64,256", "contention: concurrency levels")
-	fs.IntVar(&o.concurrency, "concurrency", 16, "many-keys: concurrent workers")
+	concurrency := fs.String("concurrency", "16", "many-keys: concurrent workers (comma-separated levels)")
 	fs.IntVar(&o.keys, "keys", 100_000, "many-keys: distinct users")
 	fs.IntVar(&o.poolSize, "pool-size", 10, "seed: connections per instance")
 	fs.StringVar(&o.out, "out", "loadtest/out", "directory for report.md, results.json and the charts")
@@ -119,18 +122,17 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 			o.variants = append(o.variants, byName[n])
 		}
 	}
-	for _, f := range strings.Split(*levels, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("-levels: %q is not a positive number", f)
-		}
-		o.levels = append(o.levels, n)
+	if o.levels, err = parseLevels(*levels); err != nil {
+		return nil, fmt.Errorf("-levels: %w", err)
+	}
+	if o.concurrency, err = parseLevels(*concurrency); err != nil {
+		return nil, fmt.Errorf("-concurrency: %w", err)
 	}
 	switch {
 	case o.scale <= 0:
 		return nil, errors.New("-scale must be positive")
-	case o.concurrency < 1, o.keys < 1, o.poolSize < 1:
-		return nil, errors.New("-concurrency, -keys and -pool-size must be positive")
+	case o.keys < 1, o.poolSize < 1:
+		return nil, errors.New("-keys and -pool-size must be positive")
 	}
 
 	// The command as reports show it: the flags that shape the figures.
@@ -151,6 +153,19 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	})
 	o.command = strings.Join(cmd, " ")
 	return o, nil
+}
+
+// parseLevels parses a comma-separated list of positive numbers.
+func parseLevels(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // parseList splits a comma-separated list and checks every name is known,
@@ -230,6 +245,22 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	runID := hex.EncodeToString(b[:])
 	appName := "pglimit-loadtest-" + runID
 	rep := newReport(o)
+	fl := floors(o.variants, o.targets == nil)
+
+	// First, so that a machine without redis-server fails at once.
+	var rds *redisServer
+	if slices.Contains(fl, pingFloor) {
+		var err error
+		if rds, err = startRedis(ctx); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err := rds.close(); err != nil {
+				logf("stopping Redis: %v", err)
+			}
+		}()
+		logf("Redis at %s (stopped and removed at exit)", rds.addr)
+	}
 
 	dbURL := o.databaseURL
 	if dbURL == "" && o.targets == nil {
@@ -247,7 +278,7 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		rep.Meta.Database = "throwaway " + srv.Kind() + " PostgreSQL started by the load test, durable settings"
 	}
 
-	r := &runner{opts: o, stderr: stderr, runID: runID}
+	r := &runner{opts: o, floors: fl, stderr: stderr, runID: runID}
 	if dbURL != "" {
 		db, err := openDatabase(ctx, dbURL, appName)
 		if err != nil {
@@ -268,7 +299,7 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		rep.Meta.Target = fmt.Sprintf("HTTP, %d demo instance(s), running %q", len(o.targets), o.label)
 		rep.Meta.Floor = "GET /healthz"
 	} else {
-		if err := r.db.setup(ctx, runID, o.variants); err != nil {
+		if err := r.db.setup(ctx, runID, append(slices.Clone(r.floors), o.variants...)); err != nil {
 			return nil, err
 		}
 		defer func() {
@@ -288,10 +319,17 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		if err != nil {
 			return nil, err
 		}
-		r.target = &inProcess{cfg: cfg, maxConns: maxConns, schemas: r.db.schemas}
+		t := &inProcess{cfg: cfg, maxConns: maxConns, schemas: r.db.schemas}
+		r.target = t
 		r.ownPools = true
 		rep.Meta.Target = "in-process (the library called directly; each instance its own pgxpool pool)"
 		rep.Meta.Floor = "SELECT 1"
+		rep.Meta.WriteFloor = fmt.Sprintf(writeFloorSQL, "<schema>", tableOf(writeFloor))
+		if rds != nil {
+			t.redis = rds
+			rep.Meta.Peer = rds.about()
+			rep.Meta.RedisFloor = "PING"
+		}
 	}
 
 	for _, sc := range buildScenarios(o) {

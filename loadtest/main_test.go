@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -81,10 +83,11 @@ func checkOutputs(t *testing.T, out string, rep *report, charts []string) {
 	}
 }
 
-// checkResults asserts what must hold in every run: every scenario, level
-// and variant ran; nothing but range-naive over-admitted; hot keys were
-// admitted at least once; the seed load saw no errors.
-func checkResults(t *testing.T, rep *report, variants []string, levels map[string]int) {
+// checkResults asserts what must hold in every run: every scenario, level,
+// floor and variant ran; no floor failed; nothing but range-naive
+// over-admitted; hot keys were admitted at least once; the seed load saw no
+// errors.
+func checkResults(t *testing.T, rep *report, floors, variants []string, levels map[string]int) {
 	t.Helper()
 	if len(rep.Failures) > 0 {
 		t.Errorf("failures: %q", rep.Failures)
@@ -93,7 +96,7 @@ func checkResults(t *testing.T, rep *report, variants []string, levels map[strin
 		t.Fatalf("%d scenarios, want %d", len(rep.Scenarios), len(scenarioNames))
 	}
 	for _, s := range rep.Scenarios {
-		want := levels[s.Name] * (1 + len(variants))
+		want := levels[s.Name] * (len(floors) + len(variants))
 		if len(s.Results) != want {
 			t.Errorf("%s: %d results, want %d", s.Name, len(s.Results), want)
 		}
@@ -102,7 +105,10 @@ func checkResults(t *testing.T, rep *report, variants []string, levels map[strin
 			if r.Decisions == 0 || math.IsNaN(r.Rate) || r.Latency.P99 <= 0 {
 				t.Errorf("%s: no decisions measured: %+v", name, r)
 			}
-			if r.Variant == floorName {
+			if slices.Contains(floors, r.Variant) {
+				if r.ErrorCount > 0 || r.Client != nil {
+					t.Errorf("%s: a floor with errors %v or an admission check", name, r.Errors)
+				}
 				continue
 			}
 			if r.Client == nil {
@@ -132,32 +138,96 @@ func checkResults(t *testing.T, rep *report, variants []string, levels map[strin
 
 var allCharts = []string{"seed-latency.png", "contention-throughput.png", "contention-p99.png", "range-naive-admissions.png"}
 
+// needRedis stops a test that runs the peer on a machine without
+// redis-server.
+func needRedis(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		pglimittest.Missing(t, "%v", errNoRedis)
+	}
+}
+
 func TestInProcess(t *testing.T) {
 	t.Parallel()
-	// Every variant, so that CI checks the options for over-admission too.
+	needRedis(t)
+	// Every variant, so that CI checks the options for over-admission too,
+	// and the peer.
 	var names []string
 	for _, v := range allVariants() {
 		names = append(names, v.Name)
 	}
 	rep, out := runLoadtest(t, exitOK, append([]string{"-database-url", pglimittest.URL(t), "-strategies", strings.Join(names, ",")}, tiny...)...)
-	checkResults(t, rep, names, map[string]int{scSeed: 1, scContention: 2, scManyKeys: 1, scNaive: 1})
+	fl := []string{floorName, writeFloorName, pingFloorName}
+	checkResults(t, rep, fl, names, map[string]int{scSeed: 1, scContention: 2, scManyKeys: 1, scNaive: 1})
 	checkOutputs(t, out, rep, allCharts)
+	if !strings.Contains(rep.Meta.Peer, "redis-server 7") || !strings.Contains(rep.Meta.Peer, "without persistence") {
+		t.Errorf("the report does not say which Redis the peer ran on, and how: %q", rep.Meta.Peer)
+	}
 
 	for _, s := range rep.Scenarios {
 		for _, r := range s.Results {
-			if r.DB == nil || r.DB.Commits == 0 {
-				t.Errorf("%s/%s: no database deltas: %+v", s.Name, r.Variant, r.DB)
+			name := s.Name + "/" + strconv.Itoa(r.Concurrency) + "/" + r.Variant
+			onRedis := r.Variant == peerName || r.Variant == pingFloorName
+			// The peer's runs leave PostgreSQL alone: no deltas to show.
+			if onRedis != (r.DB == nil) || (r.DB != nil && r.DB.Commits == 0) {
+				t.Errorf("%s: database deltas %+v", name, r.DB)
+			}
+			// Every figure beside the floors and the peer, but their own.
+			if (r.Variant != floorName) != (r.Ratio > 0) || (r.Variant != writeFloorName) != (r.WriteRatio > 0) ||
+				(r.Variant != peerName) != (r.PeerRatio > 0) {
+				t.Errorf("%s: ratios %.2f × floor, %.2f × write floor, %.2f × redis_rate", name, r.Ratio, r.WriteRatio, r.PeerRatio)
 			}
 			// The database keeps a record wherever the scenario audits, and
 			// always for Range.
-			wantRecord := r.Variant != floorName && (s.Name != scManyKeys || strings.HasPrefix(r.Variant, "range"))
+			wantRecord := !slices.Contains(fl, r.Variant) && r.Variant != peerName &&
+				(s.Name != scManyKeys || strings.HasPrefix(r.Variant, "range"))
 			if (r.Record != nil) != wantRecord {
-				t.Errorf("%s/%s: database record %+v, want one: %t", s.Name, r.Variant, r.Record, wantRecord)
+				t.Errorf("%s: database record %+v, want one: %t", name, r.Record, wantRecord)
 			}
 			if r.Record != nil && r.Variant != naive.Name && r.Record.Admitted != r.Client.Admitted {
-				t.Errorf("%s/%s: the database recorded %d admissions, the client saw %d", s.Name, r.Variant, r.Record.Admitted, r.Client.Admitted)
+				t.Errorf("%s: the database recorded %d admissions, the client saw %d", name, r.Record.Admitted, r.Client.Admitted)
 			}
 		}
+	}
+}
+
+// TestNoRedis runs the peer on a machine without redis-server: the load
+// test must stop at once and say how to get it. Not parallel: it empties
+// PATH.
+func TestNoRedis(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"-database-url", "postgres://127.0.0.1:1/none", "-strategies", "upsert,redis_rate",
+		"-out", t.TempDir(), "-progress=false"}, &stdout, &stderr)
+	if code != exitError || !strings.Contains(stderr.String(), "apt-get install redis-server") {
+		t.Errorf("exit code %d, stderr %q; want %d and how to install redis-server", code, &stderr, exitError)
+	}
+}
+
+// TestCompare checks the ratios beside each run at one level.
+func TestCompare(t *testing.T) {
+	t.Parallel()
+	runs := []*result{
+		{Variant: floorName, Rate: 1000},
+		{Variant: writeFloorName, Rate: 100},
+		{Variant: peerName, Rate: 400},
+		{Variant: "upsert", Rate: 200},
+	}
+	compare(runs)
+	want := [][3]float64{{0, 10, 2.5}, {0.1, 0, 0.25}, {0.4, 4, 0}, {0.2, 2, 0.5}}
+	for i, r := range runs {
+		if got := [3]float64{r.Ratio, r.WriteRatio, r.PeerRatio}; got != want[i] {
+			t.Errorf("%s: ratios %v, want %v", r.Variant, got, want[i])
+		}
+	}
+	if r := runs[3]; r.FloorRate != 1000 || r.WriteFloorRate != 100 || r.PeerRate != 400 {
+		t.Errorf("upsert: bases %v %v %v", r.FloorRate, r.WriteFloorRate, r.PeerRate)
+	}
+	// Over HTTP there is only the floor.
+	http := []*result{{Variant: floorName, Rate: 10}, {Variant: "upsert-http", Rate: 5}}
+	compare(http)
+	if r := http[1]; r.Ratio != 0.5 || r.WriteRatio != 0 || r.PeerRatio != 0 {
+		t.Errorf("over HTTP: ratios %v %v %v, want 0.5 and none", r.Ratio, r.WriteRatio, r.PeerRatio)
 	}
 }
 
@@ -201,7 +271,7 @@ func demoInstances(t *testing.T) string {
 func TestHTTPTarget(t *testing.T) {
 	t.Parallel()
 	rep, out := runLoadtest(t, exitOK, append([]string{"-target", demoInstances(t), "-cooldown", "1s", "-label", "upsert-http"}, tiny...)...)
-	checkResults(t, rep, []string{"upsert-http"}, map[string]int{scSeed: 1, scContention: 2, scManyKeys: 1, scNaive: 1})
+	checkResults(t, rep, []string{floorName}, []string{"upsert-http"}, map[string]int{scSeed: 1, scContention: 2, scManyKeys: 1, scNaive: 1})
 	checkOutputs(t, out, rep, allCharts)
 }
 
@@ -243,6 +313,7 @@ func TestParseOptions(t *testing.T) {
 		{"-strategies", "upsert,bogus"},
 		{"-scenarios", ""},
 		{"-levels", "1,0"},
+		{"-concurrency", "8,x"},
 		{"-scale", "0"},
 		{"-cooldown", "1s"}, // only over HTTP
 		{"-label", "x"},
@@ -259,6 +330,10 @@ func TestParseOptions(t *testing.T) {
 	}
 	if len(o.variants) != 2 || o.variants[0].Name != "upsert" || o.variants[1] != naive {
 		t.Errorf("variants %+v, want upsert then range-naive", o.variants)
+	}
+	if o, err := parseOptions([]string{"-concurrency", "8, 64"}, &bytes.Buffer{}); err != nil || !slices.Equal(o.concurrency, []int{8, 64}) ||
+		o.variants[0] != peer {
+		t.Errorf("defaults with -concurrency 8,64: %+v, %v; want the peer first and both levels", o, err)
 	}
 	if strings.Contains(o.command, "secret") {
 		t.Errorf("the recorded command shows the database password: %s", o.command)

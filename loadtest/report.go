@@ -40,6 +40,10 @@ type meta struct {
 	Settings  map[string]string `json:"settings,omitempty"`
 	Target    string            `json:"target"`
 	Floor     string            `json:"floor"`
+	// In-process only; the Redis ones when the peer ran.
+	WriteFloor string `json:"write_floor,omitempty"`
+	RedisFloor string `json:"redis_floor,omitempty"`
+	Peer       string `json:"peer,omitempty"`
 }
 
 type scenarioReport struct {
@@ -64,7 +68,10 @@ func newReport(o *options) *report {
 		Failures: []string{},
 		Notes:    []string{},
 		Charts:   []string{},
-		variants: map[string]variant{floorName: floor},
+		variants: map[string]variant{},
+	}
+	for _, v := range floors(o.variants, o.targets == nil) {
+		rep.variants[v.Name] = v
 	}
 	for _, v := range o.variants {
 		rep.variants[v.Name] = v
@@ -148,11 +155,12 @@ func writeOutputs(dir string, rep *report) error {
 // writeTable prints one line per run, the figures a reader compares first.
 func writeTable(w io.Writer, rep *report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tconc\tstrategy\tdecisions/s\t×floor\tp50 ms\tp95 ms\tp99 ms\tmax ms\tadmitted\tallowed\tover\tdb record\terrors\tdeadlocks\tWAL B/dec\t")
+	fmt.Fprintln(tw, "scenario\tconc\tstrategy\tdecisions/s\t×floor\t×write\t×redis_rate\tp50 ms\tp95 ms\tp99 ms\tmax ms\tadmitted\tallowed\tover\tdb record\terrors\tdeadlocks\tWAL B/dec\t")
 	for _, s := range rep.Scenarios {
 		for _, r := range s.Results {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-				r.Scenario, conc(r), r.Variant, num(r.Rate), ratio(r), num(r.Latency.P50), num(r.Latency.P95),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+				r.Scenario, conc(r), r.Variant, num(r.Rate), ratio(r.Ratio), ratio(r.WriteRatio), ratio(r.PeerRatio),
+				num(r.Latency.P50), num(r.Latency.P95),
 				num(r.Latency.P99), num(r.Latency.Max), admittedCol(r), allowedCol(r), overCol(r.Client), recordCol(r),
 				errorsCol(r), deadlocksCol(r), walPerDecision(r))
 		}
@@ -185,9 +193,21 @@ func writeMarkdown(w io.Writer, rep *report) {
 		}
 		fmt.Fprintln(w)
 	}
+	fmt.Fprintf(w, "- Floors, measured at every level with the same instances: `%s` (floor)", m.Floor)
+	if m.WriteFloor != "" {
+		fmt.Fprintf(w, ", `%s` in autocommit on pre-seeded keys (floor-write)", m.WriteFloor)
+	}
+	if m.RedisFloor != "" {
+		fmt.Fprintf(w, ", Redis `%s` (floor-redis)", m.RedisFloor)
+	}
+	fmt.Fprintln(w)
+	if m.Peer != "" {
+		fmt.Fprintf(w, "- Peer: %s. Same workers, keys and cooldown as the strategies; its admissions are checked "+
+			"by the client only (Redis keeps no record of them).\n", m.Peer)
+	}
 	fmt.Fprintln(w)
 	if len(rep.Failures) == 0 {
-		fmt.Fprintf(w, "**PASS**: no strategy but range-naive over-admitted, Range never deadlocked, the seed load saw no errors.\n\n")
+		fmt.Fprintf(w, "**PASS**: no strategy but range-naive over-admitted (nor the peer), Range never deadlocked, the seed load saw no errors.\n\n")
 	} else {
 		fmt.Fprintf(w, "**FAIL**:\n\n")
 		for _, f := range rep.Failures {
@@ -202,17 +222,17 @@ func writeMarkdown(w io.Writer, rep *report) {
 	for _, s := range rep.Scenarios {
 		fmt.Fprintf(w, "## %s\n\n%s Cooldown %s, %s per run.\n\n", s.Name, s.About,
 			short(time.Duration(s.CooldownMS*float64(time.Millisecond))), short(time.Duration(s.DurationS*float64(time.Second)).Round(time.Millisecond)))
-		fmt.Fprintln(w, "| conc | strategy | decisions/s | × floor | p50 ms | p95 ms | p99 ms | max ms | errors |")
-		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---|")
+		fmt.Fprintln(w, "| conc | strategy | decisions/s | × floor | × write floor | × redis_rate | p50 ms | p95 ms | p99 ms | max ms | errors |")
+		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 		for _, r := range s.Results {
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", conc(r), r.Variant, num(r.Rate), ratio(r),
-				num(r.Latency.P50), num(r.Latency.P95), num(r.Latency.P99), num(r.Latency.Max), errorsCol(r))
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", conc(r), r.Variant, num(r.Rate),
+				ratio(r.Ratio), ratio(r.WriteRatio), ratio(r.PeerRatio), num(r.Latency.P50), num(r.Latency.P95), num(r.Latency.P99), num(r.Latency.Max), errorsCol(r))
 		}
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "| conc | strategy | admitted | allowed | over (client) | db record | max gap ms | lost periods | commits | rollbacks | deadlocks | lock waiters | WAL B/decision | WAL syncs |")
 		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, r := range s.Results {
-			if r.Variant == floorName {
+			if rep.variants[r.Variant].Floor {
 				continue
 			}
 			gap, lost := "–", "–"
@@ -244,11 +264,21 @@ const readingGuide = `## How to read this
   the floor measured in the same run, at the same concurrency, with identically sized fresh pools: ` + "`SELECT 1`" + `
   in-process, ` + "`GET /healthz`" + ` over HTTP. The seed load is open loop (a fixed arrival rate), so its × floor is
   about 1 by construction and only its latency compares.
+- **× write floor** (in-process) divides by the write floor (floor-write): the cheapest durable single-row write by
+  primary key, an autocommit ` + "`UPDATE ... SET expires_at = now()`" + ` of a pre-seeded row of the Upsert table as
+  migrated, on the same keys. A durable admission writes at least that much, so where nearly every request admits
+  (many-keys) a durable strategy can hardly beat it; AsyncCommit can, by not waiting for the WAL flush. On a hot key
+  it is every request writing the one row in turn, which a refusal that writes nothing beats by far.
+- **× redis_rate** divides by the peer, github.com/go-redis/redis_rate (GCRA in a Lua script) on a redis-server the
+  load test starts without persistence, with the same workers, keys and cooldown (Limit{Rate: 1, Period: cooldown,
+  Burst: 1}), each instance its own go-redis client with as many connections as a strategy's pool. floor-redis is a
+  Redis ` + "`PING`" + ` through the same clients: the peer's round-trip floor.
 - **Latency** is measured per request, errors included, from the moment it was due (open loop) or sent (closed loop)
   to its answer, recorded in an HDR histogram (3 significant digits).
 - **admitted / allowed / over (client)**: per key, the admissions seen by the load test, against the most the cooldown
   allows in the time they span, floor(span / cooldown) + 1; over = Σ max(0, admitted − allowed), plus every pair of
-  admissions whose send and receive times prove them less than a cooldown apart. Must be 0 for every strategy.
+  admissions whose send and receive times prove them less than a cooldown apart. Must be 0 for every strategy and
+  for the peer, whose admissions only the client sees.
 - **db record**: the same check on the database's own record of admissions, on the database clock: the Range
   table's rows (one per admission), or for Upsert and NoWait an audit trigger that logs every admitting write
   (refusals write nothing, so it costs only on admissions; it is off in many-keys, where it would double the writes).
@@ -283,15 +313,16 @@ func conc(r *result) string {
 	return fmt.Sprint(r.Concurrency)
 }
 
-func ratio(r *result) string {
-	if r.Variant == floorName || r.FloorRate == 0 {
+// ratio formats a ratio to a floor or the peer; 0 is one not measured.
+func ratio(x float64) string {
+	if x == 0 {
 		return "–"
 	}
-	return fmt.Sprintf("%.2f", r.Ratio)
+	return fmt.Sprintf("%.2f", x)
 }
 
 func admittedCol(r *result) string {
-	if r.Variant == floorName {
+	if r.Client == nil {
 		return "–"
 	}
 	return fmt.Sprint(r.Admitted)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 // strategy gets the whole machine.
 type runner struct {
 	opts     *options
+	floors   []variant // measured before opts.variants at every level
 	target   target
 	db       *database // nil over HTTP without -database-url
 	ownPools bool      // the pools under test are ours (in-process)
@@ -40,33 +42,53 @@ type result struct {
 	Rate        float64          `json:"decisions_per_s"`
 	FloorRate   float64          `json:"floor_per_s"`
 	Ratio       float64          `json:"ratio_to_floor"`
-	Latency     latency          `json:"latency"`
-	Client      *admissionCheck  `json:"client_check,omitempty"`
-	Record      *admissionCheck  `json:"db_record_check,omitempty"`
-	DB          *dbStats         `json:"db_delta,omitempty"`
-	LockWaitMax int              `json:"lock_waiters_max"` // most backends seen waiting on a lock at once
-	Timeline    []point          `json:"timeline,omitempty"`
+	// The write floor and the peer, at the same level, where they ran.
+	WriteFloorRate float64         `json:"write_floor_per_s,omitempty"`
+	WriteRatio     float64         `json:"ratio_to_write_floor,omitempty"`
+	PeerRate       float64         `json:"redis_rate_per_s,omitempty"`
+	PeerRatio      float64         `json:"ratio_to_redis_rate,omitempty"`
+	Latency        latency         `json:"latency"`
+	Client         *admissionCheck `json:"client_check,omitempty"`
+	Record         *admissionCheck `json:"db_record_check,omitempty"`
+	DB             *dbStats        `json:"db_delta,omitempty"`
+	LockWaitMax    int             `json:"lock_waiters_max"` // most backends seen waiting on a lock at once
+	Timeline       []point         `json:"timeline,omitempty"`
 }
 
 func (r *runner) scenario(ctx context.Context, sc *scenario) ([]*result, error) {
 	var out []*result
 	for _, level := range sc.Levels {
-		var floorRate float64
-		for _, v := range append([]variant{floor}, r.opts.variants...) {
+		var runs []*result
+		for _, v := range append(slices.Clone(r.floors), r.opts.variants...) {
 			res, err := r.one(ctx, sc, level, v)
 			if err != nil {
 				return nil, fmt.Errorf("%s at %d: %w", v.Name, level, err)
 			}
-			if v.Name == floorName {
-				floorRate = res.Rate
-			} else if floorRate > 0 {
-				res.FloorRate = floorRate
-				res.Ratio = res.Rate / floorRate
-			}
-			out = append(out, res)
+			runs = append(runs, res)
 		}
+		compare(runs)
+		out = append(out, runs...)
 	}
 	return out, nil
+}
+
+// compare sets, on the runs of one level, every ratio to the floors and to
+// the peer, but a run's ratio to itself.
+func compare(runs []*result) {
+	rate := map[string]float64{}
+	for _, res := range runs {
+		rate[res.Variant] = res.Rate
+	}
+	ratio := func(res *result, base string, baseRate, ratio *float64) {
+		if b := rate[base]; b > 0 && res.Variant != base {
+			*baseRate, *ratio = b, res.Rate/b
+		}
+	}
+	for _, res := range runs {
+		ratio(res, floorName, &res.FloorRate, &res.Ratio)
+		ratio(res, writeFloorName, &res.WriteFloorRate, &res.WriteRatio)
+		ratio(res, peerName, &res.PeerRate, &res.PeerRatio)
+	}
 }
 
 // one runs variant v through scenario sc at one level, with fresh
@@ -76,12 +98,19 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 	if !sc.openLoop() {
 		conns = (level + sc.Instances - 1) / sc.Instances
 	}
+	prefix := fmt.Sprintf("lt%s-%s-%d-", r.runID, sc.Name, level)
 	if r.db != nil && r.ownPools {
-		if err := r.db.prepare(ctx, v, sc.Audit); err != nil {
+		var seed []string
+		if v == writeFloor {
+			seed = sc.allKeys(prefix)
+		}
+		if err := r.db.prepare(ctx, v, sc.Audit, seed); err != nil {
 			return nil, err
 		}
 	}
-	sess, err := r.target.open(ctx, sc.Instances, conns)
+	// The peer's runs leave PostgreSQL idle: no server figures.
+	pg := r.db != nil && !v.Redis
+	sess, err := r.target.open(ctx, v, sc.Instances, conns)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +123,7 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		before  dbStats
 		dbStart time.Time // the run's start on the database clock
 	)
-	if r.db != nil {
+	if pg {
 		if before, err = r.db.snapshot(ctx); err != nil {
 			return nil, err
 		}
@@ -112,7 +141,7 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		Conns:       sess.conns(),
 		CooldownMS:  ms(sc.Cooldown),
 	}
-	rec, elapsed := r.drive(ctx, sc, level, v, decide, res)
+	rec, elapsed := r.drive(ctx, sc, level, v, prefix, pg, decide, res)
 	sess.close() // before settle, which waits for the pools' backends to exit
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -133,11 +162,11 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		// Requests kept coming until the planned end.
 		hot = &hotKey{start: 0, end: min(elapsed, sc.Duration)}
 	}
-	if v.Name != floorName {
+	if !v.Floor {
 		c := checkClient(rec.keys, sc.Cooldown, hot)
 		res.Client = &c
 	}
-	if r.db != nil {
+	if pg {
 		if err := r.databaseFigures(ctx, res, sc, v, before, dbStart, hot); err != nil {
 			return nil, err
 		}
@@ -145,12 +174,12 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 	return res, nil
 }
 
-// drive sends the scenario's load and records it, with the progress line
-// and the lock-waiter sampling around it. It sets res.Dropped and
-// res.LockWaitMax.
-func (r *runner) drive(ctx context.Context, sc *scenario, level int, v variant, decide []decideFunc, res *result) (*recorder, time.Duration) {
-	prefix := fmt.Sprintf("lt%s-%s-%d-", r.runID, sc.Name, level)
-	rec := newRecorder(time.Now(), sc.window(), v.Name != floorName)
+// drive sends the scenario's load on keys named from prefix and records it,
+// with the progress line and, when pg, the lock-waiter sampling around it.
+// It sets res.Dropped and res.LockWaitMax.
+func (r *runner) drive(ctx context.Context, sc *scenario, level int, v variant, prefix string, pg bool,
+	decide []decideFunc, res *result) (*recorder, time.Duration) {
+	rec := newRecorder(time.Now(), sc.window(), !v.Floor)
 	if r.opts.progress {
 		label := sc.Name
 		if !sc.openLoop() {
@@ -158,7 +187,7 @@ func (r *runner) drive(ctx context.Context, sc *scenario, level int, v variant, 
 		}
 		defer progress(r.stderr, fmt.Sprintf("%-16s %-11s", label, v.Name), sc.Duration, rec)()
 	}
-	if r.db != nil {
+	if pg {
 		// A pile-up of backends waiting on a lock shows here before it
 		// shows as errors.
 		var waiters atomic.Int64
@@ -170,7 +199,7 @@ func (r *runner) drive(ctx context.Context, sc *scenario, level int, v variant, 
 		})()
 	}
 	if sc.openLoop() {
-		res.Dropped = openLoop(ctx, decide, arrivals(sc.Phases), prefix+"hot", rec)
+		res.Dropped = openLoop(ctx, decide, arrivals(sc.Phases), hotKeyName(prefix), rec)
 	} else {
 		closedLoop(ctx, decide, level, sc.Duration, sc.keyFunc(prefix), rec)
 	}
@@ -210,10 +239,11 @@ func (r *runner) databaseFigures(ctx context.Context, res *result, sc *scenario,
 }
 
 // failures returns why res fails the run: over-admission by any strategy
-// but range-naive (the article's failure mode, reported, not fatal), a
-// deadlock in the default Range strategy, errors in the seed scenario.
+// but range-naive (the article's failure mode, reported, not fatal) or by
+// the peer (a comparison with a limiter that over-admits would flatter it),
+// a deadlock in the default Range strategy, errors in the seed scenario.
 func failures(res *result, v variant) []string {
-	if v.Name == floorName || v == naive {
+	if v.Floor || v == naive {
 		return nil
 	}
 	var out []string

@@ -77,10 +77,10 @@ func buildScenarios(o *options) []scenario {
 		},
 		{
 			Name: scManyKeys,
-			About: fmt.Sprintf("%d users drawn uniformly at random, %d closed-loop workers, cooldown 100 ms: "+
-				"nearly every request is admitted (a write). Raw throughput; no audit trigger.", o.keys, o.concurrency),
+			About: fmt.Sprintf("%d users drawn uniformly at random, closed-loop workers at each concurrency, cooldown 100 ms: "+
+				"nearly every request is admitted (a write). Raw throughput; no audit trigger.", o.keys),
 			Cooldown:  100 * time.Millisecond,
-			Levels:    []int{o.concurrency},
+			Levels:    o.concurrency,
 			Duration:  dur(scManyKeys),
 			Instances: 1,
 			Keys:      o.keys,
@@ -128,12 +128,28 @@ func buildScenarios(o *options) []scenario {
 // cooldowns.
 func (s *scenario) keyFunc(prefix string) func(*rand.Rand) string {
 	if s.Keys <= 1 {
-		hot := prefix + "hot"
+		hot := hotKeyName(prefix)
 		return func(*rand.Rand) string { return hot }
 	}
 	n := s.Keys
-	return func(rng *rand.Rand) string { return prefix + "u" + strconv.Itoa(rng.IntN(n)) }
+	return func(rng *rand.Rand) string { return userKey(prefix, rng.IntN(n)) }
 }
+
+// allKeys returns every key keyFunc can pick.
+func (s *scenario) allKeys(prefix string) []string {
+	if s.Keys <= 1 {
+		return []string{hotKeyName(prefix)}
+	}
+	out := make([]string, s.Keys)
+	for i := range out {
+		out[i] = userKey(prefix, i)
+	}
+	return out
+}
+
+func hotKeyName(prefix string) string { return prefix + "hot" }
+
+func userKey(prefix string, i int) string { return prefix + "u" + strconv.Itoa(i) }
 
 // window is the timeline's time slice: about a hundred points per run.
 func (s *scenario) window() time.Duration {

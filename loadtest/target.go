@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,34 +16,53 @@ import (
 	"github.com/pglimit/cooldown/pglimit"
 )
 
-// variant is one column of the comparison: a strategy (with options), the
-// floor, or whatever the demo instances behind an HTTP target run.
+// variant is one column of the comparison: a strategy (with options), a
+// floor, the peer, or whatever the demo instances behind an HTTP target run.
 type variant struct {
 	Name        string
 	Strategy    pglimit.Strategy
 	PlainInsert bool
 	AsyncCommit bool // pglimit.Config.AsyncCommit
 	PreBlock    int  // pglimit.Config.PreBlockSize
+	Floor       bool // the least work a request can do; it decides nothing
+	Redis       bool // runs on the load test's Redis, not on PostgreSQL
 }
 
 // preBlockSize is the pre-block of the *-preblock variants: room for every
 // key of the many-keys scenario.
 const preBlockSize = 100_000
 
-// floorName names the floor in reports: the same instances doing the least
-// work a request can do (SELECT 1 in-process, GET /healthz over HTTP).
-const floorName = "floor"
+// Names of the floors and the peer in reports.
+const (
+	// floorName is the same instances doing the least work a request can
+	// do: SELECT 1 in-process, GET /healthz over HTTP.
+	floorName = "floor"
+	// writeFloorName is the cheapest durable write an admission could make:
+	// an UPDATE of one pre-seeded row by primary key, on the limiter's own
+	// table as migrated.
+	writeFloorName = "floor-write"
+	// pingFloorName is a Redis round trip: PING.
+	pingFloorName = "floor-redis"
+	// peerName is the limiter a Go team would pick instead: redis_rate.
+	peerName = "redis_rate"
+)
 
-var floor = variant{Name: floorName}
+var (
+	floor      = variant{Name: floorName, Floor: true}
+	writeFloor = variant{Name: writeFloorName, Floor: true, Strategy: pglimit.Upsert} // its table
+	pingFloor  = variant{Name: pingFloorName, Floor: true, Redis: true}
+	peer       = variant{Name: peerName, Redis: true}
+)
 
 // naive is the Range strategy with the article's plain INSERT.
 var naive = variant{Name: "range-naive", Strategy: pglimit.Range, PlainInsert: true}
 
-// allVariants lists the strategies a run can compare, in report order: the
+// allVariants lists what a run can compare, in report order: the peer, the
 // strategies as they are by default, the article's Range, then each
 // strategy with asynchronous commit and with the local pre-block.
 func allVariants() []variant {
-	vs := make([]variant, 0, 3*len(pglimit.Strategies)+1)
+	vs := make([]variant, 0, 3*len(pglimit.Strategies)+2)
+	vs = append(vs, peer)
 	for _, s := range pglimit.Strategies {
 		vs = append(vs, variant{Name: string(s), Strategy: s})
 	}
@@ -56,14 +76,38 @@ func allVariants() []variant {
 	return vs
 }
 
+// floors returns the floors measured beside vs: the read floor always, the
+// write floor in-process, the Redis floor when the peer runs.
+func floors(vs []variant, inProcess bool) []variant {
+	out := []variant{floor}
+	if inProcess {
+		out = append(out, writeFloor)
+	}
+	if slices.ContainsFunc(vs, func(v variant) bool { return v.Redis }) {
+		out = append(out, pingFloor)
+	}
+	return out
+}
+
+// namespace is the limiters' namespace, and the write floor's.
+const namespace = "loadtest"
+
+// writeFloorSQL is the write floor's statement, given schema and table. A
+// plain UPDATE of a row that exists is the cheapest durable write by primary
+// key: no speculative insertion and no conflict check, as an upsert would
+// add, and no new row. It sets the column an admission sets, so it pays for
+// the same index entries and WAL.
+const writeFloorSQL = `UPDATE %s.%s SET expires_at = now() WHERE namespace = $1 AND key = $2`
+
 // decideFunc makes one decision for key on one instance.
 type decideFunc func(ctx context.Context, key string) outcome
 
 // target is what the load is sent to.
 type target interface {
-	// open brings up instances app instances sized for conns concurrent
-	// requests each, fresh for every run so that runs do not share state.
-	open(ctx context.Context, instances, conns int) (session, error)
+	// open brings up instances app instances of v sized for conns
+	// concurrent requests each, fresh for every run so that runs do not
+	// share state.
+	open(ctx context.Context, v variant, instances, conns int) (session, error)
 }
 
 // session is one run's instances.
@@ -76,14 +120,19 @@ type session interface {
 }
 
 // inProcess runs the library itself: each instance is its own pgxpool
-// pool, as two replicas of an application would have.
+// pool, as two replicas of an application would have. The peer's instances
+// are go-redis clients instead.
 type inProcess struct {
 	cfg      *pgxpool.Config
 	maxConns int               // the most one instance may open
 	schemas  map[string]string // variant name to schema
+	redis    *redisServer      // nil when the peer does not run
 }
 
-func (t *inProcess) open(ctx context.Context, instances, conns int) (session, error) {
+func (t *inProcess) open(ctx context.Context, v variant, instances, conns int) (session, error) {
+	if v.Redis {
+		return t.redis.open(ctx, instances, conns)
+	}
 	s := &poolSession{schemas: t.schemas, size: min(conns, t.maxConns)}
 	for range instances {
 		cfg := t.cfg.Copy()
@@ -136,11 +185,23 @@ func (s *poolSession) conns() int { return s.size }
 
 func (s *poolSession) deciders(v variant, cooldown time.Duration) ([]decideFunc, error) {
 	out := make([]decideFunc, len(s.pools))
+	update := fmt.Sprintf(writeFloorSQL, ident(s.schemas[writeFloorName]), ident(tableOf(writeFloor)))
 	for i, p := range s.pools {
-		if v.Name == floorName {
+		switch v.Name {
+		case floorName:
 			out[i] = func(ctx context.Context, _ string) outcome {
 				var one int
 				err := p.QueryRow(ctx, "SELECT 1").Scan(&one)
+				return outcome{allowed: err == nil, err: err}
+			}
+			continue
+		case writeFloorName:
+			out[i] = func(ctx context.Context, key string) outcome {
+				tag, err := p.Exec(ctx, update, namespace, key)
+				if err == nil && tag.RowsAffected() != 1 {
+					// Writing nothing would make a flattering floor.
+					err = fmt.Errorf("write floor: key %q was not seeded", key)
+				}
 				return outcome{allowed: err == nil, err: err}
 			}
 			continue
@@ -151,7 +212,7 @@ func (s *poolSession) deciders(v variant, cooldown time.Duration) ([]decideFunc,
 			AsyncCommit:  v.AsyncCommit,
 			PreBlockSize: v.PreBlock,
 			Cooldown:     cooldown,
-			Namespace:    "loadtest",
+			Namespace:    namespace,
 			Schema:       s.schemas[v.Name],
 		})
 		if err != nil {
@@ -180,7 +241,7 @@ type overHTTP struct {
 }
 
 // open uses every URL: buildScenarios made instances the number of URLs.
-func (t *overHTTP) open(_ context.Context, _, conns int) (session, error) {
+func (t *overHTTP) open(_ context.Context, _ variant, _, conns int) (session, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns = 0
 	tr.MaxIdleConnsPerHost = conns
@@ -203,7 +264,7 @@ func (s *httpSession) deciders(v variant, _ time.Duration) ([]decideFunc, error)
 	out := make([]decideFunc, len(s.urls))
 	for i, base := range s.urls {
 		base = strings.TrimRight(base, "/")
-		if v.Name == floorName {
+		if v.Floor {
 			out[i] = func(ctx context.Context, _ string) outcome {
 				code, _, err := s.get(ctx, base+"/healthz")
 				if err == nil && code/100 != 2 {
