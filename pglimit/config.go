@@ -98,14 +98,14 @@ type Config struct {
 	AsyncCommit bool
 
 	// PreBlockSize, when positive, turns on the local pre-block: after the
-	// database has decided that a key is in cooldown until T, this process
-	// refuses the key until T without a round trip, remembering at most
-	// PreBlockSize keys (a full cache forgets keys, which only costs round
-	// trips). It never refuses past the end of a cooldown the database
-	// reported, but a Reset made by another instance reaches this one only
-	// when the remembered cooldown ends: at most Cooldown later. A Reset
-	// through this limiter clears its own entry at once. Defaults to 0
-	// (off).
+	// database has decided that a key has no unit left until T, this
+	// process refuses the key until T without a round trip, remembering at
+	// most PreBlockSize keys (a full cache forgets keys, which only costs
+	// round trips). It never refuses past a time the database reported, but
+	// a Reset made by another instance reaches this one only when the
+	// remembered time comes: at most one full burst (a cooldown) later. A
+	// Reset through this limiter clears its own entry at once. Only for a
+	// single GCRA limit, a cooldown among them. Defaults to 0 (off).
 	PreBlockSize int
 }
 
@@ -153,6 +153,9 @@ func (c *Config) withDefaults() (Config, error) {
 	out.Timeout = cmp.Or(out.Timeout, defaultTimeout)
 	if out.PreBlockSize < 0 {
 		return Config{}, fmt.Errorf("%w: PreBlockSize must not be negative, got %d", ErrInvalidConfig, out.PreBlockSize)
+	}
+	if out.PreBlockSize > 0 && (len(out.Limits) != 1 || out.Limits[0].Algorithm != GCRA) {
+		return Config{}, fmt.Errorf("%w: PreBlockSize needs a single GCRA limit (a cooldown, say)", ErrInvalidConfig)
 	}
 	if out.PlainInsert && out.Strategy != Range {
 		return Config{}, fmt.Errorf("%w: PlainInsert applies only to the Range strategy", ErrInvalidConfig)
