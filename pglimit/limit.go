@@ -58,7 +58,8 @@ type Limit struct {
 	Period time.Duration
 
 	// Burst is, for GCRA, how many units a key may use at once. Must not
-	// be negative; window algorithms take none. Defaults to 1.
+	// be negative, and a full burst must replenish within 366 days
+	// (Burst*Period/Rate); window algorithms take none. Defaults to 1.
 	Burst int
 
 	// Algorithm says how the limit counts. Defaults to [GCRA].
@@ -132,6 +133,11 @@ func (l Limit) withDefaults(i int) (Limit, error) {
 	}
 	if l.Algorithm == GCRA && l.Burst == 0 {
 		l.Burst = 1
+	}
+	if l.Algorithm == GCRA && int64(l.Burst) > maxPeriod.Microseconds()/l.emission() {
+		// Keeps Burst*T, and every sum the statements make of it, far
+		// inside 64 bits.
+		return l, fmt.Errorf("%w: %s: a burst of %d at %d per %s takes more than %s to replenish", ErrInvalidConfig, field("Burst"), l.Burst, l.Rate, l.Period, maxPeriod)
 	}
 	if l.Name == "" {
 		l.Name = fmt.Sprintf("%d-per-%s", l.Rate, l.Period)

@@ -224,7 +224,7 @@ func (l *stmtLimiter) checkReserve(n int, maxDelay time.Duration) error {
 		if lim.Algorithm != GCRA {
 			return fmt.Errorf("%w: Reserve on limit %q, which is %s, not GCRA", ErrUnsupported, lim.Name, lim.Algorithm)
 		}
-		if t := lim.emission(); int64(n)*t > int64(lim.Burst)*t+maxDelay.Microseconds() {
+		if t := lim.emission(); int64(n) > (int64(lim.Burst)*t+maxDelay.Microseconds())/t {
 			return fmt.Errorf("%w: n = %d never fits limit %q within %s", ErrInvalidCost, n, lim.Name, maxDelay)
 		}
 	}
