@@ -30,7 +30,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
+	"github.com/pglimit/cooldown/internal/pgserver"
 )
 
 func main() {
@@ -233,7 +233,7 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 
 	dbURL := o.databaseURL
 	if dbURL == "" && o.targets == nil {
-		srv, err := pglimittest.StartServer(ctx, &pglimittest.ServerConfig{Durable: true, Logf: logf})
+		srv, err := pgserver.Start(ctx, &pgserver.Config{Durable: true, Logf: logf})
 		if err != nil {
 			return nil, err
 		}
@@ -244,7 +244,7 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		}()
 		logf("PostgreSQL at %s (stopped and removed at exit)", srv.URL())
 		dbURL = srv.URL()
-		rep.Meta.Database = "throwaway " + srv.Kind() + " PostgreSQL started by the load test, durable settings"
+		rep.Meta.Database = "throwaway PostgreSQL (" + srv.Source() + ") started by the load test, durable settings"
 	}
 
 	r := &runner{opts: o, stderr: stderr, runID: runID}

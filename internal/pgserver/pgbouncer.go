@@ -1,4 +1,4 @@
-package pglimittest
+package pgserver
 
 import (
 	"cmp"
@@ -21,19 +21,19 @@ type PgBouncer struct {
 
 // StartPgBouncer starts PgBouncer (transaction pooling) in front of the
 // server at upstream, which must accept the user postgres without a
-// password from 127.0.0.1, as the servers of [StartServer] do. It needs the
+// password from 127.0.0.1, as the servers of [Start] do. It needs the
 // pgbouncer binary (Debian: apt-get install pgbouncer).
 func StartPgBouncer(ctx context.Context, upstream string) (*PgBouncer, error) {
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
 		bin = "/usr/sbin/pgbouncer"
 		if _, statErr := os.Stat(bin); statErr != nil {
-			return nil, fmt.Errorf("pglimittest: pgbouncer not found on PATH or in /usr/sbin: install it (Debian/Ubuntu: apt-get install pgbouncer)")
+			return nil, fmt.Errorf("pgserver: pgbouncer not found on PATH or in /usr/sbin: install it (Debian/Ubuntu: apt-get install pgbouncer)")
 		}
 	}
 	up, err := url.Parse(upstream)
 	if err != nil {
-		return nil, fmt.Errorf("pglimittest: upstream URL: %w", err)
+		return nil, fmt.Errorf("pgserver: upstream URL: %w", err)
 	}
 	cred, runAs, err := serverCredential() // pgbouncer refuses to run as root
 	if err != nil {
@@ -75,7 +75,7 @@ logfile = %s
 		return nil, err
 	}
 	if err := serverChown(dir, cred); err != nil {
-		return nil, fmt.Errorf("pglimittest: chown %s to %s: %w", dir, runAs, err)
+		return nil, fmt.Errorf("pgserver: chown %s to %s: %w", dir, runAs, err)
 	}
 
 	cmd := exec.Command(bin, iniPath)
@@ -89,7 +89,7 @@ logfile = %s
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("pglimittest: start pgbouncer: %w", err)
+		return nil, fmt.Errorf("pgserver: start pgbouncer: %w", err)
 	}
 	p := &serverProc{cmd: cmd, exited: make(chan struct{}), logPath: logPath}
 	go func() {
@@ -99,7 +99,7 @@ logfile = %s
 	u := fmt.Sprintf("postgres://postgres@127.0.0.1:%d%s?sslmode=disable", port, up.Path)
 	if err := p.waitReady(ctx, u+"&default_query_exec_mode=exec", 0); err != nil {
 		_ = p.stop(func(string, ...any) {})
-		return nil, fmt.Errorf("pglimittest: pgbouncer: %w", err)
+		return nil, fmt.Errorf("pgserver: pgbouncer: %w", err)
 	}
 	ok = true
 	return &PgBouncer{url: u, proc: p, dir: dir}, nil
