@@ -81,4 +81,8 @@ echo "consumer: go build"
 go build -o consumer .
 echo "consumer: go vet"
 go vet ./...
-echo "consumer: ok: $(go list -m all | wc -l) modules in the graph, binary $(stat -c %s consumer) bytes"
+graph=$(go list -m all)
+if grep -E "testcontainers|gonum.org/v1/plot|hdrhistogram|go-ansiterm" <<<"$graph"; then
+  echo "consumer: the module graph holds test or tool dependencies (above)"; exit 1
+fi
+echo "consumer: ok: $(wc -l <<<"$graph") modules in the graph, binary $(stat -c %s consumer) bytes"

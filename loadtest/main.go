@@ -2,9 +2,9 @@
 // concurrency against a real PostgreSQL, and writes a terminal table, a
 // Markdown report, a JSON file with every figure and PNG charts.
 //
-//	go run ./loadtest -short          # the CI/README version, under 2 minutes
-//	go run ./loadtest -scale 0.1      # the article's 10-minute load in 1 minute
-//	go run ./loadtest -target http://localhost:9091,http://localhost:9095
+//	go -C loadtest run . -short          # the CI/README version, under 2 minutes
+//	go -C loadtest run . -scale 0.1      # the article's 10-minute load in 1 minute
+//	go -C loadtest run . -target http://localhost:9091,http://localhost:9095
 //
 // With no -database-url (or DATABASE_URL) it starts a throwaway, durable
 // PostgreSQL and stops it at the end. It exits 1 when a strategy other than
@@ -77,7 +77,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", 16, "many-keys: concurrent workers")
 	fs.IntVar(&o.keys, "keys", 100_000, "many-keys: distinct users")
 	fs.IntVar(&o.poolSize, "pool-size", 10, "seed: connections per instance")
-	fs.StringVar(&o.out, "out", "loadtest/out", "directory for report.md, results.json and the charts")
+	fs.StringVar(&o.out, "out", "out", "directory for report.md, results.json and the charts (relative to loadtest/, where it runs)")
 	fs.BoolVar(&o.progress, "progress", true, "print a progress line to stderr every second")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -134,7 +134,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 
 	// The command as reports show it: the flags that shape the figures.
-	cmd := []string{"go run ./loadtest"}
+	cmd := []string{"go -C loadtest run ."}
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "out", "progress":
