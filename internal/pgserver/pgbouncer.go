@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 )
 
 // PgBouncer is a PgBouncer process in transaction pooling mode in front of
@@ -56,8 +57,14 @@ func StartPgBouncer(ctx context.Context, upstream string) (*PgBouncer, error) {
 	// auth_type any: every client logs in as the user named per database.
 	// search_path is a startup parameter PgBouncer cannot pass on; the
 	// tests' pools set it, so it is ignored rather than refused.
+	// A container's server wants the password of its URL; a local cluster
+	// trusts 127.0.0.1 and has none.
+	password := ""
+	if p, ok := up.User.Password(); ok {
+		password = " password=" + pgbouncerQuote(p)
+	}
 	ini := fmt.Sprintf(`[databases]
-* = host=%s port=%s user=postgres
+* = host=%s port=%s user=postgres%s
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -69,7 +76,7 @@ max_client_conn = 1000
 default_pool_size = 20
 ignore_startup_parameters = extra_float_digits,search_path
 logfile = %s
-`, up.Hostname(), cmp.Or(up.Port(), "5432"), port, filepath.Join(dir, "pgbouncer.log"))
+`, up.Hostname(), cmp.Or(up.Port(), "5432"), password, port, filepath.Join(dir, "pgbouncer.log"))
 	iniPath := filepath.Join(dir, "pgbouncer.ini")
 	if err := os.WriteFile(iniPath, []byte(ini), 0o600); err != nil {
 		return nil, err
@@ -114,4 +121,9 @@ func (b *PgBouncer) URL() string { return b.url }
 func (b *PgBouncer) Close() error {
 	err := b.proc.stop(func(string, ...any) {})
 	return errors.Join(err, os.RemoveAll(b.dir))
+}
+
+// pgbouncerQuote quotes a connection-string value the way libpq reads it.
+func pgbouncerQuote(v string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }
