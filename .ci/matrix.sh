@@ -88,8 +88,13 @@ row() {
   else
     line="PostgreSQL $major ($source): FAIL, $passed passed, $failed_n failed (server major: ${got:-none}, go test exit $rc)"
     failed=1
-    echo "---- go test output for PostgreSQL $major ($source):" >&2
-    grep -v '"Action":"\(run\|pause\|cont\|start\)"' "$out" | grep -o '"Output":"[^"]*' | sed 's/"Output":"//; s/\\n$//; s/\\t/\t/g' | tail -60 >&2
+    echo "---- output of the failed tests, PostgreSQL $major ($source):" >&2
+    local t
+    grep '"Action":"fail"' "$out" | grep -o '"Test":"[^"]*"' | sort -u | while read -r t; do
+      grep -F "$t" "$out" | grep '"Action":"output"' | grep -o '"Output":".*' | sed 's/"Output":"//; s/"}$//; s/\\n$//; s/\\t/\t/g' >&2
+    done
+    # What the harness said, and a build or set-up failure.
+    grep -v '"Test":' "$out" | grep -o '"Output":".*' | sed 's/"Output":"//; s/"}$//; s/\\n$//' | grep -v 'container: ' | tail -20 >&2
   fi
   echo "$line"
   results+=("$line")
