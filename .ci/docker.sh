@@ -54,7 +54,8 @@ stop() {
   kill "$pid" 2>/dev/null || true
   for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
   kill -9 "$pid" 2>/dev/null || true
-  umount -R "$state/data" "$state/exec" 2>/dev/null || true
+  # dockerd leaves mounts behind (its network namespace, overlays): deepest first.
+  awk -v s="$state/" 'index($5, s) == 1 { print $5 }' /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l
   rm -rf "$state"
 }
 
