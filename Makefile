@@ -1,19 +1,30 @@
 # The README's two commands: `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test bench fmt vet
+# Every module of the repository: the library (with the demo), the load
+# benchmark, and the container launcher the test harness runs. Each has its
+# own go.mod so that importers of the library see none of the others'
+# dependencies.
+MODULES := . loadtest internal/pgcontainer
+
+.PHONY: demo test test-matrix bench fmt vet
 
 demo:
 	$(GO) run ./demo
 
 test:
-	$(GO) test -race -shuffle=on -count=1 ./...
+	@set -e; for m in $(MODULES); do echo "go test $$m"; $(GO) -C $$m test -race -shuffle=on -count=1 ./...; done
+
+# The conformance suite against every supported PostgreSQL major, from local
+# binaries (and through testcontainers when a Docker engine answers).
+test-matrix:
+	bash .ci/matrix.sh
 
 bench:
-	$(GO) run ./loadtest -short
+	$(GO) -C loadtest run . -short
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 vet:
-	$(GO) vet ./...
+	@set -e; for m in $(MODULES); do echo "go vet $$m"; $(GO) -C $$m vet ./...; done

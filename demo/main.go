@@ -40,10 +40,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pglimit/cooldown/internal/pgserver"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
 	"github.com/pglimit/cooldown/pglimit/pglimitprom"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 func main() {
@@ -158,7 +158,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 }
 
 const (
-	startTimeout       = 2 * time.Minute // a first initdb or image pull is slow
+	startTimeout       = 5 * time.Minute // a first initdb, image pull or container launcher build is slow
 	shutdownTimeout    = 10 * time.Second
 	cleanupStopTimeout = 5 * time.Second // a running batch may finish; then it is cancelled
 )
@@ -181,7 +181,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer cancel()
 	if cfg.databaseURL == "" {
 		logger.Info("no database URL configured (-database-url or DATABASE_URL): starting a throwaway PostgreSQL")
-		srv, err := pglimittest.StartServer(startCtx, &pglimittest.ServerConfig{
+		srv, err := pgserver.Start(startCtx, &pgserver.Config{
 			Durable: true, // honest latencies on the dashboard
 			Logf: func(format string, args ...any) {
 				logger.Info("postgres: " + fmt.Sprintf(format, args...))
@@ -197,7 +197,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			}
 		}()
 		cfg.databaseURL = srv.URL()
-		logger.Info("throwaway PostgreSQL ready (deleted when the demo stops)", "kind", srv.Kind(), "url", cfg.databaseURL)
+		logger.Info("throwaway PostgreSQL ready (deleted when the demo stops)", "source", srv.Source(), "url", cfg.databaseURL)
 	}
 
 	poolCfg, err := pgxpool.ParseConfig(cfg.databaseURL)

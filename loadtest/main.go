@@ -2,9 +2,9 @@
 // concurrency against a real PostgreSQL, and writes a terminal table, a
 // Markdown report, a JSON file with every figure and PNG charts.
 //
-//	go run ./loadtest -short          # the README version, under 3 minutes
-//	go run ./loadtest -scale 0.1      # the article's 10-minute load in 1 minute
-//	go run ./loadtest -target http://localhost:9091,http://localhost:9095
+//	go -C loadtest run . -short          # the README version, under 3 minutes
+//	go -C loadtest run . -scale 0.1      # the article's 10-minute load in 1 minute
+//	go -C loadtest run . -target http://localhost:9091,http://localhost:9095
 //
 // With no -database-url (or DATABASE_URL) it starts a throwaway, durable
 // PostgreSQL and stops it at the end; for the peer, redis_rate, it starts
@@ -32,7 +32,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
+	"github.com/pglimit/cooldown/internal/pgserver"
 )
 
 func main() {
@@ -80,7 +80,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	concurrency := fs.String("concurrency", "16", "many-keys: concurrent workers (comma-separated levels)")
 	fs.IntVar(&o.keys, "keys", 100_000, "many-keys: distinct users")
 	fs.IntVar(&o.poolSize, "pool-size", 10, "seed: connections per instance")
-	fs.StringVar(&o.out, "out", "loadtest/out", "directory for report.md, results.json and the charts")
+	fs.StringVar(&o.out, "out", "out", "directory for report.md, results.json and the charts (relative to loadtest/, where it runs)")
 	fs.BoolVar(&o.progress, "progress", true, "print a progress line to stderr every second")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -136,7 +136,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 
 	// The command as reports show it: the flags that shape the figures.
-	cmd := []string{"go run ./loadtest"}
+	cmd := []string{"go -C loadtest run ."}
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "out", "progress":
@@ -264,7 +264,7 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 
 	dbURL := o.databaseURL
 	if dbURL == "" && o.targets == nil {
-		srv, err := pglimittest.StartServer(ctx, &pglimittest.ServerConfig{Durable: true, Logf: logf})
+		srv, err := pgserver.Start(ctx, &pgserver.Config{Durable: true, Logf: logf})
 		if err != nil {
 			return nil, err
 		}
@@ -275,7 +275,7 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		}()
 		logf("PostgreSQL at %s (stopped and removed at exit)", srv.URL())
 		dbURL = srv.URL()
-		rep.Meta.Database = "throwaway " + srv.Kind() + " PostgreSQL started by the load test, durable settings"
+		rep.Meta.Database = "throwaway PostgreSQL (" + srv.Source() + ") started by the load test, durable settings"
 	}
 
 	r := &runner{opts: o, floors: fl, stderr: stderr, runID: runID}

@@ -123,7 +123,8 @@ func TestMigrateExplainsMissingExtension(t *testing.T) {
 	ctx := context.Background()
 	admin := pglimittest.Pool(t)
 	name := fmt.Sprintf("pglimit_ext_%d", time.Now().UnixNano())
-	for _, q := range []string{"CREATE ROLE " + name + " LOGIN", "CREATE DATABASE " + name} {
+	// A password, for servers that ask for one (a container's do).
+	for _, q := range []string{"CREATE ROLE " + name + " LOGIN PASSWORD 'pglimit'", "CREATE DATABASE " + name} {
 		if _, err := admin.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
@@ -153,7 +154,7 @@ func TestMigrateExplainsMissingExtension(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg.ConnConfig.User = name
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = name, "pglimit"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

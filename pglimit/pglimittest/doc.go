@@ -1,13 +1,26 @@
-// Package pglimittest gives tests, examples, the demo and the load test a
-// real PostgreSQL, and holds the conformance suite every strategy passes.
+// Package pglimittest gives tests and examples a real PostgreSQL, and holds
+// the conformance suite every strategy passes.
 //
 // # Where the server comes from
 //
-// [StartServer] uses, in order: an explicit URL ([EnvURL] for tests), a
+// The shared server is, in order: an explicit URL ([EnvURL]), a
 // testcontainers-go PostgreSQL container when a Docker engine answers, or a
 // throwaway cluster from local PostgreSQL binaries (initdb and postgres, run
 // as an unprivileged user when the process is root). With none of these it
-// fails with a message saying how to provide one; it never skips.
+// fails with a message saying how to provide one; it never skips. [EnvPrefer]
+// forces a source, [EnvPGBin] picks the local binaries (another major) and
+// [EnvDockerImage] the image. The log names the version and source used.
+//
+// The container is started by a small command of its own module
+// (internal/pgcontainer in the repository, run with go run), so that this
+// package, and every module that imports pglimit, needs no testcontainers.
+// That command removes the container when the tests end, with or without
+// testcontainers' reaper (TESTCONTAINERS_RYUK_DISABLED=true where the reaper
+// image cannot be pulled). On an engine that cannot program bridge networks,
+// set [EnvDockerNetwork] to "host": the container then shares the host's
+// network, listens on 127.0.0.1 on a free port, and the daemon host is taken
+// to be 127.0.0.1 (TESTCONTAINERS_HOST_OVERRIDE). A laptop's Docker needs
+// none of this.
 //
 // # Tests
 //

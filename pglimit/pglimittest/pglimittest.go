@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/pglimit/cooldown/internal/pgserver"
 	"github.com/pglimit/cooldown/pglimit"
 )
 
@@ -26,15 +27,42 @@ const (
 
 	// EnvPrefer forces a source: "docker" or "local".
 	EnvPrefer = "PGLIMIT_TEST_POSTGRES"
+
+	// EnvPGBin names a directory holding initdb and postgres, to test
+	// against another PostgreSQL major than the installed one.
+	EnvPGBin = "PGLIMIT_TEST_PGBIN"
+
+	// EnvDockerImage names the container image to use instead of the
+	// default; it must behave like the official postgres image.
+	EnvDockerImage = "PGLIMIT_TEST_DOCKER_IMAGE"
+
+	// EnvDockerNetwork set to "host" runs the container on the host's
+	// network, listening on 127.0.0.1 on a port of its own, for engines
+	// that cannot program bridge networks (see the package doc).
+	EnvDockerNetwork = "PGLIMIT_TEST_DOCKER_NETWORK"
 )
+
+// serverStartTimeout bounds a server start: a first container start
+// compiles the container launcher, or pulls an image.
+const serverStartTimeout = 5 * time.Minute
+
+// serverConfig maps the environment onto the launcher's configuration.
+func serverConfig() *pgserver.Config {
+	return &pgserver.Config{
+		Prefer:      os.Getenv(EnvPrefer),
+		BinDir:      os.Getenv(EnvPGBin),
+		Image:       os.Getenv(EnvDockerImage),
+		HostNetwork: os.Getenv(EnvDockerNetwork) == "host",
+	}
+}
 
 var shared struct {
 	sync.Mutex
 	inMain bool
-	srv    *Server
+	srv    *pgserver.Server
 	err    error
 
-	bouncer    *PgBouncer
+	bouncer    *pgserver.PgBouncer
 	bouncerErr error
 }
 
@@ -100,13 +128,19 @@ func ServerURL() (string, error) {
 		return "", errors.New("pglimittest: call pglimittest.Main(m) from TestMain, so the shared PostgreSQL is stopped after the tests")
 	}
 	if shared.srv == nil && shared.err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), serverStartTimeout)
 		defer cancel()
-		shared.srv, shared.err = StartServer(ctx, &ServerConfig{
-			URL:    os.Getenv(EnvURL),
-			Prefer: os.Getenv(EnvPrefer),
-			Logf:   func(format string, args ...any) { fmt.Fprintf(os.Stderr, "pglimittest: "+format+"\n", args...) },
-		})
+		cfg := serverConfig()
+		cfg.URL = os.Getenv(EnvURL)
+		cfg.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "pglimittest: "+format+"\n", args...) }
+		shared.srv, shared.err = pgserver.Start(ctx, cfg)
+		if shared.err == nil {
+			var version string
+			if version, shared.err = prepare(ctx, shared.srv.URL()); shared.err == nil {
+				// Names what the tests ran on, so a log shows it (make test-matrix reads it).
+				cfg.Logf("tests run on PostgreSQL %s from %s", version, shared.srv.Source())
+			}
+		}
 		if shared.err != nil {
 			shared.err = fmt.Errorf("pglimittest: no PostgreSQL for tests: %w", shared.err)
 		}
@@ -115,6 +149,19 @@ func ServerURL() (string, error) {
 		return "", shared.err
 	}
 	return shared.srv.URL(), nil
+}
+
+// prepare returns the server's version. It installs nothing: Migrate
+// creates btree_gist where it belongs, as it would for a user.
+func prepare(ctx context.Context, url string) (string, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	var version string
+	err = conn.QueryRow(ctx, "SHOW server_version").Scan(&version)
+	return version, err
 }
 
 // Pool returns a new pool to the shared server, closed when the test ends.
@@ -135,7 +182,7 @@ func PgBouncerPool(tb testing.TB) *pgxpool.Pool {
 	shared.Lock()
 	if shared.bouncer == nil && shared.bouncerErr == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		shared.bouncer, shared.bouncerErr = StartPgBouncer(ctx, upstream)
+		shared.bouncer, shared.bouncerErr = pgserver.StartPgBouncer(ctx, upstream)
 		cancel()
 	}
 	b, err := shared.bouncer, shared.bouncerErr
@@ -208,14 +255,31 @@ func Schema(tb testing.TB) string {
 	return name
 }
 
+// Server is a PostgreSQL server that one test owns ([OwnServer]).
+type Server struct{ srv *pgserver.Server }
+
+// URL returns a superuser connection URL to the "postgres" database. After
+// [Server.Restart] of a container, the port may have changed.
+func (s *Server) URL() string { return s.srv.URL() }
+
+// Restart stops the server and starts it again on the same data. With
+// immediate it stops the way a crash does (no checkpoint, recovery at
+// start); otherwise it does a fast shutdown. Open connections are cut
+// either way.
+func (s *Server) Restart(ctx context.Context, immediate bool) error {
+	return s.srv.Restart(ctx, immediate)
+}
+
 // OwnServer starts a server for the calling test alone, which it may
 // restart or crash ([Server.Restart]); it is closed when the test ends. It
 // never uses [EnvURL]: a borrowed server cannot be restarted.
 func OwnServer(tb testing.TB) *Server {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), serverStartTimeout)
 	defer cancel()
-	srv, err := StartServer(ctx, &ServerConfig{Prefer: os.Getenv(EnvPrefer), Durable: true})
+	cfg := serverConfig()
+	cfg.Durable = true
+	srv, err := pgserver.Start(ctx, cfg)
 	if err != nil {
 		tb.Fatalf("pglimittest: a server of its own for this fault test: %v", err)
 	}
@@ -224,7 +288,7 @@ func OwnServer(tb testing.TB) *Server {
 			tb.Errorf("pglimittest: %v", err)
 		}
 	})
-	return srv
+	return &Server{srv: srv}
 }
 
 // ServerPool returns a pool of maxConns connections to srv that follows its

@@ -1,4 +1,10 @@
-package pglimittest
+// Package pgserver starts a throwaway PostgreSQL (a testcontainers-go
+// container or a cluster from local binaries) and PgBouncer, for the test
+// harness (pglimittest), the demo and the load test. It imports neither
+// testing nor testcontainers, so that the binaries that use it ship no test
+// code: the container is started by the pgcontainer command, a module of its
+// own beside this package, which the launcher runs with go run.
+package pgserver
 
 import (
 	"bytes"
@@ -21,19 +27,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/testcontainers/testcontainers-go"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 )
 
 // Server kinds reported by [Server.Kind].
 const (
-	serverKindURL    = "url"
-	serverKindDocker = "docker"
-	serverKindLocal  = "local"
+	KindURL    = "url"
+	KindDocker = "docker"
+	KindLocal  = "local"
 )
 
 const (
-	serverDockerImage = "postgres:16-alpine"
+	// DefaultImage is the container image used when [Config.Image] is empty.
+	DefaultImage = "postgres:16-alpine"
 	// Long enough for a slow engine to answer, short enough that machines
 	// without Docker fall through to local binaries without a noticeable wait.
 	serverDockerProbeTimeout = 3 * time.Second
@@ -42,12 +47,12 @@ const (
 	serverPortAttempts       = 3
 )
 
-// ServerConfig says where a test server comes from. A nil *ServerConfig means defaults.
-type ServerConfig struct {
+// Config says where a server comes from. A nil *Config means defaults.
+// Start reads no environment itself; its callers map their own variables
+// onto these fields.
+type Config struct {
 	// URL of an existing server to use instead of starting one; it must allow
-	// CREATE EXTENSION and CREATE DATABASE. StartServer reads no environment
-	// itself, so callers usually pass os.Getenv("PGLIMIT_TEST_DATABASE_URL").
-	// Defaults to "" (start a server).
+	// CREATE EXTENSION and CREATE DATABASE. Defaults to "" (start a server).
 	URL string
 
 	// Durable keeps fsync and full_page_writes on, because the demo and the
@@ -64,28 +69,45 @@ type ServerConfig struct {
 	// "docker" or "local" use only that one (URL still wins when set).
 	// Defaults to "".
 	Prefer string
+
+	// BinDir is a directory holding initdb and postgres, for testing another
+	// PostgreSQL major than the installed one. Defaults to "": initdb on PATH,
+	// else the highest /usr/lib/postgresql/<major>/bin.
+	BinDir string
+
+	// Image is the container image; it must behave like the official
+	// postgres image (POSTGRES_USER, POSTGRES_PASSWORD, POSTGRES_DB, and the
+	// ready line logged twice). Defaults to [DefaultImage].
+	Image string
+
+	// HostNetwork runs the container on the host's network, listening on
+	// 127.0.0.1 on a port of its own, instead of publishing a port from a
+	// bridge network: for engines that cannot program bridge networks. The
+	// daemon host is then taken to be 127.0.0.1. Defaults to false.
+	HostNetwork bool
 }
 
 // Server is a PostgreSQL server for tests, the demo and the load test. It is
 // either borrowed (a URL) or owned (a container or a throwaway cluster), and
 // Close releases only what it owns.
 type Server struct {
-	kind string
-	mu   sync.Mutex // guards url, which a container restart may change
-	url  string
-	dir  string // temp dir of a local cluster, "" otherwise
+	kind   string
+	source string     // for log lines: where the server came from
+	mu     sync.Mutex // guards url, which a container restart may change
+	url    string
+	dir    string // temp dir of a local cluster, "" otherwise
 
 	stop      func() error
-	restart   func(ctx context.Context, immediate bool) error // local clusters only
+	restart   func(ctx context.Context, immediate bool) error
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// StartServer finds or starts a PostgreSQL server. When none can be had it
-// fails with a message saying how to provide one: tests must not skip silently.
-func StartServer(ctx context.Context, cfg *ServerConfig) (*Server, error) {
+// Start finds or starts a PostgreSQL server. When none can be had it fails
+// with a message saying how to provide one: tests must not skip silently.
+func Start(ctx context.Context, cfg *Config) (*Server, error) {
 	if cfg == nil {
-		cfg = &ServerConfig{}
+		cfg = &Config{}
 	}
 	logf := cfg.Logf
 	if logf == nil {
@@ -93,29 +115,29 @@ func StartServer(ctx context.Context, cfg *ServerConfig) (*Server, error) {
 	}
 
 	switch cfg.Prefer {
-	case "", serverKindDocker, serverKindLocal:
+	case "", KindDocker, KindLocal:
 	default:
 		// Checked even when URL is set, so a typo in configuration shows up early.
-		return nil, fmt.Errorf(`pglimittest: ServerConfig.Prefer must be "", "docker" or "local", got %q`, cfg.Prefer)
+		return nil, fmt.Errorf(`pgserver: Config.Prefer must be "", "docker" or "local", got %q`, cfg.Prefer)
 	}
 	if cfg.URL != "" {
 		logf("using PostgreSQL at the given URL")
-		return &Server{kind: serverKindURL, url: cfg.URL}, nil
+		return &Server{kind: KindURL, source: "the given URL", url: cfg.URL}, nil
 	}
 
 	var tried []string
 	switch cfg.Prefer {
 	case "":
-		if err := serverDockerHealthy(ctx); err != nil {
-			logf("no Docker engine answers (%s); trying local PostgreSQL binaries", serverOneLine(err))
-			tried = append(tried, "docker: no engine answers: "+serverOneLine(err))
+		if err := dockerEngineAnswers(ctx); err != nil {
+			logf("no Docker engine answers (%s); trying local PostgreSQL binaries", err)
+			tried = append(tried, "docker: no engine answers: "+err.Error())
 		} else {
 			s, err := startDockerServer(ctx, cfg, logf)
 			if err == nil {
 				return s, nil
 			}
 			if ctx.Err() != nil {
-				return nil, fmt.Errorf("pglimittest: docker: %w", err)
+				return nil, fmt.Errorf("pgserver: docker: %w", err)
 			}
 			logf("%v; trying local PostgreSQL binaries", err)
 			tried = append(tried, "docker: "+err.Error())
@@ -125,36 +147,30 @@ func StartServer(ctx context.Context, cfg *ServerConfig) (*Server, error) {
 			return s, nil
 		}
 		tried = append(tried, "local: "+err.Error())
-	case serverKindDocker:
-		if err := serverDockerHealthy(ctx); err != nil {
-			return nil, serverUnavailable([]string{"docker: no engine answers: " + serverOneLine(err)})
-		}
+	case KindDocker:
+		// No probe: testcontainers knows more ways to find an engine than
+		// the probe does, and its error says what it tried.
 		s, err := startDockerServer(ctx, cfg, logf)
 		if err != nil {
-			return nil, serverUnavailable([]string{"docker: " + err.Error()})
+			return nil, serverUnavailable(cfg, []string{"docker: " + err.Error()})
 		}
 		return s, nil
-	case serverKindLocal:
+	case KindLocal:
 		s, err := startLocalServer(ctx, cfg, logf)
 		if err != nil {
-			return nil, serverUnavailable([]string{"local: " + err.Error()})
+			return nil, serverUnavailable(cfg, []string{"local: " + err.Error()})
 		}
 		return s, nil
 	}
-	return nil, serverUnavailable(tried)
+	return nil, serverUnavailable(cfg, tried)
 }
 
-func serverUnavailable(tried []string) error {
-	return fmt.Errorf("pglimittest: no PostgreSQL server available. Provide one by either\n"+
-		"  - setting PGLIMIT_TEST_DATABASE_URL to a superuser URL, e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable\n"+
+func serverUnavailable(cfg *Config, tried []string) error {
+	return fmt.Errorf("pgserver: no PostgreSQL server available. Provide one by either\n"+
+		"  - setting PGLIMIT_TEST_DATABASE_URL (tests) or DATABASE_URL (demo) to a superuser URL, e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable\n"+
 		"  - starting a Docker engine (image %s is pulled on first use), or\n"+
 		"  - installing PostgreSQL server binaries with contrib, e.g. apt-get install postgresql postgresql-contrib\n"+
-		"tried:\n  %s", serverDockerImage, strings.Join(tried, "\n  "))
-}
-
-// serverOneLine flattens testcontainers' multi-line errors for log lines.
-func serverOneLine(err error) string {
-	return strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
+		"tried:\n  %s", cmp.Or(cfg.Image, DefaultImage), strings.Join(tried, "\n  "))
 }
 
 // URL returns a superuser connection URL to the "postgres" database. After
@@ -165,12 +181,17 @@ func (s *Server) URL() string {
 	return s.url
 }
 
-// Kind tells where the server came from ("url", "docker" or "local"), so
-// callers can log it or reason about what Close will do.
+// Kind tells where the server came from ([KindURL], [KindDocker] or
+// [KindLocal]), so callers can log it or reason about what Close will do.
 func (s *Server) Kind() string { return s.kind }
 
-// Close stops what StartServer started and removes its files; a borrowed URL
-// is left alone. It is safe to call more than once.
+// Source describes where the server came from in a few words, for log
+// lines: "local binaries in /usr/lib/postgresql/15/bin", "testcontainers,
+// docker image postgres:16-alpine", "the given URL".
+func (s *Server) Source() string { return s.source }
+
+// Close stops what Start started and removes its files; a borrowed URL is
+// left alone. It is safe to call more than once.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		if s.stop != nil {
@@ -188,106 +209,9 @@ func (s *Server) Close() error {
 // restarted.
 func (s *Server) Restart(ctx context.Context, immediate bool) error {
 	if s.restart == nil {
-		return fmt.Errorf("pglimittest: a %s server cannot be restarted; only containers and local clusters can", s.kind)
+		return fmt.Errorf("pgserver: a %s server cannot be restarted; only containers and local clusters can", s.kind)
 	}
 	return s.restart(ctx, immediate)
-}
-
-// serverDockerHealthy runs the probe in a goroutine because provider
-// construction ignores ctx; a wedged DOCKER_HOST must not hang the caller.
-func serverDockerHealthy(ctx context.Context) (err error) {
-	ctx, cancel := context.WithTimeout(ctx, serverDockerProbeTimeout)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				done <- fmt.Errorf("docker probe panicked: %v", r)
-			}
-		}()
-		p, err := testcontainers.NewDockerProvider(testcontainers.WithLogger(serverLogger{func(string, ...any) {}}))
-		if err != nil {
-			done <- err
-			return
-		}
-		done <- p.Health(ctx) // Health closes the provider
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// serverLogger adapts Logf to testcontainers' logger, which otherwise writes
-// to stderr.
-type serverLogger struct{ logf func(string, ...any) }
-
-func (l serverLogger) Printf(format string, args ...any) { l.logf(format, args...) }
-
-func startDockerServer(ctx context.Context, cfg *ServerConfig, logf func(string, ...any)) (s *Server, err error) {
-	// testcontainers has panicking paths (e.g. socket discovery); a test
-	// helper must turn them into errors.
-	defer func() {
-		if r := recover(); r != nil {
-			s, err = nil, fmt.Errorf("testcontainers panicked: %v", r)
-		}
-	}()
-	logf("starting PostgreSQL container %s", serverDockerImage)
-	cmd := []string{"postgres", "-c", "max_connections=300"}
-	if !cfg.Durable {
-		cmd = append(cmd, "-c", "fsync=off", "-c", "full_page_writes=off")
-	}
-	ctr, err := tcpostgres.Run(ctx, serverDockerImage,
-		testcontainers.WithLogger(serverLogger{logf}),
-		tcpostgres.BasicWaitStrategies(),
-		testcontainers.WithCmd(cmd...), // replaces the module's default, which forces fsync=off
-	)
-	if err != nil {
-		_ = testcontainers.TerminateContainer(ctr)
-		return nil, fmt.Errorf("start container: %w", err)
-	}
-	url, err := ctr.ConnectionString(ctx, "sslmode=disable")
-	if err != nil {
-		_ = testcontainers.TerminateContainer(ctr)
-		return nil, fmt.Errorf("container connection string: %w", err)
-	}
-	logf("PostgreSQL container %s ready", ctr.GetContainerID())
-	srv := &Server{
-		kind: serverKindDocker,
-		url:  url,
-		stop: func() error {
-			if err := testcontainers.TerminateContainer(ctr); err != nil {
-				return fmt.Errorf("pglimittest: terminate container: %w", err)
-			}
-			return nil
-		},
-	}
-	srv.restart = func(ctx context.Context, immediate bool) error {
-		// The image stops postgres with SIGINT (a fast shutdown); a zero
-		// timeout is SIGKILL, a crash.
-		timeout := serverStopTimeout
-		if immediate {
-			timeout = 0
-		}
-		if err := ctr.Stop(ctx, &timeout); err != nil {
-			return fmt.Errorf("pglimittest: stop container: %w", err)
-		}
-		if err := ctr.Start(ctx); err != nil {
-			return fmt.Errorf("pglimittest: start container: %w", err)
-		}
-		// Docker may map the port anew.
-		url, err := ctr.ConnectionString(ctx, "sslmode=disable")
-		if err != nil {
-			return fmt.Errorf("pglimittest: container connection string: %w", err)
-		}
-		srv.mu.Lock()
-		srv.url = url
-		srv.mu.Unlock()
-		return nil
-	}
-	return srv, nil
 }
 
 // serverLocalBin is a directory holding initdb and postgres.
@@ -296,9 +220,18 @@ type serverLocalBin struct {
 	version string // major version, for log lines
 }
 
-// findLocalBinaries prefers initdb on PATH, as the user's explicit choice,
-// then the highest Debian-style /usr/lib/postgresql/<ver>/bin.
-func findLocalBinaries() (serverLocalBin, error) {
+// findLocalBinaries takes binDir when given; otherwise it prefers initdb on
+// PATH, as the user's explicit choice, then the highest Debian-style
+// /usr/lib/postgresql/<ver>/bin.
+func findLocalBinaries(binDir string) (serverLocalBin, error) {
+	if binDir != "" {
+		for _, name := range []string{"initdb", "postgres"} {
+			if !serverIsExecutable(filepath.Join(binDir, name)) {
+				return serverLocalBin{}, fmt.Errorf("no executable %s in %s (Config.BinDir)", name, binDir)
+			}
+		}
+		return serverLocalBin{dir: binDir, version: serverBinVersion(binDir)}, nil
+	}
 	if p, err := exec.LookPath("initdb"); err == nil {
 		if real, err := filepath.EvalSymlinks(p); err == nil {
 			p = real
@@ -399,8 +332,8 @@ func serverSysProcAttr(cred *syscall.Credential) *syscall.SysProcAttr {
 	}
 }
 
-func startLocalServer(ctx context.Context, cfg *ServerConfig, logf func(string, ...any)) (*Server, error) {
-	bin, err := findLocalBinaries()
+func startLocalServer(ctx context.Context, cfg *Config, logf func(string, ...any)) (*Server, error) {
+	bin, err := findLocalBinaries(cfg.BinDir)
 	if err != nil {
 		return nil, err
 	}
@@ -462,15 +395,16 @@ func startLocalServer(ctx context.Context, cfg *ServerConfig, logf func(string, 
 			logf("local PostgreSQL ready on 127.0.0.1:%d", port)
 			var mu sync.Mutex // guards proc across Restart and Close
 			return &Server{
-				kind: serverKindLocal,
-				url:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
-				dir:  dir,
+				kind:   KindLocal,
+				source: "local binaries in " + bin.dir,
+				url:    fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+				dir:    dir,
 				stop: func() error {
 					mu.Lock()
 					defer mu.Unlock()
 					stopErr := proc.stop(logf)
 					if err := os.RemoveAll(dir); err != nil {
-						return errors.Join(stopErr, fmt.Errorf("pglimittest: remove %s: %w", dir, err))
+						return errors.Join(stopErr, fmt.Errorf("pgserver: remove %s: %w", dir, err))
 					}
 					return stopErr
 				},
@@ -484,7 +418,7 @@ func startLocalServer(ctx context.Context, cfg *ServerConfig, logf func(string, 
 					}
 					p, err := serverStartPostgres(ctx, bin, cred, dir, dataDir, sockDir, logPath, port, cfg.Durable)
 					if err != nil {
-						return fmt.Errorf("pglimittest: restart: %w", err)
+						return fmt.Errorf("pgserver: restart: %w", err)
 					}
 					proc = p
 					return nil
@@ -623,7 +557,7 @@ func (p *serverProc) stop(logf func(string, ...any)) error {
 	}
 	pid := p.cmd.Process.Pid
 	if err := syscall.Kill(pid, syscall.SIGINT); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("pglimittest: signal postgres: %w", err)
+		return fmt.Errorf("pgserver: signal postgres: %w", err)
 	}
 	select {
 	case <-p.exited:

@@ -1,4 +1,4 @@
-package pglimittest
+package pgserver
 
 import (
 	"context"
@@ -16,16 +16,16 @@ import (
 
 func TestServerLocal(t *testing.T) {
 	t.Parallel()
-	s := startTestServer(t, &ServerConfig{Prefer: "local", Logf: t.Logf})
+	s := startTestServer(t, &Config{Prefer: "local", Logf: t.Logf})
 	if s.Kind() != "local" {
 		t.Fatalf("Kind() = %q, want local", s.Kind())
 	}
 	checkTestServer(t, s, "off")
 
 	// A borrowed URL is used as is and never stopped.
-	borrowed, err := StartServer(t.Context(), &ServerConfig{URL: s.URL()})
+	borrowed, err := Start(t.Context(), &Config{URL: s.URL()})
 	if err != nil {
-		t.Fatalf("StartServer(URL): %v", err)
+		t.Fatalf("Start(URL): %v", err)
 	}
 	if borrowed.Kind() != "url" || borrowed.URL() != s.URL() {
 		t.Fatalf("borrowed server: kind %q url %q", borrowed.Kind(), borrowed.URL())
@@ -41,7 +41,7 @@ func TestServerLocal(t *testing.T) {
 func TestServerAuto(t *testing.T) {
 	t.Parallel()
 	// Durable here so that both settings are covered without a third server.
-	s := startTestServer(t, &ServerConfig{Durable: true, Logf: t.Logf})
+	s := startTestServer(t, &Config{Durable: true, Logf: t.Logf})
 	t.Logf("auto mode chose %q", s.Kind())
 	checkTestServer(t, s, "on")
 	closeAndCheckGone(t, s)
@@ -50,7 +50,7 @@ func TestServerAuto(t *testing.T) {
 func TestServerDockerProbeIsQuick(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	err := serverDockerHealthy(t.Context())
+	err := dockerEngineAnswers(t.Context())
 	elapsed := time.Since(start)
 	t.Logf("docker probe: %v after %s", err, elapsed)
 	if elapsed > serverDockerProbeTimeout+time.Second {
@@ -58,25 +58,85 @@ func TestServerDockerProbeIsQuick(t *testing.T) {
 	}
 }
 
+// TestServerDocker runs where a Docker engine answers, or wherever
+// PGLIMIT_TEST_POSTGRES=docker asks for the container path, with the image
+// and network that the harness's variables give.
+func TestServerDocker(t *testing.T) {
+	t.Parallel()
+	if os.Getenv("PGLIMIT_TEST_POSTGRES") != KindDocker {
+		if err := dockerEngineAnswers(t.Context()); err != nil {
+			t.Skipf("no Docker engine answers (%v); PGLIMIT_TEST_POSTGRES=docker makes this test run and fail", err)
+		}
+	}
+	s := startTestServer(t, &Config{
+		Prefer:      KindDocker,
+		Image:       os.Getenv("PGLIMIT_TEST_DOCKER_IMAGE"),
+		HostNetwork: os.Getenv("PGLIMIT_TEST_DOCKER_NETWORK") == "host",
+		Logf:        t.Logf,
+	})
+	if s.Kind() != KindDocker || !strings.Contains(s.Source(), "testcontainers") {
+		t.Fatalf("Kind() = %q, Source() = %q; want a container", s.Kind(), s.Source())
+	}
+	checkTestServer(t, s, "off")
+
+	// A restart keeps the data, whichever way the server stopped.
+	ctx := t.Context()
+	exec := func(sql string) {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, s.URL())
+		if err != nil {
+			t.Fatalf("connect: %v", err)
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec("CREATE TABLE kept (x int)")
+	for _, immediate := range []bool{false, true} {
+		if err := s.Restart(ctx, immediate); err != nil {
+			t.Fatalf("Restart(immediate=%v): %v", immediate, err)
+		}
+		exec("INSERT INTO kept VALUES (1)")
+	}
+	closeAndCheckGone(t, s)
+}
+
+func TestServerBinDir(t *testing.T) {
+	t.Parallel()
+	if _, err := Start(t.Context(), &Config{Prefer: KindLocal, BinDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "BinDir") {
+		t.Fatalf("Start with an empty BinDir: got %v, want an error naming BinDir", err)
+	}
+	bin, err := findLocalBinaries("")
+	if err != nil {
+		t.Skipf("no local binaries: %v", err)
+	}
+	s := startTestServer(t, &Config{Prefer: KindLocal, BinDir: bin.dir})
+	if !strings.Contains(s.Source(), bin.dir) {
+		t.Fatalf("Source() = %q, want it to name %s", s.Source(), bin.dir)
+	}
+	checkTestServer(t, s, "off")
+}
+
 func TestServerBogusPrefer(t *testing.T) {
 	t.Parallel()
-	s, err := StartServer(t.Context(), &ServerConfig{Prefer: "bogus"})
+	s, err := Start(t.Context(), &Config{Prefer: "bogus"})
 	if err == nil {
 		s.Close()
-		t.Fatal("StartServer with Prefer bogus: want an error")
+		t.Fatal("Start with Prefer bogus: want an error")
 	}
 	if !strings.Contains(err.Error(), "Prefer") {
 		t.Fatalf("error %q does not name the field", err)
 	}
 	// A typo must not hide behind a URL either.
-	if _, err := StartServer(t.Context(), &ServerConfig{Prefer: "bogus", URL: "postgres://127.0.0.1:1/postgres"}); err == nil {
-		t.Fatal("StartServer with Prefer bogus and a URL: want an error")
+	if _, err := Start(t.Context(), &Config{Prefer: "bogus", URL: "postgres://127.0.0.1:1/postgres"}); err == nil {
+		t.Fatal("Start with Prefer bogus and a URL: want an error")
 	}
 }
 
 func TestServerUnavailableMessage(t *testing.T) {
 	t.Parallel()
-	msg := serverUnavailable([]string{"local: nothing"}).Error()
+	msg := serverUnavailable(&Config{}, []string{"local: nothing"}).Error()
 	for _, want := range []string{"PGLIMIT_TEST_DATABASE_URL", "Docker", "apt-get install postgresql postgresql-contrib", "local: nothing"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("message lacks %q:\n%s", want, msg)
@@ -101,13 +161,13 @@ func TestServerCompareVersions(t *testing.T) {
 	}
 }
 
-func startTestServer(t *testing.T, cfg *ServerConfig) *Server {
+func startTestServer(t *testing.T, cfg *Config) *Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	s, err := StartServer(ctx, cfg)
+	s, err := Start(ctx, cfg)
 	if err != nil {
-		t.Fatalf("StartServer: %v", err)
+		t.Fatalf("Start: %v", err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
