@@ -34,8 +34,7 @@ func ExampleMiddleware() {
 		panic(err)
 	}
 	limit, err := pglimithttp.Middleware(lim, &pglimithttp.Config{
-		Cooldown: 2 * time.Second,
-		KeyFunc:  pglimithttp.FromPathValue("user"),
+		KeyFunc: pglimithttp.FromPathValue("user"),
 	})
 	if err != nil {
 		panic(err)
