@@ -191,7 +191,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	cost := 1
 	if m.cfg.CostFunc != nil {
 		if cost, err = m.cfg.CostFunc(r); err != nil {
-			m.badCost(w, r, key, fmt.Errorf("%w: %w", pglimit.ErrInvalidCost, err))
+			m.badCost(w, r, key, fmt.Errorf("%w: CostFunc: %w", pglimit.ErrInvalidCost, err))
 			return
 		}
 	}
