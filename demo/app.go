@@ -38,7 +38,8 @@ type app struct {
 	items   *store
 	reg     *prometheus.Registry
 	metrics *httpMetrics
-	limit   func(http.Handler) http.Handler
+	limit   func(http.Handler) http.Handler // GET /items/{user}: the cooldown
+	create  http.Handler                    // POST /items past decoding: the item limits, then the store
 	failed  *failureLog
 }
 
@@ -70,8 +71,7 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.limit, err = pglimithttp.Middleware(lm.Instrument(lim, cfg.strategy), &pglimithttp.Config{
-		Cooldown:   cfg.cooldown,
+	a.limit, err = pglimithttp.Middleware(lm.Instrument(lim), &pglimithttp.Config{
 		KeyFunc:    pglimithttp.FromPathValue("user"),
 		OnError:    cfg.onError,
 		OnDecision: a.logDecision,
@@ -79,7 +79,51 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
+
+	if itemStrategy(cfg.strategy) != cfg.strategy {
+		logger.Info("the item limits use the upsert strategy: range enforces only a cooldown")
+	}
+	itemLim, err := pglimit.New(pool, &pglimit.Config{
+		Strategy:  itemStrategy(cfg.strategy),
+		Limits:    cfg.itemLimits(),
+		Namespace: "create-item",
+		Schema:    cfg.schema,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("item limits: %w", err)
+	}
+	limitCreate, err := pglimithttp.Middleware(lm.Instrument(itemLim), &pglimithttp.Config{
+		KeyFunc:    itemUser,
+		OnError:    cfg.onError,
+		OnDecision: a.logDecision,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.create = limitCreate(http.HandlerFunc(a.storeItem))
 	return a, nil
+}
+
+// itemStrategy is the strategy of the item limits: the configured one,
+// except Range, which enforces only a cooldown.
+func itemStrategy(s pglimit.Strategy) pglimit.Strategy {
+	if s == pglimit.Range {
+		return pglimit.Upsert
+	}
+	return s
+}
+
+// itemKey carries a decoded POST /items body from createItem to the limiter
+// and storeItem, so that the body is read once and a malformed one is
+// refused before it consumes any of the user's limits.
+type itemKey struct{}
+
+func itemUser(r *http.Request) (string, error) {
+	in, ok := r.Context().Value(itemKey{}).(itemRequest)
+	if !ok {
+		return "", errors.New("no decoded item") // unreachable: createItem sets it
+	}
+	return in.User, nil
 }
 
 // handler routes requests; every response is counted by route and status.
@@ -121,6 +165,12 @@ func (a *app) createItem(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, err.Error())
 		return
 	}
+	a.create.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), itemKey{}, in)))
+}
+
+// storeItem creates the item the limits admitted.
+func (a *app) storeItem(w http.ResponseWriter, r *http.Request) {
+	in := r.Context().Value(itemKey{}).(itemRequest)
 	it, err := a.items.create(r.Context(), in.User, in.Name)
 	if err != nil {
 		a.serverError(w, r, "create item", err)

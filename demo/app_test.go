@@ -43,6 +43,8 @@ func setup(t *testing.T, pool *pgxpool.Pool, edit func(*config)) *testBundle {
 		schema:   "public",
 		instance: "test",
 		maxUsers: 10,
+
+		itemsPerMinute: 5, itemsBurst: 3, itemsPerDay: 20,
 	}
 	if pool == nil {
 		pool = pglimittest.Pool(t)
@@ -144,6 +146,84 @@ func TestCreateListAndCooldown(t *testing.T) {
 	time.Sleep(time.Duration(retry) * time.Second)
 	if r := b.do(t, "GET", "/items/alice", ""); r.code != 200 {
 		t.Fatalf("after Retry-After: %d %s", r.code, r.body)
+	}
+}
+
+// TestCreateLimits: POST /items is limited per user by two limits at once,
+// advertised in the RateLimit headers; a malformed body consumes nothing.
+func TestCreateLimits(t *testing.T) {
+	for _, strategy := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait, pglimit.Range} {
+		t.Run(string(strategy), func(t *testing.T) {
+			b := setup(t, nil, func(c *config) { c.strategy = strategy; c.itemsPerDay = 4 })
+			const policy = `"per-minute";q=5;w=60, "per-day";q=4;w=86400`
+			create := func(user string) response {
+				return b.do(t, "POST", "/items", `{"user": "`+user+`", "name": "x"}`)
+			}
+			if r := b.do(t, "POST", "/items", `{"user": "alice"}`); r.code != 400 {
+				t.Fatalf("no name: %d %s", r.code, r.body)
+			}
+			for i, remaining := range []string{"2", "1", "0"} {
+				r := create("alice")
+				if r.code != 201 {
+					t.Fatalf("create %d: %d %s", i, r.code, r.body)
+				}
+				if got := r.header.Get("RateLimit-Policy"); got != policy {
+					t.Fatalf("create %d: RateLimit-Policy %s, want %s", i, got, policy)
+				}
+				if got := r.header.Get("RateLimit"); !strings.HasPrefix(got, `"per-minute";r=`+remaining+`;t=`) {
+					t.Fatalf("create %d: RateLimit %s, want per-minute with %s left", i, got, remaining)
+				}
+			}
+			// The burst of 3 is spent: the next is refused by the rate,
+			// for about one emission interval (12 s).
+			r := create("alice")
+			if r.code != 429 {
+				t.Fatalf("fourth create: %d %s", r.code, r.body)
+			}
+			if ra, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || ra < 1 || ra > 12 {
+				t.Fatalf("Retry-After %q, want 1 to 12", r.header.Get("Retry-After"))
+			}
+			if v, _ := r.json(t)["violated-policies"].([]any); len(v) != 1 || v[0] != "per-minute" {
+				t.Fatalf("violated-policies %v, want [per-minute]", r.json(t)["violated-policies"])
+			}
+			// Another user has limits of their own; the list cooldown
+			// is a limiter of its own too.
+			if r := create("bob"); r.code != 201 {
+				t.Fatalf("bob: %d %s", r.code, r.body)
+			}
+			if r := b.do(t, "GET", "/items/alice", ""); r.code != 200 || r.header.Get("RateLimit-Policy") != `"cooldown";q=1;w=2` {
+				t.Fatalf("list: %d %s", r.code, r.header.Get("RateLimit-Policy"))
+			}
+			var n int
+			if err := b.pool.QueryRow(context.Background(),
+				`SELECT count(*) FROM `+pgx.Identifier{b.schema, "demo_items"}.Sanitize()+` WHERE user_name = 'alice'`).Scan(&n); err != nil || n != 3 {
+				t.Fatalf("alice has %d items (%v), want 3", n, err)
+			}
+		})
+	}
+}
+
+// TestCreateDailyQuota: the daily quota refuses once it is spent, even
+// with the rate's burst left, and the refusal names it.
+func TestCreateDailyQuota(t *testing.T) {
+	b := setup(t, nil, func(c *config) { c.itemsPerDay = 2 })
+	for i := range 2 {
+		if r := b.do(t, "POST", "/items", `{"user": "carol", "name": "x"}`); r.code != 201 {
+			t.Fatalf("create %d: %d %s", i, r.code, r.body)
+		}
+	}
+	r := b.do(t, "POST", "/items", `{"user": "carol", "name": "x"}`)
+	if r.code != 429 {
+		t.Fatalf("third create: %d %s", r.code, r.body)
+	}
+	if ra, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || ra < 86000 || ra > 86400 {
+		t.Fatalf("Retry-After %q, want about a day", r.header.Get("Retry-After"))
+	}
+	if got := r.header.Get("RateLimit"); !strings.HasPrefix(got, `"per-day";r=0;t=`) {
+		t.Fatalf("RateLimit %s, want the per-day limit", got)
+	}
+	if v, _ := r.json(t)["violated-policies"].([]any); len(v) != 1 || v[0] != "per-day" {
+		t.Fatalf("violated-policies %v, want [per-day]", r.json(t)["violated-policies"])
 	}
 }
 
@@ -292,8 +372,8 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '
 	}
 	// The server notices the hang-up and the decision ends soon after.
 	const (
-		canceled = `pglimit_decisions_total{outcome="canceled",strategy="upsert"} 1`
-		failed   = `pglimit_decisions_total{outcome="error",strategy="upsert"} 1`
+		canceled = `pglimit_decisions_total{limiter="list-items",outcome="canceled",strategy="upsert"} 1`
+		failed   = `pglimit_decisions_total{limiter="list-items",outcome="error",strategy="upsert"} 1`
 	)
 	var metrics string
 	for !strings.Contains(metrics, canceled) && !strings.Contains(metrics, failed) {
@@ -327,10 +407,13 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Fatalf("metrics: %d", r.code)
 	}
 	for _, want := range []string{
-		`pglimit_decisions_total{outcome="admitted",strategy="range"} 1`,
-		`pglimit_decisions_total{outcome="refused",strategy="range"} 1`,
-		`pglimit_decision_duration_seconds_bucket{outcome="refused",strategy="range",le="+Inf"} 1`,
-		`pglimit_key_decisions_total{key="alice",outcome="refused",strategy="range"} 1`,
+		`pglimit_decisions_total{limiter="list-items",outcome="admitted",strategy="range"} 1`,
+		`pglimit_decisions_total{limiter="list-items",outcome="refused",strategy="range"} 1`,
+		`pglimit_decision_duration_seconds_bucket{limiter="list-items",outcome="refused",strategy="range",le="+Inf"} 1`,
+		`pglimit_key_decisions_total{key="alice",limiter="list-items",outcome="refused",strategy="range"} 1`,
+		// Range enforces only a cooldown: the item limits use upsert.
+		`pglimit_decisions_total{limiter="create-item",outcome="admitted",strategy="upsert"} 1`,
+		`pglimit_key_decisions_total{key="alice",limiter="create-item",outcome="admitted",strategy="upsert"} 1`,
 		`pglimit_pool_max_connections{pool="demo"}`,
 		`demo_http_requests_total{code="429",route="GET /items/{user}"} 1`,
 		`demo_http_requests_total{code="201",route="POST /items"} 1`,

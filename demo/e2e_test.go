@@ -98,6 +98,7 @@ func TestEndToEnd(t *testing.T) {
 		}
 	}
 	st.checkCooldown(t)
+	st.checkItems(t)
 	produceErrors(t, demos)
 	// The load's rows expire within a cooldown of its end; the leader
 	// deletes them at its next run.
@@ -459,6 +460,8 @@ type loadStats struct {
 	mu       sync.Mutex
 	codes    map[int]int
 	admitted map[string][]window // per user, GETs answered 200
+	created  map[string]int      // per user, POSTs answered 201
+	took     time.Duration       // how long the load ran
 }
 
 // window is when a request was in flight; its decision happened inside.
@@ -468,8 +471,27 @@ func (s *loadStats) record(code int, user string, w window) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.codes[code]++
-	if user != "" && code == 200 {
+	switch {
+	case user != "" && code == 200:
 		s.admitted[user] = append(s.admitted[user], w)
+	case user != "" && code == 201:
+		s.created[user]++
+	}
+}
+
+// checkItems proves that the item limits held across the two instances:
+// GCRA admits at most Burst + Rate*w/Period in any interval w (3 + 5 per
+// minute), and liveness: every user got its burst.
+func (s *loadStats) checkItems(t *testing.T) {
+	t.Helper()
+	most := 3 + int(s.took*5/time.Minute)
+	for user, n := range s.created {
+		if n < 3 || n > most {
+			t.Errorf("user %s created %d items in %s; want 3 to %d (burst 3, 5 per minute)", user, n, s.took, most)
+		}
+	}
+	if len(s.created) != 4 {
+		t.Errorf("%d users created items, want 4: %v", len(s.created), s.created)
 	}
 }
 
@@ -490,7 +512,8 @@ func (s *loadStats) checkCooldown(t *testing.T) {
 
 func driveLoad(t *testing.T, demos []*process) *loadStats {
 	t.Helper()
-	st := &loadStats{codes: map[int]int{}, admitted: map[string][]window{}}
+	st := &loadStats{codes: map[int]int{}, admitted: map[string][]window{}, created: map[string]int{}}
+	began := time.Now()
 	client := &http.Client{Timeout: 10 * time.Second}
 	send := func(method, url, body, user string) {
 		req, err := http.NewRequest(method, url, strings.NewReader(body))
@@ -523,7 +546,7 @@ func driveLoad(t *testing.T, demos []*process) *loadStats {
 				d := demos[(i+u)%len(demos)]
 				send("GET", "http://"+d.addr+"/items/"+user, "", user)
 				if i%10 == 0 {
-					send("POST", "http://"+d.addr+"/items", fmt.Sprintf(`{"user": %q, "name": "item %d"}`, user, i), "")
+					send("POST", "http://"+d.addr+"/items", fmt.Sprintf(`{"user": %q, "name": "item %d"}`, user, i), user)
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
@@ -534,6 +557,7 @@ func driveLoad(t *testing.T, demos []*process) *loadStats {
 		send("GET", "http://"+d.addr+"/nope", "", "")
 	}
 	wg.Wait()
+	st.took = time.Since(began)
 	return st
 }
 
@@ -598,6 +622,7 @@ var grafanaVars = map[string]string{
 	"__range":         "5m",
 	"instance":        ".+",
 	"strategy":        ".+",
+	"limiter":         ".+",
 }
 
 var grafanaVarRE = regexp.MustCompile(`\$\{?(\w+)(?::\w+)?\}?`)

@@ -1,7 +1,8 @@
 // Command demo is a small HTTP service that shows pglimit in a real
-// application: POST /items creates an item for a user, GET /items/{user}
-// lists them and is limited to one call per cooldown per user, shared by
-// every instance through PostgreSQL.
+// application: POST /items creates an item for a user and is limited per
+// user by two limits at once (a rate with a burst, and a daily quota),
+// GET /items/{user} lists them and is limited to one call per cooldown per
+// user, every limit shared by every instance through PostgreSQL.
 //
 // With no database URL it starts a throwaway PostgreSQL from local binaries
 // (or Docker) and deletes it on exit, so `go run ./demo` needs no setup.
@@ -12,6 +13,9 @@
 //	-database-url       DATABASE_URL               PostgreSQL URL ("" starts a throwaway server)
 //	-strategy           PGLIMIT_STRATEGY           upsert, nowait or range (upsert)
 //	-cooldown           PGLIMIT_COOLDOWN           per-user cooldown of GET /items/{user} (2s)
+//	-items-per-minute   PGLIMIT_ITEMS_PER_MINUTE   POST /items per user per minute, GCRA (5)
+//	-items-burst        PGLIMIT_ITEMS_BURST        of which at once (3)
+//	-items-per-day      PGLIMIT_ITEMS_PER_DAY      POST /items per user per day, a fixed window (20)
 //	-migrate            PGLIMIT_MIGRATE            apply pglimit's and the demo's schema at start (true)
 //	-schema             PGLIMIT_SCHEMA             schema of every table (public)
 //	-on-error           PGLIMIT_ON_ERROR           unavailable, fail-open or fail-closed (unavailable)
@@ -62,10 +66,13 @@ type config struct {
 	strategy    pglimit.Strategy
 	cooldown    time.Duration
 	migrate     bool
-	schema      string
-	onError     pglimithttp.ErrorPolicy
-	instance    string
-	maxUsers    int
+
+	itemsPerMinute, itemsBurst, itemsPerDay int
+
+	schema   string
+	onError  pglimithttp.ErrorPolicy
+	instance string
+	maxUsers int
 
 	cleanup          bool
 	cleanupInterval  time.Duration
@@ -92,11 +99,15 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	}
 	c := config{
 		cooldown: 2 * time.Second, migrate: true, maxUsers: 100,
+		itemsPerMinute: 5, itemsBurst: 3, itemsPerDay: 20,
 		// Shorter than the library's defaults, so that the dashboard's
 		// cleanup panels move within minutes of trying the demo.
 		cleanup: true, cleanupInterval: 30 * time.Second, cleanupRetention: time.Minute,
 	}
 	envAs("PGLIMIT_COOLDOWN", func(v string) (err error) { c.cooldown, err = time.ParseDuration(v); return err })
+	envAs("PGLIMIT_ITEMS_PER_MINUTE", func(v string) (err error) { c.itemsPerMinute, err = strconv.Atoi(v); return err })
+	envAs("PGLIMIT_ITEMS_BURST", func(v string) (err error) { c.itemsBurst, err = strconv.Atoi(v); return err })
+	envAs("PGLIMIT_ITEMS_PER_DAY", func(v string) (err error) { c.itemsPerDay, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_MIGRATE", func(v string) (err error) { c.migrate, err = strconv.ParseBool(v); return err })
 	envAs("PGLIMIT_DEMO_MAX_USERS", func(v string) (err error) { c.maxUsers, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_CLEANUP", func(v string) (err error) { c.cleanup, err = strconv.ParseBool(v); return err })
@@ -114,6 +125,9 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.StringVar(&c.databaseURL, "database-url", env("DATABASE_URL", ""), `PostgreSQL URL; empty starts a throwaway server (env DATABASE_URL)`)
 	fs.StringVar(&strategy, "strategy", env("PGLIMIT_STRATEGY", "upsert"), "limiter strategy: upsert, nowait or range (env PGLIMIT_STRATEGY)")
 	fs.DurationVar(&c.cooldown, "cooldown", c.cooldown, "per-user cooldown of GET /items/{user} (env PGLIMIT_COOLDOWN)")
+	fs.IntVar(&c.itemsPerMinute, "items-per-minute", c.itemsPerMinute, "POST /items per user per minute, GCRA (env PGLIMIT_ITEMS_PER_MINUTE)")
+	fs.IntVar(&c.itemsBurst, "items-burst", c.itemsBurst, "POST /items per user at once, within the per-minute rate (env PGLIMIT_ITEMS_BURST)")
+	fs.IntVar(&c.itemsPerDay, "items-per-day", c.itemsPerDay, "POST /items per user per day, a fixed window (env PGLIMIT_ITEMS_PER_DAY)")
 	fs.BoolVar(&c.migrate, "migrate", c.migrate, "apply pglimit's and the demo's schema at start (env PGLIMIT_MIGRATE)")
 	fs.StringVar(&c.schema, "schema", env("PGLIMIT_SCHEMA", "public"), "schema of every table (env PGLIMIT_SCHEMA)")
 	fs.StringVar(&onError, "on-error", env("PGLIMIT_ON_ERROR", "unavailable"), "when the database fails: unavailable (503), fail-open or fail-closed (429) (env PGLIMIT_ON_ERROR)")
@@ -136,6 +150,16 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	if c.cooldown <= 0 {
 		return config{}, fmt.Errorf("-cooldown: must be positive, got %s", c.cooldown)
 	}
+	// The library validates the limits; its errors name Limits[i], the
+	// flags are named here.
+	switch {
+	case c.itemsPerMinute <= 0:
+		return config{}, fmt.Errorf("-items-per-minute: must be positive, got %d", c.itemsPerMinute)
+	case c.itemsBurst <= 0:
+		return config{}, fmt.Errorf("-items-burst: must be positive, got %d", c.itemsBurst)
+	case c.itemsPerDay <= 0:
+		return config{}, fmt.Errorf("-items-per-day: must be positive, got %d", c.itemsPerDay)
+	}
 	if err := pglimit.ValidateIdentifier(c.schema); err != nil {
 		return config{}, fmt.Errorf("-schema: %w", err)
 	}
@@ -155,6 +179,14 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 		c.instance = "demo"
 	}
 	return c, nil
+}
+
+// itemLimits are the limits of POST /items, per user, held all at once.
+func (c config) itemLimits() []pglimit.Limit {
+	return []pglimit.Limit{
+		{Name: "per-minute", Rate: c.itemsPerMinute, Period: time.Minute, Burst: c.itemsBurst},
+		{Name: "per-day", Rate: c.itemsPerDay, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+	}
 }
 
 const (
@@ -258,8 +290,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve(ln) }()
 	addr := ln.Addr().String()
-	logger.Info("listening", "addr", addr, "strategy", cfg.strategy, "cooldown", cfg.cooldown, "on_error", cfg.onError)
+	logger.Info("listening", "addr", addr, "strategy", cfg.strategy, "cooldown", cfg.cooldown, "on_error", cfg.onError,
+		"items_per_minute", cfg.itemsPerMinute, "items_burst", cfg.itemsBurst, "items_per_day", cfg.itemsPerDay)
 	logger.Info("try: curl -i http://" + browsable(addr) + "/items/alice  (twice within " + cfg.cooldown.String() + " for a 429)")
+	logger.Info(fmt.Sprintf(`try: curl -i -d '{"user":"alice","name":"x"}' http://%s/items  (%d times for a 429)`, browsable(addr), cfg.itemsBurst+1))
 	if onListen != nil {
 		onListen(addr)
 	}

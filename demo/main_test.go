@@ -28,11 +28,15 @@ func TestParseConfig(t *testing.T) {
 	}
 	if c.addr != ":8080" || c.strategy != pglimit.Upsert || c.cooldown != 2*time.Second || !c.migrate ||
 		c.schema != "public" || c.onError != pglimithttp.Unavailable || c.databaseURL != "" || c.maxUsers != 100 || c.instance == "" ||
-		!c.cleanup || c.cleanupInterval != 30*time.Second || c.cleanupRetention != time.Minute {
+		!c.cleanup || c.cleanupInterval != 30*time.Second || c.cleanupRetention != time.Minute ||
+		c.itemsPerMinute != 5 || c.itemsBurst != 3 || c.itemsPerDay != 20 {
 		t.Fatalf("defaults: %+v", c)
 	}
 
-	c, err = parseConfig([]string{"-strategy", "range", "-addr", ":1"}, env(map[string]string{
+	c, err = parseConfig([]string{"-strategy", "range", "-addr", ":1", "-items-burst", "2"}, env(map[string]string{
+		"PGLIMIT_ITEMS_PER_MINUTE":  "10",
+		"PGLIMIT_ITEMS_BURST":       "4", // the flag wins
+		"PGLIMIT_ITEMS_PER_DAY":     "100",
 		"PGLIMIT_STRATEGY":          "nowait", // the flag wins
 		"PGLIMIT_COOLDOWN":          "250ms",
 		"DATABASE_URL":              "postgres://db/x",
@@ -48,7 +52,8 @@ func TestParseConfig(t *testing.T) {
 	}
 	if c.addr != ":1" || c.strategy != pglimit.Range || c.cooldown != 250*time.Millisecond || c.migrate ||
 		c.onError != pglimithttp.FailOpen || c.databaseURL != "postgres://db/x" ||
-		c.cleanup || c.cleanupInterval != 5*time.Second || c.cleanupRetention != time.Nanosecond {
+		c.cleanup || c.cleanupInterval != 5*time.Second || c.cleanupRetention != time.Nanosecond ||
+		c.itemsPerMinute != 10 || c.itemsBurst != 2 || c.itemsPerDay != 100 {
 		t.Fatalf("flags and env: %+v", c)
 	}
 
@@ -61,6 +66,10 @@ func TestParseConfig(t *testing.T) {
 		{"-on-error", "ignore"},
 		{"-metrics-max-users", "-1"},
 		{"-cleanup", "perhaps"},
+		{"-items-per-minute", "0"},
+		{"-items-burst", "-1"},
+		{"-items-per-day", "0"},
+		{"-items-per-day", "many"},
 		{"-cleanup-interval", "0s"},
 		{"-cleanup-retention", "0s"},
 		{"-cleanup-retention", "-1m"},
@@ -77,6 +86,9 @@ func TestParseConfig(t *testing.T) {
 		"PGLIMIT_DEMO_MAX_USERS":    "many",
 		"PGLIMIT_STRATEGY":          "redis",
 		"PGLIMIT_CLEANUP":           "perhaps",
+		"PGLIMIT_ITEMS_PER_MINUTE":  "0",
+		"PGLIMIT_ITEMS_BURST":       "lots",
+		"PGLIMIT_ITEMS_PER_DAY":     "-5",
 		"PGLIMIT_CLEANUP_INTERVAL":  "often",
 		"PGLIMIT_CLEANUP_RETENTION": "-1s",
 	} {

@@ -111,6 +111,18 @@ type Policy struct {
 	Limits []Limit
 }
 
+// LongestWait is the longest any of the policy's limits can make a key
+// wait: a full burst for GCRA, a window, two for a sliding window. It is
+// the RetryAfter of a refusal whose own wait is unknown, such as an answer
+// given while the database is down.
+func (p Policy) LongestWait() time.Duration {
+	var w time.Duration
+	for _, l := range p.Limits {
+		w = max(w, l.longestWait())
+	}
+	return w
+}
+
 // DB is what a limiter needs from PostgreSQL. *pgxpool.Pool, *pgx.Conn and
 // pgx.Tx satisfy it.
 type DB interface {

@@ -4,34 +4,53 @@
 //
 // # Usage
 //
-//	mw, err := pglimithttp.Middleware(lim, &pglimithttp.Config{
-//		Cooldown: 2 * time.Second, // the limiter's cooldown, advertised to clients
-//		KeyFunc:  pglimithttp.FromPathValue("user"),
+//	lim, err := pglimit.New(pool, &pglimit.Config{
+//		Namespace: "create-item",
+//		Limits: []pglimit.Limit{
+//			{Name: "per-minute", Rate: 5, Period: time.Minute, Burst: 3},
+//			{Name: "per-day", Rate: 20, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+//		},
 //	})
-//	mux.Handle("GET /items/{user}", mw(listItems))
+//	mw, err := pglimithttp.Middleware(lim, &pglimithttp.Config{
+//		KeyFunc: pglimithttp.FromPathValue("user"),
+//	})
+//	mux.Handle("POST /items/{user}", mw(createItem))
+//
+// The middleware asks the limiter what it enforces ([pglimit.Limiter.Policy]):
+// the limits are given once, to the limiter. A [CostFunc] makes a request
+// count for more than one unit.
 //
 // # Responses
 //
 // An admitted request reaches the handler with RateLimit-Policy and RateLimit
 // headers set. A refused one gets 429 Too Many Requests with Retry-After (whole
 // seconds, rounded up, at least 1), the same RateLimit headers and an RFC 9457
-// problem+json body. A key that cannot be extracted or is not a valid
-// pglimit key gets 400 and never reaches the database.
+// problem+json body of the quota-exceeded type, whose violated-policies
+// member names the limits that refused. A key that cannot be extracted or is
+// not a valid pglimit key, and a cost that [CostFunc] cannot compute or that
+// no limit could admit, get 400 and never reach the database.
 //
 // The RateLimit fields follow draft-ietf-httpapi-ratelimit-headers-11 (May
-// 2026): a cooldown is a policy of one request per window,
+// 2026). RateLimit-Policy lists every limit, Rate per Period; RateLimit
+// reports the binding one ([pglimit.Decision.Limit]): its remaining units
+// and the seconds, rounded up, until it is back to full:
 //
-//	RateLimit-Policy: "cooldown";q=1;w=2
-//	RateLimit: "cooldown";r=0;t=2
+//	RateLimit-Policy: "per-minute";q=5;w=60, "per-day";q=20;w=86400
+//	RateLimit: "per-minute";r=2;t=12
 //
-// where t is the time, in seconds rounded up, until the key may pass again.
+// Retry-After is the decision's RetryAfter, the longest wait among the
+// limits that refused. The draft has no parameter for a burst, so a GCRA
+// limit's burst is not advertised. A cooldown is the limit "cooldown" of one
+// request per window.
 //
 // # When the database fails
 //
 // [Config.OnError] chooses between answering 503 ([Unavailable], the
 // default), letting the request through ([FailOpen]) and refusing it with
 // 429 ([FailClosed]). Every choice is bounded by the limiter's own timeout:
-// a dead database yields an answer, never a hang.
+// a dead database yields an answer, never a hang. The 503 and the fail-closed
+// 429 carry Retry-After set to the longest wait the limits can impose
+// ([pglimit.Policy.LongestWait]).
 //
 // # Client addresses
 //

@@ -7,22 +7,28 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pglimit/cooldown/pglimit"
 )
 
 // The RateLimit fields follow draft-ietf-httpapi-ratelimit-headers-11
 // (May 2026), which made them Structured Fields (RFC 9651) Lists of Items:
 //
-//	RateLimit-Policy: "<name>";q=<quota>;w=<window seconds>
+//	RateLimit-Policy: "<name>";q=<quota>;w=<window seconds>, ...
 //	RateLimit:        "<name>";r=<remaining>;t=<seconds until reset>
 //
-// A cooldown is the policy "one request per window". The same draft defines
-// the quota-exceeded problem type used in the 429 body.
+// Every limit is one policy: q is its Rate, w its Period. The draft has no
+// parameter for a burst (q, qu, w and pk only), so a GCRA limit's burst is
+// not advertised; a client that paces itself by q and w stays within it.
+// The same draft defines the quota-exceeded problem type used in the 429
+// body, with its violated-policies member.
 const quotaExceededType = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
-// validatePolicy accepts names that fit an sf-string: printable ASCII.
+// validatePolicy accepts names that fit an sf-string: printable ASCII, at
+// most 64 bytes.
 func validatePolicy(name string) error {
-	if len(name) > maxPolicyBytes {
-		return fmt.Errorf("%d bytes, more than %d", len(name), maxPolicyBytes)
+	if name == "" || len(name) > maxPolicyBytes {
+		return fmt.Errorf("%q: must be 1 to %d bytes", name, maxPolicyBytes)
 	}
 	for i := range len(name) {
 		if c := name[i]; c < 0x20 || c > 0x7e {
@@ -31,6 +37,8 @@ func validatePolicy(name string) error {
 	}
 	return nil
 }
+
+const maxPolicyBytes = 64
 
 // quoteString serializes a validated name as an sf-string (RFC 9651
 // §4.1.6): in double quotes, with '"' and '\' escaped.
@@ -48,18 +56,29 @@ func quoteString(s string) string {
 	return b.String()
 }
 
-// formatPolicy is the RateLimit-Policy value: a quota of one request per
-// cooldown. The draft's window is a whole number of seconds, at least 1, so
-// a sub-second cooldown is advertised as 1 s (a client that honours it
-// waits longer than it must, never too little).
-func formatPolicy(name string, cooldown time.Duration) string {
-	return quoteString(name) + ";q=1;w=" + formatSeconds(retryAfterSeconds(cooldown))
+// formatPolicy is the RateLimit-Policy value: one item per limit, Rate per
+// Period. The draft's window is a whole number of seconds, at least 1, so a
+// period is advertised rounded up (a client that honours it goes slower than
+// it may, never faster).
+func formatPolicy(limits []pglimit.Limit) string {
+	var b strings.Builder
+	for i, l := range limits {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(quoteString(l.Name))
+		b.WriteString(";q=")
+		b.WriteString(strconv.Itoa(l.Rate))
+		b.WriteString(";w=")
+		b.WriteString(formatSeconds(retryAfterSeconds(l.Period)))
+	}
+	return b.String()
 }
 
-// formatRateLimit is the RateLimit value: nothing left until the cooldown
-// ends in reset.
-func formatRateLimit(name string, reset time.Duration) string {
-	return quoteString(name) + ";r=0;t=" + formatSeconds(ceilSeconds(reset))
+// formatRateLimit is the RateLimit value: the binding limit's remaining
+// units and the seconds until it is back to full.
+func formatRateLimit(name string, remaining int, reset int64) string {
+	return quoteString(name) + ";r=" + strconv.Itoa(max(remaining, 0)) + ";t=" + formatSeconds(reset)
 }
 
 // ceilSeconds rounds d up to whole seconds; zero or negative gives 0.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pglimit/cooldown/pglimit"
 )
 
 func TestSeconds(t *testing.T) {
@@ -36,23 +38,36 @@ func TestSeconds(t *testing.T) {
 
 func TestFormatHeaders(t *testing.T) {
 	t.Parallel()
+	cooldown := pglimit.Limit{Name: "cooldown", Rate: 1, Period: 1500 * time.Millisecond, Burst: 1}
 	for _, tt := range []struct {
-		name            string
-		cooldown, reset time.Duration
-		policy, limit   string
+		limits []pglimit.Limit
+		want   string
 	}{
-		{"cooldown", 2 * time.Second, 2 * time.Second, `"cooldown";q=1;w=2`, `"cooldown";r=0;t=2`},
-		{"cooldown", 2 * time.Second, 1100 * time.Millisecond, `"cooldown";q=1;w=2`, `"cooldown";r=0;t=2`},
-		{"cooldown", 2 * time.Second, 900 * time.Millisecond, `"cooldown";q=1;w=2`, `"cooldown";r=0;t=1`},
-		{"sub-second", 200 * time.Millisecond, 150 * time.Millisecond, `"sub-second";q=1;w=1`, `"sub-second";r=0;t=1`},
-		{"minute", time.Minute, 0, `"minute";q=1;w=60`, `"minute";r=0;t=0`},
-		{`a "b" \c`, time.Second, time.Second, `"a \"b\" \\c";q=1;w=1`, `"a \"b\" \\c";r=0;t=1`},
+		{[]pglimit.Limit{cooldown}, `"cooldown";q=1;w=2`},
+		{[]pglimit.Limit{{Name: "sub-second", Rate: 10, Period: 200 * time.Millisecond, Burst: 10}}, `"sub-second";q=10;w=1`},
+		{[]pglimit.Limit{
+			{Name: "per-minute", Rate: 5, Period: time.Minute, Burst: 3},
+			{Name: "per-day", Rate: 20, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+		}, `"per-minute";q=5;w=60, "per-day";q=20;w=86400`},
+		{[]pglimit.Limit{{Name: `a "b" \c`, Rate: 1, Period: time.Second}}, `"a \"b\" \\c";q=1;w=1`},
 	} {
-		if got := formatPolicy(tt.name, tt.cooldown); got != tt.policy {
-			t.Errorf("formatPolicy(%q, %v) = %s, want %s", tt.name, tt.cooldown, got, tt.policy)
+		if got := formatPolicy(tt.limits); got != tt.want {
+			t.Errorf("formatPolicy(%v) = %s, want %s", tt.limits, got, tt.want)
 		}
-		if got := formatRateLimit(tt.name, tt.reset); got != tt.limit {
-			t.Errorf("formatRateLimit(%q, %v) = %s, want %s", tt.name, tt.reset, got, tt.limit)
+	}
+	for _, tt := range []struct {
+		name      string
+		remaining int
+		reset     int64
+		want      string
+	}{
+		{"cooldown", 0, 2, `"cooldown";r=0;t=2`},
+		{"per-minute", 2, 12, `"per-minute";r=2;t=12`},
+		{"per-day", 17, 0, `"per-day";r=17;t=0`},
+		{"odd", -1, 1, `"odd";r=0;t=1`},
+	} {
+		if got := formatRateLimit(tt.name, tt.remaining, tt.reset); got != tt.want {
+			t.Errorf("formatRateLimit(%q, %d, %d) = %s, want %s", tt.name, tt.remaining, tt.reset, got, tt.want)
 		}
 	}
 }
@@ -64,6 +79,7 @@ func TestValidatePolicy(t *testing.T) {
 		"list-items per user":    true,
 		`quote" and \backslash`:  true,
 		strings.Repeat("p", 64):  true,
+		"":                       false,
 		strings.Repeat("p", 65):  false,
 		"tab\tinside":            false,
 		"newline\n":              false,

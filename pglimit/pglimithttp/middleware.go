@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/pglimit/cooldown/pglimit"
@@ -19,14 +20,16 @@ const (
 	// Unavailable answers 503 Service Unavailable. It is the default: the
 	// failure is the server's, so a 429 would tell a well-behaved client it
 	// broke a quota it did not break, and failing open would silently remove
-	// the protection from exactly the expensive endpoints a cooldown guards.
+	// the protection from exactly the expensive endpoints a limit guards.
+	// Retry-After is the longest wait any limit can impose.
 	Unavailable ErrorPolicy = iota
 
 	// FailOpen lets the request through to the handler, unlimited.
 	FailOpen
 
-	// FailClosed refuses the request with 429, as if the key were in its
-	// cooldown, with Retry-After set to the whole cooldown.
+	// FailClosed refuses the request with 429, as if the key had exhausted
+	// its limits, with Retry-After set to the longest wait any limit can
+	// impose ([pglimit.Policy.LongestWait]).
 	FailClosed
 )
 
@@ -59,8 +62,9 @@ type Outcome string
 // Outcomes reported in [Event.Outcome].
 const (
 	OutcomeAdmitted    Outcome = "admitted"    // passed to the handler
-	OutcomeRefused     Outcome = "refused"     // 429: the key is in its cooldown
+	OutcomeRefused     Outcome = "refused"     // 429: a limit refused the key
 	OutcomeBadKey      Outcome = "bad_key"     // 400: no valid key in the request
+	OutcomeBadCost     Outcome = "bad_cost"    // 400: CostFunc failed, or the cost is not valid; nothing consumed
 	OutcomeFailOpen    Outcome = "fail_open"   // limiter failed; passed to the handler
 	OutcomeFailClosed  Outcome = "fail_closed" // limiter failed; 429
 	OutcomeUnavailable Outcome = "unavailable" // limiter failed; 503
@@ -79,26 +83,28 @@ const statusClientClosedRequest = 499
 // Event describes one decision, for logging and metrics.
 type Event struct {
 	Key      string // the extracted key; "" when extraction failed
+	Cost     int    // the request's cost; 0 when it was not computed or not valid
 	Outcome  Outcome
 	Decision pglimit.Decision // zero unless the limiter decided
-	Err      error            // the key or limiter error, if any
+	Err      error            // the key, cost or limiter error, if any
 }
 
-// Config configures [Middleware].
-type Config struct {
-	// Cooldown is the limiter's cooldown. The middleware cannot ask the
-	// limiter for it and advertises it as the window of RateLimit-Policy.
-	// Required; must be positive.
-	Cooldown time.Duration
+// CostFunc returns how many units of the limits a request uses, such as the
+// number of items it creates. An error, or a cost that is not positive or
+// larger than the limits admit at once, is answered 400 and consumes
+// nothing.
+type CostFunc func(r *http.Request) (int, error)
 
+// Config configures [Middleware]. The limits, their names and windows come
+// from the limiter ([pglimit.Limiter.Policy]).
+type Config struct {
 	// KeyFunc extracts the limiter key from a request. Defaults to
 	// RemoteIP(nil): the peer's address, X-Forwarded-For ignored.
 	KeyFunc KeyFunc
 
-	// Policy names the quota policy in the RateLimit headers and the
-	// problem body. Printable ASCII, at most 64 bytes. Defaults to
-	// "cooldown".
-	Policy string
+	// CostFunc returns a request's cost. Defaults to nil: every request
+	// costs 1.
+	CostFunc CostFunc
 
 	// OnError chooses the answer when the limiter fails. Defaults to
 	// [Unavailable].
@@ -109,30 +115,19 @@ type Config struct {
 	OnDecision func(r *http.Request, ev Event)
 }
 
-const (
-	defaultPolicy  = "cooldown"
-	maxPolicyBytes = 64
-)
-
 // ErrInvalidConfig reports a [Config] that cannot be used; the message names
 // the field.
 var ErrInvalidConfig = errors.New("pglimithttp: invalid config")
 
-// Middleware returns a middleware that asks lim before every request.
+// Middleware returns a middleware that asks lim before every request and
+// advertises lim's limits in the RateLimit headers.
 func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handler, error) {
 	if lim == nil {
 		return nil, fmt.Errorf("%w: limiter is nil", ErrInvalidConfig)
 	}
-	if cfg == nil {
-		return nil, fmt.Errorf("%w: Config is nil; Cooldown is required", ErrInvalidConfig)
-	}
-	c := *cfg
-	if c.Cooldown <= 0 {
-		return nil, fmt.Errorf("%w: Cooldown must be positive, got %s", ErrInvalidConfig, c.Cooldown)
-	}
-	c.Policy = cmp.Or(c.Policy, defaultPolicy)
-	if err := validatePolicy(c.Policy); err != nil {
-		return nil, fmt.Errorf("%w: Policy: %w", ErrInvalidConfig, err)
+	var c Config
+	if cfg != nil {
+		c = *cfg
 	}
 	if c.KeyFunc == nil {
 		c.KeyFunc = RemoteIP(nil)
@@ -142,7 +137,25 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 	default:
 		return nil, fmt.Errorf("%w: OnError: unknown %s", ErrInvalidConfig, c.OnError)
 	}
-	m := &middleware{lim: lim, cfg: c, policy: formatPolicy(c.Policy, c.Cooldown)}
+	p := lim.Policy()
+	if len(p.Limits) == 0 {
+		return nil, fmt.Errorf("%w: the limiter's policy has no limits", ErrInvalidConfig)
+	}
+	// pglimit validates its names; a Limiter of another make might not,
+	// and its names end up in headers.
+	for i, l := range p.Limits {
+		if err := validatePolicy(l.Name); err != nil {
+			return nil, fmt.Errorf("%w: limiter's Limits[%d].Name: %w", ErrInvalidConfig, i, err)
+		}
+	}
+	m := &middleware{lim: lim, cfg: c, limits: p.Limits, policy: formatPolicy(p.Limits), longest: p.LongestWait()}
+	m.longestName = p.Limits[0].Name
+	for _, l := range p.Limits {
+		if (pglimit.Policy{Limits: []pglimit.Limit{l}}).LongestWait() == m.longest {
+			m.longestName = l.Name
+			break
+		}
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			m.serve(w, r, next)
@@ -153,7 +166,12 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 type middleware struct {
 	lim    pglimit.Limiter
 	cfg    Config
+	limits []pglimit.Limit
 	policy string // the RateLimit-Policy field value, the same on every response
+	// longest is the longest any limit makes a key wait, longestName the
+	// first limit that does: a fail-closed refusal's.
+	longest     time.Duration
+	longestName string
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -170,40 +188,72 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		})
 		return
 	}
+	cost := 1
+	if m.cfg.CostFunc != nil {
+		if cost, err = m.cfg.CostFunc(r); err != nil {
+			m.badCost(w, r, key, fmt.Errorf("%w: CostFunc: %w", pglimit.ErrInvalidCost, err))
+			return
+		}
+	}
 
-	d, err := m.lim.Allow(r.Context(), key)
+	d, err := m.lim.AllowN(r.Context(), key, cost)
 	h := w.Header()
 	switch {
+	case errors.Is(err, pglimit.ErrInvalidCost):
+		// Validated before the database: nothing was consumed.
+		m.badCost(w, r, key, err)
 	case err != nil && errors.Is(err, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled):
-		m.report(r, Event{Key: key, Outcome: OutcomeCanceled, Err: err})
+		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeCanceled, Err: err})
 		w.WriteHeader(statusClientClosedRequest)
 	case err != nil:
-		m.fail(w, r, next, key, err)
+		m.fail(w, r, next, key, cost, err)
 	case d.Allowed:
-		m.report(r, Event{Key: key, Outcome: OutcomeAdmitted, Decision: d})
+		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeAdmitted, Decision: d})
 		h.Set("RateLimit-Policy", m.policy)
-		h.Set("RateLimit", formatRateLimit(m.cfg.Policy, d.ResetAfter))
+		h.Set("RateLimit", formatRateLimit(m.binding(d.Limit), d.Remaining, ceilSeconds(d.ResetAfter)))
 		next.ServeHTTP(w, r)
 	default:
-		m.report(r, Event{Key: key, Outcome: OutcomeRefused, Decision: d})
-		m.refuse(w, d.RetryAfter)
+		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeRefused, Decision: d})
+		names := make([]string, 0, 1)
+		for _, l := range d.Violated() {
+			names = append(names, l.Name)
+		}
+		if len(names) == 0 {
+			names = append(names, m.binding(d.Limit))
+		}
+		m.refuse(w, m.binding(d.Limit), d.Remaining, d.RetryAfter, d.ResetAfter, names)
 	}
 }
 
+// binding names the limit a decision reports, the first of the policy's
+// when a limiter of another make leaves it unnamed.
+func (m *middleware) binding(l pglimit.Limit) string {
+	return cmp.Or(l.Name, m.limits[0].Name)
+}
+
+func (m *middleware) badCost(w http.ResponseWriter, r *http.Request, key string, err error) {
+	m.report(r, Event{Key: key, Outcome: OutcomeBadCost, Err: err})
+	writeProblem(w, http.StatusBadRequest, problem{
+		Title:  "Bad Request",
+		Detail: "the request's rate limit cost is not valid: " + err.Error(),
+	})
+}
+
 // fail applies the error policy to a limiter failure.
-func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Handler, key string, err error) {
+func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Handler, key string, cost int, err error) {
 	switch m.cfg.OnError {
 	case FailOpen:
-		m.report(r, Event{Key: key, Outcome: OutcomeFailOpen, Err: err})
+		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeFailOpen, Err: err})
 		next.ServeHTTP(w, r)
 	case FailClosed:
-		m.report(r, Event{Key: key, Outcome: OutcomeFailClosed, Err: err})
-		m.refuse(w, m.cfg.Cooldown)
+		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeFailClosed, Err: err})
+		// As if the limit that makes a key wait longest were exhausted.
+		m.refuse(w, m.longestName, 0, m.longest, m.longest, []string{m.longestName})
 	default:
-		m.report(r, Event{Key: key, Outcome: OutcomeUnavailable, Err: err})
+		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeUnavailable, Err: err})
 		// The cause stays in the server's logs (OnDecision): it names
 		// hosts and SQL states a client has no business seeing.
-		w.Header().Set("Retry-After", formatSeconds(retryAfterSeconds(m.cfg.Cooldown)))
+		w.Header().Set("Retry-After", formatSeconds(retryAfterSeconds(m.longest)))
 		writeProblem(w, http.StatusServiceUnavailable, problem{
 			Title:  "Service Unavailable",
 			Detail: "the rate limiter cannot decide right now; try again later",
@@ -211,20 +261,21 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Hand
 	}
 }
 
-// refuse writes a 429 that tells the client to wait for wait.
-func (m *middleware) refuse(w http.ResponseWriter, wait time.Duration) {
+// refuse writes a 429 that tells the client to wait for wait, reporting the
+// limit named binding with remaining units, reset after reset.
+func (m *middleware) refuse(w http.ResponseWriter, binding string, remaining int, wait, reset time.Duration, violated []string) {
 	secs := retryAfterSeconds(wait)
 	h := w.Header()
 	h.Set("Retry-After", formatSeconds(secs))
 	h.Set("RateLimit-Policy", m.policy)
-	// t equals Retry-After: the draft asks that Retry-After not point
-	// earlier than the end of the effective window.
-	h.Set("RateLimit", formatRateLimit(m.cfg.Policy, time.Duration(secs)*time.Second))
+	// t is never below Retry-After, so a client that reads only
+	// RateLimit does not come back before the request can pass.
+	h.Set("RateLimit", formatRateLimit(binding, remaining, max(secs, ceilSeconds(reset))))
 	writeProblem(w, http.StatusTooManyRequests, problem{
 		Type:             quotaExceededType,
 		Title:            "Too Many Requests",
-		Detail:           fmt.Sprintf("the %s policy allows one request every %s; retry in %d s", m.cfg.Policy, m.cfg.Cooldown, secs),
-		ViolatedPolicies: []string{m.cfg.Policy},
+		Detail:           fmt.Sprintf("refused by the %s policy; retry in %d s", strings.Join(violated, ", "), secs),
+		ViolatedPolicies: violated,
 	})
 }
 

@@ -31,9 +31,9 @@ type countingLimiter struct {
 	calls atomic.Int64
 }
 
-func (c *countingLimiter) Allow(ctx context.Context, key string) (pglimit.Decision, error) {
+func (c *countingLimiter) AllowN(ctx context.Context, key string, n int) (pglimit.Decision, error) {
 	c.calls.Add(1)
-	return c.Limiter.Allow(ctx, key)
+	return c.Limiter.AllowN(ctx, key, n)
 }
 
 type testBundle struct {
@@ -66,7 +66,6 @@ func setup(t *testing.T, db *pgxpool.Pool, cfg pglimithttp.Config, limCfg pglimi
 		t.Fatal(err)
 	}
 	b := &testBundle{lim: &countingLimiter{Limiter: lim}}
-	cfg.Cooldown = limCfg.Cooldown
 	if cfg.KeyFunc == nil {
 		cfg.KeyFunc = pglimithttp.FromPathValue("user")
 	}
@@ -313,7 +312,7 @@ func TestDatabaseDown(t *testing.T) {
 				}
 				p := decodeProblem(t, rec, tt.code)
 				if got := rec.Header().Get("Retry-After"); got != "3" {
-					t.Fatalf("Retry-After %q, want the cooldown, 3", got)
+					t.Fatalf("Retry-After %q, want the limiter's longest wait, the cooldown, 3", got)
 				}
 				if strings.Contains(p.Detail, "127.0.0.1") || strings.Contains(p.Detail, "SQLSTATE") {
 					t.Fatalf("problem detail leaks the cause: %q", p.Detail)
@@ -397,25 +396,40 @@ func TestTerminatedBackend(t *testing.T) {
 	}
 }
 
+// policyLimiter reports a policy of its own, as a Limiter of another make
+// might.
+type policyLimiter struct {
+	pglimit.Limiter
+	policy pglimit.Policy
+}
+
+func (p policyLimiter) Policy() pglimit.Policy { return p.policy }
+
 func TestMiddlewareConfig(t *testing.T) {
 	t.Parallel()
 	lim, err := pglimit.New(deadPool(t), &pglimit.Config{Cooldown: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	withPolicy := func(limits ...pglimit.Limit) pglimit.Limiter {
+		return policyLimiter{Limiter: lim, policy: pglimit.Policy{Limits: limits}}
+	}
 	for name, tt := range map[string]struct {
 		lim pglimit.Limiter
 		cfg *pglimithttp.Config
 	}{
-		"nil limiter":     {nil, &pglimithttp.Config{Cooldown: time.Second}},
-		"nil config":      {lim, nil},
-		"zero cooldown":   {lim, &pglimithttp.Config{}},
-		"policy newline":  {lim, &pglimithttp.Config{Cooldown: time.Second, Policy: "a\nb"}},
-		"unknown OnError": {lim, &pglimithttp.Config{Cooldown: time.Second, OnError: 42}},
+		"nil limiter":       {nil, &pglimithttp.Config{}},
+		"unknown OnError":   {lim, &pglimithttp.Config{OnError: 42}},
+		"no limits":         {withPolicy(), nil},
+		"limit name \\r\\n": {withPolicy(pglimit.Limit{Name: "a\r\nX-Injected: 1", Rate: 1, Period: time.Second}), nil},
+		"empty limit name":  {withPolicy(pglimit.Limit{Rate: 1, Period: time.Second}), nil},
 	} {
 		if mw, err := pglimithttp.Middleware(tt.lim, tt.cfg); !errors.Is(err, pglimithttp.ErrInvalidConfig) || mw != nil {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
+	}
+	if _, err := pglimithttp.Middleware(lim, nil); err != nil {
+		t.Errorf("nil Config: %v, want the defaults", err)
 	}
 	for _, s := range []string{"unavailable", "fail-open", "fail-closed"} {
 		p, err := pglimithttp.ParseErrorPolicy(s)
@@ -428,11 +442,159 @@ func TestMiddlewareConfig(t *testing.T) {
 	}
 }
 
+// itemLimits are the demo's: 5 per minute with bursts of 3, and a daily
+// quota.
+func itemLimits(perDay int) []pglimit.Limit {
+	return []pglimit.Limit{
+		{Name: "per-minute", Rate: 5, Period: time.Minute, Burst: 3},
+		{Name: "per-day", Rate: perDay, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+	}
+}
+
+// TestSeveralLimits: every limit is advertised, the binding one is
+// reported, and a refusal names the limits that refused it.
+func TestSeveralLimits(t *testing.T) {
+	t.Parallel()
+	const policy = `"per-minute";q=5;w=60, "per-day";q=20;w=86400`
+	h, b := setup(t, nil, pglimithttp.Config{}, pglimit.Config{Limits: itemLimits(20)})
+	// Each admission uses one unit of the burst of 3; the key is back to
+	// full 12 s (one emission interval) per unit used, less the time
+	// passed, rounded up.
+	for i, remaining := range []int{2, 1, 0} {
+		rec := get(t, h, "/items/alice")
+		if rec.Code != 200 {
+			t.Fatalf("request %d: %d %s", i, rec.Code, rec.Body)
+		}
+		if got := rec.Header().Get("RateLimit-Policy"); got != policy {
+			t.Fatalf("request %d: RateLimit-Policy %s, want %s", i, got, policy)
+		}
+		d := b.lastEvent(t).Decision
+		want := fmt.Sprintf(`"per-minute";r=%d;t=%d`, remaining, ceilSeconds(d.ResetAfter))
+		if got := rec.Header().Get("RateLimit"); got != want {
+			t.Fatalf("request %d: RateLimit %s, want %s", i, got, want)
+		}
+		if reset := time.Duration(i+1) * 12 * time.Second; d.ResetAfter > reset || d.ResetAfter <= reset-5*time.Second {
+			t.Fatalf("request %d: ResetAfter %s, want a little under %s", i, d.ResetAfter, reset)
+		}
+	}
+	rec := get(t, h, "/items/alice")
+	p := decodeProblem(t, rec, 429)
+	d := b.lastEvent(t).Decision
+	if d.RetryAfter <= 0 || d.RetryAfter > 12*time.Second {
+		t.Fatalf("RetryAfter %s, want at most one emission interval, 12 s", d.RetryAfter)
+	}
+	if got, want := rec.Header().Get("Retry-After"), strconv.Itoa(ceilSeconds(d.RetryAfter)); got != want {
+		t.Fatalf("Retry-After %q, want %s (RetryAfter %s rounded up)", got, want, d.RetryAfter)
+	}
+	if got, want := rec.Header().Get("RateLimit"), fmt.Sprintf(`"per-minute";r=0;t=%d`, ceilSeconds(d.ResetAfter)); got != want {
+		t.Fatalf("refusal RateLimit %s, want %s", got, want)
+	}
+	if len(p.ViolatedPolicies) != 1 || p.ViolatedPolicies[0] != "per-minute" {
+		t.Fatalf("violated-policies %q, want [per-minute]", p.ViolatedPolicies)
+	}
+}
+
+// TestBothLimitsViolated: when every limit refuses, Retry-After is the
+// longest wait among them and the body lists them all, in the limiter's
+// order.
+func TestBothLimitsViolated(t *testing.T) {
+	t.Parallel()
+	h, b := setup(t, nil, pglimithttp.Config{}, pglimit.Config{Limits: itemLimits(3)})
+	for range 3 {
+		if rec := get(t, h, "/items/alice"); rec.Code != 200 {
+			t.Fatalf("%d %s", rec.Code, rec.Body)
+		}
+	}
+	rec := get(t, h, "/items/alice")
+	p := decodeProblem(t, rec, 429)
+	d := b.lastEvent(t).Decision
+	if d.Limit.Name != "per-day" || d.RetryAfter < 23*time.Hour {
+		t.Fatalf("binding %s, RetryAfter %s; want per-day, about a day", d.Limit.Name, d.RetryAfter)
+	}
+	secs := ceilSeconds(d.RetryAfter)
+	if got := rec.Header().Get("Retry-After"); got != strconv.Itoa(secs) {
+		t.Fatalf("Retry-After %q, want %d (the per-day wait, the longer)", got, secs)
+	}
+	if got, want := rec.Header().Get("RateLimit"), fmt.Sprintf(`"per-day";r=0;t=%d`, secs); got != want {
+		t.Fatalf("RateLimit %s, want %s", got, want)
+	}
+	if strings.Join(p.ViolatedPolicies, ",") != "per-minute,per-day" {
+		t.Fatalf("violated-policies %q, want [per-minute per-day]", p.ViolatedPolicies)
+	}
+}
+
+// costHeader reads a request's cost from X-Cost.
+func costHeader(r *http.Request) (int, error) {
+	return strconv.Atoi(r.Header.Get("X-Cost"))
+}
+
+func TestCost(t *testing.T) {
+	t.Parallel()
+	h, b := setup(t, nil, pglimithttp.Config{CostFunc: costHeader}, pglimit.Config{Limits: itemLimits(20)})
+	send := func(cost string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("GET", "/items/alice", nil)
+		r.Header.Set("X-Cost", cost)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	// Not a number, not positive, more than the burst of 3: 400, and
+	// nothing consumed.
+	for _, cost := range []string{"", "two", "0", "-1", "4"} {
+		rec := send(cost)
+		decodeProblem(t, rec, 400)
+		ev := b.lastEvent(t)
+		if ev.Outcome != pglimithttp.OutcomeBadCost || !errors.Is(ev.Err, pglimit.ErrInvalidCost) {
+			t.Errorf("cost %q: event %+v, want OutcomeBadCost with ErrInvalidCost", cost, ev)
+		}
+		if rec.Header().Get("RateLimit") != "" {
+			t.Errorf("cost %q: RateLimit on a bad request: %s", cost, rec.Header().Get("RateLimit"))
+		}
+	}
+	rec := send("2")
+	ev := b.lastEvent(t)
+	if want := fmt.Sprintf(`"per-minute";r=1;t=%d`, ceilSeconds(ev.Decision.ResetAfter)); rec.Code != 200 || rec.Header().Get("RateLimit") != want {
+		t.Fatalf("cost 2 after the bad ones: %d RateLimit %s; want 200 and %s, 1 of the burst of 3 left", rec.Code, rec.Header().Get("RateLimit"), want)
+	}
+	if ev.Cost != 2 || ev.Decision.Granted != 2 {
+		t.Fatalf("event %+v, want cost 2 granted", ev)
+	}
+	rec = send("2")
+	decodeProblem(t, rec, 429)
+	if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"per-minute";r=1;t=`) {
+		t.Fatalf("refused cost 2: RateLimit %s, want the 1 unit left", got)
+	}
+	if rec := send("1"); rec.Code != 200 {
+		t.Fatalf("cost 1 with 1 left: %d", rec.Code)
+	}
+}
+
+// TestFailClosedLongestWait: with the database down, a fail-closed refusal
+// tells the client to wait as long as the longest limit can make it.
+func TestFailClosedLongestWait(t *testing.T) {
+	t.Parallel()
+	h, _ := setup(t, deadPool(t), pglimithttp.Config{OnError: pglimithttp.FailClosed},
+		pglimit.Config{Limits: itemLimits(20), Timeout: 300 * time.Millisecond})
+	rec := get(t, h, "/items/alice")
+	p := decodeProblem(t, rec, 429)
+	if got := rec.Header().Get("Retry-After"); got != "86400" {
+		t.Fatalf("Retry-After %q, want a day, the per-day window", got)
+	}
+	if got := rec.Header().Get("RateLimit"); got != `"per-day";r=0;t=86400` {
+		t.Fatalf("RateLimit %s", got)
+	}
+	if len(p.ViolatedPolicies) != 1 || p.ViolatedPolicies[0] != "per-day" {
+		t.Fatalf("violated-policies %q", p.ViolatedPolicies)
+	}
+}
+
 // TestRealServer goes through net/http end to end, where header
 // canonicalisation and Content-Length are those a client sees.
 func TestRealServer(t *testing.T) {
 	t.Parallel()
-	h, _ := setup(t, nil, pglimithttp.Config{Policy: "per-user"}, pglimit.Config{Cooldown: 2 * time.Second})
+	h, _ := setup(t, nil, pglimithttp.Config{}, pglimit.Config{
+		Limits: []pglimit.Limit{{Name: "per-user", Rate: 1, Period: 2 * time.Second}},
+	})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	client := srv.Client()

@@ -4,24 +4,33 @@
 // # Usage
 //
 //	m, err := pglimitprom.New(prometheus.DefaultRegisterer, nil)
-//	lim = m.Instrument(lim, pglimit.Upsert) // counts and times every decision
+//	lim = m.Instrument(lim) // counts and times every decision, labelled by lim.Policy()
 //	prometheus.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
 //	prometheus.MustRegister(pglimitprom.NewCleanerCollector(cleaner, "public"))
 //
 // # Metrics
 //
-//	pglimit_decisions_total{strategy,outcome}            counter; outcome: admitted, refused, error, invalid,
+//	pglimit_decisions_total{limiter,strategy,outcome}    counter; outcome: admitted, refused, error, invalid,
 //	                                                     canceled (the caller's context was cancelled: no error)
-//	pglimit_decision_duration_seconds{strategy,outcome}  histogram (classic buckets, see DefaultBuckets)
-//	pglimit_errors_total{strategy,kind}                  counter; kind: a SQLSTATE such as 57P01, or timeout,
+//	pglimit_decision_duration_seconds{limiter,strategy,outcome}
+//	                                                     histogram (classic buckets, see DefaultBuckets)
+//	pglimit_errors_total{limiter,strategy,kind}          counter; kind: a SQLSTATE such as 57P01, or timeout,
 //	                                                     connect, network, other
-//	pglimit_key_decisions_total{strategy,key,outcome}    counter, only with Options.MaxKeys > 0
+//	pglimit_key_decisions_total{limiter,strategy,key,outcome}
+//	                                                     counter, only with Options.MaxKeys > 0
 //	pglimit_pool_*{pool}                                 the pgx pool's statistics (NewPoolCollector)
 //	pglimit_cleanup_*{cleaner}                           a pglimit.Cleaner's statistics (NewCleanerCollector):
 //	                                                     runs_total, batches_total, rows_deleted_total,
 //	                                                     errors_total (counters), last_success_timestamp_seconds
 //	                                                     (0 before the first success), last_duration_seconds,
 //	                                                     leader (1 on the instance that leads, else 0)
+//
+// The limiter label is the limiter's namespace ([pglimit.Policy]) and
+// strategy its strategy, both read by [Metrics.Instrument]. Namespaces are
+// configuration, not user input: the label is bounded by the number of
+// limiters the application creates. Every decision method is counted (Allow,
+// AllowN, AllowTx, AllowTxN, AllowAtMost, Reserve); Peek consumes nothing and
+// is no decision, so only its errors are counted.
 //
 // A key is usually a user id: a label per key is unbounded, so the per-key
 // counter exists only when asked for, and then for at most [Options.MaxKeys]

@@ -40,7 +40,7 @@ func ExampleMetrics_Instrument() {
 	if err != nil {
 		panic(err)
 	}
-	lim = metrics.Instrument(lim, pglimit.Upsert)
+	lim = metrics.Instrument(lim) // labelled limiter="example-prom", strategy="upsert"
 
 	for range 3 {
 		if _, err := lim.Allow(ctx, "user-7"); err != nil {

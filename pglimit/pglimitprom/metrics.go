@@ -21,7 +21,7 @@ const (
 	OutcomeAdmitted = "admitted"
 	OutcomeRefused  = "refused"
 	OutcomeError    = "error"
-	OutcomeInvalid  = "invalid" // the key failed validation; nothing reached the database
+	OutcomeInvalid  = "invalid" // a bad key or cost, or an unsupported call; nothing reached the database
 
 	// OutcomeCanceled: the caller's context was cancelled before the
 	// decision came back, as when an HTTP client disconnects. The caller
@@ -81,17 +81,17 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pglimit_decisions_total",
-			Help: "Limiter decisions, by strategy and outcome (admitted, refused, error, invalid, canceled).",
-		}, []string{"strategy", "outcome"}),
+			Help: "Limiter decisions, by limiter (namespace), strategy and outcome (admitted, refused, error, invalid, canceled).",
+		}, []string{"limiter", "strategy", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "pglimit_decision_duration_seconds",
-			Help:    "Time to decide, database round trips included, by strategy and outcome.",
+			Help:    "Time to decide, database round trips included, by limiter (namespace), strategy and outcome.",
 			Buckets: o.Buckets,
-		}, []string{"strategy", "outcome"}),
+		}, []string{"limiter", "strategy", "outcome"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pglimit_errors_total",
-			Help: "Failed decisions by strategy and kind: a SQLSTATE, or timeout, connect, network, other. Callers that gave up are not counted.",
-		}, []string{"strategy", "kind"}),
+			Help: "Failed limiter calls (decisions and peeks) by limiter (namespace), strategy and kind: a SQLSTATE, or timeout, connect, network, other. Callers that gave up are not counted.",
+		}, []string{"limiter", "strategy", "kind"}),
 	}
 	cs := []prometheus.Collector{m.decisions, m.duration, m.errors}
 	if o.MaxKeys > 0 {
@@ -99,7 +99,7 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 		m.keyDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pglimit_key_decisions_total",
 			Help: fmt.Sprintf("Limiter decisions by key, for the first %d keys seen; later keys are counted as %q.", o.MaxKeys, OtherKey),
-		}, []string{"strategy", "key", "outcome"})
+		}, []string{"limiter", "strategy", "key", "outcome"})
 		cs = append(cs, m.keyDecisions)
 	}
 	for i, c := range cs {
@@ -113,67 +113,126 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 	return m, nil
 }
 
-// Instrument returns lim with every Allow and AllowTx counted and timed under
-// the strategy label (empty means [pglimit.Upsert], as in pglimit.Config).
+// Instrument returns lim with every decision counted and timed under the
+// labels limiter (its namespace) and strategy, both read from
+// [pglimit.Limiter.Policy]. Allow, AllowN, AllowTx, AllowTxN, AllowAtMost
+// and Reserve are decisions. Peek is not: it consumes nothing, and counting
+// it would inflate the admitted and refused rates, so only its errors are
+// counted (in pglimit_errors_total). Reset passes through uncounted.
 // Decisions and errors pass through unchanged.
-func (m *Metrics) Instrument(lim pglimit.Limiter, strategy pglimit.Strategy) pglimit.Limiter {
-	s := string(cmp.Or(strategy, pglimit.Upsert))
-	l := &instrumented{Limiter: lim, m: m, strategy: s}
+//
+// Namespaces are configuration, not user input, so the limiter label stays
+// bounded by the number of limiters an application creates.
+func (m *Metrics) Instrument(lim pglimit.Limiter) pglimit.Limiter {
+	p := lim.Policy()
+	l := &instrumented{lim: lim, m: m, labels: []string{p.Namespace, string(cmp.Or(p.Strategy, pglimit.Upsert))}}
 	// Present from the start, so rates and ratios have a series to read
 	// before the first refusal or error.
 	for _, o := range []string{OutcomeAdmitted, OutcomeRefused, OutcomeError, OutcomeCanceled} {
-		m.decisions.WithLabelValues(s, o)
-		m.duration.WithLabelValues(s, o)
+		m.decisions.WithLabelValues(l.label(o)...)
+		m.duration.WithLabelValues(l.label(o)...)
 	}
 	return l
 }
 
-// instrumented decorates a limiter; Reset passes through uncounted.
+// instrumented decorates a limiter. It embeds no Limiter, so that a method
+// added to the interface cannot pass through uncounted unnoticed.
 type instrumented struct {
-	pglimit.Limiter
-	m        *Metrics
-	strategy string
+	lim    pglimit.Limiter
+	m      *Metrics
+	labels []string // limiter, strategy
 }
 
 var _ pglimit.Limiter = (*instrumented)(nil)
 
+// label returns the limiter's labels followed by v.
+func (l *instrumented) label(v ...string) []string {
+	return append(append(make([]string, 0, len(l.labels)+len(v)), l.labels...), v...)
+}
+
 func (l *instrumented) Allow(ctx context.Context, key string) (pglimit.Decision, error) {
 	start := time.Now()
-	d, err := l.Limiter.Allow(ctx, key)
+	d, err := l.lim.Allow(ctx, key)
+	l.observe(ctx, key, d, err, time.Since(start))
+	return d, err
+}
+
+func (l *instrumented) AllowN(ctx context.Context, key string, n int) (pglimit.Decision, error) {
+	start := time.Now()
+	d, err := l.lim.AllowN(ctx, key, n)
 	l.observe(ctx, key, d, err, time.Since(start))
 	return d, err
 }
 
 func (l *instrumented) AllowTx(ctx context.Context, tx pgx.Tx, key string) (pglimit.Decision, error) {
 	start := time.Now()
-	d, err := l.Limiter.AllowTx(ctx, tx, key)
+	d, err := l.lim.AllowTx(ctx, tx, key)
 	l.observe(ctx, key, d, err, time.Since(start))
 	return d, err
 }
 
+func (l *instrumented) AllowTxN(ctx context.Context, tx pgx.Tx, key string, n int) (pglimit.Decision, error) {
+	start := time.Now()
+	d, err := l.lim.AllowTxN(ctx, tx, key, n)
+	l.observe(ctx, key, d, err, time.Since(start))
+	return d, err
+}
+
+func (l *instrumented) AllowAtMost(ctx context.Context, key string, n int) (pglimit.Decision, error) {
+	start := time.Now()
+	d, err := l.lim.AllowAtMost(ctx, key, n)
+	l.observe(ctx, key, d, err, time.Since(start))
+	return d, err
+}
+
+func (l *instrumented) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (pglimit.Decision, error) {
+	start := time.Now()
+	d, err := l.lim.Reserve(ctx, key, n, maxDelay)
+	l.observe(ctx, key, d, err, time.Since(start))
+	return d, err
+}
+
+func (l *instrumented) Peek(ctx context.Context, key string, n int) (pglimit.Decision, error) {
+	d, err := l.lim.Peek(ctx, key, n)
+	if err != nil && !invalid(err) && !canceled(ctx, err) {
+		l.m.errors.WithLabelValues(l.label(ErrorKind(err))...).Inc()
+	}
+	return d, err
+}
+
+func (l *instrumented) Reset(ctx context.Context, key string) error { return l.lim.Reset(ctx, key) }
+
+func (l *instrumented) Policy() pglimit.Policy { return l.lim.Policy() }
+
 func (l *instrumented) observe(ctx context.Context, key string, d pglimit.Decision, err error, took time.Duration) {
 	var outcome string
 	switch {
-	case errors.Is(err, pglimit.ErrInvalidKey):
+	case invalid(err):
 		// Not a database error and not worth a latency sample; the key
 		// may be arbitrary bytes, so it gets no per-key label either.
-		l.m.decisions.WithLabelValues(l.strategy, OutcomeInvalid).Inc()
+		l.m.decisions.WithLabelValues(l.label(OutcomeInvalid)...).Inc()
 		return
 	case canceled(ctx, err):
 		outcome = OutcomeCanceled
 	case err != nil:
 		outcome = OutcomeError
-		l.m.errors.WithLabelValues(l.strategy, ErrorKind(err)).Inc()
+		l.m.errors.WithLabelValues(l.label(ErrorKind(err))...).Inc()
 	case d.Allowed:
 		outcome = OutcomeAdmitted
 	default:
 		outcome = OutcomeRefused
 	}
-	l.m.decisions.WithLabelValues(l.strategy, outcome).Inc()
-	l.m.duration.WithLabelValues(l.strategy, outcome).Observe(took.Seconds())
+	l.m.decisions.WithLabelValues(l.label(outcome)...).Inc()
+	l.m.duration.WithLabelValues(l.label(outcome)...).Observe(took.Seconds())
 	if l.m.keyDecisions != nil {
-		l.m.keyDecisions.WithLabelValues(l.strategy, l.m.keys.Value(key), outcome).Inc()
+		l.m.keyDecisions.WithLabelValues(l.label(l.m.keys.Value(key), outcome)...).Inc()
 	}
+}
+
+// invalid reports whether err is the caller's mistake, found before the
+// database was asked: a bad key or cost, or a call the limiter cannot do.
+func invalid(err error) bool {
+	return errors.Is(err, pglimit.ErrInvalidKey) || errors.Is(err, pglimit.ErrInvalidCost) || errors.Is(err, pglimit.ErrUnsupported)
 }
 
 // canceled reports whether err ended a decision because ctx, the caller's,

@@ -47,7 +47,7 @@ func (b *testBundle) limiter(t *testing.T, cfg pglimit.Config) pglimit.Limiter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b.m.Instrument(lim, cfg.Strategy)
+	return b.m.Instrument(lim)
 }
 
 // value reads one series of a gathered counter or histogram (its count).
@@ -130,6 +130,71 @@ func TestInstrumentCountsDecisions(t *testing.T) {
 	}
 }
 
+// Every decision method is counted under the limiter's namespace and
+// strategy; Peek, which consumes nothing, is not a decision.
+func TestInstrumentEveryMethod(t *testing.T) {
+	b := setup(t, nil)
+	ctx := context.Background()
+	lim := b.limiter(t, pglimit.Config{Namespace: "items", Limits: []pglimit.Limit{{Rate: 3, Period: time.Minute, Burst: 3}}})
+	other := b.limiter(t, pglimit.Config{Namespace: "list", Strategy: pglimit.NoWait, Cooldown: time.Minute})
+	if p := lim.Policy(); p.Namespace != "items" || len(p.Limits) != 1 {
+		t.Fatalf("Policy through the instrumented limiter: %+v", p)
+	}
+
+	must := func(d pglimit.Decision, err error) pglimit.Decision {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for range 3 {
+		if d := must(lim.Peek(ctx, "k", 1)); !d.Allowed {
+			t.Fatalf("Peek: %+v", d)
+		}
+	}
+	if d := must(lim.AllowN(ctx, "k", 2)); !d.Allowed {
+		t.Fatalf("AllowN(2): %+v", d)
+	}
+	if d := must(lim.AllowAtMost(ctx, "k", 5)); d.Granted != 1 {
+		t.Fatalf("AllowAtMost(5): %+v, want 1 granted", d)
+	}
+	if d := must(lim.Reserve(ctx, "k", 1, time.Minute)); !d.Allowed || d.Delay <= 0 {
+		t.Fatalf("Reserve: %+v, want admitted with a delay", d)
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if d := must(lim.AllowTxN(ctx, tx, "k", 1)); d.Allowed {
+		t.Fatalf("AllowTxN: %+v, want refused", d)
+	}
+	for _, n := range []int{0, 4} {
+		if _, err := lim.AllowN(ctx, "k", n); !errors.Is(err, pglimit.ErrInvalidCost) {
+			t.Fatalf("AllowN(%d): %v, want ErrInvalidCost", n, err)
+		}
+	}
+	if d := must(other.Allow(ctx, "k")); !d.Allowed {
+		t.Fatalf("other limiter: %+v", d)
+	}
+
+	for outcome, want := range map[string]float64{"admitted": 3, "refused": 1, "invalid": 2, "error": 0} {
+		if got := value(t, b.reg, "pglimit_decisions_total", "limiter", "items", "strategy", "upsert", "outcome", outcome); got != want {
+			t.Errorf("items %s = %v, want %v", outcome, got, want)
+		}
+	}
+	if got := value(t, b.reg, "pglimit_decisions_total", "limiter", "list", "strategy", "nowait", "outcome", "admitted"); got != 1 {
+		t.Errorf("list admitted = %v, want 1", got)
+	}
+	if got := value(t, b.reg, "pglimit_decision_duration_seconds", "limiter", "items", "outcome", "admitted"); got != 3 {
+		t.Errorf("items admitted latency samples = %v, want 3 (no Peek)", got)
+	}
+	if problems, err := testutil.GatherAndLint(b.reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %+v", err, problems)
+	}
+}
+
 func TestInstrumentCountsErrorsByKind(t *testing.T) {
 	b := setup(t, nil)
 	ctx := context.Background()
@@ -169,11 +234,16 @@ func TestInstrumentCountsErrorsByKind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.m.Instrument(raw, "").Allow(ctx, "k"); err == nil {
+	deadLim := b.m.Instrument(raw)
+	if _, err := deadLim.Allow(ctx, "k"); err == nil {
 		t.Fatal("dead server: no error")
 	}
+	// A Peek is no decision, but its failure is a failure.
+	if _, err := deadLim.Peek(ctx, "k", 1); err == nil {
+		t.Fatal("dead server: Peek: no error")
+	}
 
-	for kind, want := range map[string]float64{"timeout": 1, "connect": 1} {
+	for kind, want := range map[string]float64{"timeout": 1, "connect": 2} {
 		if got := value(t, b.reg, "pglimit_errors_total", "strategy", "upsert", "kind", kind); got != want {
 			t.Errorf("errors kind=%s: %v, want %v", kind, got, want)
 		}
