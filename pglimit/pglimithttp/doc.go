@@ -48,9 +48,10 @@
 // [Config.OnError] chooses between answering 503 ([Unavailable], the
 // default), letting the request through ([FailOpen]) and refusing it with
 // 429 ([FailClosed]). Every choice is bounded by the limiter's own timeout:
-// a dead database yields an answer, never a hang. The 503 and the fail-closed
-// 429 carry Retry-After set to the longest wait the limits can impose
-// ([pglimit.Policy.LongestWait]).
+// a dead database yields an answer, never a hang. The 503 carries
+// Retry-After set to the shortest interval between two units of any limit
+// (an outage is not the client's quota); the fail-closed 429, the longest
+// wait the limits can impose ([pglimit.Policy.LongestWait]).
 //
 // # Client addresses
 //

@@ -21,7 +21,9 @@ const (
 	// failure is the server's, so a 429 would tell a well-behaved client it
 	// broke a quota it did not break, and failing open would silently remove
 	// the protection from exactly the expensive endpoints a limit guards.
-	// Retry-After is the longest wait any limit can impose.
+	// Retry-After is the shortest interval between two units of any
+	// limit (Period/Rate): an outage has nothing to do with the client's
+	// quota, and a day-long quota must not send clients away for a day.
 	Unavailable ErrorPolicy = iota
 
 	// FailOpen lets the request through to the handler, unlimited.
@@ -150,6 +152,10 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 	}
 	m := &middleware{lim: lim, cfg: c, limits: p.Limits, policy: formatPolicy(p.Limits), longest: p.LongestWait()}
 	m.longestName = p.Limits[0].Name
+	m.unavailable = p.Limits[0].Period / time.Duration(p.Limits[0].Rate)
+	for _, l := range p.Limits {
+		m.unavailable = min(m.unavailable, l.Period/time.Duration(l.Rate))
+	}
 	for _, l := range p.Limits {
 		if (pglimit.Policy{Limits: []pglimit.Limit{l}}).LongestWait() == m.longest {
 			m.longestName = l.Name
@@ -172,6 +178,7 @@ type middleware struct {
 	// first limit that does: a fail-closed refusal's.
 	longest     time.Duration
 	longestName string
+	unavailable time.Duration // Retry-After of a 503
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -253,7 +260,7 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Hand
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeUnavailable, Err: err})
 		// The cause stays in the server's logs (OnDecision): it names
 		// hosts and SQL states a client has no business seeing.
-		w.Header().Set("Retry-After", formatSeconds(retryAfterSeconds(m.longest)))
+		w.Header().Set("Retry-After", formatSeconds(retryAfterSeconds(m.unavailable)))
 		writeProblem(w, http.StatusServiceUnavailable, problem{
 			Title:  "Service Unavailable",
 			Detail: "the rate limiter cannot decide right now; try again later",

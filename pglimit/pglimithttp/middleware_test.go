@@ -312,7 +312,7 @@ func TestDatabaseDown(t *testing.T) {
 				}
 				p := decodeProblem(t, rec, tt.code)
 				if got := rec.Header().Get("Retry-After"); got != "3" {
-					t.Fatalf("Retry-After %q, want the limiter's longest wait, the cooldown, 3", got)
+					t.Fatalf("Retry-After %q, want the cooldown, 3", got)
 				}
 				if strings.Contains(p.Detail, "127.0.0.1") || strings.Contains(p.Detail, "SQLSTATE") {
 					t.Fatalf("problem detail leaks the cause: %q", p.Detail)
@@ -616,5 +616,37 @@ func TestRealServer(t *testing.T) {
 	}
 	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 2 {
 		t.Fatalf("Retry-After %q", resp.Header.Get("Retry-After"))
+	}
+}
+
+// With several limits, a database outage's 503 sends clients back after the
+// shortest interval between two units (12s for 5 per minute), not after the
+// longest wait (a day-long quota), which only a fail-closed 429 claims.
+func TestDatabaseDownSeveralLimits(t *testing.T) {
+	t.Parallel()
+	limits := []pglimit.Limit{
+		{Name: "per-minute", Rate: 5, Period: time.Minute, Burst: 3},
+		{Name: "per-day", Rate: 20, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+	}
+	for _, tt := range []struct {
+		policy pglimithttp.ErrorPolicy
+		code   int
+		retry  string
+	}{
+		{pglimithttp.Unavailable, 503, "12"},
+		{pglimithttp.FailClosed, 429, "86400"},
+	} {
+		t.Run(tt.policy.String(), func(t *testing.T) {
+			t.Parallel()
+			h, _ := setup(t, deadPool(t), pglimithttp.Config{OnError: tt.policy},
+				pglimit.Config{Limits: limits, Timeout: 300 * time.Millisecond})
+			rec := get(t, h, "/items/alice")
+			if rec.Code != tt.code {
+				t.Fatalf("status %d, want %d; body %s", rec.Code, tt.code, rec.Body)
+			}
+			if got := rec.Header().Get("Retry-After"); got != tt.retry {
+				t.Fatalf("Retry-After %q, want %s", got, tt.retry)
+			}
+		})
 	}
 }
