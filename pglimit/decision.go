@@ -3,9 +3,9 @@ package pglimit
 import "time"
 
 // Decision is the outcome of a [Limiter] call. Durations are measured on
-// the database clock, when the decision's statement ends; the units a
-// decision admits are counted from when it writes them, after any wait for
-// a lock.
+// the database clock, at the one instant the decision used: after any wait
+// for the key's row lock, when it writes, which is also when the units it
+// admits are counted from.
 type Decision struct {
 	// Allowed reports whether the request was admitted.
 	Allowed bool

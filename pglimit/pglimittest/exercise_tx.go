@@ -22,29 +22,34 @@ func (s *suite) exerciseTransactions(t *testing.T) {
 	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead} {
 		for _, tc := range []struct {
 			name     string
+			cooldown time.Duration
 			prepare  func(t *testing.T, lim pglimit.Limiter, key string) // before the race
 			admitted int
 		}{
-			{"FirstKey", func(*testing.T, pglimit.Limiter, string) {}, 1},
-			{"CooldownEnded", func(t *testing.T, lim pglimit.Limiter, key string) {
+			{"FirstKey", time.Minute, func(*testing.T, pglimit.Limiter, string) {}, 1},
+			{"CooldownEnded", endedCooldown, func(t *testing.T, lim pglimit.Limiter, key string) {
 				mustAllow(t, lim, key)
-				time.Sleep(txRaceCooldown + 20*time.Millisecond)
+				time.Sleep(endedCooldown + 20*time.Millisecond)
 			}, 1},
-			{"InCooldown", func(t *testing.T, lim pglimit.Limiter, key string) { mustAllow(t, lim, key) }, 0},
+			{"InCooldown", time.Minute, func(t *testing.T, lim pglimit.Limiter, key string) { mustAllow(t, lim, key) }, 0},
 		} {
 			t.Run(fmt.Sprintf("AllowTxContention/%s/%s", iso, tc.name), func(t *testing.T) {
-				lim, b := s.setup(t, txRaceCooldown)
+				lim, b := s.setup(t, tc.cooldown)
 				pools := []*pgxpool.Pool{b.pool, s.opts.pool(t)}
 				tc.prepare(t, lim, "k")
+				start := time.Now()
 				got, err := raceTx(t, lim, pools, 8, iso, "k")
 				if err != nil {
 					t.Fatal(err)
 				}
-				if got != tc.admitted {
-					t.Fatalf("8 concurrent AllowTx: %d admitted after commit, want %d", got, tc.admitted)
+				// A race slower than the cooldown may rightly admit again:
+				// each admission's cooldown starts at its write.
+				most := tc.admitted + int(time.Since(start)/tc.cooldown)
+				if got < tc.admitted || got > most {
+					t.Fatalf("8 concurrent AllowTx: %d admitted after commit, want %d (at most %d)", got, tc.admitted, most)
 				}
-				if tc.admitted == 1 {
-					if d := mustAllow(t, lim, "k"); d.Allowed {
+				if tc.admitted == 1 && got == 1 {
+					if d := mustAllow(t, lim, "k"); d.Allowed && time.Since(start) < tc.cooldown {
 						t.Fatalf("after the committed race: %+v, want refused (the admission is consumed)", d)
 					}
 				}
@@ -94,9 +99,9 @@ func (s *suite) exerciseTransactions(t *testing.T) {
 	})
 }
 
-// txRaceCooldown is long enough that a race finishes within it on a slow
-// machine, short enough to wait out.
-const txRaceCooldown = 500 * time.Millisecond
+// endedCooldown is a cooldown short enough to wait out before a race,
+// long enough that the race usually finishes within it on a slow machine.
+const endedCooldown = 2 * time.Second
 
 // raceTx opens n transactions at isolation level iso, spread over pools,
 // calls AllowTx for key in all of them at once, checks that each
