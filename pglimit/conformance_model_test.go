@@ -48,9 +48,9 @@ func TestModelConformance(t *testing.T) {
 		strategy            pglimit.Strategy
 		sequences, requests int
 	}{
-		{pglimit.Upsert, 32, 80},
-		{pglimit.NoWait, 32, 80},
-		{pglimit.Range, 12, 60},
+		{pglimit.Upsert, 48, 100},
+		{pglimit.NoWait, 48, 100},
+		{pglimit.Range, 16, 80},
 	} {
 		t.Run(string(run.strategy), func(t *testing.T) {
 			t.Parallel()
