@@ -59,9 +59,9 @@ func xidAssigned(t *testing.T, tx pgx.Tx) bool {
 	return xid != nil
 }
 
-// TestRefusalWritesNothing, for every algorithm and several limits at
-// once: a refusal of AllowTxN, AllowAtMost and Reserve takes no row lock
-// and writes nothing, and neither does Peek, admitting or refusing. The
+// TestRefusalWritesNothing for every algorithm and several limits at once:
+// a refusal of AllowTxN, AllowAtMost and Reserve takes no row lock and
+// writes nothing, and neither does Peek, admitting or refusing. The
 // limiters run inside a transaction (a pgx.Tx is a pglimit.DB), which has
 // no transaction id afterwards.
 func TestRefusalWritesNothingGeneral(t *testing.T) {
