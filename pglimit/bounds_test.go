@@ -192,6 +192,18 @@ func pair(t *testing.T, rows []auditRow, adm []admission, limits []pglimit.Limit
 				if same && cur[1] != prev[1]+units || !same && (cur[0] != at || cur[1] != units) {
 					t.Fatalf("write %d, limit %s: window %v after %v, for %d units at %d µs", i, l.Name, cur, prev, units, at)
 				}
+			case pglimit.SlidingWindow:
+				p := l.Period.Microseconds()
+				want := []int64{at / p * p, 0, units}
+				switch {
+				case prev != nil && prev[0] == want[0]:
+					want[1], want[2] = prev[1], prev[2]+units
+				case prev != nil && prev[0] == want[0]-p:
+					want[1] = prev[2]
+				}
+				if !slices.Equal(cur, want) {
+					t.Fatalf("write %d, limit %s: windows %v after %v, for %d units at %d µs; want %v", i, l.Name, cur, prev, units, at, want)
+				}
 			}
 		}
 	}
@@ -224,6 +236,24 @@ func checkFixed(t *testing.T, name string, rows []auditRow, adm []admission, off
 	return windows, most
 }
 
+// checkSliding checks that no interval of length Period admits more than
+// 2*Rate units, and returns the most units found in one.
+func checkSliding(t *testing.T, name string, adm []admission, l pglimit.Limit) (most int64) {
+	t.Helper()
+	p := l.Period.Microseconds()
+	for i := range adm {
+		var units int64
+		for j := i; j < len(adm) && adm[j].at-adm[i].at <= p; j++ {
+			units += adm[j].units
+		}
+		if units > 2*int64(l.Rate) {
+			t.Errorf("%s: %d units admitted within %s from %d µs; the sliding window admits at most 2*%d", name, units, l.Period, adm[i].at, l.Rate)
+		}
+		most = max(most, units)
+	}
+	return most
+}
+
 // Under a hot key hammered from two pools, GCRA never admits more than
 // Burst + Rate*w/Period in any interval of length w, nor a fixed window
 // more than Rate, nor either of them when a key has both limits at once.
@@ -240,6 +270,7 @@ func TestConcurrencyBounds(t *testing.T) {
 	t.Parallel()
 	gcra := pglimit.Limit{Name: "gcra", Rate: 10, Period: 200 * time.Millisecond, Burst: 4}
 	fixed := pglimit.Limit{Name: "fixed", Rate: 7, Period: 300 * time.Millisecond, Algorithm: pglimit.FixedWindow}
+	sliding := pglimit.Limit{Name: "sliding", Rate: 6, Period: 250 * time.Millisecond, Algorithm: pglimit.SlidingWindow}
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 		for _, tc := range []struct {
 			name   string
@@ -249,6 +280,8 @@ func TestConcurrencyBounds(t *testing.T) {
 			{"gcra", []pglimit.Limit{gcra}, 1}, // a single GCRA limit records no count: one unit each
 			{"fixed", []pglimit.Limit{fixed}, 2},
 			{"gcra+fixed", []pglimit.Limit{gcra, fixed}, 2},
+			{"sliding", []pglimit.Limit{sliding}, 2},
+			{"gcra+fixed+sliding", []pglimit.Limit{gcra, fixed, sliding}, 2},
 		} {
 			t.Run(fmt.Sprintf("%s/%s", s, tc.name), func(t *testing.T) {
 				t.Parallel()
@@ -275,9 +308,15 @@ func TestConcurrencyBounds(t *testing.T) {
 					margin := checkGCRA(t, tc.name, adm, gcra)
 					figures += fmt.Sprintf("; GCRA bound's tightest margin %dµs", margin)
 				}
-				if l := tc.limits[len(tc.limits)-1]; l.Algorithm == pglimit.FixedWindow {
-					windows, most := checkFixed(t, tc.name, rows, adm, 3*(len(tc.limits)-1), l)
-					figures += fmt.Sprintf("; %d windows, at most %d of %d in one", windows, most, l.Rate)
+				for i, l := range tc.limits {
+					switch l.Algorithm {
+					case pglimit.FixedWindow:
+						windows, most := checkFixed(t, tc.name, rows, adm, 3*i, l)
+						figures += fmt.Sprintf("; %d fixed windows, at most %d of %d in one", windows, most, l.Rate)
+					case pglimit.SlidingWindow:
+						most := checkSliding(t, tc.name, adm, l)
+						figures += fmt.Sprintf("; sliding window: at most %d units in %s (bound 2*%d)", most, l.Period, l.Rate)
+					}
 				}
 				t.Log(figures)
 			})
