@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -11,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,14 +78,40 @@ func TestModelConformance(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			t.Logf("%s: %d sequences × %d requests: %d decisions compared (%d admitted, %d refused), %d Reserve ErrUnsupported, %d Reset",
-				run.strategy, run.sequences, run.requests, stats.admitted.Load()+stats.refused.Load(), stats.admitted.Load(), stats.refused.Load(),
-				stats.unsupported.Load(), stats.resets.Load())
+			t.Logf("%s: %d sequences × %d requests: %s", run.strategy, run.sequences, run.requests, stats.String())
 		})
 	}
 }
 
-type modelStats struct{ admitted, refused, unsupported, resets atomic.Int64 }
+// modelStats counts what the sequences did, so that a run shows it
+// reached every kind of decision.
+type modelStats struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (st *modelStats) add(what string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.counts == nil {
+		st.counts = make(map[string]int)
+	}
+	st.counts[what]++
+}
+
+func (st *modelStats) String() string {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	total := 0
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(st.counts)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, st.counts[k]))
+		if !strings.HasPrefix(k, "Reset") && !strings.HasSuffix(k, "ErrUnsupported") {
+			total += st.counts[k]
+		}
+	}
+	return fmt.Sprintf("%d decisions compared (%s)", total, strings.Join(parts, ", "))
+}
 
 // modelSequence is one random sequence of requests on one key, checked
 // against the model.
@@ -151,7 +177,11 @@ func (s *modelSequence) run(requests int, stats *modelStats) {
 			commit   = true
 			op       string
 		)
-		switch r := s.rng.IntN(100); {
+		r := s.rng.IntN(100)
+		if reservable := allGCRA && s.strategy != pglimit.Range; r >= 85 && !reservable && s.rng.IntN(5) != 0 {
+			r = s.rng.IntN(85) // check ErrUnsupported now and then, not 15% of the time
+		}
+		switch {
 		case r < 2:
 			s.logf("%d: Reset", i)
 			if err := lim.Reset(ctx, key); err != nil {
@@ -159,7 +189,7 @@ func (s *modelSequence) run(requests int, stats *modelStats) {
 				return
 			}
 			m.reset()
-			stats.resets.Add(1)
+			stats.add("Reset")
 			continue
 		case r < 35:
 			op = "AllowN"
@@ -185,7 +215,7 @@ func (s *modelSequence) run(requests int, stats *modelStats) {
 					s.fail("%d: Reserve(%d, %s) on %s with %+v: %+v, %v; want ErrUnsupported", i, n, maxDelay, s.strategy, m.limits, d, err)
 					return
 				}
-				stats.unsupported.Add(1)
+				stats.add("Reserve ErrUnsupported")
 				continue
 			}
 		}
@@ -200,10 +230,15 @@ func (s *modelSequence) run(requests int, stats *modelStats) {
 			s.fail("%d: %s(n=%d, maxDelay=%s) at %d µs: %s", i, op, n, maxDelay, at, diff)
 			return
 		}
-		if d.Allowed {
-			stats.admitted.Add(1)
-		} else {
-			stats.refused.Add(1)
+		switch {
+		case !d.Allowed:
+			stats.add(op + " refused")
+		case mode == modeAtMost && d.Granted < n:
+			stats.add(op + " partial")
+		case d.Delay > 0:
+			stats.add(op + " delayed")
+		default:
+			stats.add(op + " admitted")
 		}
 	}
 }
