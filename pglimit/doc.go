@@ -1,6 +1,7 @@
-// Package pglimit is a per-key cooldown ("this user may call this at most
-// once every N seconds") enforced by PostgreSQL, so that it holds across
-// every instance of an application with no Redis and no proxy.
+// Package pglimit is a rate limiter enforced by PostgreSQL, so that it holds
+// across every instance of an application with no Redis and no proxy: from
+// the per-user cooldown ("at most once every N seconds") to N per window with
+// a burst, costs per request and several limits on one key.
 //
 // # Usage
 //
@@ -13,49 +14,60 @@
 //		// tell the caller to come back after d.RetryAfter
 //	}
 //
+// [Config.Limits] takes up to [MaxLimits] limits ([Limit]: Rate per Period,
+// by [GCRA] with a Burst, [FixedWindow] or [SlidingWindow]) that a key must
+// satisfy all at once; [Limiter.AllowN] charges a cost, [Limiter.AllowAtMost]
+// grants what is left, [Limiter.Reserve] books a future slot, [Limiter.Peek]
+// consumes nothing. docs/limits.md in the repository defines each algorithm
+// to the microsecond.
+//
 // # Promises
 //
-// For a limiter with cooldown C, two admissions of one key are never less
-// than C apart, judged by the database clock, whatever the number of
-// goroutines, pools or application instances. After C has passed, the next
-// request is admitted. Every decision says when to come back. A decision
-// never waits longer than the caller's context or [Config.Timeout]. Keys are
-// independent of each other. Bad input ([ErrInvalidKey], [ErrInvalidConfig])
-// is refused before anything reaches the database.
+// No over-admission: whatever the number of goroutines, pools or application
+// instances, no limit ever admits more than it allows, judged by the database
+// clock at the instant each decision writes (after any wait for a lock), and
+// several limits on one key are all-or-nothing. A lone request is admitted as
+// soon as its limits allow. Every decision says when to come back. A decision
+// never waits longer than the caller's context or Config.Timeout. Keys are
+// independent of each other. Bad input ([ErrInvalidKey], [ErrInvalidConfig],
+// [ErrInvalidCost]) is refused before anything reaches the database.
 //
 // # Strategies
 //
-// [Upsert] (the default) decides with a guarded UPDATE, or an INSERT for a
-// key never seen; [NoWait] locks the key's row with FOR UPDATE NOWAIT and
-// refuses when someone else holds it; [Range] inserts a tstzrange into a
-// table with an exclusion constraint and keeps one row per admission. Each
-// is one statement, one round trip, and a refusal for a key in cooldown
-// takes no lock and writes nothing. All three pass the same conformance
-// suite (package pglimittest).
+// [Upsert] (the default) locks the key's row only if the request fits, then
+// updates it, or inserts it for a key never seen; [NoWait] does the same with
+// FOR UPDATE NOWAIT and refuses when someone else holds the row; [Range]
+// inserts a tstzrange into a table with an exclusion constraint and keeps one
+// row per admission (a cooldown only). Each is one statement, one round trip,
+// and a refusal takes no lock and writes nothing. All three pass the same
+// conformance suite (package pglimittest).
 //
-// [Config.AsyncCommit] takes the WAL flush out of admissions, at the price
-// of at most one early admission per key after a database crash.
-// [Config.PreBlockSize] refuses keys the database has put in cooldown
-// without a round trip until their cooldown ends.
+// Config.AsyncCommit takes the WAL flush out of admissions, at the price of at
+// most one early admission per key after a database crash. Config.PreBlockSize
+// refuses keys the database has said have no unit left without a round trip
+// until they have one.
 //
 // # Cleanup
 //
 // The Range table gains a row per admission, the others a row per key ever
 // seen. Run a [Cleaner] in every instance: they elect one leader through a
-// PostgreSQL advisory lock, and it deletes, in batches, rows whose cooldown
-// ended more than [CleanerConfig.Retention] ago. [Cleaner.Stats] exposes
+// PostgreSQL advisory lock, and it deletes, in batches, rows whose limits have
+// all replenished more than CleanerConfig.Retention ago. Cleaner.Stats exposes
 // what it did for metrics.
 //
 // # Transactions
 //
-// [Limiter.AllowTx] decides inside the caller's transaction, so a cooldown
-// is consumed only if the caller's work commits. It is sound for every
-// strategy at READ COMMITTED, the PostgreSQL default. While that transaction
-// is open, other requests for the key wait for it, up to [Config.Timeout]
-// (NoWait refuses them instead, once the key has a committed row), so keep
-// such transactions short.
-// The admission is dated when AllowTx runs, not when the transaction commits.
-// At REPEATABLE READ or SERIALIZABLE, a key decided concurrently yields a
-// serialization failure (SQLSTATE 40001) rather than a decision: no
-// over-admission, but the caller must retry.
+// [Limiter.AllowTx] decides inside the caller's transaction, so units are
+// consumed only if the caller's work commits. Its statement runs in a
+// savepoint, so it never aborts the caller's transaction: a lost race, at any
+// isolation level, is a refusal, and a wait past Config.Timeout (bounded on
+// the server by lock_timeout) is [ErrTimeout]. While that transaction is open,
+// other requests for the key wait for it, up to Config.Timeout (NoWait refuses
+// them instead, once the key has a committed row), so keep such transactions
+// short: the admission is dated when AllowTx writes, not when the transaction
+// commits.
+//
+// [Limiter.Allow] decides the same whatever the session's default isolation
+// level: a serialization failure of its own statement makes it run again on a
+// fresh snapshot.
 package pglimit
