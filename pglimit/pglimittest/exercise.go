@@ -113,7 +113,7 @@ func Exercise(t *testing.T, newLimiter NewLimiter, opts ...Option) {
 		// admission at database time t2 after one at t1 needs t2-t1 >= C,
 		// and sent1 <= t1, t2 <= received2, so received2-sent1 >= C. A
 		// refusal at tk needs tk < t1+C, so sentk-received1 < C.
-		const cooldown = 200 * time.Millisecond
+		const cooldown = time.Second
 		lim, _ := setup(t, cooldown)
 		sent1 := time.Now()
 		if d := mustAllow(t, lim, "k"); !d.Allowed {
