@@ -22,6 +22,8 @@ type report struct {
 	Failures  []string          `json:"failures"`
 	Notes     []string          `json:"notes"`
 	Charts    []string          `json:"charts"`
+	// Costs compare the limit variants with the cooldown (cost.go).
+	Costs []costFigure `json:"costs,omitempty"`
 
 	variants map[string]variant
 }
@@ -83,6 +85,12 @@ func (rep *report) add(sc *scenario, res []*result) {
 	rep.Scenarios = append(rep.Scenarios, &scenarioReport{
 		Name: sc.Name, About: sc.About, CooldownMS: ms(sc.Cooldown), DurationS: sc.Duration.Seconds(), Results: res,
 	})
+	for _, v := range sc.Variants {
+		rep.variants[v.Name] = v
+	}
+	if isCostScenario(sc.Name) {
+		rep.Costs = append(rep.Costs, costFigures(rep.Scenarios[len(rep.Scenarios)-1])...)
+	}
 	for _, r := range res {
 		v := rep.variants[r.Variant]
 		rep.Failures = append(rep.Failures, failures(r, v)...)
@@ -236,7 +244,7 @@ func writeMarkdown(w io.Writer, rep *report) {
 				continue
 			}
 			gap, lost := "–", "–"
-			if c := bestCheck(r); c != nil && r.HotKey {
+			if c := bestCheck(r); c != nil && r.HotKey && r.Limits == "" {
 				gap, lost = fmt.Sprintf("%.0f", c.MaxGapMS), fmt.Sprint(c.LostPeriods)
 			}
 			waiters := "–"
@@ -249,13 +257,47 @@ func writeMarkdown(w io.Writer, rep *report) {
 				deadlocksCol(r), waiters, walPerDecision(r), dbCol(r, func(d *dbStats) int64 { return d.WALSyncs }))
 		}
 		fmt.Fprintln(w)
+		if s.Name == scLimits {
+			writeLimitsTable(w, s)
+		}
 		for _, c := range rep.Charts {
 			if strings.HasPrefix(c, s.Name+"-") {
 				fmt.Fprintf(w, "![%s](%s)\n\n", strings.TrimSuffix(c, ".png"), c)
 			}
 		}
 	}
+	if len(rep.Costs) > 0 {
+		writeCostTable(w, rep.Costs)
+	}
 	fmt.Fprint(w, readingGuide)
+}
+
+// writeLimitsTable shows, for the limits scenario, how close each limit
+// came to its bound in the database's record, and the record's slack.
+func writeLimitsTable(w io.Writer, s *scenarioReport) {
+	fmt.Fprintln(w, "| strategy | limits | db record | headroom per limit (record) | widest decision bracket ms | headroom (client) |")
+	fmt.Fprintln(w, "|---|---|---|---|---:|---|")
+	for _, r := range s.Results {
+		if r.Limits == "" {
+			continue
+		}
+		head := func(c *admissionCheck) string {
+			if c == nil || c.Headroom == nil {
+				return "–"
+			}
+			var parts []string
+			for _, k := range slices.Sorted(maps.Keys(c.Headroom)) {
+				parts = append(parts, fmt.Sprintf("%s %d", k, c.Headroom[k]))
+			}
+			return strings.Join(parts, ", ")
+		}
+		slack := "–"
+		if r.Record != nil {
+			slack = fmt.Sprintf("%.2f", r.Record.SlackMaxMS)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", r.Variant, r.Limits, recordCol(r), head(r.Record), slack, head(r.Client))
+	}
+	fmt.Fprintln(w)
 }
 
 const readingGuide = `## How to read this
