@@ -261,6 +261,9 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	appName := "pglimit-loadtest-" + runID
 	rep := newReport(o)
 	fl := floors(o.variants, o.targets == nil)
+	if !slices.ContainsFunc(o.scenarios, func(n string) bool { return !slices.Contains(limitScenarios, n) }) {
+		fl = nil // the limit scenarios measure no floor
+	}
 
 	// First, so that a machine without redis-server fails at once.
 	var rds *redisServer

@@ -66,7 +66,13 @@ func (r *runner) scenario(ctx context.Context, sc *scenario) ([]*result, error) 
 	for _, level := range sc.Levels {
 		var runs []*result
 		for round := range max(sc.Rounds, 1) {
-			for _, v := range variants {
+			order := slices.Clone(variants)
+			if round%2 == 1 {
+				// A B C, then C B A: a drift in the machine's load over the
+				// rounds falls on every variant alike.
+				slices.Reverse(order)
+			}
+			for _, v := range order {
 				res, err := r.one(ctx, sc, level, v)
 				if err != nil {
 					return nil, fmt.Errorf("%s at %d: %w", v.Name, level, err)

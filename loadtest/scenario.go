@@ -76,8 +76,9 @@ type scenario struct {
 	// Variants, when set, are what the scenario compares, without floors,
 	// whatever -strategies says.
 	Variants []variant
-	// Rounds runs the variants in turn this many times (A B C A B C), so
-	// that a change in the machine's load falls on all of them alike.
+	// Rounds runs the variants in turn this many times (A B C, C B A, A B
+	// C, ...), so that a change in the machine's load falls on all of them
+	// alike.
 	Rounds int
 }
 
