@@ -9,9 +9,10 @@
 // With no -database-url (or DATABASE_URL) it starts a throwaway, durable
 // PostgreSQL and stops it at the end; for the peer, redis_rate, it starts
 // redis-server on a free loopback port, without persistence. It exits 1
-// when a strategy other than range-naive (or the peer) over-admits, when
-// the default Range strategy deadlocks, or when the seed scenario sees
-// errors; 2 when it cannot run.
+// when a strategy other than range-naive (or the peer) over-admits (for the
+// general-limit variants: exceeds a limit's bound), when the default Range
+// strategy deadlocks, or when the seed or limits scenario sees errors; 2
+// when it cannot run. Missing a cost target is reported, not a failure.
 package main
 
 import (
