@@ -325,6 +325,16 @@ const readingGuide = `## How to read this
   table's rows (one per admission), or for Upsert and NoWait an audit trigger that logs every admitting write
   (refusals write nothing, so it costs only on admissions; it is off in many-keys, where it would double the writes).
   A difference between its count and the client's means an admission the client did not see as one (or the reverse).
+- **General limits** (limits scenario; variants named ` + "`<strategy>-gcra`, `<strategy>-3limits`" + `): allowed is
+  the most the limits together allow in the time a key's admissions span. From the database's record, a GCRA limit
+  (T = Period/Rate rounded up to the µs) must never admit more than Burst + floor(w/T) in any interval of length w,
+  where w is the longest the interval of those decisions can be: each decision lies between its statement's start
+  (or the previous admission's trigger, whose lock it waited for) and its trigger's clock reading, so no slack is
+  assumed; **widest decision bracket** is the widest such span measured, which makes the check more lenient, never
+  wrong. Fixed and sliding windows are checked exactly: admissions grouped by the window start the row's state
+  records, at most Rate each (fixed windows never overlap, sliding ones are aligned). **headroom** is, per limit,
+  how far the closest interval or window stayed below its bound: 0 means the limit was reached, so the check bit.
+  The client's check is the same with [sent, received] brackets and, for windows, Rate × (floor(w/Period) + 2).
 - **max gap / lost periods**: the longest time between two admissions of a key, and the whole cooldown periods in
   which nobody was admitted though requests kept coming (meaningful for a hot key whose cooldown keeps expiring).
 - **Database columns** are server-side differences across each run: commits and rollbacks from pg_stat_database
