@@ -47,6 +47,15 @@ type admissionCheck struct {
 	MaxGapMS    float64 `json:"max_gap_ms,omitempty"`
 	LostPeriods int     `json:"lost_periods,omitempty"`
 
+	// For general limits (limitcheck.go): Headroom is, per limit, the
+	// fewest admissions by which any interval stayed below the limit's
+	// bound (0: some interval reached it); SlackMaxMS is the widest bracket
+	// of an admission's decision instant in the database's record;
+	// Malformed lists states that break what the algorithms keep.
+	Headroom   map[string]int `json:"headroom,omitempty"`
+	SlackMaxMS float64        `json:"slack_max_ms,omitempty"`
+	Malformed  []string       `json:"malformed,omitempty"`
+
 	hasGap bool // MinGapMS holds a gap
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -198,10 +199,18 @@ func TestFailures(t *testing.T) {
 		{"naive deadlocks", result{Scenario: scNaive, Errors: map[string]int64{"40P01": 3}}, naive, 0},
 		{"seed errors", result{Scenario: scSeed, ErrorCount: 1}, variant{Name: "upsert", Strategy: "upsert"}, 1},
 		{"floor", result{Scenario: scSeed, ErrorCount: 1}, floor, 0},
+		{"a limit's bound broken in the record", result{Scenario: scLimits, Client: &admissionCheck{},
+			Record: &admissionCheck{Admitted: 6, MaxAllowed: 6, Violations: 1}}, limitVariants()[2], 1},
+		{"limits errors", result{Scenario: scLimits, ErrorCount: 1}, limitVariants()[1], 1},
+		{"cost errors: reported", result{Scenario: scCostHot, ErrorCount: 1}, limitVariants()[1], 0},
 	}
 	for _, tt := range tests {
-		if got := failures(&tt.res, tt.v); len(got) != tt.want {
+		got := failures(&tt.res, tt.v)
+		if len(got) != tt.want {
 			t.Errorf("%s: %q, want %d failures", tt.name, got, tt.want)
+		}
+		if tt.v.Limits != "" && tt.res.Record != nil && len(got) > 0 && !strings.Contains(got[0], "over a limit's bound") {
+			t.Errorf("%s: %q does not say a limit's bound was broken", tt.name, got)
 		}
 	}
 }

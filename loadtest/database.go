@@ -60,15 +60,22 @@ SELECT current_setting('max_connections')::int - current_setting('superuser_rese
 
 // auditTable records every admission of the Upsert and NoWait tables, whose
 // own rows keep only the latest. A trigger writes it, only on admission
-// (refusals change no row), inside the admitting transaction.
+// (refusals change no row), inside the admitting transaction: the row as
+// written (expires_at, and the state of general limits), and two readings
+// of the database clock that bracket the instant the admission was decided
+// at: the start of its statement (statement_timestamp()) and the trigger's
+// own clock_timestamp(), read after the row was written and before its lock
+// is released.
 const (
 	auditTable   = "lt_admissions"
 	auditTrigger = "lt_record_admission"
 	auditSetup   = `
-CREATE TABLE %[1]s.lt_admissions (key text NOT NULL, expires_at timestamptz NOT NULL);
+CREATE TABLE %[1]s.lt_admissions (key text NOT NULL, expires_at timestamptz NOT NULL, state bigint[],
+    statement_at timestamptz NOT NULL, recorded_at timestamptz NOT NULL);
 CREATE FUNCTION %[1]s.lt_record_admission() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO %[1]s.lt_admissions (key, expires_at) VALUES (NEW.key, NEW.expires_at);
+    INSERT INTO %[1]s.lt_admissions (key, expires_at, state, statement_at, recorded_at)
+    VALUES (NEW.key, NEW.expires_at, NEW.state, statement_timestamp(), clock_timestamp());
     RETURN NULL;
 END $$;
 CREATE TRIGGER lt_record_admission AFTER INSERT OR UPDATE ON %[1]s.%[2]s
@@ -80,7 +87,7 @@ CREATE TRIGGER lt_record_admission AFTER INSERT OR UPDATE ON %[1]s.%[2]s
 // trigger where a strategy's table keeps no history.
 func (db *database) setup(ctx context.Context, runID string, vs []variant) error {
 	for _, v := range vs {
-		if v.Redis || v.Name == floorName {
+		if _, done := db.schemas[v.Name]; done || v.Redis || v.Name == floorName {
 			continue
 		}
 		schema := fmt.Sprintf("loadtest_%s_%s", runID, identPart(v.Name))
@@ -185,6 +192,36 @@ func (db *database) record(ctx context.Context, v variant, audit bool) (byKey ma
 		return nil
 	})
 	return byKey, err == nil, err
+}
+
+// auditRow is one admission of a general limit as the audit trigger
+// recorded it, times in microseconds since the epoch on the database clock:
+// it was decided at some instant in [stmt, at].
+type auditRow struct {
+	stmt, at int64
+	state    []int64 // the row's state after it; nil for a single GCRA limit
+}
+
+// recordLimits returns, by key, the admissions the audit trigger recorded
+// in v's table.
+func (db *database) recordLimits(ctx context.Context, v variant) (map[string][]auditRow, error) {
+	rows, err := db.pool.Query(ctx, `
+SELECT key, state, (extract(epoch FROM statement_at) * 1000000)::bigint, (extract(epoch FROM recorded_at) * 1000000)::bigint
+FROM `+ident(db.schemas[v.Name])+"."+auditTable)
+	if err != nil {
+		return nil, err
+	}
+	byKey := map[string][]auditRow{}
+	var (
+		key string
+		r   auditRow
+	)
+	_, err = pgx.ForEachRow(rows, []any{&key, &r.state, &r.stmt, &r.at}, func() error {
+		byKey[key] = append(byKey[key], r)
+		r.state = nil
+		return nil
+	})
+	return byKey, err
 }
 
 // now reads the database clock, the one the limiter decides by.

@@ -2,16 +2,17 @@
 // concurrency against a real PostgreSQL, and writes a terminal table, a
 // Markdown report, a JSON file with every figure and PNG charts.
 //
-//	go -C loadtest run . -short          # the README version, under 3 minutes
+//	go -C loadtest run . -short          # the README version, 3 to 4 minutes
 //	go -C loadtest run . -scale 0.1      # the article's 10-minute load in 1 minute
 //	go -C loadtest run . -target http://localhost:9091,http://localhost:9095
 //
 // With no -database-url (or DATABASE_URL) it starts a throwaway, durable
 // PostgreSQL and stops it at the end; for the peer, redis_rate, it starts
 // redis-server on a free loopback port, without persistence. It exits 1
-// when a strategy other than range-naive (or the peer) over-admits, when
-// the default Range strategy deadlocks, or when the seed scenario sees
-// errors; 2 when it cannot run.
+// when a strategy other than range-naive (or the peer) over-admits (for the
+// general-limit variants: exceeds a limit's bound), when the default Range
+// strategy deadlocks, or when the seed or limits scenario sees errors; 2
+// when it cannot run. Missing a cost target is reported, not a failure.
 package main
 
 import (
@@ -55,6 +56,7 @@ type options struct {
 	levels      []int
 	concurrency []int
 	keys        int
+	rounds      int
 	poolSize    int
 	out         string
 	progress    bool
@@ -72,13 +74,15 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.cooldown, "cooldown", 0, "the HTTP target's cooldown, against which admissions are checked (default 2s over HTTP; in-process each scenario sets its own)")
 	strategies := fs.String("strategies", "redis_rate,upsert,nowait,range,range-naive",
 		"strategies to compare, in-process; each of upsert, nowait and range also comes as <name>-async (Config.AsyncCommit) and <name>-preblock (Config.PreBlockSize); "+
-			"redis_rate is the peer (github.com/go-redis/redis_rate on redis-server, which must be installed)")
+			"redis_rate is the peer (github.com/go-redis/redis_rate on redis-server, which must be installed). "+
+			"The limits and cost-* scenarios compare their own: upsert and nowait as a cooldown, with one GCRA limit and with three limits")
 	scens := fs.String("scenarios", strings.Join(scenarioNames, ","), "scenarios to run")
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every duration (0.1 runs the 10-minute seed load in 1 minute)")
-	fs.BoolVar(&o.short, "short", false, "the README version: every scenario, the default strategies and the peer in under 3 minutes")
+	fs.BoolVar(&o.short, "short", false, "the README version: every scenario, the default strategies and the peer in 3 to 4 minutes")
 	levels := fs.String("levels", "1,4,16,64,256", "contention: concurrency levels")
 	concurrency := fs.String("concurrency", "16", "many-keys: concurrent workers (comma-separated levels)")
 	fs.IntVar(&o.keys, "keys", 100_000, "many-keys: distinct users")
+	fs.IntVar(&o.rounds, "rounds", 0, "cost-many-keys, cost-hot-key: rounds of the variants taking turns (default 3, 2 with -short)")
 	fs.IntVar(&o.poolSize, "pool-size", 10, "seed: connections per instance")
 	fs.StringVar(&o.out, "out", "out", "directory for report.md, results.json and the charts (relative to loadtest/, where it runs)")
 	fs.BoolVar(&o.progress, "progress", true, "print a progress line to stderr every second")
@@ -98,6 +102,13 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if *target != "" {
 		if set["strategies"] {
 			return nil, errors.New("-strategies applies in-process only: the demo instances run one strategy, name it with -label")
+		}
+		if set["scenarios"] {
+			for _, n := range o.scenarios {
+				if slices.Contains(limitScenarios, n) {
+					return nil, fmt.Errorf("-scenarios %s runs in-process only: the demo's GET /items/{user} enforces a cooldown", n)
+				}
+			}
 		}
 		o.targets = strings.Split(*target, ",")
 		o.variants = []variant{{Name: o.label}}
@@ -131,8 +142,12 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	switch {
 	case o.scale <= 0:
 		return nil, errors.New("-scale must be positive")
-	case o.keys < 1, o.poolSize < 1:
-		return nil, errors.New("-keys and -pool-size must be positive")
+	case o.keys < 1, o.poolSize < 1, o.rounds < 0:
+		return nil, errors.New("-keys and -pool-size must be positive, -rounds not negative")
+	case o.rounds == 0 && o.short:
+		o.rounds = 2
+	case o.rounds == 0:
+		o.rounds = 3
 	}
 
 	// The command as reports show it: the flags that shape the figures.
@@ -221,6 +236,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	writeTable(stdout, rep)
+	writeCostLines(stdout, rep.Costs)
 	if err := writeOutputs(o.out, rep); err != nil {
 		fmt.Fprintln(stderr, "loadtest:", err)
 		return exitError
@@ -246,6 +262,9 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	appName := "pglimit-loadtest-" + runID
 	rep := newReport(o)
 	fl := floors(o.variants, o.targets == nil)
+	if !slices.ContainsFunc(o.scenarios, func(n string) bool { return !slices.Contains(limitScenarios, n) }) {
+		fl = nil // the limit scenarios measure no floor
+	}
 
 	// First, so that a machine without redis-server fails at once.
 	var rds *redisServer
@@ -299,7 +318,11 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		rep.Meta.Target = fmt.Sprintf("HTTP, %d demo instance(s), running %q", len(o.targets), o.label)
 		rep.Meta.Floor = "GET /healthz"
 	} else {
-		if err := r.db.setup(ctx, runID, append(slices.Clone(r.floors), o.variants...)); err != nil {
+		vs := append(slices.Clone(r.floors), o.variants...)
+		if slices.ContainsFunc(o.scenarios, func(n string) bool { return slices.Contains(limitScenarios, n) }) {
+			vs = append(vs, limitVariants()...)
+		}
+		if err := r.db.setup(ctx, runID, vs); err != nil {
 			return nil, err
 		}
 		defer func() {

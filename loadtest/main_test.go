@@ -23,7 +23,7 @@ import (
 func TestMain(m *testing.M) { pglimittest.Main(m) }
 
 // tiny runs every scenario in a few seconds.
-var tiny = []string{"-short", "-scale", "0.15", "-levels", "1,8", "-keys", "1000", "-progress=false"}
+var tiny = []string{"-short", "-scale", "0.15", "-levels", "1,8", "-keys", "1000", "-rounds", "1", "-progress=false"}
 
 // runLoadtest runs the command with args plus -out, expects exit code want,
 // and returns the parsed results.json.
@@ -83,20 +83,24 @@ func checkOutputs(t *testing.T, out string, rep *report, charts []string) {
 	}
 }
 
-// checkResults asserts what must hold in every run: every scenario, level,
-// floor and variant ran; no floor failed; nothing but range-naive
-// over-admitted; hot keys were admitted at least once; the seed load saw no
-// errors.
+// checkResults asserts what must hold in every run: every scenario of
+// levels, at its number of levels, and every floor and variant ran (the
+// limit scenarios: their own variants, once each); no floor failed; nothing
+// but range-naive over-admitted; hot keys were admitted at least once; the
+// seed load saw no errors.
 func checkResults(t *testing.T, rep *report, floors, variants []string, levels map[string]int) {
 	t.Helper()
 	if len(rep.Failures) > 0 {
 		t.Errorf("failures: %q", rep.Failures)
 	}
-	if len(rep.Scenarios) != len(scenarioNames) {
-		t.Fatalf("%d scenarios, want %d", len(rep.Scenarios), len(scenarioNames))
+	if len(rep.Scenarios) != len(levels) {
+		t.Fatalf("%d scenarios, want %d", len(rep.Scenarios), len(levels))
 	}
 	for _, s := range rep.Scenarios {
 		want := levels[s.Name] * (len(floors) + len(variants))
+		if slices.Contains(limitScenarios, s.Name) {
+			want = levels[s.Name] * len(limitVariants())
+		}
 		if len(s.Results) != want {
 			t.Errorf("%s: %d results, want %d", s.Name, len(s.Results), want)
 		}
@@ -156,7 +160,9 @@ func TestInProcess(t *testing.T) {
 	for _, v := range allVariants() {
 		names = append(names, v.Name)
 	}
-	rep, out := runLoadtest(t, exitOK, append([]string{"-database-url", pglimittest.URL(t), "-strategies", strings.Join(names, ",")}, tiny...)...)
+	// The limit scenarios run beside, in TestLimits.
+	rep, out := runLoadtest(t, exitOK, append([]string{"-database-url", pglimittest.URL(t), "-strategies", strings.Join(names, ","),
+		"-scenarios", strings.Join([]string{scSeed, scContention, scManyKeys, scNaive}, ",")}, tiny...)...)
 	fl := []string{floorName, writeFloorName, pingFloorName}
 	checkResults(t, rep, fl, names, map[string]int{scSeed: 1, scContention: 2, scManyKeys: 1, scNaive: 1})
 	checkOutputs(t, out, rep, allCharts)
@@ -188,6 +194,60 @@ func TestInProcess(t *testing.T) {
 				t.Errorf("%s: the database recorded %d admissions, the client saw %d", name, r.Record.Admitted, r.Client.Admitted)
 			}
 		}
+	}
+}
+
+// TestLimits runs the limit scenarios, whose variants are their own: the
+// database recorded every admission of the limits scenario and checked
+// every limit on it, and the cost figures are all there, in the JSON and
+// the Markdown.
+func TestLimits(t *testing.T) {
+	t.Parallel()
+	// Shorter than tiny, and one of the two cost workloads (the other
+	// differs only in its keys), to keep CI's time: the bounds and the cost
+	// figures are measured at length by -short.
+	args := append([]string{"-database-url", pglimittest.URL(t), "-scenarios", scLimits + "," + scCostHot}, tiny...)
+	rep, out := runLoadtest(t, exitOK, append(args, "-scale", "0.1")...)
+	checkResults(t, rep, nil, nil, map[string]int{scLimits: 1, scCostHot: 1})
+	checkOutputs(t, out, rep, nil)
+	for _, s := range rep.Scenarios {
+		if s.Name != scLimits {
+			continue
+		}
+		for _, r := range s.Results {
+			if r.Record == nil || r.Client == nil {
+				t.Errorf("limits/%s: record %+v, client %+v; want both", r.Variant, r.Record, r.Client)
+				continue
+			}
+			if r.Record.Admitted != r.Client.Admitted || r.ErrorCount > 0 {
+				t.Errorf("limits/%s: the database recorded %d admissions, the client saw %d; errors %v",
+					r.Variant, r.Record.Admitted, r.Client.Admitted, r.Errors)
+			}
+			// How close each came to its bound depends on the machine's
+			// speed: logged, not asserted.
+			want := map[string][]string{"": nil, setGCRA: {"rate"}, setThree: {"rate", "window", "sliding"}}[r.Limits]
+			for _, name := range want {
+				if _, ok := r.Record.Headroom[name]; !ok {
+					t.Errorf("limits/%s: limit %s not checked on the record (headroom %v)", r.Variant, name, r.Record.Headroom)
+				}
+			}
+			t.Logf("limits/%s: %d admitted, headroom %v, widest bracket %.2f ms", r.Variant, r.Admitted, r.Record.Headroom, r.Record.SlackMaxMS)
+		}
+	}
+	if len(rep.Costs) != 2*len(limitStrategies) {
+		t.Fatalf("%d cost figures, want %d: %+v", len(rep.Costs), 2*len(limitStrategies), rep.Costs)
+	}
+	for _, c := range rep.Costs {
+		if c.Ratio <= 0 || c.RateRatio <= 0 || c.Target == 0 || len(c.RoundRatios) != 1 {
+			t.Errorf("cost figure %+v", c)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(md, []byte("## Cost of general limits")) || !bytes.Contains(md, []byte("| cost-hot-key | 16 | nowait-3limits |")) {
+		t.Errorf("report.md has no cost table")
 	}
 }
 
@@ -270,6 +330,7 @@ func demoInstances(t *testing.T) string {
 
 func TestHTTPTarget(t *testing.T) {
 	t.Parallel()
+	// The limit scenarios run in-process only.
 	rep, out := runLoadtest(t, exitOK, append([]string{"-target", demoInstances(t), "-cooldown", "1s", "-label", "upsert-http"}, tiny...)...)
 	checkResults(t, rep, []string{floorName}, []string{"upsert-http"}, map[string]int{scSeed: 1, scContention: 2, scManyKeys: 1, scNaive: 1})
 	checkOutputs(t, out, rep, allCharts)
@@ -318,6 +379,8 @@ func TestParseOptions(t *testing.T) {
 		{"-cooldown", "1s"}, // only over HTTP
 		{"-label", "x"},
 		{"-target", "http://127.0.0.1:1", "-strategies", "upsert"}, // in-process only
+		{"-target", "http://127.0.0.1:1", "-scenarios", "seed,limits"},
+		{"-rounds", "-1"},
 		{"extra"},
 	} {
 		if _, err := parseOptions(args, &bytes.Buffer{}); err == nil {

@@ -18,6 +18,8 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/pglimit/cooldown/pglimit"
 )
 
 // errNoRedis says how to get the peer's server.
@@ -236,7 +238,8 @@ func (s *redisSession) conns() int { return s.size }
 // deciders runs the Redis floor (PING) or the peer. The cooldown is GCRA
 // with an emission interval of one cooldown and a burst of 1 (see
 // DESIGN.md §10): redis_rate's Limit{Rate: 1, Period: cooldown, Burst: 1}.
-func (s *redisSession) deciders(v variant, cooldown time.Duration) ([]decideFunc, error) {
+// The peer runs only where the scenario's cooldown applies: limits is nil.
+func (s *redisSession) deciders(v variant, cooldown time.Duration, _ []pglimit.Limit) ([]decideFunc, error) {
 	out := make([]decideFunc, len(s.clients))
 	limit := redis_rate.Limit{Rate: 1, Period: cooldown, Burst: 1}
 	for i, c := range s.clients {

@@ -22,6 +22,8 @@ type report struct {
 	Failures  []string          `json:"failures"`
 	Notes     []string          `json:"notes"`
 	Charts    []string          `json:"charts"`
+	// Costs compare the limit variants with the cooldown (cost.go).
+	Costs []costFigure `json:"costs,omitempty"`
 
 	variants map[string]variant
 }
@@ -83,6 +85,12 @@ func (rep *report) add(sc *scenario, res []*result) {
 	rep.Scenarios = append(rep.Scenarios, &scenarioReport{
 		Name: sc.Name, About: sc.About, CooldownMS: ms(sc.Cooldown), DurationS: sc.Duration.Seconds(), Results: res,
 	})
+	for _, v := range sc.Variants {
+		rep.variants[v.Name] = v
+	}
+	if isCostScenario(sc.Name) {
+		rep.Costs = append(rep.Costs, costFigures(rep.Scenarios[len(rep.Scenarios)-1])...)
+	}
 	for _, r := range res {
 		v := rep.variants[r.Variant]
 		rep.Failures = append(rep.Failures, failures(r, v)...)
@@ -236,7 +244,7 @@ func writeMarkdown(w io.Writer, rep *report) {
 				continue
 			}
 			gap, lost := "–", "–"
-			if c := bestCheck(r); c != nil && r.HotKey {
+			if c := bestCheck(r); c != nil && r.HotKey && r.Limits == "" {
 				gap, lost = fmt.Sprintf("%.0f", c.MaxGapMS), fmt.Sprint(c.LostPeriods)
 			}
 			waiters := "–"
@@ -249,13 +257,47 @@ func writeMarkdown(w io.Writer, rep *report) {
 				deadlocksCol(r), waiters, walPerDecision(r), dbCol(r, func(d *dbStats) int64 { return d.WALSyncs }))
 		}
 		fmt.Fprintln(w)
+		if s.Name == scLimits {
+			writeLimitsTable(w, s)
+		}
 		for _, c := range rep.Charts {
 			if strings.HasPrefix(c, s.Name+"-") {
 				fmt.Fprintf(w, "![%s](%s)\n\n", strings.TrimSuffix(c, ".png"), c)
 			}
 		}
 	}
+	if len(rep.Costs) > 0 {
+		writeCostTable(w, rep.Costs)
+	}
 	fmt.Fprint(w, readingGuide)
+}
+
+// writeLimitsTable shows, for the limits scenario, how close each limit
+// came to its bound in the database's record, and the record's slack.
+func writeLimitsTable(w io.Writer, s *scenarioReport) {
+	fmt.Fprintln(w, "| strategy | limits | db record | headroom per limit (record) | widest decision bracket ms | headroom (client) |")
+	fmt.Fprintln(w, "|---|---|---|---|---:|---|")
+	for _, r := range s.Results {
+		if r.Limits == "" {
+			continue
+		}
+		head := func(c *admissionCheck) string {
+			if c == nil || c.Headroom == nil {
+				return "–"
+			}
+			var parts []string
+			for _, k := range slices.Sorted(maps.Keys(c.Headroom)) {
+				parts = append(parts, fmt.Sprintf("%s %d", k, c.Headroom[k]))
+			}
+			return strings.Join(parts, ", ")
+		}
+		slack := "–"
+		if r.Record != nil {
+			slack = fmt.Sprintf("%.2f", r.Record.SlackMaxMS)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", r.Variant, r.Limits, recordCol(r), head(r.Record), slack, head(r.Client))
+	}
+	fmt.Fprintln(w)
 }
 
 const readingGuide = `## How to read this
@@ -283,6 +325,16 @@ const readingGuide = `## How to read this
   table's rows (one per admission), or for Upsert and NoWait an audit trigger that logs every admitting write
   (refusals write nothing, so it costs only on admissions; it is off in many-keys, where it would double the writes).
   A difference between its count and the client's means an admission the client did not see as one (or the reverse).
+- **General limits** (limits scenario; variants named ` + "`<strategy>-gcra`, `<strategy>-3limits`" + `): allowed is
+  the most the limits together allow in the time a key's admissions span. From the database's record, a GCRA limit
+  (T = Period/Rate rounded up to the µs) must never admit more than Burst + floor(w/T) in any interval of length w,
+  where w is the longest the interval of those decisions can be: each decision lies between its statement's start
+  (or the previous admission's trigger, whose lock it waited for) and its trigger's clock reading, so no slack is
+  assumed; **widest decision bracket** is the widest such span measured, which makes the check more lenient, never
+  wrong. Fixed and sliding windows are checked exactly: admissions grouped by the window start the row's state
+  records, at most Rate each (fixed windows never overlap, sliding ones are aligned). **headroom** is, per limit,
+  how far the closest interval or window stayed below its bound: 0 means the limit was reached, so the check bit.
+  The client's check is the same with [sent, received] brackets and, for windows, Rate × (floor(w/Period) + 2).
 - **max gap / lost periods**: the longest time between two admissions of a key, and the whole cooldown periods in
   which nobody was admitted though requests kept coming (meaningful for a hot key whose cooldown keeps expiring).
 - **Database columns** are server-side differences across each run: commits and rollbacks from pg_stat_database

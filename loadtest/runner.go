@@ -31,7 +31,9 @@ type result struct {
 	Concurrency int              `json:"concurrency"` // closed-loop workers; 0 for open loop
 	Instances   int              `json:"instances"`
 	Conns       int              `json:"conns_per_instance"`
-	CooldownMS  float64          `json:"cooldown_ms"`
+	CooldownMS  float64          `json:"cooldown_ms"`      // 0 for a variant with Limits
+	Limits      string           `json:"limits,omitempty"` // the limit set (scenario.Limits) it enforced
+	Round       int              `json:"round,omitempty"`  // of scenario.Rounds, when more than one
 	DurationS   float64          `json:"duration_s"`
 	Decisions   int64            `json:"decisions"`
 	Admitted    int64            `json:"admitted"`
@@ -57,14 +59,29 @@ type result struct {
 
 func (r *runner) scenario(ctx context.Context, sc *scenario) ([]*result, error) {
 	var out []*result
+	variants := append(slices.Clone(r.floors), r.opts.variants...)
+	if sc.Variants != nil {
+		variants = sc.Variants
+	}
 	for _, level := range sc.Levels {
 		var runs []*result
-		for _, v := range append(slices.Clone(r.floors), r.opts.variants...) {
-			res, err := r.one(ctx, sc, level, v)
-			if err != nil {
-				return nil, fmt.Errorf("%s at %d: %w", v.Name, level, err)
+		for round := range max(sc.Rounds, 1) {
+			order := slices.Clone(variants)
+			if round%2 == 1 {
+				// A B C, then C B A: a drift in the machine's load over the
+				// rounds falls on every variant alike.
+				slices.Reverse(order)
 			}
-			runs = append(runs, res)
+			for _, v := range order {
+				res, err := r.one(ctx, sc, level, v)
+				if err != nil {
+					return nil, fmt.Errorf("%s at %d: %w", v.Name, level, err)
+				}
+				if sc.Rounds > 1 {
+					res.Round = round + 1
+				}
+				runs = append(runs, res)
+			}
 		}
 		compare(runs)
 		out = append(out, runs...)
@@ -99,6 +116,7 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		conns = (level + sc.Instances - 1) / sc.Instances
 	}
 	prefix := fmt.Sprintf("lt%s-%s-%d-", r.runID, sc.Name, level)
+	limits := sc.Limits[v.Limits]
 	if r.db != nil && r.ownPools {
 		var seed []string
 		if v == writeFloor {
@@ -115,7 +133,7 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		return nil, err
 	}
 	defer sess.close()
-	decide, err := sess.deciders(v, sc.Cooldown)
+	decide, err := sess.deciders(v, sc.Cooldown, limits)
 	if err != nil {
 		return nil, err
 	}
@@ -140,6 +158,10 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		Instances:   sc.Instances,
 		Conns:       sess.conns(),
 		CooldownMS:  ms(sc.Cooldown),
+		Limits:      v.Limits,
+	}
+	if limits != nil {
+		res.CooldownMS = 0
 	}
 	rec, elapsed := r.drive(ctx, sc, level, v, prefix, pg, decide, res)
 	sess.close() // before settle, which waits for the pools' backends to exit
@@ -158,16 +180,21 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		res.Timeline = rec.timeline()
 	}
 	var hot *hotKey
-	if res.HotKey {
+	if res.HotKey && limits == nil {
 		// Requests kept coming until the planned end.
 		hot = &hotKey{start: 0, end: min(elapsed, sc.Duration)}
 	}
-	if !v.Floor {
+	switch {
+	case v.Floor:
+	case limits != nil:
+		c := checkClientLimits(rec.keys, limits)
+		res.Client = &c
+	default:
 		c := checkClient(rec.keys, sc.Cooldown, hot)
 		res.Client = &c
 	}
 	if pg {
-		if err := r.databaseFigures(ctx, res, sc, v, before, dbStart, hot); err != nil {
+		if err := r.databaseFigures(ctx, res, sc, v, limits, before, dbStart, hot); err != nil {
 			return nil, err
 		}
 	}
@@ -208,7 +235,8 @@ func (r *runner) drive(ctx context.Context, sc *scenario, level int, v variant, 
 
 // databaseFigures adds the server's counters across the run and the check
 // of the admissions the database recorded.
-func (r *runner) databaseFigures(ctx context.Context, res *result, sc *scenario, v variant, before dbStats, dbStart time.Time, hot *hotKey) error {
+func (r *runner) databaseFigures(ctx context.Context, res *result, sc *scenario, v variant, limits []pglimit.Limit,
+	before dbStats, dbStart time.Time, hot *hotKey) error {
 	if err := r.db.settle(ctx, r.ownPools); err != nil {
 		return err
 	}
@@ -218,6 +246,18 @@ func (r *runner) databaseFigures(ctx context.Context, res *result, sc *scenario,
 	}
 	d := after.sub(before)
 	res.DB = &d
+	if limits != nil {
+		if !sc.Audit {
+			return nil
+		}
+		byKey, err := r.db.recordLimits(ctx, v)
+		if err != nil {
+			return fmt.Errorf("read the admissions the database recorded: %w", err)
+		}
+		c := checkRecordLimits(byKey, limits)
+		res.Record = &c
+		return nil
+	}
 	byKey, ok, err := r.db.record(ctx, v, sc.Audit)
 	if err != nil {
 		return fmt.Errorf("read the admissions the database recorded: %w", err)
@@ -251,13 +291,17 @@ func failures(res *result, v variant) []string {
 	if res.Concurrency > 0 {
 		where += fmt.Sprintf(" at concurrency %d", res.Concurrency)
 	}
+	broken := "pairs closer than the cooldown"
+	if v.Limits != "" {
+		broken = "intervals or windows over a limit's bound"
+	}
 	if c := res.Client; c != nil && !c.ok() {
-		out = append(out, fmt.Sprintf("%s over-admitted (client check): %d admitted, %d allowed, %d over, %d pairs closer than the cooldown",
-			where, c.Admitted, c.MaxAllowed, c.OverAdmitted, c.Violations))
+		out = append(out, fmt.Sprintf("%s over-admitted (client check): %d admitted, %d allowed, %d over, %d %s",
+			where, c.Admitted, c.MaxAllowed, c.OverAdmitted, c.Violations, broken))
 	}
 	if c := res.Record; c != nil && !c.ok() {
-		out = append(out, fmt.Sprintf("%s over-admitted (database record): %d admitted, %d allowed, %d over, %d pairs closer than the cooldown",
-			where, c.Admitted, c.MaxAllowed, c.OverAdmitted, c.Violations))
+		out = append(out, fmt.Sprintf("%s over-admitted (database record): %d admitted, %d allowed, %d over, %d %s %v",
+			where, c.Admitted, c.MaxAllowed, c.OverAdmitted, c.Violations, broken, c.Malformed))
 	}
 	if v.Strategy == pglimit.Range && !v.PlainInsert {
 		deadlocks := res.Errors["40P01"]
@@ -268,7 +312,7 @@ func failures(res *result, v variant) []string {
 			out = append(out, fmt.Sprintf("%s deadlocked %d times", where, deadlocks))
 		}
 	}
-	if res.Scenario == scSeed && (res.ErrorCount > 0 || res.Dropped > 0) {
+	if (res.Scenario == scSeed || res.Scenario == scLimits) && (res.ErrorCount > 0 || res.Dropped > 0) {
 		out = append(out, fmt.Sprintf("%s: %d errors %v, %d arrivals dropped", where, res.ErrorCount, res.Errors, res.Dropped))
 	}
 	return out

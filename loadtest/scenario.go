@@ -5,7 +5,10 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/pglimit/cooldown/pglimit"
 )
 
 // Scenario names, in run order.
@@ -14,9 +17,43 @@ const (
 	scContention = "contention"
 	scManyKeys   = "many-keys"
 	scNaive      = "range-naive"
+	scLimits     = "limits"
+	scCostKeys   = "cost-many-keys"
+	scCostHot    = "cost-hot-key"
 )
 
-var scenarioNames = []string{scSeed, scContention, scManyKeys, scNaive}
+var scenarioNames = []string{scSeed, scContention, scManyKeys, scNaive, scLimits, scCostKeys, scCostHot}
+
+// limitScenarios compare their own variants (limitVariants), in-process
+// only: over HTTP the demo's cooldown is the only policy there is.
+var limitScenarios = []string{scLimits, scCostKeys, scCostHot}
+
+// Names of the limit sets a limit variant enforces (variant.Limits); each
+// scenario of limitScenarios defines both.
+const (
+	// setGCRA is one GCRA limit with a burst: the cooldown's statement with
+	// a tolerance.
+	setGCRA = "gcra"
+	// setThree is a GCRA limit, a fixed window and a sliding window in one
+	// row: the general statement.
+	setThree = "3limits"
+)
+
+// limitStrategies are the strategies that support every algorithm.
+var limitStrategies = []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait}
+
+// limitVariants returns the variants of limitScenarios: each strategy of
+// limitStrategies as a cooldown, with one GCRA limit and with three limits.
+func limitVariants() []variant {
+	var out []variant
+	for _, s := range limitStrategies {
+		out = append(out,
+			variant{Name: string(s), Strategy: s},
+			variant{Name: string(s) + "-" + setGCRA, Strategy: s, Limits: setGCRA},
+			variant{Name: string(s) + "-" + setThree, Strategy: s, Limits: setThree})
+	}
+	return out
+}
 
 // scenario is one load shape. Closed-loop scenarios run once per level
 // (concurrency); the open-loop seed scenario has the single level 0.
@@ -33,15 +70,30 @@ type scenario struct {
 	// Upsert and NoWait tables; Range tables are their own record). Off
 	// where it would cost a write per decision and skew throughput.
 	Audit bool
+	// Limits are the limit sets of the variants that enforce one
+	// (variant.Limits), by name; the others enforce Cooldown.
+	Limits map[string][]pglimit.Limit
+	// Variants, when set, are what the scenario compares, without floors,
+	// whatever -strategies says.
+	Variants []variant
+	// Rounds runs the variants in turn this many times (A B C, C B A, A B
+	// C, ...), so that a change in the machine's load falls on all of them
+	// alike.
+	Rounds int
 }
 
 func (s *scenario) openLoop() bool { return s.Phases != nil }
 
 // durations per scenario, for the full run (scale 1) and for -short.
 var (
-	fullDurations  = map[string]time.Duration{scSeed: 10 * time.Minute, scContention: 20 * time.Second, scManyKeys: time.Minute, scNaive: time.Minute}
-	shortDurations = map[string]time.Duration{scSeed: 5 * time.Second, scContention: time.Second, scManyKeys: 3 * time.Second, scNaive: 3 * time.Second}
+	fullDurations = map[string]time.Duration{scSeed: 10 * time.Minute, scContention: 20 * time.Second, scManyKeys: time.Minute, scNaive: time.Minute,
+		scLimits: 30 * time.Second, scCostKeys: 20 * time.Second, scCostHot: 10 * time.Second}
+	shortDurations = map[string]time.Duration{scSeed: 5 * time.Second, scContention: time.Second, scManyKeys: 3 * time.Second, scNaive: 3 * time.Second,
+		scLimits: 3 * time.Second, scCostKeys: 1500 * time.Millisecond, scCostHot: time.Second}
 )
+
+// limitsKeys is how many keys the limits scenario shares its load among.
+const limitsKeys = 4
 
 // buildScenarios returns the scenarios o selects, with durations scaled.
 func buildScenarios(o *options) []scenario {
@@ -98,6 +150,7 @@ func buildScenarios(o *options) []scenario {
 			Audit:     true,
 		},
 	}
+	all = append(all, limitScenarioList(o, dur)...)
 	seed := &all[0]
 	total := dur(scSeed)
 	seed.Phases = []phase{
@@ -112,6 +165,9 @@ func buildScenarios(o *options) []scenario {
 		if !slices.Contains(o.scenarios, s.Name) {
 			continue
 		}
+		if o.targets != nil && slices.Contains(limitScenarios, s.Name) {
+			continue // parseOptions refuses them when asked for by name
+		}
 		if o.targets != nil {
 			// Over HTTP every URL is an instance, and the demo's cooldown
 			// is the one that counts.
@@ -121,6 +177,89 @@ func buildScenarios(o *options) []scenario {
 		out = append(out, s)
 	}
 	return out
+}
+
+// limitScenarioList returns the scenarios of limitScenarios.
+func limitScenarioList(o *options, dur func(string) time.Duration) []scenario {
+	rate := pglimit.Limit{Name: "rate", Rate: 20, Period: time.Second, Burst: 5}
+	window := pglimit.Limit{Name: "window", Rate: 12, Period: 500 * time.Millisecond, Algorithm: pglimit.FixedWindow}
+	sliding := pglimit.Limit{Name: "sliding", Rate: 30, Period: 2 * time.Second, Algorithm: pglimit.SlidingWindow}
+	keysRate := pglimit.Limit{Name: "rate", Rate: 10, Period: time.Second, Burst: 5}
+	hotRate := pglimit.Limit{Name: "rate", Rate: 1, Period: time.Hour, Burst: 5}
+	costAbout := " The cost section below compares each strategy's limit variants with its cooldown, " +
+		"the variants taking turns (%d rounds); no audit trigger."
+	return []scenario{
+		{
+			Name: scLimits,
+			About: fmt.Sprintf("General limits under a burst then steady overload: %d keys, 16 closed-loop workers over two "+
+				"instances, all starting at once. Limit sets: %s = %s; %s = %s. The cooldown (50 ms, the same rate "+
+				"with burst 1) runs beside them. Pass: the database's record (an audit trigger) shows no interval with "+
+				"more admissions than each limit allows (see How to read this), no errors.",
+				limitsKeys, setGCRA, describeLimits([]pglimit.Limit{rate}), setThree, describeLimits([]pglimit.Limit{rate, window, sliding})),
+			Cooldown:  50 * time.Millisecond,
+			Levels:    []int{16},
+			Duration:  dur(scLimits),
+			Instances: 2,
+			Keys:      limitsKeys,
+			Audit:     true,
+			Limits:    map[string][]pglimit.Limit{setGCRA: {rate}, setThree: {rate, window, sliding}},
+			Variants:  limitVariants(),
+			Rounds:    1,
+		},
+		{
+			Name: scCostKeys,
+			About: fmt.Sprintf("The cost of a decision where nearly all are admitted: %d users drawn uniformly at random, "+
+				"closed-loop workers at each concurrency, cooldown 100 ms; %s = %s; %s = %s."+costAbout,
+				o.keys, setGCRA, describeLimits([]pglimit.Limit{keysRate}), setThree,
+				describeLimits([]pglimit.Limit{keysRate, perMinuteWindow, perHourSliding}), o.rounds),
+			Cooldown:  100 * time.Millisecond,
+			Levels:    o.concurrency,
+			Duration:  dur(scCostKeys),
+			Instances: 1,
+			Keys:      o.keys,
+			Limits: map[string][]pglimit.Limit{setGCRA: {keysRate},
+				setThree: {keysRate, perMinuteWindow, perHourSliding}},
+			Variants: limitVariants(),
+			Rounds:   o.rounds,
+		},
+		{
+			Name: scCostHot,
+			About: fmt.Sprintf("The cost of a decision where nearly all are refused: one hot key, closed-loop workers at "+
+				"each concurrency, cooldown 1 h; %s = %s; %s = %s."+costAbout,
+				setGCRA, describeLimits([]pglimit.Limit{hotRate}), setThree,
+				describeLimits([]pglimit.Limit{hotRate, hotWindow, hotSliding}), o.rounds),
+			Cooldown:  time.Hour,
+			Levels:    o.concurrency,
+			Duration:  dur(scCostHot),
+			Instances: 1,
+			Keys:      1,
+			Limits:    map[string][]pglimit.Limit{setGCRA: {hotRate}, setThree: {hotRate, hotWindow, hotSliding}},
+			Variants:  limitVariants(),
+			Rounds:    o.rounds,
+		},
+	}
+}
+
+// The window limits of the cost scenarios: loose enough that the GCRA
+// limit decides, so that the three limits are evaluated on every request.
+var (
+	perMinuteWindow = pglimit.Limit{Name: "minute", Rate: 100, Period: time.Minute, Algorithm: pglimit.FixedWindow}
+	perHourSliding  = pglimit.Limit{Name: "hour", Rate: 1000, Period: time.Hour, Algorithm: pglimit.SlidingWindow}
+	hotWindow       = pglimit.Limit{Name: "window", Rate: 10, Period: time.Hour, Algorithm: pglimit.FixedWindow}
+	hotSliding      = pglimit.Limit{Name: "sliding", Rate: 20, Period: time.Hour, Algorithm: pglimit.SlidingWindow}
+)
+
+// describeLimits writes limits for a reader: "rate: GCRA 20 per 1s, burst 5".
+func describeLimits(limits []pglimit.Limit) string {
+	var parts []string
+	for _, l := range limits {
+		p := fmt.Sprintf("%s: %s %d per %s", l.Name, l.Algorithm, l.Rate, short(l.Period))
+		if l.Algorithm == pglimit.GCRA {
+			p += fmt.Sprintf(", burst %d", max(l.Burst, 1))
+		}
+		parts = append(parts, p)
+	}
+	return "[" + strings.Join(parts, "; ") + "]"
 }
 
 // keyFunc returns how a run picks keys: the hot key, or one of s.Keys users

@@ -26,6 +26,9 @@ type variant struct {
 	PreBlock    int  // pglimit.Config.PreBlockSize
 	Floor       bool // the least work a request can do; it decides nothing
 	Redis       bool // runs on the load test's Redis, not on PostgreSQL
+	// Limits names the scenario's limit set (scenario.Limits) the variant
+	// enforces with Config.Limits; empty is the scenario's cooldown.
+	Limits string
 }
 
 // preBlockSize is the pre-block of the *-preblock variants: room for every
@@ -112,8 +115,9 @@ type target interface {
 
 // session is one run's instances.
 type session interface {
-	// deciders returns one decideFunc per instance for v.
-	deciders(v variant, cooldown time.Duration) ([]decideFunc, error)
+	// deciders returns one decideFunc per instance for v, enforcing
+	// limits when given, else the cooldown.
+	deciders(v variant, cooldown time.Duration, limits []pglimit.Limit) ([]decideFunc, error)
 	// conns is the connections each instance may use.
 	conns() int
 	close()
@@ -183,7 +187,10 @@ type poolSession struct {
 
 func (s *poolSession) conns() int { return s.size }
 
-func (s *poolSession) deciders(v variant, cooldown time.Duration) ([]decideFunc, error) {
+func (s *poolSession) deciders(v variant, cooldown time.Duration, limits []pglimit.Limit) ([]decideFunc, error) {
+	if limits != nil {
+		cooldown = 0
+	}
 	out := make([]decideFunc, len(s.pools))
 	update := fmt.Sprintf(writeFloorSQL, ident(s.schemas[writeFloorName]), ident(tableOf(writeFloor)))
 	for i, p := range s.pools {
@@ -212,6 +219,7 @@ func (s *poolSession) deciders(v variant, cooldown time.Duration) ([]decideFunc,
 			AsyncCommit:  v.AsyncCommit,
 			PreBlockSize: v.PreBlock,
 			Cooldown:     cooldown,
+			Limits:       limits,
 			Namespace:    namespace,
 			Schema:       s.schemas[v.Name],
 		})
@@ -260,7 +268,9 @@ type httpSession struct {
 
 func (s *httpSession) conns() int { return s.size }
 
-func (s *httpSession) deciders(v variant, _ time.Duration) ([]decideFunc, error) {
+// deciders ignores limits: the scenarios with limit variants run in-process
+// only.
+func (s *httpSession) deciders(v variant, _ time.Duration, _ []pglimit.Limit) ([]decideFunc, error) {
 	out := make([]decideFunc, len(s.urls))
 	for i, base := range s.urls {
 		base = strings.TrimRight(base, "/")
