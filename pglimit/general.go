@@ -10,12 +10,13 @@ import (
 // NoWait tables, with the pglimit_decide function the migrations install
 // (migrations/00004_general_limits.sql). Its shape is the cooldown's: the
 // row's state as the snapshot sees it, and the decision on it, which is the
-// answer when it refuses (no lock, no write); else the row locked only if
-// the decision, evaluated again on the latest row version, admits, and
-// decided once more at the clock read after the lock, which is what the
-// UPDATE writes; else, for a key with no row, an advisory lock on the key
-// before the clock is read and the INSERT. No row at all means the key
-// changed after the snapshot, and the statement is run again.
+// answer when it refuses (no lock, no write, and no other evaluation: the
+// EXISTS on verdict is a one-time filter that skips locked); else the row
+// locked only if the decision, evaluated again on the latest row version,
+// admits, and decided once more at the clock read after the lock, which is
+// what the UPDATE writes; else, for a key with no row, an advisory lock on
+// the key before the clock is read and the INSERT. No row at all means the
+// key changed after the snapshot, and the statement is run again.
 //
 // %[1]s is the table, %[2]s the setting column of the admitting branches,
 // %[3]s the lock clause (FOR UPDATE, or FOR UPDATE NOWAIT), %[4]s the
@@ -31,6 +32,7 @@ WITH current AS (
 ), locked AS (
     SELECT t.state, t.expires_at FROM %[1]s AS t
     WHERE t.namespace = $1 AND t.key = $2
+      AND EXISTS (SELECT FROM verdict WHERE allowed)
       AND (%[4]s(t.state, (extract(epoch FROM t.expires_at) * 1000000)::bigint,
                  (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, $4, $5, $6, $7)).allowed
     %[3]s
