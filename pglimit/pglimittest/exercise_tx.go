@@ -63,14 +63,7 @@ func (s *suite) exerciseTransactions(t *testing.T) {
 		// at once) and its transaction carries on.
 		lim, b := s.setup(t, time.Minute)
 		ctx := context.Background()
-		holder, err := b.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer holder.Rollback(ctx)
-		if d, err := lim.AllowTx(ctx, holder, "k"); err != nil || !d.Allowed {
-			t.Fatalf("holder's AllowTx: %+v, %v", d, err)
-		}
+		hold(t, lim, b.pool, "k")
 		const timeout = 300 * time.Millisecond
 		timed := mustNew(t, s.newLimiter, b.pool, &pglimit.Config{Schema: b.schema, Cooldown: time.Minute, Timeout: timeout})
 		tx, err := s.opts.pool(t).Begin(ctx)
@@ -167,7 +160,7 @@ func (s *suite) exerciseClock(t *testing.T) {
 		t.Run("CooldownStartsAtWrite/"+tc.name, func(t *testing.T) {
 			const (
 				cooldown = time.Second
-				hold     = 3 * cooldown / 2 // held longer than the cooldown
+				holdFor  = 3 * cooldown / 2 // held longer than the cooldown
 			)
 			lim, b := s.setup(t, cooldown)
 			ctx := context.Background()
@@ -175,14 +168,7 @@ func (s *suite) exerciseClock(t *testing.T) {
 				mustAllow(t, lim, "k")
 				time.Sleep(cooldown + 20*time.Millisecond)
 			}
-			holder, err := b.pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer holder.Rollback(ctx)
-			if d, err := lim.AllowTx(ctx, holder, "k"); err != nil || !d.Allowed {
-				t.Fatalf("holder's AllowTx: %+v, %v", d, err)
-			}
+			holder := hold(t, lim, b.pool, "k")
 			waiter := mustNew(t, s.newLimiter, s.opts.pool(t), &pglimit.Config{Schema: b.schema, Cooldown: cooldown, Timeout: 10 * time.Second})
 			type result struct {
 				d   pglimit.Decision
@@ -193,7 +179,7 @@ func (s *suite) exerciseClock(t *testing.T) {
 				d, err := waiter.Allow(ctx, "k")
 				done <- result{d, err}
 			}()
-			time.Sleep(hold)
+			time.Sleep(holdFor)
 			rolledBack := time.Now()
 			if err := holder.Rollback(ctx); err != nil {
 				t.Fatal(err)
@@ -221,4 +207,20 @@ func (s *suite) exerciseClock(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hold admits key in a transaction it leaves open, rolled back when the test
+// ends, and returns it.
+func hold(t *testing.T, lim pglimit.Limiter, pool *pgxpool.Pool, key string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if d, err := lim.AllowTx(ctx, tx, key); err != nil || !d.Allowed {
+		t.Fatalf("holder's AllowTx: %+v, %v", d, err)
+	}
+	return tx
 }
