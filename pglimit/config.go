@@ -107,6 +107,24 @@ type Config struct {
 	// Reset through this limiter clears its own entry at once. Only for a
 	// single GCRA limit, a cooldown among them. Defaults to 0 (off).
 	PreBlockSize int
+
+	// SingleFlight coalesces concurrent Allow and AllowN calls on one key
+	// (with the same n) in this process into one statement, for a limiter
+	// of one GCRA limit (a cooldown is one; other limiters ignore it). The
+	// first caller's statement decides for it; a caller that arrived while
+	// it ran is refused, without a round trip, if that statement's answer
+	// shows the key still has no room for it when it wakes up, with the
+	// RetryAfter that answer implies, and otherwise runs its own statement.
+	// So a coalesced caller is never admitted by another's statement and
+	// never refused where its own statement would have admitted it. It pays
+	// on hot keys (many concurrent requests on one key, most refused); on
+	// keys without concurrent requests it costs a map lookup. A waiting
+	// caller waits at most for the first caller's statement, bounded by its
+	// own context; an error of that statement is every waiting caller's
+	// error, except one caused by the first caller's context ending, after
+	// which they decide afresh. AllowTx, AllowAtMost, Reserve and Peek never
+	// coalesce. Defaults to false.
+	SingleFlight bool
 }
 
 const (
