@@ -101,12 +101,20 @@ type Config struct {
 	// database has decided that a key has no unit left until T, this
 	// process refuses the key until T without a round trip, remembering at
 	// most PreBlockSize keys (a full cache forgets keys, which only costs
-	// round trips). It never refuses past a time the database reported, but
-	// a Reset made by another instance reaches this one only when the
-	// remembered time comes: at most one full burst (a cooldown) later. A
-	// Reset through this limiter clears its own entry at once. Only for a
-	// single GCRA limit, a cooldown among them. Defaults to 0 (off).
+	// round trips). It never refuses past a time the database reported. A
+	// Reset through this limiter clears its own entry at once; a Reset made
+	// by another instance reaches this one through Invalidator, or without
+	// one only when the remembered time comes: at most one full burst (a
+	// cooldown) later. Only for a single GCRA limit, a cooldown among them.
+	// Defaults to 0 (off).
 	PreBlockSize int
+
+	// Invalidator, when set, carries every Reset of the limiter's keys,
+	// from any instance, to its pre-block within milliseconds, and keeps
+	// the pre-block from answering while it is not listening (see
+	// [Invalidator]). It needs PreBlockSize. Defaults to nil: Resets of
+	// other instances reach the pre-block when the cooldown ends.
+	Invalidator *Invalidator
 
 	// SingleFlight coalesces concurrent Allow and AllowN calls on one key
 	// (with the same n) in this process into one statement, for a limiter
@@ -174,6 +182,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.PreBlockSize > 0 && (len(out.Limits) != 1 || out.Limits[0].Algorithm != GCRA) {
 		return Config{}, fmt.Errorf("%w: PreBlockSize needs a single GCRA limit (a cooldown, say)", ErrInvalidConfig)
+	}
+	if out.Invalidator != nil && out.PreBlockSize == 0 {
+		return Config{}, fmt.Errorf("%w: Invalidator applies only with a pre-block (PreBlockSize)", ErrInvalidConfig)
 	}
 	if out.PlainInsert && out.Strategy != Range {
 		return Config{}, fmt.Errorf("%w: PlainInsert applies only to the Range strategy", ErrInvalidConfig)
