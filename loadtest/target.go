@@ -19,13 +19,15 @@ import (
 // variant is one column of the comparison: a strategy (with options), a
 // floor, the peer, or whatever the demo instances behind an HTTP target run.
 type variant struct {
-	Name        string
-	Strategy    pglimit.Strategy
-	PlainInsert bool
-	AsyncCommit bool // pglimit.Config.AsyncCommit
-	PreBlock    int  // pglimit.Config.PreBlockSize
-	Floor       bool // the least work a request can do; it decides nothing
-	Redis       bool // runs on the load test's Redis, not on PostgreSQL
+	Name         string
+	Strategy     pglimit.Strategy
+	PlainInsert  bool
+	AsyncCommit  bool   // pglimit.Config.AsyncCommit
+	PreBlock     int    // pglimit.Config.PreBlockSize
+	SingleFlight bool   // pglimit.Config.SingleFlight
+	Table        string // pglimit.Config.Table; "" for the strategy's default
+	Floor        bool   // the least work a request can do; it decides nothing
+	Redis        bool   // runs on the load test's Redis, not on PostgreSQL
 	// Limits names the scenario's limit set (scenario.Limits) the variant
 	// enforces with Config.Limits; empty is the scenario's cooldown.
 	Limits string
@@ -62,9 +64,10 @@ var naive = variant{Name: "range-naive", Strategy: pglimit.Range, PlainInsert: t
 
 // allVariants lists what a run can compare, in report order: the peer, the
 // strategies as they are by default, the article's Range, then each
-// strategy with asynchronous commit and with the local pre-block.
+// strategy with asynchronous commit and with the local pre-block, then
+// Upsert with the library's other levers.
 func allVariants() []variant {
-	vs := make([]variant, 0, 3*len(pglimit.Strategies)+2)
+	vs := make([]variant, 0, 3*len(pglimit.Strategies)+4)
 	vs = append(vs, peer)
 	for _, s := range pglimit.Strategies {
 		vs = append(vs, variant{Name: string(s), Strategy: s})
@@ -76,6 +79,8 @@ func allVariants() []variant {
 	for _, s := range pglimit.Strategies {
 		vs = append(vs, variant{Name: string(s) + "-preblock", Strategy: s, PreBlock: preBlockSize})
 	}
+	vs = append(vs, variant{Name: "upsert-singleflight", Strategy: pglimit.Upsert, SingleFlight: true},
+		variant{Name: "upsert-unlogged", Strategy: pglimit.Upsert, Table: "pglimit_upsert_unlogged"})
 	return vs
 }
 
@@ -218,6 +223,8 @@ func (s *poolSession) deciders(v variant, cooldown time.Duration, limits []pglim
 			PlainInsert:  v.PlainInsert,
 			AsyncCommit:  v.AsyncCommit,
 			PreBlockSize: v.PreBlock,
+			SingleFlight: v.SingleFlight,
+			Table:        v.Table,
 			Cooldown:     cooldown,
 			Limits:       limits,
 			Namespace:    namespace,
