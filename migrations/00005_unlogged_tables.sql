@@ -8,9 +8,17 @@
 -- durable settings or not. The cost: after a crash or an immediate
 -- shutdown (not a clean one) PostgreSQL empties the table, so every key
 -- starts afresh and may be admitted at once; a replica has no copy, and a
--- failover to it starts empty. The tables have the shape of the logged
--- ones, expires_at index included, so every strategy, limit and the
--- cleanup job work on them unchanged.
+-- failover to it starts empty.
+--
+-- They have no index on expires_at, so that an admission, which changes
+-- expires_at only, is a HOT update: no new index entry, and the row stays
+-- in its page (fillfactor 90 leaves the room). On PostgreSQL 15, pgbench
+-- (8 clients, 100k keys, every request admitted, durable settings): HOT
+-- updates 0% -> 100%, +10% to +39% admissions over three alternating
+-- rounds (noise-limited on a loaded machine), and the table stayed at its
+-- size where the indexed copy grew 18 -> 24 MB. The cleanup job, finding no
+-- index on expires_at, sweeps such a table by ranges of blocks: each batch
+-- reads a few blocks, each run reads the table once.
 
 -- +goose Up
 CREATE UNLOGGED TABLE pglimit_upsert_unlogged (
@@ -19,8 +27,7 @@ CREATE UNLOGGED TABLE pglimit_upsert_unlogged (
     expires_at timestamptz NOT NULL,
     state      bigint[],
     PRIMARY KEY (namespace, key)
-);
-CREATE INDEX pglimit_upsert_unlogged_expires_at_idx ON pglimit_upsert_unlogged (expires_at);
+) WITH (fillfactor = 90);
 
 CREATE UNLOGGED TABLE pglimit_nowait_unlogged (
     namespace  text        NOT NULL,
@@ -28,8 +35,7 @@ CREATE UNLOGGED TABLE pglimit_nowait_unlogged (
     expires_at timestamptz NOT NULL,
     state      bigint[],
     PRIMARY KEY (namespace, key)
-);
-CREATE INDEX pglimit_nowait_unlogged_expires_at_idx ON pglimit_nowait_unlogged (expires_at);
+) WITH (fillfactor = 90);
 
 -- +goose Down
 DROP TABLE pglimit_nowait_unlogged;
