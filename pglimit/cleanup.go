@@ -30,7 +30,9 @@ type CleanerConfig struct {
 	// Tables lists the tables to clean, by plain name in Schema. Each must
 	// have the shape the migrations create: an expires_at timestamptz column
 	// (Upsert, NoWait) or a during tstzrange column (Range). Defaults to
-	// "pglimit_upsert", "pglimit_nowait" and "pglimit_range".
+	// "pglimit_upsert", "pglimit_nowait" and "pglimit_range". A table with
+	// no index on expires_at (the unlogged ones) is swept by ranges of
+	// blocks: each batch reads BatchSize/16 blocks, each run the table once.
 	Tables []string
 
 	// Interval is the time between two cleanup runs. Instances also try for

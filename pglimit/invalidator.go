@@ -99,8 +99,9 @@ func StartInvalidator(cfg *InvalidatorConfig) (*Invalidator, error) {
 	return v, nil
 }
 
-// Stop closes the session and returns once the goroutine has ended. The
-// pre-blocks that used it answer nothing from then on.
+// Stop closes the session and returns once the goroutine has ended; a
+// second call returns at once. The pre-blocks that used it answer nothing
+// from then on.
 func (v *Invalidator) Stop() {
 	v.stop()
 	<-v.done
