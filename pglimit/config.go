@@ -77,8 +77,8 @@ type Config struct {
 	// The migrations also create "pglimit_upsert_unlogged" and
 	// "pglimit_nowait_unlogged", UNLOGGED tables for Upsert and NoWait: an
 	// admission writes no WAL, so it waits for no WAL flush, and, with no
-	// index on expires_at, it is a HOT update (2.2-7.6x the durable
-	// table's admissions, 0.9-1.5x AsyncCommit's, in the load test's
+	// index on expires_at, it is a HOT update (1.3-2.7x the durable
+	// table's admissions, 1.05-2.4x AsyncCommit's, in the load test's
 	// many-keys scenario on a loaded 2-core machine). The price: a
 	// database crash or immediate shutdown empties them, so every key
 	// starts afresh, and a replica has no copy. Like Redis without
