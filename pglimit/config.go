@@ -141,7 +141,8 @@ type Config struct {
 	// own context; an error of that statement is every waiting caller's
 	// error, except one caused by the first caller's context ending, after
 	// which they decide afresh. AllowTx, AllowAtMost, Reserve and Peek never
-	// coalesce. Defaults to false.
+	// coalesce. Defaults to false: with a Burst above one, a caller that
+	// finds room after waiting pays two statements' latency.
 	SingleFlight bool
 }
 
