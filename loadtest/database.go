@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -118,7 +119,7 @@ func identPart(name string) string {
 
 func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
 
-func tableOf(v variant) string { return "pglimit_" + string(v.Strategy) }
+func tableOf(v variant) string { return cmp.Or(v.Table, "pglimit_"+string(v.Strategy)) }
 
 // dropSchemas removes what setup created.
 func (db *database) dropSchemas(ctx context.Context) error {

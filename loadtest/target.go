@@ -19,13 +19,16 @@ import (
 // variant is one column of the comparison: a strategy (with options), a
 // floor, the peer, or whatever the demo instances behind an HTTP target run.
 type variant struct {
-	Name        string
-	Strategy    pglimit.Strategy
-	PlainInsert bool
-	AsyncCommit bool // pglimit.Config.AsyncCommit
-	PreBlock    int  // pglimit.Config.PreBlockSize
-	Floor       bool // the least work a request can do; it decides nothing
-	Redis       bool // runs on the load test's Redis, not on PostgreSQL
+	Name         string
+	Strategy     pglimit.Strategy
+	PlainInsert  bool
+	AsyncCommit  bool   // pglimit.Config.AsyncCommit
+	PreBlock     int    // pglimit.Config.PreBlockSize
+	SingleFlight bool   // pglimit.Config.SingleFlight
+	Table        string // pglimit.Config.Table; "" for the strategy's default
+	Invalidate   bool   // a pglimit.Invalidator per instance for its pre-block
+	Floor        bool   // the least work a request can do; it decides nothing
+	Redis        bool   // runs on the load test's Redis, not on PostgreSQL
 	// Limits names the scenario's limit set (scenario.Limits) the variant
 	// enforces with Config.Limits; empty is the scenario's cooldown.
 	Limits string
@@ -62,9 +65,10 @@ var naive = variant{Name: "range-naive", Strategy: pglimit.Range, PlainInsert: t
 
 // allVariants lists what a run can compare, in report order: the peer, the
 // strategies as they are by default, the article's Range, then each
-// strategy with asynchronous commit and with the local pre-block.
+// strategy with asynchronous commit and with the local pre-block, then
+// Upsert with the library's other levers.
 func allVariants() []variant {
-	vs := make([]variant, 0, 3*len(pglimit.Strategies)+2)
+	vs := make([]variant, 0, 3*len(pglimit.Strategies)+5)
 	vs = append(vs, peer)
 	for _, s := range pglimit.Strategies {
 		vs = append(vs, variant{Name: string(s), Strategy: s})
@@ -76,6 +80,9 @@ func allVariants() []variant {
 	for _, s := range pglimit.Strategies {
 		vs = append(vs, variant{Name: string(s) + "-preblock", Strategy: s, PreBlock: preBlockSize})
 	}
+	vs = append(vs, variant{Name: "upsert-singleflight", Strategy: pglimit.Upsert, SingleFlight: true},
+		variant{Name: "upsert-unlogged", Strategy: pglimit.Upsert, Table: "pglimit_upsert_unlogged"},
+		variant{Name: "upsert-preblock-inv", Strategy: pglimit.Upsert, PreBlock: preBlockSize, Invalidate: true})
 	return vs
 }
 
@@ -180,9 +187,10 @@ func warm(ctx context.Context, p *pgxpool.Pool) error {
 }
 
 type poolSession struct {
-	pools   []*pgxpool.Pool
-	schemas map[string]string
-	size    int
+	pools        []*pgxpool.Pool
+	schemas      map[string]string
+	size         int
+	invalidators []*pglimit.Invalidator
 }
 
 func (s *poolSession) conns() int { return s.size }
@@ -213,11 +221,21 @@ func (s *poolSession) deciders(v variant, cooldown time.Duration, limits []pglim
 			}
 			continue
 		}
+		var inv *pglimit.Invalidator
+		if v.Invalidate {
+			var err error
+			if inv, err = s.invalidator(p); err != nil {
+				return nil, err
+			}
+		}
 		lim, err := pglimit.New(p, &pglimit.Config{
 			Strategy:     v.Strategy,
 			PlainInsert:  v.PlainInsert,
 			AsyncCommit:  v.AsyncCommit,
 			PreBlockSize: v.PreBlock,
+			Invalidator:  inv,
+			SingleFlight: v.SingleFlight,
+			Table:        v.Table,
 			Cooldown:     cooldown,
 			Limits:       limits,
 			Namespace:    namespace,
@@ -234,7 +252,30 @@ func (s *poolSession) deciders(v variant, cooldown time.Duration, limits []pglim
 	return out, nil
 }
 
+// invalidatorWait bounds how long an instance waits for its Invalidator to
+// listen before the run starts.
+const invalidatorWait = 10 * time.Second
+
+// invalidator starts an Invalidator on p's database, stopped by close, and
+// waits until it listens, so that the run measures the pre-block at work.
+func (s *poolSession) invalidator(p *pgxpool.Pool) (*pglimit.Invalidator, error) {
+	inv, err := pglimit.StartInvalidator(&pglimit.InvalidatorConfig{ConnConfig: p.Config().ConnConfig})
+	if err != nil {
+		return nil, err
+	}
+	s.invalidators = append(s.invalidators, inv)
+	for deadline := time.Now().Add(invalidatorWait); !inv.Listening(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("the invalidator did not listen within %s", invalidatorWait)
+		}
+	}
+	return inv, nil
+}
+
 func (s *poolSession) close() {
+	for _, inv := range s.invalidators {
+		inv.Stop()
+	}
 	for _, p := range s.pools {
 		p.Close()
 	}

@@ -16,6 +16,7 @@ type base struct {
 	cfg      Config
 	policy   *Policy   // shared by every Decision, through Decision.Violated
 	preblock *preblock // nil when off
+	flights  *flights  // nil when off
 
 	// worst is the longest any limit can make a key wait: the RetryAfter
 	// of a refusal whose wait the statement could not read.
@@ -40,6 +41,13 @@ func newBase(db DB, c Config, table string) base {
 	b.args.namespace, b.args.lockClass = c.Namespace, keyLockClass(table, c.Namespace)
 	if c.PreBlockSize > 0 {
 		b.preblock = newPreblock(c.PreBlockSize)
+		if c.Invalidator != nil {
+			b.preblock.inv = c.Invalidator
+			c.Invalidator.register(keyLockClass(table, c.Namespace), b.preblock)
+		}
+	}
+	if c.SingleFlight && len(c.Limits) == 1 && c.Limits[0].Algorithm == GCRA {
+		b.flights = newFlights()
 	}
 	return b
 }
@@ -139,10 +147,11 @@ func (b *base) reset(ctx context.Context, query, key string) error {
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, b.cfg.Timeout, ErrTimeout)
 	defer cancel()
-	if _, err := b.db.Exec(ctx, query, b.args.namespace, key); err != nil {
+	if _, err := b.db.Exec(ctx, query, b.args.namespace, key, b.args.lockClass); err != nil {
 		return b.wrap(ctx, fmt.Errorf("reset: %w", err))
 	}
 	b.preblock.forget(key)
+	b.flights.forget(key)
 	return nil
 }
 

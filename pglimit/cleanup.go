@@ -30,7 +30,9 @@ type CleanerConfig struct {
 	// Tables lists the tables to clean, by plain name in Schema. Each must
 	// have the shape the migrations create: an expires_at timestamptz column
 	// (Upsert, NoWait) or a during tstzrange column (Range). Defaults to
-	// "pglimit_upsert", "pglimit_nowait" and "pglimit_range".
+	// "pglimit_upsert", "pglimit_nowait" and "pglimit_range". A table with
+	// no index on expires_at (the unlogged ones) is swept by ranges of
+	// blocks: each batch reads BatchSize/16 blocks, each run the table once.
 	Tables []string
 
 	// Interval is the time between two cleanup runs. Instances also try for
@@ -373,12 +375,21 @@ func (c *Cleaner) run() {
 	}
 }
 
-// sweep deletes batches from each table until a batch comes back short, or
-// the cleaner stops.
+// sweep deletes batches from each table until a batch comes back short (or,
+// for a table swept by blocks, until the blocks it had when the run began
+// are done), or the cleaner stops.
 func (c *Cleaner) sweep(deleted *int64) error {
 	for _, t := range c.tables {
+		if t.Sweep {
+			if err := c.sweepBlocks(t, deleted); err != nil {
+				return err
+			}
+			continue
+		}
 		for !c.stopping.Load() {
-			n, err := c.batch(t)
+			n, err := c.batch(t, func(ctx context.Context, conn *pgx.Conn) (int64, error) {
+				return t.DeleteBatch(ctx, conn, c.cfg.Retention, c.cfg.BatchSize)
+			})
 			*deleted += n
 			if err != nil {
 				return err
@@ -391,11 +402,42 @@ func (c *Cleaner) sweep(deleted *int64) error {
 	return nil
 }
 
+// sweepBlocks cleans a table without an index on expires_at, which keeps
+// its updates HOT, in batches of sweepSpan blocks: a batch reads those
+// blocks only, and one run reads the table once. A batch that deletes
+// BatchSize rows is run again on the same blocks.
+func (c *Cleaner) sweepBlocks(t cleanup.Table, deleted *int64) error {
+	span := int64(max(c.cfg.BatchSize/sweepRowsPerBlock, 1))
+	for from, end := int64(0), int64(-1); (end < 0 || from < end) && !c.stopping.Load(); {
+		var blocks int64
+		n, err := c.batch(t, func(ctx context.Context, conn *pgx.Conn) (n int64, err error) {
+			n, blocks, err = t.DeleteBlocks(ctx, conn, c.cfg.Retention, from, from+span, c.cfg.BatchSize)
+			return n, err
+		})
+		*deleted += n
+		if err != nil {
+			return err
+		}
+		if end < 0 {
+			end = blocks // rows stored later wait for the next run
+		}
+		if n < int64(c.cfg.BatchSize) {
+			from += span
+		}
+	}
+	return nil
+}
+
+// sweepRowsPerBlock sizes a block sweep's batch: a block of the Upsert or
+// NoWait table holds about 60 to 100 rows, so a batch of BatchSize/16
+// blocks reads a few times BatchSize rows, most of them live.
+const sweepRowsPerBlock = 16
+
 // errCancelled ends a run whose batch Stop cancelled.
 var errCancelled = errors.New("batch cancelled by Stop")
 
-// batch runs one DELETE on the leader's connection.
-func (c *Cleaner) batch(t cleanup.Table) (int64, error) {
+// batch runs one DELETE, del, of table t on the leader's connection.
+func (c *Cleaner) batch(t cleanup.Table, del func(ctx context.Context, conn *pgx.Conn) (int64, error)) (int64, error) {
 	// statement_timeout ends a slow batch on the server and keeps the
 	// connection; this deadline is only a backstop for a silent network.
 	ctx, cancel := context.WithTimeout(c.runCtx, c.cfg.BatchTimeout+batchClientTimeoutMargin)
@@ -409,7 +451,7 @@ func (c *Cleaner) batch(t cleanup.Table) (int64, error) {
 			h.batchStart(t.Name)
 		}
 		var err error
-		n, err = t.DeleteBatch(ctx, conn, c.cfg.Retention, c.cfg.BatchSize)
+		n, err = del(ctx, conn)
 		if h := c.cfg.hooks; h != nil && h.batchEnd != nil {
 			h.batchEnd(t.Name, n, err)
 		}

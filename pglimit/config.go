@@ -73,6 +73,16 @@ type Config struct {
 	// Table is the limiter's table. A plain identifier, of the shape the
 	// migrations create for the strategy. Defaults to "pglimit_upsert",
 	// "pglimit_nowait" or "pglimit_range".
+	//
+	// The migrations also create "pglimit_upsert_unlogged" and
+	// "pglimit_nowait_unlogged", UNLOGGED tables for Upsert and NoWait: an
+	// admission writes no WAL, so it waits for no WAL flush, and, with no
+	// index on expires_at, it is a HOT update (1.3-2.7x the durable
+	// table's admissions, 1.05-2.4x AsyncCommit's, in the load test's
+	// many-keys scenario on a loaded 2-core machine). The price: a
+	// database crash or immediate shutdown empties them, so every key
+	// starts afresh, and a replica has no copy. Like Redis without
+	// persistence. List them in [CleanerConfig.Tables] to clean them.
 	Table string
 
 	// Timeout bounds each decision on top of the caller's context; past it
@@ -101,12 +111,39 @@ type Config struct {
 	// database has decided that a key has no unit left until T, this
 	// process refuses the key until T without a round trip, remembering at
 	// most PreBlockSize keys (a full cache forgets keys, which only costs
-	// round trips). It never refuses past a time the database reported, but
-	// a Reset made by another instance reaches this one only when the
-	// remembered time comes: at most one full burst (a cooldown) later. A
-	// Reset through this limiter clears its own entry at once. Only for a
-	// single GCRA limit, a cooldown among them. Defaults to 0 (off).
+	// round trips). It never refuses past a time the database reported. A
+	// Reset through this limiter clears its own entry at once; a Reset made
+	// by another instance reaches this one through Invalidator, or without
+	// one only when the remembered time comes: at most one full burst (a
+	// cooldown) later. Only for a single GCRA limit, a cooldown among them.
+	// Defaults to 0 (off).
 	PreBlockSize int
+
+	// Invalidator, when set, carries every Reset of the limiter's keys,
+	// from any instance, to its pre-block within milliseconds, and keeps
+	// the pre-block from answering while it is not listening (see
+	// [Invalidator]). It needs PreBlockSize. Defaults to nil: Resets of
+	// other instances reach the pre-block when the cooldown ends.
+	Invalidator *Invalidator
+
+	// SingleFlight coalesces concurrent Allow and AllowN calls on one key
+	// (with the same n) in this process into one statement, for a limiter
+	// of one GCRA limit (a cooldown is one; other limiters ignore it). The
+	// first caller's statement decides for it; a caller that arrived while
+	// it ran is refused, without a round trip, if that statement's answer
+	// shows the key still has no room for it when it wakes up, with the
+	// RetryAfter that answer implies, and otherwise runs its own statement.
+	// So a coalesced caller is never admitted by another's statement and
+	// never refused where its own statement would have admitted it. It pays
+	// on hot keys (many concurrent requests on one key, most refused); on
+	// keys without concurrent requests it costs a map lookup. A waiting
+	// caller waits at most for the first caller's statement, bounded by its
+	// own context; an error of that statement is every waiting caller's
+	// error, except one caused by the first caller's context ending, after
+	// which they decide afresh. AllowTx, AllowAtMost, Reserve and Peek never
+	// coalesce. Defaults to false: with a Burst above one, a caller that
+	// finds room after waiting pays two statements' latency.
+	SingleFlight bool
 }
 
 const (
@@ -156,6 +193,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.PreBlockSize > 0 && (len(out.Limits) != 1 || out.Limits[0].Algorithm != GCRA) {
 		return Config{}, fmt.Errorf("%w: PreBlockSize needs a single GCRA limit (a cooldown, say)", ErrInvalidConfig)
+	}
+	if out.Invalidator != nil && out.PreBlockSize == 0 {
+		return Config{}, fmt.Errorf("%w: Invalidator applies only with a pre-block (PreBlockSize)", ErrInvalidConfig)
 	}
 	if out.PlainInsert && out.Strategy != Range {
 		return Config{}, fmt.Errorf("%w: PlainInsert applies only to the Range strategy", ErrInvalidConfig)

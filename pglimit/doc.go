@@ -45,7 +45,16 @@
 // Config.AsyncCommit takes the WAL flush out of admissions, at the price of at
 // most one early admission per key after a database crash. Config.PreBlockSize
 // refuses keys the database has said have no unit left without a round trip
-// until they have one.
+// until they have one; with an Invalidator, a Reset from any instance reaches
+// every pre-block within milliseconds. Config.SingleFlight makes concurrent
+// requests on one key in a process share one statement. The unlogged tables
+// (see Config.Table) take the WAL out of admissions, at the price of every
+// key's state after a crash.
+//
+// The pre-block stays off by default: it needs an Invalidator to follow other
+// instances' Resets, and an Invalidator needs a session of its own (LISTEN,
+// which PgBouncer's transaction pooling cannot carry) and a goroutine to stop,
+// which New, given only a DB, cannot provide.
 //
 // # Cleanup
 //

@@ -170,7 +170,10 @@ func (l *stmtLimiter) AllowN(ctx context.Context, key string, n int) (Decision, 
 		return Decision{}, err
 	}
 	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
-		return l.run(ctx, l.allowQuery(key, n))
+		q := l.allowQuery(key, n)
+		return l.flights.do(ctx, key, n, func(ctx context.Context) (Decision, error) {
+			return l.run(ctx, q)
+		}, l.followGCRA)
 	})
 }
 

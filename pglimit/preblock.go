@@ -17,6 +17,10 @@ type preblock struct {
 	// Reset happened while it ran: its statement may have read the key
 	// before the Reset deleted it.
 	resets uint64
+
+	// inv, when not nil, carries other instances' Resets here; without
+	// it listening, no entry is trusted.
+	inv *Invalidator
 }
 
 func newPreblock(size int) *preblock {
@@ -25,7 +29,7 @@ func newPreblock(size int) *preblock {
 
 // remaining returns how long key is still blocked at now, or 0.
 func (p *preblock) remaining(key string, now time.Time) time.Duration {
-	if p == nil {
+	if p == nil || (p.inv != nil && !p.inv.trusted(now)) {
 		return 0
 	}
 	p.mu.Lock()
@@ -90,6 +94,14 @@ func (p *preblock) forget(key string) {
 	}
 	p.mu.Lock()
 	delete(p.until, key)
+	p.resets++
+	p.mu.Unlock()
+}
+
+// clear forgets every key, as if each had been reset.
+func (p *preblock) clear() {
+	p.mu.Lock()
+	clear(p.until)
 	p.resets++
 	p.mu.Unlock()
 }

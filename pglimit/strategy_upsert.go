@@ -77,7 +77,13 @@ SELECT false, (extract(epoch FROM expires_at) * 1000000)::bigint, (extract(epoch
 FROM current
 WHERE expires_at > now + $5::bigint * interval '1 microsecond' AND NOT EXISTS (SELECT FROM updated)`
 
-const deleteKeySQL = `DELETE FROM %s WHERE namespace = $1 AND key = $2`
+// deleteKeySQL is Reset: it deletes the key's rows and, in the same
+// transaction, tells every instance's Invalidator to forget the key
+// ($3 is the lock class, naming table and namespace). The notification is
+// delivered at commit, and only if it commits.
+const deleteKeySQL = `
+WITH deleted AS (DELETE FROM %s WHERE namespace = $1 AND key = $2)
+SELECT pg_notify('` + invalidateChannel + `', $3::integer || ':' || $2)`
 
 func newUpsert(b base, table string) *stmtLimiter {
 	return newStmtLimiter(b, table, upsertAllowSQL, "FOR UPDATE", "")

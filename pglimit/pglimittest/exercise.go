@@ -401,7 +401,7 @@ type bundle struct {
 func countRows(t *testing.T, b *bundle) int64 {
 	t.Helper()
 	var n int64
-	for _, table := range []string{"pglimit_upsert", "pglimit_nowait", "pglimit_range"} {
+	for _, table := range []string{"pglimit_upsert", "pglimit_nowait", "pglimit_range", "pglimit_upsert_unlogged", "pglimit_nowait_unlogged"} {
 		var c int64
 		q := "SELECT count(*) FROM " + pgx.Identifier{b.schema, table}.Sanitize()
 		if err := b.pool.QueryRow(context.Background(), q).Scan(&c); err != nil {

@@ -31,7 +31,12 @@ type Table struct {
 	// End is "expires_at" (Upsert, NoWait) or "upper(during)" (Range).
 	End string
 
-	deleteSQL string
+	// Sweep reports a table with no index on expires_at, which keeps its
+	// updates HOT: it is cleaned by ranges of blocks (DeleteBlocks), since
+	// DeleteBatch would scan and sort the whole table at every batch.
+	Sweep bool
+
+	deleteSQL, sweepSQL string
 }
 
 // Which column ends a cooldown, by the type the migrations give it.
@@ -57,12 +62,32 @@ WHERE ctid = ANY (ARRAY(
         FOR UPDATE SKIP LOCKED))
   AND %[2]s < now() - $1::interval`
 
+// sweepSQL deletes, among the rows stored in blocks [$2, $3), at most $4
+// whose cooldown ended more than $1 ago, and returns how many, with the
+// table's size in blocks ($5 is its name). The block range makes it a TID
+// range scan (PostgreSQL 14+): each batch reads at most $3 - $2 blocks.
+const sweepSQL = `
+WITH deleted AS (
+    DELETE FROM %[1]s
+    WHERE ctid = ANY (ARRAY(
+            SELECT ctid FROM %[1]s
+            WHERE ctid >= format('(%%s,0)', $2::bigint)::tid AND ctid < format('(%%s,0)', $3::bigint)::tid
+              AND %[2]s < now() - $1::interval
+            LIMIT $4
+            FOR UPDATE SKIP LOCKED))
+      AND %[2]s < now() - $1::interval
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM deleted), pg_relation_size($5::regclass) / current_setting('block_size')::bigint`
+
 const describeSQL = `
 SELECT c.oid IS NOT NULL,
        coalesce((SELECT array_agg(a.attname::text || ' ' || format_type(a.atttypid, a.atttypmod))
                  FROM pg_attribute a
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-                   AND a.attname IN ('expires_at', 'during')), '{}')
+                   AND a.attname IN ('expires_at', 'during')), '{}'),
+       EXISTS (SELECT FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+               WHERE i.indrelid = c.oid AND i.indisvalid AND a.attname = 'expires_at')
 FROM (SELECT to_regclass($1) AS oid) c`
 
 // Describe looks up schema.name, which the caller has validated, and tells
@@ -70,10 +95,10 @@ FROM (SELECT to_regclass($1) AS oid) c`
 func Describe(ctx context.Context, q Querier, schema, name string) (Table, error) {
 	qualified := pgx.Identifier{schema, name}.Sanitize()
 	var (
-		exists  bool
-		columns []string
+		exists, indexed bool
+		columns         []string
 	)
-	if err := q.QueryRow(ctx, describeSQL, qualified).Scan(&exists, &columns); err != nil {
+	if err := q.QueryRow(ctx, describeSQL, qualified).Scan(&exists, &columns, &indexed); err != nil {
 		return Table{}, fmt.Errorf("describe %s: %w", qualified, err)
 	}
 	if !exists {
@@ -82,7 +107,11 @@ func Describe(ctx context.Context, q Querier, schema, name string) (Table, error
 	for _, e := range ends {
 		for _, col := range columns {
 			if col == e.column {
-				return Table{Name: qualified, End: e.end, deleteSQL: fmt.Sprintf(deleteSQL, qualified, e.end)}, nil
+				return Table{
+					Name: qualified, End: e.end, Sweep: e.end == "expires_at" && !indexed,
+					deleteSQL: fmt.Sprintf(deleteSQL, qualified, e.end),
+					sweepSQL:  fmt.Sprintf(sweepSQL, qualified, e.end),
+				}, nil
 			}
 		}
 	}
@@ -98,4 +127,14 @@ func (t Table) DeleteBatch(ctx context.Context, q Querier, retention time.Durati
 		return 0, fmt.Errorf("delete from %s: %w", t.Name, err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// DeleteBlocks deletes at most limit rows stored in blocks [from, to) of t
+// whose cooldown ended more than retention ago. It returns how many it
+// deleted, and the table's size in blocks.
+func (t Table) DeleteBlocks(ctx context.Context, q Querier, retention time.Duration, from, to int64, limit int) (deleted, blocks int64, err error) {
+	if err := q.QueryRow(ctx, t.sweepSQL, retention, from, to, limit, t.Name).Scan(&deleted, &blocks); err != nil {
+		return 0, 0, fmt.Errorf("delete from %s: %w", t.Name, err)
+	}
+	return deleted, blocks, nil
 }

@@ -1,0 +1,37 @@
+package cleanup_test
+
+import (
+	"testing"
+
+	"github.com/pglimit/cooldown/pglimit/internal/cleanup"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+func TestMain(m *testing.M) { pglimittest.Main(m) }
+
+// Only a table without an index on expires_at is swept by blocks.
+func TestDescribeSweep(t *testing.T) {
+	t.Parallel()
+	pool, schema := pglimittest.Pool(t), pglimittest.Schema(t)
+	for table, want := range map[string]bool{
+		"pglimit_upsert":          false,
+		"pglimit_nowait":          false,
+		"pglimit_range":           false,
+		"pglimit_upsert_unlogged": true,
+		"pglimit_nowait_unlogged": true,
+	} {
+		tb, err := cleanup.Describe(t.Context(), pool, schema, table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tb.Sweep != want {
+			t.Errorf("%s: Sweep %t, want %t", table, tb.Sweep, want)
+		}
+	}
+	if _, err := pool.Exec(t.Context(), "DROP INDEX "+schema+".pglimit_nowait_expires_at_idx"); err != nil {
+		t.Fatal(err)
+	}
+	if tb, err := cleanup.Describe(t.Context(), pool, schema, "pglimit_nowait"); err != nil || !tb.Sweep {
+		t.Errorf("pglimit_nowait without its index: %+v, %v; want Sweep", tb, err)
+	}
+}

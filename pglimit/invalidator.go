@@ -1,0 +1,223 @@
+package pglimit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"weak"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+)
+
+// invalidateChannel is the channel every Reset notifies, with the payload
+// "<lock class>:<key>" (the lock class names the table and namespace).
+const invalidateChannel = "pglimit_reset"
+
+// InvalidatorConfig configures an [Invalidator].
+type InvalidatorConfig struct {
+	// ConnConfig is how to open the listening session: a direct
+	// connection to the database the limiters use (LISTEN needs a session,
+	// which PgBouncer's transaction pooling does not give). Required; the
+	// Invalidator uses a copy.
+	ConnConfig *pgx.ConnConfig
+
+	// Heartbeat is how often the listening session proves it is alive.
+	// Pre-blocks trust their entries for at most twice Heartbeat after the
+	// last proof, so a Reset whose notification is lost (the session died
+	// without a word) stops being ignored at most 2 × Heartbeat after it.
+	// Defaults to 1s.
+	Heartbeat time.Duration
+}
+
+const defaultHeartbeat = time.Second
+
+// reconnect backoff bounds of the listening session.
+const (
+	minBackoff = 50 * time.Millisecond
+	maxBackoff = 5 * time.Second
+)
+
+// Invalidator carries every Reset, made by any instance, to the pre-blocks
+// of the limiters of this process that use it ([Config.Invalidator]): each
+// Reset notifies, and the Invalidator listens on one dedicated session and
+// forgets the key in every pre-block of its table and namespace, within
+// milliseconds of the Reset's commit.
+//
+// While the session is down or silent (before its first LISTEN, after a
+// failed heartbeat, while it reconnects) the pre-blocks answer nothing, so
+// every decision goes to the database; they start afresh, empty, once it
+// listens again. One Invalidator serves any number of limiters. Stop it
+// when done: it runs one goroutine and holds one connection.
+type Invalidator struct {
+	conn      *pgx.ConnConfig
+	heartbeat time.Duration
+
+	// liveUntil is the local time, in ns since the epoch, until which
+	// the pre-blocks may trust their entries; 0 while not listening.
+	liveUntil atomic.Int64
+
+	mu   sync.Mutex
+	subs map[int32][]weak.Pointer[preblock] // by lock class
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// StartInvalidator opens nothing yet: it starts the goroutine that
+// connects, listens and reconnects, and returns at once.
+func StartInvalidator(cfg *InvalidatorConfig) (*Invalidator, error) {
+	if cfg == nil || cfg.ConnConfig == nil {
+		return nil, fmt.Errorf("%w: InvalidatorConfig.ConnConfig is required", ErrInvalidConfig)
+	}
+	if cfg.Heartbeat < 0 {
+		return nil, fmt.Errorf("%w: Heartbeat must not be negative, got %s", ErrInvalidConfig, cfg.Heartbeat)
+	}
+	conn := cfg.ConnConfig.Copy()
+	// A heartbeat's deadline must leave the session usable: a deadline on
+	// the socket does, a cancel request might cancel the next statement.
+	conn.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	v := &Invalidator{
+		conn:      conn,
+		heartbeat: cfg.Heartbeat,
+		subs:      make(map[int32][]weak.Pointer[preblock]),
+		stop:      stop,
+		done:      make(chan struct{}),
+	}
+	if v.heartbeat == 0 {
+		v.heartbeat = defaultHeartbeat
+	}
+	go v.run(ctx)
+	return v, nil
+}
+
+// Stop closes the session and returns once the goroutine has ended; a
+// second call returns at once. The pre-blocks that used it answer nothing
+// from then on.
+func (v *Invalidator) Stop() {
+	v.stop()
+	<-v.done
+}
+
+// Listening reports whether the pre-blocks trust their entries now: the
+// session listens and proved it within 2 × Heartbeat.
+func (v *Invalidator) Listening() bool { return v.trusted(time.Now()) }
+
+func (v *Invalidator) trusted(now time.Time) bool {
+	return now.UnixNano() < v.liveUntil.Load()
+}
+
+func (v *Invalidator) run(ctx context.Context) {
+	defer close(v.done)
+	backoff := minBackoff
+	for {
+		listened := v.session(ctx)
+		v.liveUntil.Store(0)
+		if listened {
+			backoff = minBackoff
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// session connects, listens and dispatches until the session fails or ctx
+// ends; it reports whether it got as far as listening.
+func (v *Invalidator) session(ctx context.Context) (listened bool) {
+	cctx, cancel := context.WithTimeout(ctx, 2*v.heartbeat)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, v.conn)
+	if err != nil {
+		return false
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), v.heartbeat)
+		defer cancel()
+		conn.Close(closeCtx)
+	}()
+	sent := time.Now()
+	if _, err := conn.Exec(cctx, "LISTEN "+invalidateChannel); err != nil {
+		return false
+	}
+	// Resets committed before LISTEN were not heard: start afresh.
+	v.clearAll()
+	v.liveUntil.Store(sent.Add(2 * v.heartbeat).UnixNano())
+	next := time.Now().Add(v.heartbeat)
+	for {
+		wctx, cancel := context.WithDeadline(ctx, next)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			v.dispatch(n.Payload)
+			continue
+		case ctx.Err() != nil:
+			return true
+		case wctx.Err() == nil:
+			return true // the session failed
+		}
+		sent := time.Now()
+		hctx, cancel := context.WithTimeout(ctx, v.heartbeat)
+		err = conn.Ping(hctx)
+		cancel()
+		if err != nil {
+			return true
+		}
+		v.liveUntil.Store(sent.Add(2 * v.heartbeat).UnixNano())
+		next = time.Now().Add(v.heartbeat)
+	}
+}
+
+// register makes p follow the Resets of lock class class.
+func (v *Invalidator) register(class int32, p *preblock) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.subs[class] = append(v.subs[class], weak.Make(p))
+}
+
+// dispatch forgets the key of a notification in its class's pre-blocks,
+// and drops the pre-blocks of limiters that are gone.
+func (v *Invalidator) dispatch(payload string) {
+	c, key, ok := strings.Cut(payload, ":")
+	class, err := strconv.ParseInt(c, 10, 32)
+	if !ok || err != nil {
+		return // not a Reset's: someone else's NOTIFY on the channel
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	subs := v.subs[int32(class)]
+	live := subs[:0]
+	for _, w := range subs {
+		if p := w.Value(); p != nil {
+			p.forget(key)
+			live = append(live, w)
+		}
+	}
+	clear(subs[len(live):])
+	v.subs[int32(class)] = live
+}
+
+// clearAll empties every pre-block that uses v.
+func (v *Invalidator) clearAll() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, subs := range v.subs {
+		for _, w := range subs {
+			if p := w.Value(); p != nil {
+				p.clear()
+			}
+		}
+	}
+}
