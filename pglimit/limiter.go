@@ -43,9 +43,9 @@ type stmtLimiter struct {
 
 	// Parameters boxed once: the limits' spec, and a single GCRA limit's
 	// increment and tolerance for one unit.
-	spec          any
-	oneT, oneTau  any
-	emission, tau int64 // µs: T, and Burst*T
+	spec             any
+	oneT, oneTau     any
+	emission, burstT int64 // µs: T, and Burst*T
 }
 
 var _ Limiter = (*stmtLimiter)(nil)
@@ -99,8 +99,8 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 	}
 	if l.single {
 		lim := b.cfg.Limits[0]
-		l.emission, l.tau = lim.emission(), int64(lim.Burst)*lim.emission()
-		l.oneT, l.oneTau = l.emission, l.tau-l.emission
+		l.emission, l.burstT = lim.emission(), int64(lim.Burst)*lim.emission()
+		l.oneT, l.oneTau = l.emission, l.burstT-l.emission
 	}
 	return l
 }
@@ -122,7 +122,7 @@ func (l *stmtLimiter) allowQuery(key string, n int) query {
 	q := query{own: l.fastSQL, tx: l.fastTx, n: n}
 	nT, tau := l.oneT, l.oneTau
 	if n != 1 {
-		nT, tau = int64(n)*l.emission, l.tau-int64(n)*l.emission
+		nT, tau = int64(n)*l.emission, l.burstT-int64(n)*l.emission
 	}
 	q.args = []any{l.args.namespace, key, nT, l.args.lockClass, tau}
 	if l.rangeArgs {
@@ -255,7 +255,7 @@ func (l *stmtLimiter) peekRange(ctx context.Context, key string, n int) (Decisio
 	if err := l.db.QueryRow(ctx, l.peekSQL, l.args.namespace, key).Scan(&tat, &now); err != nil {
 		return Decision{}, err
 	}
-	if tat == nil || *tat <= now+l.tau-int64(n)*l.emission {
+	if tat == nil || *tat <= now+l.burstT-int64(n)*l.emission {
 		d := l.gcraDecision(true, max(now, derefOr(tat, now))+int64(n)*l.emission, now, n)
 		return d, nil
 	}
