@@ -73,7 +73,7 @@ unix_socket_dir =
 auth_type = any
 pool_mode = transaction
 max_client_conn = 1000
-default_pool_size = 20
+default_pool_size = 100
 ignore_startup_parameters = extra_float_digits,search_path
 logfile = %s
 `, up.Hostname(), cmp.Or(up.Port(), "5432"), password, port, filepath.Join(dir, "pgbouncer.log"))
