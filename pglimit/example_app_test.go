@@ -1,0 +1,161 @@
+package pglimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimithttp"
+	"github.com/pglimit/cooldown/pglimit/pglimitprom"
+)
+
+// serve runs a service limited by pglimit until ctx ends. The README shows
+// this function as it is here (TestReadmeProgram keeps them equal).
+func serve(ctx context.Context, databaseURL string, ln net.Listener) error {
+	pool, err := pgxpool.New(ctx, databaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	// Safe to run from every instance at start-up.
+	if err := pglimit.Migrate(ctx, pool, ""); err != nil {
+		return err
+	}
+
+	// Every user: 5 exports a minute, at most 3 at once, and 20 a day.
+	lim, err := pglimit.New(pool, &pglimit.Config{
+		Namespace: "exports",
+		Limits: []pglimit.Limit{
+			{Name: "per-minute", Rate: 5, Period: time.Minute, Burst: 3},
+			{Name: "per-day", Rate: 20, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+		},
+	})
+	if err != nil {
+		return err
+	}
+
+	// Decisions by outcome and their latency, the pool, the cleanup job.
+	reg := prometheus.NewRegistry()
+	metrics, err := pglimitprom.New(reg, nil)
+	if err != nil {
+		return err
+	}
+	lim = metrics.Instrument(lim)
+	reg.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
+
+	// Every instance runs a cleaner; they elect one leader, which alone
+	// deletes the rows of ended cooldowns.
+	cleaner, err := pglimit.NewCleaner(pool, nil)
+	if err != nil {
+		return err
+	}
+	if err := cleaner.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := cleaner.Stop(stopCtx); err != nil {
+			slog.Warn("stopping the cleaner", "err", err)
+		}
+	}()
+	reg.MustRegister(pglimitprom.NewCleanerCollector(cleaner, "public"))
+
+	// 429 with Retry-After and RateLimit headers when a limit refuses.
+	limit, err := pglimithttp.Middleware(lim, &pglimithttp.Config{
+		KeyFunc: pglimithttp.FromPathValue("user"),
+	})
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /exports/{user}", limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "export started for", r.PathValue("user"))
+	})))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	// Finish the requests in flight; then the cleaner stops and the pool
+	// closes (deferred above).
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return err
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// A whole service: migrations, a limiter with two limits, its metrics, the
+// HTTP middleware, the cleanup job, and a shutdown that stops them in order.
+// A real main would call serve with a signal context
+// (signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)) and a listener
+// on its port.
+func Example_application() {
+	ctx, stop := context.WithCancel(context.Background())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, databaseURL(), ln) }()
+
+	base := "http://" + ln.Addr().String()
+	for range 4 {
+		resp, err := http.Post(base+"/exports/app-user", "", nil)
+		if err != nil {
+			panic(err)
+		}
+		resp.Body.Close()
+		fmt.Printf("%s Retry-After: %q\n", resp.Status, resp.Header.Get("Retry-After"))
+	}
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		panic(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		panic(err)
+	}
+	for line := range strings.Lines(string(body)) {
+		if strings.HasPrefix(line, "pglimit_decisions_total") {
+			fmt.Print(line)
+		}
+	}
+
+	http.DefaultClient.CloseIdleConnections()
+	stop()
+	fmt.Println("stopped:", <-done)
+	// Output:
+	// 200 OK Retry-After: ""
+	// 200 OK Retry-After: ""
+	// 200 OK Retry-After: ""
+	// 429 Too Many Requests Retry-After: "12"
+	// pglimit_decisions_total{limiter="exports",outcome="admitted",strategy="upsert"} 3
+	// pglimit_decisions_total{limiter="exports",outcome="canceled",strategy="upsert"} 0
+	// pglimit_decisions_total{limiter="exports",outcome="error",strategy="upsert"} 0
+	// pglimit_decisions_total{limiter="exports",outcome="refused",strategy="upsert"} 1
+	// stopped: <nil>
+}
