@@ -2,8 +2,8 @@
 // concurrency against a real PostgreSQL, and writes a terminal table, a
 // Markdown report, a JSON file with every figure and PNG charts.
 //
-//	go -C loadtest run . -short          # the README version, 3 to 4 minutes
-//	go -C loadtest run . -scale 0.1      # the article's 10-minute load in 1 minute
+//	go -C loadtest run . -short          # every scenario in 3 to 4 minutes (make bench)
+//	go -C loadtest run . -scale 0.1      # the seed scenario's 10-minute load in 1 minute
 //	go -C loadtest run . -target http://localhost:9091,http://localhost:9095
 //
 // With no -database-url (or DATABASE_URL) it starts a throwaway, durable
@@ -78,7 +78,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 			"The limits and cost-* scenarios compare their own: upsert and nowait as a cooldown, with one GCRA limit and with three limits")
 	scens := fs.String("scenarios", strings.Join(scenarioNames, ","), "scenarios to run")
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every duration (0.1 runs the 10-minute seed load in 1 minute)")
-	fs.BoolVar(&o.short, "short", false, "the README version: every scenario, the default strategies and the peer in 3 to 4 minutes")
+	fs.BoolVar(&o.short, "short", false, "every scenario, the default strategies and the peer in 3 to 4 minutes (make bench; docs/benchmarks.md)")
 	levels := fs.String("levels", "1,4,16,64,256", "contention: concurrency levels")
 	concurrency := fs.String("concurrency", "16", "many-keys: concurrent workers (comma-separated levels)")
 	fs.IntVar(&o.keys, "keys", 100_000, "many-keys: distinct users")
