@@ -2,127 +2,234 @@ package pglimit
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// The general statement decides for any set of limits, on the Upsert and
-// NoWait tables, with the pglimit_decide function the migrations install
-// (migrations/00004_general_limits.sql). Its shape is the cooldown's: the
-// row's state as the snapshot sees it, and the decision on it, which is the
-// answer when it refuses (no lock, no write, and no other evaluation: the
-// EXISTS on verdict is a one-time filter that skips locked); else the row
-// locked only if the decision, evaluated again on the latest row version,
-// admits, and decided once more at the clock read after the lock, which is
-// what the UPDATE writes; else, for a key with no row, an advisory lock on
-// the key before the clock is read and the INSERT. No row at all means the
-// key changed after the snapshot, and the statement is run again.
+// The general statement decides for any set of limits on the Upsert and
+// NoWait tables. Its shape is the cooldown's (keyRowTailSQL): the key's row
+// locked only if the request fits it, re-checked by the lock on the latest
+// row version, and decided once more at the clock read after the lock,
+// which is what the UPDATE writes; for a key with no row, an advisory lock
+// on the key before the clock is read, and the INSERT; else the row as the
+// snapshot sees it, which is the answer if it refuses (no lock, no write).
+// No row at all means the key changed after the snapshot, and the
+// statement is run again.
+//
+// The statement decides and writes; it returns the state it decided on and
+// the time, from which the limiter computes the rest of the Decision
+// (evaluate). The decision is SQL that decision writes for the limiter's
+// own limits, their periods and rates inlined as constants: plain
+// arithmetic, where a function call per evaluation (the PL/pgSQL
+// pglimit_decide of migration 00004, which computes the same) cost as much
+// as the rest of the statement.
 //
 // %[1]s is the table, %[2]s the setting column of the admitting branches,
-// %[3]s the lock clause (FOR UPDATE, or FOR UPDATE NOWAIT), %[4]s the
-// schema-qualified function. $1 namespace, $2 key, $3 the key's lock class,
-// $4 n, $5 mode, $6 the maximum delay in µs, $7 the limits' spec.
+// %[3]s the lock clause (FOR UPDATE, or FOR UPDATE NOWAIT), %[4]s, %[5]s
+// and %[6]s whether x (state, tat, now) admits the request, its new state
+// and its new expires_at, %[7]s whether c (the same) does, %[8]s the state
+// column as the statement reads it (see shaped). $1 namespace, $2 key, $3
+// the key's lock class, $4 n, and for Reserve $5 the maximum delay in µs.
 const generalAllowSQL = `
-WITH current AS (
-    SELECT t.state, t.expires_at, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
-    FROM %[1]s AS t WHERE t.namespace = $1 AND t.key = $2
-), verdict AS (
-    SELECT d.*, c.now FROM current AS c,
-        LATERAL %[4]s(c.state, (extract(epoch FROM c.expires_at) * 1000000)::bigint, c.now, $4, $5, $6, $7) AS d
-), locked AS (
+WITH locked AS (
     SELECT t.state, t.expires_at FROM %[1]s AS t
     WHERE t.namespace = $1 AND t.key = $2
-      AND EXISTS (SELECT FROM verdict WHERE allowed)
-      AND (%[4]s(t.state, (extract(epoch FROM t.expires_at) * 1000000)::bigint,
-                 (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, $4, $5, $6, $7)).allowed
+      AND (SELECT %[7]s FROM (SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+               (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now) AS c)
     %[3]s
+), current AS (
+    SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
+    FROM %[1]s AS t WHERE t.namespace = $1 AND t.key = $2
+), first AS (
+    SELECT pg_advisory_xact_lock($3::integer, hashtext($2))
+    WHERE NOT EXISTS (SELECT FROM current)
 ), stamp AS (
-    SELECT l.state, l.expires_at, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM locked AS l
+    SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS new FROM locked AS t
+    UNION ALL
+    SELECT NULL, NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true FROM first
 ), decided AS (
-    SELECT d.*, s.now FROM stamp AS s,
-        LATERAL %[4]s(s.state, (extract(epoch FROM s.expires_at) * 1000000)::bigint, s.now, $4, $5, $6, $7) AS d
+    SELECT x.*, %[4]s AS admits, %[5]s AS new_state, %[6]s AS new_expires FROM stamp AS x
 ), updated AS (
     UPDATE %[1]s AS t
     SET state = d.new_state, expires_at = timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
     FROM decided AS d
-    WHERE t.namespace = $1 AND t.key = $2 AND d.allowed
+    WHERE t.namespace = $1 AND t.key = $2 AND d.admits AND NOT d.new
     RETURNING 1
-), first AS (
-    SELECT pg_advisory_xact_lock($3::integer, hashtext($2))
-    WHERE NOT EXISTS (SELECT FROM current)
-), fresh AS (
-    SELECT d.*, s.now
-    FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM first) AS s,
-        LATERAL %[4]s(NULL, NULL, s.now, $4, $5, $6, $7) AS d
 ), inserted AS (
     INSERT INTO %[1]s (namespace, key, state, expires_at)
-    SELECT $1, $2, f.new_state, timestamptz 'epoch' + f.new_expires * interval '1 microsecond'
-    FROM fresh AS f WHERE f.allowed
+    SELECT $1, $2, d.new_state, timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
+    FROM decided AS d WHERE d.admits AND d.new
     ON CONFLICT (namespace, key) DO NOTHING
     RETURNING 1
 )
-SELECT true, granted, remaining, retry_us, reset_us, binding, violated, delay_us, now, %[2]s
-FROM decided WHERE EXISTS (SELECT FROM updated)
+SELECT true, state, tat, now, %[2]s FROM decided
+WHERE CASE WHEN new THEN EXISTS (SELECT FROM inserted) ELSE EXISTS (SELECT FROM updated) END
 UNION ALL
-SELECT true, granted, remaining, retry_us, reset_us, binding, violated, delay_us, now, %[2]s
-FROM fresh WHERE EXISTS (SELECT FROM inserted)
-UNION ALL
-SELECT false, granted, remaining, retry_us, reset_us, binding, violated, delay_us, now, NULL::text
-FROM verdict WHERE NOT allowed AND NOT EXISTS (SELECT FROM updated)`
+SELECT false, x.state, x.tat, x.now, NULL::text FROM current AS x WHERE NOT %[4]s AND NOT EXISTS (SELECT FROM updated)`
 
-// generalPeekSQL is the decision on the key's row as the snapshot sees it,
-// with no lock and no write. Its parameters are generalAllowSQL's but $3.
+// generalPeekSQL is the key's row as the snapshot sees it, and the time:
+// Peek decides on them without the database. $1 namespace, $2 key.
 const generalPeekSQL = `
-SELECT d.allowed, d.granted, d.remaining, d.retry_us, d.reset_us, d.binding, d.violated, d.delay_us, c.now, NULL::text
-FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now) AS c
-LEFT JOIN %[1]s AS t ON t.namespace = $1 AND t.key = $2,
-LATERAL %[4]s(t.state, (extract(epoch FROM t.expires_at) * 1000000)::bigint, c.now, $3, $4, $5, $6) AS d`
+SELECT NULL::boolean, t.state, (extract(epoch FROM t.expires_at) * 1000000)::bigint,
+    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, NULL::text
+FROM (SELECT) AS one LEFT JOIN %[1]s AS t ON t.namespace = $1 AND t.key = $2`
 
-// Modes of pglimit_decide.
+// Modes of the general statement.
 const (
 	modeAllow   = 0 // admit n or refuse
 	modeAtMost  = 1 // admit up to n
-	modeReserve = 2 // admit n within a maximum delay
+	modeReserve = 2 // admit n within a maximum delay (GCRA only)
+	modes       = 3
 )
 
-// spec encodes limits for pglimit_decide: algorithm, period (µs), rate and
-// burst, four integers per limit.
-func spec(limits []Limit) []int64 {
-	out := make([]int64, 0, 4*len(limits))
-	for _, l := range limits {
-		out = append(out, int64(l.Algorithm), l.Period.Microseconds(), int64(l.Rate), int64(l.Burst))
-	}
-	return out
+// generalStatements are the general statements of one limiter, by mode.
+type generalStatements struct {
+	own, tx [modes]string // own: in the statement's own transaction; tx: in a caller's
+	peek    string
 }
 
-// scanGeneral reads a general statement's answer.
-func (b *base) scanGeneral(row pgx.Row, n, mode int) (d Decision, decided bool, err error) {
-	var r struct {
-		allowed                  bool
-		granted, remaining       int64
-		retry, reset, delay, now int64
-		binding, violated        int32
+// newGeneralStatements writes the general statements for limits on table.
+// Reserve's is written only when every limit is GCRA: Reserve refuses other
+// limits before it reaches the database.
+func newGeneralStatements(limits []Limit, table, column, lock string) generalStatements {
+	var g generalStatements
+	for mode := range modes {
+		if mode == modeReserve && !allGCRA(limits) {
+			continue
+		}
+		admits, state, expires := decision(limits, mode, "x.state", "x.tat", "x.now")
+		guard, _, _ := decision(limits, mode, "c.state", "c.tat", "c.now")
+		stmt := func(column string) string {
+			return fmt.Sprintf(generalAllowSQL, table, column, lock, admits, state, expires, guard, shaped(limits, "t.state"))
+		}
+		g.own[mode], g.tx[mode] = stmt(column), stmt(noSettingColumn)
 	}
-	err = row.Scan(&r.allowed, &r.granted, &r.remaining, &r.retry, &r.reset, &r.binding, &r.violated, &r.delay, &r.now, nil)
-	if err != nil {
+	g.peek = fmt.Sprintf(generalPeekSQL, table)
+	return g
+}
+
+// shaped is the state column col if it has the shape of limits' state,
+// else NULL: state of another length (the limits changed) counts as none.
+func shaped(limits []Limit, col string) string {
+	return fmt.Sprintf("CASE WHEN cardinality(%s) = %d THEN %s END", col, 3*len(limits), col)
+}
+
+func allGCRA(limits []Limit) bool {
+	for _, l := range limits {
+		if l.Algorithm != GCRA {
+			return false
+		}
+	}
+	return true
+}
+
+// decision writes the SQL of a decision for limits: whether they admit
+// the request, and if they do, the row's new state and expires_at. Its inputs are SQL too: state, the row's state column
+// (NULL, or known to have the limits' shape: see shaped), tat its
+// expires_at in µs (NULL for a new key), and now the database time in µs,
+// a column, as it is read many times. It computes what docs/limits.md
+// defines, as evaluate does.
+//
+// A single GCRA limit keeps its TAT in expires_at (tat) and no state.
+// State written for other limits has three integers per limit, in the
+// order of limits: GCRA [tat, 0, 0], FixedWindow [window start, count, 0],
+// SlidingWindow [window start, previous count, current count].
+//
+// The expressions are written out in full, with no subqueries to name
+// their parts: PostgreSQL prepares every node and expression of a plan each
+// time it runs it, evaluated or not, and a subquery costs more to prepare
+// than the few expressions it would save.
+func decision(limits []Limit, mode int, state, tat, now string) (admits, newState, newExpires string) {
+	single := len(limits) == 1 && limits[0].Algorithm == GCRA
+	var caps, oks, next, expires []string
+	for i, l := range limits {
+		P, R, T := l.Period.Microseconds(), int64(l.Rate), l.emission()
+		BT := int64(l.Burst) * T
+		s := func(o int) string { return fmt.Sprintf("%s[%d]", state, 3*i+o) }
+		var a, b, c, capacity string // the state rolled forward to now; the units admitted now
+		switch l.Algorithm {
+		case GCRA:
+			if !single {
+				tat = s(1)
+			}
+			a = fmt.Sprintf("greatest(%s, %s)", tat, now)
+			capacity = fmt.Sprintf("(%s + %d - %s) / %d", now, BT, a, T)
+			next = append(next, fmt.Sprintf("%s + {u} * %d", a, T), "0", "0")
+			expires = append(expires, fmt.Sprintf("%s + {u} * %d", a, T))
+		case FixedWindow:
+			live := fmt.Sprintf("%s < %s + %d", now, s(1), P)
+			a = fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(1), now)
+			b = fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", live, s(2))
+			capacity = fmt.Sprintf("%d - %s", R, b)
+			next = append(next, a, b+" + {u}", "0")
+			expires = append(expires, fmt.Sprintf("%s + %d", a, P))
+		case SlidingWindow:
+			a = fmt.Sprintf("(%s / %d * %d)", now, P, P)
+			b = fmt.Sprintf("CASE %s WHEN %s THEN %s WHEN %s - %d THEN %s ELSE 0 END", s(1), a, s(2), a, P, s(3))
+			c = fmt.Sprintf("CASE WHEN %s = %s THEN %s ELSE 0 END", s(1), a, s(3))
+			// The previous window's count weighs by its overlap with the
+			// sliding window that ends now.
+			capacity = fmt.Sprintf("%d - %s - ceil((%s)::numeric * (%d - %s %% %d) / %d)::bigint", R, c, b, P, now, P, P)
+			next = append(next, a, b, c+" + {u}")
+			expires = append(expires, fmt.Sprintf("%s + %d", a, 2*P)) // this window's count weighs until then
+		}
+		caps = append(caps, capacity)
+		switch mode {
+		case modeReserve: // GCRA only
+			oks = append(oks, fmt.Sprintf("%s + $4::bigint * %d - %s - %d <= $5::bigint", a, T, now, BT))
+		case modeAtMost: // any units at all
+			oks = append(oks, fmt.Sprintf("(%s) >= 1", capacity))
+		default:
+			oks = append(oks, fmt.Sprintf("$4::bigint <= (%s)", capacity))
+		}
+	}
+	admits = "(" + strings.Join(oks, " AND ") + ")"
+	units := "$4::bigint"
+	if mode == modeAtMost {
+		units = fmt.Sprintf("least($4::bigint, %s)", strings.Join(caps, ", "))
+	}
+	newState = "NULL::bigint[]"
+	if !single {
+		newState = "ARRAY[" + strings.ReplaceAll(strings.Join(next, ", "), "{u}", units) + "]"
+	}
+	newExpires = "greatest(" + now + ", " + strings.ReplaceAll(strings.Join(expires, ", "), "{u}", units) + ")"
+	return admits, newState, newExpires
+}
+
+// scanGeneral reads a general statement's answer: whether it admitted, the
+// row's state and expires_at (µs) it decided on, and the time; the rest of
+// the Decision is computed from them. For Peek, which decides here, the
+// first column is NULL.
+func (b *base) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decision, decided bool, err error) {
+	var r struct {
+		admitted *bool
+		state    []int64
+		tat      *int64
+		now      int64
+	}
+	if err = row.Scan(&r.admitted, &r.state, &r.tat, &r.now, nil); err != nil {
 		return Decision{}, false, noRowsAsUndecided(err)
 	}
-	if int(r.binding) >= len(b.cfg.Limits) || r.binding < 0 {
-		return Decision{}, false, fmt.Errorf("pglimit_decide returned limit %d of %d: the function does not match this version of pglimit; run Migrate", r.binding, len(b.cfg.Limits))
+	e := evaluate(b.cfg.Limits, r.state, r.tat, r.now, int64(n), mode, maxDelay)
+	if r.admitted != nil && *r.admitted != e.allowed {
+		return Decision{}, false, fmt.Errorf("the database's decision (admitted %t) differs from the library's on the same state: a bug; please report it", *r.admitted)
 	}
 	d = Decision{
-		Allowed:    r.allowed,
-		Granted:    int(r.granted),
-		Remaining:  int(r.remaining),
-		RetryAfter: micros(r.retry),
-		ResetAfter: micros(r.reset),
-		Delay:      micros(r.delay),
-		Limit:      b.cfg.Limits[r.binding],
-		violated:   uint16(r.violated),
+		Allowed:    e.allowed,
+		Granted:    int(e.granted),
+		Remaining:  int(e.remaining),
+		RetryAfter: micros(e.retry),
+		ResetAfter: micros(e.reset),
+		Delay:      micros(e.delay),
+		Limit:      b.cfg.Limits[e.binding],
+		violated:   e.violated,
 		policy:     b.policy,
 		at:         r.now,
 	}
-	if !r.allowed && (n == 1 || mode == modeAtMost) && mode != modeReserve {
+	if !e.allowed && (n == 1 || mode == modeAtMost) && mode != modeReserve {
 		d.next = d.RetryAfter // the wait for one unit
 	}
 	return d, true, nil

@@ -25,12 +25,12 @@ import (
 // fresh snapshot.
 type stmtLimiter struct {
 	base
-	single            bool   // the limits are one GCRA limit: fastSQL decides
-	fastSQL, fastTx   string // fastTx: in a caller's transaction, whose durability is the caller's
-	general, generalT string // "" for Range
-	peekSQL           string
-	resetSQL          string
-	rangeArgs         bool // the fast statement takes no tau ($5)
+	single          bool               // the limits are one GCRA limit: fastSQL decides
+	fastSQL, fastTx string             // fastTx: in a caller's transaction, whose durability is the caller's
+	general         *generalStatements // nil for Range
+	peekSQL         string
+	resetSQL        string
+	rangeArgs       bool // the fast statement takes no tau ($5)
 
 	// contended is the SQLSTATE that means a concurrent decision holds the
 	// key; it becomes a refusal. Empty when contention raises no error.
@@ -41,9 +41,8 @@ type stmtLimiter struct {
 	verify   func(ctx context.Context, db DB) error
 	verified atomic.Bool
 
-	// Parameters boxed once: the limits' spec, and a single GCRA limit's
-	// increment and tolerance for one unit.
-	spec             any
+	// Parameters boxed once: a single GCRA limit's increment and tolerance
+	// for one unit.
 	oneT, oneTau     any
 	emission, burstT int64 // µs: T, and Burst*T
 }
@@ -89,13 +88,10 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 		resetSQL:  fmt.Sprintf(deleteKeySQL, table),
 		rangeArgs: lock == "",
 		contended: contended,
-		spec:      spec(b.cfg.Limits),
 	}
 	if lock != "" {
-		fn := pgx.Identifier{b.cfg.Schema, "pglimit_decide"}.Sanitize()
-		l.general = fmt.Sprintf(generalAllowSQL, table, column, lock, fn)
-		l.generalT = fmt.Sprintf(generalAllowSQL, table, noSettingColumn, lock, fn)
-		l.peekSQL = fmt.Sprintf(generalPeekSQL, table, "", "", fn)
+		g := newGeneralStatements(b.cfg.Limits, table, column, lock)
+		l.general, l.peekSQL = &g, g.peek
 	}
 	if l.single {
 		lim := b.cfg.Limits[0]
@@ -108,10 +104,11 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 // query is one decision's statement: which SQL, with what arguments, and
 // how to read its answer.
 type query struct {
-	own, tx string
-	args    []any
-	n, mode int
-	general bool
+	own, tx  string
+	args     []any
+	n, mode  int
+	maxDelay int64 // µs, Reserve's
+	general  bool
 }
 
 // allowQuery is the query of AllowN.
@@ -132,15 +129,19 @@ func (l *stmtLimiter) allowQuery(key string, n int) query {
 }
 
 func (l *stmtLimiter) generalQuery(key string, n, mode int, maxDelay time.Duration) query {
-	return query{
-		own: l.general, tx: l.generalT, n: n, mode: mode, general: true,
-		args: []any{l.args.namespace, key, l.args.lockClass, n, mode, maxDelay.Microseconds(), l.spec},
+	q := query{
+		own: l.general.own[mode], tx: l.general.tx[mode], n: n, mode: mode, maxDelay: maxDelay.Microseconds(), general: true,
+		args: []any{l.args.namespace, key, l.args.lockClass, n},
 	}
+	if mode == modeReserve {
+		q.args = append(q.args, maxDelay.Microseconds())
+	}
+	return q
 }
 
 func (l *stmtLimiter) scan(row pgx.Row, q query) (Decision, bool, error) {
 	if q.general {
-		return l.scanGeneral(row, q.n, q.mode)
+		return l.scanGeneral(row, q.n, q.mode, q.maxDelay)
 	}
 	var r struct {
 		ok       bool
@@ -195,7 +196,7 @@ func (l *stmtLimiter) AllowAtMost(ctx context.Context, key string, n int) (Decis
 		return Decision{}, fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
 	}
 	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
-		if l.general == "" { // Range: a cooldown grants one unit at a time
+		if l.general == nil { // Range: a cooldown grants one unit at a time
 			return l.run(ctx, l.allowQuery(key, 1))
 		}
 		return l.run(ctx, l.generalQuery(key, n, modeAtMost, 0))
@@ -203,7 +204,7 @@ func (l *stmtLimiter) AllowAtMost(ctx context.Context, key string, n int) (Decis
 }
 
 func (l *stmtLimiter) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error) {
-	if l.general == "" {
+	if l.general == nil {
 		return Decision{}, fmt.Errorf("%w: Reserve on the %s strategy", ErrUnsupported, l.cfg.Strategy)
 	}
 	if err := l.checkReserve(n, maxDelay); err != nil {
@@ -239,11 +240,11 @@ func (l *stmtLimiter) Peek(ctx context.Context, key string, n int) (Decision, er
 		return Decision{}, err
 	}
 	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
-		if l.general == "" {
+		if l.general == nil {
 			return l.peekRange(ctx, key, n)
 		}
-		row := l.db.QueryRow(ctx, l.peekSQL, l.args.namespace, key, n, modeAllow, int64(0), l.spec)
-		d, _, err := l.scanGeneral(row, n, modeAllow)
+		row := l.db.QueryRow(ctx, l.peekSQL, l.args.namespace, key)
+		d, _, err := l.scanGeneral(row, n, modeAllow, 0)
 		return d, err
 	})
 }
