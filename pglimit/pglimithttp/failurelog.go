@@ -1,6 +1,7 @@
 package pglimithttp
 
 import (
+	"cmp"
 	"log/slog"
 	"sync"
 	"time"
@@ -11,7 +12,7 @@ import (
 // Those left out after the last line are counted in the next one; the
 // metrics ([Config.OnDecision]) see every failure.
 type failureLog struct {
-	log      *slog.Logger
+	log      *slog.Logger // nil: slog.Default()
 	interval time.Duration
 
 	mu         sync.Mutex
@@ -29,5 +30,5 @@ func (f *failureLog) record(now time.Time, args ...any) {
 	suppressed := f.suppressed
 	f.last, f.suppressed = now, 0
 	f.mu.Unlock()
-	f.log.Warn("pglimithttp: limiter failed", append(args, "suppressed", suppressed)...)
+	cmp.Or(f.log, slog.Default()).Warn("pglimithttp: limiter failed", append(args, "suppressed", suppressed)...)
 }

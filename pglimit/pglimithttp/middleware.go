@@ -131,7 +131,7 @@ type Config struct {
 	// line counts the failures left out since the previous one. During an
 	// outage every request fails, and a line for each would bury the logs
 	// when they matter. Use slog.New(slog.DiscardHandler) for none.
-	// Defaults to slog.Default().
+	// Defaults to slog.Default(), as it is when the failure happens.
 	Logger *slog.Logger
 
 	// LogInterval is the shortest time between two failure lines.
@@ -196,7 +196,7 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 	}
 	m := &middleware{
 		lim: lim, cfg: c, exemptKeys: exemptKeys, limits: p.Limits, policy: formatPolicy(p.Limits), longest: p.LongestWait(),
-		failures: &failureLog{log: cmp.Or(c.Logger, slog.Default()), interval: cmp.Or(c.LogInterval, 10*time.Second)},
+		failures: &failureLog{log: c.Logger, interval: cmp.Or(c.LogInterval, 10*time.Second)},
 	}
 	m.longestName = p.Limits[0].Name
 	m.unavailable = p.Limits[0].Period / time.Duration(p.Limits[0].Rate)

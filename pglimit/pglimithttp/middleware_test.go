@@ -429,6 +429,7 @@ func TestMiddlewareConfig(t *testing.T) {
 	}{
 		"nil limiter":       {nil, &pglimithttp.Config{}},
 		"unknown OnError":   {lim, &pglimithttp.Config{OnError: 42}},
+		"negative interval": {lim, &pglimithttp.Config{LogInterval: -time.Second}},
 		"no limits":         {withPolicy(), nil},
 		"limit name \\r\\n": {withPolicy(pglimit.Limit{Name: "a\r\nX-Injected: 1", Rate: 1, Period: time.Second}), nil},
 		"empty limit name":  {withPolicy(pglimit.Limit{Rate: 1, Period: time.Second}), nil},
