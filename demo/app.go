@@ -40,13 +40,11 @@ type app struct {
 	metrics *httpMetrics
 	limit   func(http.Handler) http.Handler // GET /items/{user}: the cooldown
 	create  http.Handler                    // POST /items past decoding: the item limits, then the store
-	failed  *failureLog
 }
 
 func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 	a := &app{
 		cfg: cfg, log: logger, pool: pool, items: newStore(pool, cfg.schema), reg: prometheus.NewRegistry(),
-		failed: &failureLog{log: logger, interval: 10 * time.Second},
 	}
 
 	a.reg.MustRegister(
@@ -75,6 +73,7 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 		KeyFunc:    pglimithttp.FromPathValue("user"),
 		OnError:    cfg.onError,
 		OnDecision: a.logDecision,
+		Logger:     logger.With("limiter", "list-items"),
 	})
 	if err != nil {
 		return nil, err
@@ -96,6 +95,7 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 		KeyFunc:    itemUser,
 		OnError:    cfg.onError,
 		OnDecision: a.logDecision,
+		Logger:     logger.With("limiter", "create-item"),
 	})
 	if err != nil {
 		return nil, err
@@ -149,8 +149,8 @@ func (a *app) logDecision(r *http.Request, ev pglimithttp.Event) {
 		// The client hung up while the limiter decided: not a failure.
 		a.log.Debug("client gone before the decision", "user", ev.Key)
 	case pglimithttp.OutcomeFailOpen, pglimithttp.OutcomeFailClosed, pglimithttp.OutcomeUnavailable:
+		// Logged by the middleware, at a bounded rate; counted here.
 		a.metrics.policy.WithLabelValues(string(ev.Outcome)).Inc()
-		a.failed.record(time.Now(), "user", ev.Key, "outcome", ev.Outcome, "kind", pglimitprom.ErrorKind(ev.Err), "err", ev.Err)
 	}
 }
 

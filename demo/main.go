@@ -61,11 +61,12 @@ func main() {
 
 // config is the demo's configuration after flags and environment.
 type config struct {
-	addr        string
-	databaseURL string
-	strategy    pglimit.Strategy
-	cooldown    time.Duration
-	migrate     bool
+	addr         string
+	databaseURL  string
+	databaseFrom string // "-database-url" or "DATABASE_URL"; "" for a throwaway server
+	strategy     pglimit.Strategy
+	cooldown     time.Duration
+	migrate      bool
 
 	itemsPerMinute, itemsBurst, itemsPerDay int
 
@@ -141,6 +142,14 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if c.databaseURL != "" {
+		c.databaseFrom = "DATABASE_URL"
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "database-url" {
+				c.databaseFrom = "-database-url"
+			}
+		})
 	}
 
 	var err error
@@ -234,7 +243,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	poolCfg, err := pgxpool.ParseConfig(cfg.databaseURL)
 	if err != nil {
+		// pgx's message quotes no part of the URL, so no password leaks.
 		return fmt.Errorf("database URL: %w", err)
+	}
+	if cfg.databaseFrom != "" {
+		// Loud, since the demo writes to it: a forgotten DATABASE_URL in a
+		// shell would otherwise point it at a real database silently.
+		cc := poolCfg.ConnConfig
+		logger.Warn(fmt.Sprintf("using the database %s on %s, from %s (not a throwaway one): the demo's tables go in schema %q",
+			cc.Database, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), cfg.databaseFrom, cfg.schema),
+			"host", cc.Host, "port", cc.Port, "database", cc.Database, "user", cc.User, "migrate", cfg.migrate)
 	}
 	// Lets an operator find (or terminate) this instance's sessions.
 	poolCfg.ConnConfig.RuntimeParams["application_name"] = "pglimit-demo/" + cfg.instance

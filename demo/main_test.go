@@ -53,8 +53,15 @@ func TestParseConfig(t *testing.T) {
 	if c.addr != ":1" || c.strategy != pglimit.Range || c.cooldown != 250*time.Millisecond || c.migrate ||
 		c.onError != pglimithttp.FailOpen || c.databaseURL != "postgres://db/x" ||
 		c.cleanup || c.cleanupInterval != 5*time.Second || c.cleanupRetention != time.Nanosecond ||
-		c.itemsPerMinute != 10 || c.itemsBurst != 2 || c.itemsPerDay != 100 {
+		c.itemsPerMinute != 10 || c.itemsBurst != 2 || c.itemsPerDay != 100 || c.databaseFrom != "DATABASE_URL" {
 		t.Fatalf("flags and env: %+v", c)
+	}
+	if c, err := parseConfig([]string{"-database-url", "postgres://db/y"}, env(map[string]string{"DATABASE_URL": "postgres://db/x"}), io.Discard); err != nil ||
+		c.databaseURL != "postgres://db/y" || c.databaseFrom != "-database-url" {
+		t.Errorf("-database-url over DATABASE_URL: %+v, %v", c, err)
+	}
+	if c, err := parseConfig(nil, env(nil), io.Discard); err != nil || c.databaseFrom != "" {
+		t.Errorf("no database URL: from %q, %v", c.databaseFrom, err)
 	}
 
 	for _, args := range [][]string{

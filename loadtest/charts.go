@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -15,6 +16,8 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/pglimit/cooldown/pglimit"
 )
 
 // writeCharts draws the PNGs for the scenarios that ran and returns their
@@ -47,29 +50,67 @@ func writeCharts(dir string, rep *report) ([]string, error) {
 	return names, nil
 }
 
-// style gives each variant the same colour in every chart, whichever
-// variants ran. The floors are black, each with its own dashes; the peer is
-// a thick red line, the one the strategies are measured against.
+// style draws a variant the same way in every chart, whichever variants
+// ran: one colour per strategy (and one for the article's plain INSERT and
+// one for the peer), one dash pattern per option, so that upsert-async is
+// upsert's colour, dashed. The floors are black or grey and thin, each
+// with its own dashes; the peer, the limiter the strategies are measured
+// against, a thick solid line.
 func style(name string) draw.LineStyle {
-	i := slices.IndexFunc(allVariants(), func(v variant) bool { return v.Name == name })
-	// Dashes too, so that lines lying on each other stay apart.
-	ls := draw.LineStyle{Width: vg.Points(1.5), Color: plotutil.Color(max(i, 0)), Dashes: plotutil.Dashes(max(i, 0))}
+	ls := draw.LineStyle{Width: vg.Points(1.5), Color: color.Gray{Y: 90}}
 	switch name {
 	case floorName:
-		ls.Color = color.Black
-		ls.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		ls.Color, ls.Width = color.Black, vg.Points(1.2)
+		ls.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+		return ls
 	case writeFloorName:
-		ls.Color = color.Black
+		ls.Color, ls.Width = color.Black, vg.Points(1.2)
 		ls.Dashes = []vg.Length{vg.Points(1), vg.Points(2)}
+		return ls
 	case pingFloorName:
-		ls.Color = color.Gray{Y: 110}
+		ls.Color, ls.Width = color.Gray{Y: 120}, vg.Points(1.2)
 		ls.Dashes = []vg.Length{vg.Points(8), vg.Points(2), vg.Points(1), vg.Points(2)}
+		return ls
 	case peerName:
-		ls.Color = color.RGBA{R: 200, A: 255}
-		ls.Width = vg.Points(2.5)
-		ls.Dashes = nil
+		ls.Color, ls.Width = peerColor, vg.Points(2.5)
+		return ls
+	case naive.Name:
+		ls.Color = naiveColor
+		return ls
 	}
+	i := slices.IndexFunc(allVariants(), func(v variant) bool { return v.Name == name })
+	if i < 0 {
+		return ls // not a variant of ours: grey
+	}
+	s := allVariants()[i].Strategy
+	if c, ok := strategyColors[s]; ok {
+		ls.Color = c
+	}
+	ls.Dashes = optionDashes[strings.TrimPrefix(name, string(s))]
 	return ls
+}
+
+// Colours that stay apart for the colour-blind (Okabe and Ito's palette);
+// red is the article's failure mode's.
+var (
+	strategyColors = map[pglimit.Strategy]color.Color{
+		pglimit.Upsert: color.RGBA{R: 0x00, G: 0x72, B: 0xb2, A: 0xff}, // blue
+		pglimit.NoWait: color.RGBA{R: 0xe6, G: 0x9f, B: 0x00, A: 0xff}, // orange
+		pglimit.Range:  color.RGBA{R: 0x00, G: 0x9e, B: 0x73, A: 0xff}, // green
+	}
+	naiveColor = color.RGBA{R: 0xd5, G: 0x5e, B: 0x00, A: 0xff} // vermilion
+	peerColor  = color.RGBA{R: 0xcc, G: 0x79, B: 0xa7, A: 0xff} // purple
+)
+
+// optionDashes tells a strategy's variants apart, by the suffix of their
+// names; the plain strategy is solid.
+var optionDashes = map[string][]vg.Length{
+	"":              nil,
+	"-async":        {vg.Points(9), vg.Points(4)},
+	"-preblock":     {vg.Points(1.5), vg.Points(2)},
+	"-singleflight": {vg.Points(6), vg.Points(2), vg.Points(1.5), vg.Points(2)},
+	"-unlogged":     {vg.Points(16), vg.Points(4)},
+	"-preblock-inv": {vg.Points(1.5), vg.Points(2), vg.Points(1.5), vg.Points(5)},
 }
 
 // legend names a variant in charts, floors with what they measure.
@@ -91,11 +132,19 @@ func newPlot(title, x, y string) *plot.Plot {
 	p.X.Label.Text = x
 	p.Y.Label.Text = y
 	p.Add(plotter.NewGrid())
-	p.Legend.Top = true
 	return p
 }
 
-func addLine(p *plot.Plot, label string, xys plotter.XYs, ls draw.LineStyle) error {
+// newLegend is a legend drawn beside a chart, never over its data.
+func newLegend() *plot.Legend {
+	l := plot.NewLegend()
+	l.Top, l.Left = true, true
+	l.ThumbnailWidth = vg.Points(28)
+	return &l
+}
+
+// addLine draws xys on p and names it in leg, unless label is empty.
+func addLine(p *plot.Plot, leg *plot.Legend, label string, xys plotter.XYs, ls draw.LineStyle) error {
 	if len(xys) == 0 {
 		return nil
 	}
@@ -106,9 +155,34 @@ func addLine(p *plot.Plot, label string, xys plotter.XYs, ls draw.LineStyle) err
 	l.LineStyle = ls
 	p.Add(l)
 	if label != "" {
-		p.Legend.Add(label, l)
+		leg.Add(label, l)
 	}
 	return nil
+}
+
+// legendWidth is the width of the strip right of a chart that holds leg:
+// its longest entry and a margin on either side.
+func legendWidth(leg *plot.Legend) vg.Length {
+	r := leg.Rectangle(draw.Canvas{})
+	return r.Max.X - r.Min.X + 2*legendMargin
+}
+
+const legendMargin = vg.Length(8) // points
+
+// drawWithLegend draws the chart on the left of c and leg in the strip on
+// the right, top-aligned with the plotting area.
+func drawWithLegend(c draw.Canvas, draw1 func(draw.Canvas), leg *plot.Legend) {
+	lw := legendWidth(leg)
+	draw1(draw.Crop(c, 0, -lw, 0, 0))
+	leg.YOffs = -vg.Points(24) // below the title's line
+	leg.Draw(draw.Crop(c, c.Max.X-c.Min.X-lw+legendMargin, 0, 0, 0))
+}
+
+// saveWithLegend saves p, w by h, with leg beside it.
+func saveWithLegend(p *plot.Plot, leg *plot.Legend, w, h vg.Length, path string) error {
+	img := vgimg.New(w+legendWidth(leg), h)
+	drawWithLegend(draw.New(img), p.Draw, leg)
+	return savePNG(path, img)
 }
 
 // logY puts p's y axis on a log scale over [lo, hi].
@@ -120,10 +194,12 @@ func logY(p *plot.Plot, lo, hi float64) {
 
 // logTicks labels 1, 2 and 5 of every decade, so that an axis spanning
 // less than a decade still has labels (plot.LogTicks labels powers of ten
-// only).
+// only); over more than three decades, powers of ten only, or the labels
+// run into each other.
 type logTicks struct{}
 
 func (logTicks) Ticks(lo, hi float64) []plot.Tick {
+	onlyPowers := math.Log10(hi/lo) > 3
 	var ticks []plot.Tick
 	for dec := math.Pow10(int(math.Floor(math.Log10(lo)))); dec <= hi; dec *= 10 {
 		for m := 1; m < 10; m++ {
@@ -132,7 +208,7 @@ func (logTicks) Ticks(lo, hi float64) []plot.Tick {
 				continue
 			}
 			t := plot.Tick{Value: v}
-			if m == 1 || m == 2 || m == 5 {
+			if m == 1 || !onlyPowers && (m == 2 || m == 5) {
 				t.Label = tickLabel(v)
 			}
 			ticks = append(ticks, t)
@@ -164,6 +240,7 @@ func latencyTiles(path string, s *scenarioReport, m *meta) error {
 	for i := range plots {
 		plots[i] = make([]*plot.Plot, cols)
 	}
+	leg := newLegend()
 	for i, r := range s.Results {
 		title := legend(r.Variant, m)
 		if title != r.Variant {
@@ -192,25 +269,30 @@ func latencyTiles(path string, s *scenarioReport, m *meta) error {
 				ls = draw.LineStyle{Width: vg.Points(0.8), Color: color.Gray{Y: 150},
 					Dashes: []vg.Length{vg.Points(2), vg.Points(2)}}
 			}
-			if err := addLine(p, sr.name, xys, ls); err != nil {
+			label := ""
+			if i == 0 { // one legend for every tile
+				label = sr.name
+			}
+			if err := addLine(p, leg, label, xys, ls); err != nil {
 				return err
 			}
 		}
 		plots[i/cols][i%cols] = p
 	}
 	const w, tileH = 12 * vg.Inch, 2.6 * vg.Inch
-	img := vgimg.New(w, tileH*vg.Length(rows))
-	dc := draw.New(img)
+	img := vgimg.New(w+legendWidth(leg), tileH*vg.Length(rows))
 	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,
 		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
-	canvases := plot.Align(plots, tiles, dc)
-	for i := range plots {
-		for j, p := range plots[i] {
-			if p != nil {
-				p.Draw(canvases[i][j])
+	drawWithLegend(draw.New(img), func(c draw.Canvas) {
+		canvases := plot.Align(plots, tiles, c)
+		for i := range plots {
+			for j, p := range plots[i] {
+				if p != nil {
+					p.Draw(canvases[i][j])
+				}
 			}
 		}
-	}
+	}, leg)
 	return savePNG(path, img)
 }
 
@@ -242,6 +324,7 @@ func savePNG(path string, img *vgimg.Canvas) error {
 // against concurrency, both axes logarithmic.
 func byConcurrency(path string, s *scenarioReport, m *meta, title, ylabel string, y func(*result) float64) error {
 	p := newPlot(title, "concurrent workers", ylabel)
+	leg := newLegend()
 	order, byVariant := groupByVariant(s)
 	lo, hi := math.Inf(1), 0.0
 	var ticks plot.ConstantTicks
@@ -265,7 +348,7 @@ func byConcurrency(path string, s *scenarioReport, m *meta, title, ylabel string
 				xys = append(xys, plotter.XY{X: float64(r.Concurrency), Y: v})
 			}
 		}
-		if err := addLine(p, legend(name, m), xys, style(name)); err != nil {
+		if err := addLine(p, leg, legend(name, m), xys, style(name)); err != nil {
 			return err
 		}
 		pts, err := plotter.NewScatter(xys)
@@ -278,10 +361,8 @@ func byConcurrency(path string, s *scenarioReport, m *meta, title, ylabel string
 	}
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = ticks
-	// Headroom above the floor for the legend.
-	logY(p, lo/2, hi*10)
-	p.Legend.Left = true
-	return p.Save(8*vg.Inch, 5*vg.Inch, path)
+	logY(p, lo/2, hi*2)
+	return saveWithLegend(p, leg, 8*vg.Inch, 5*vg.Inch, path)
 }
 
 // admissionsOverTime draws each strategy's cumulative admissions on the hot
@@ -289,6 +370,7 @@ func byConcurrency(path string, s *scenarioReport, m *meta, title, ylabel string
 // admission.
 func admissionsOverTime(path string, s *scenarioReport, variants map[string]variant) error {
 	p := newPlot("Admissions on one hot key whose cooldown keeps expiring", "time (s)", "admissions so far")
+	leg := newLegend()
 	cooldown := s.CooldownMS / 1000
 	var end float64
 	for _, r := range s.Results {
@@ -304,7 +386,7 @@ func admissionsOverTime(path string, s *scenarioReport, variants map[string]vari
 			xys = append(xys, plotter.XY{X: pt.T, Y: float64(sum)})
 			end = max(end, pt.T)
 		}
-		if err := addLine(p, r.Variant, xys, style(r.Variant)); err != nil {
+		if err := addLine(p, leg, r.Variant, xys, style(r.Variant)); err != nil {
 			return err
 		}
 	}
@@ -313,11 +395,16 @@ func admissionsOverTime(path string, s *scenarioReport, variants map[string]vari
 	for k := 0.0; k*cooldown <= end; k++ {
 		ideal = append(ideal, plotter.XY{X: k * cooldown, Y: k + 1}, plotter.XY{X: min((k+1)*cooldown, end), Y: k + 1})
 	}
-	if err := addLine(p, "most allowed", ideal, style(floorName)); err != nil {
+	// Thin and grey: a bound, not a measurement, and unlike the floors.
+	// Admissions are timed by the client, which sees two admissions a
+	// cooldown apart on the database clock a little closer now and then:
+	// a line may cross it by one for a moment. The over-admission check
+	// uses the database's clock.
+	bound := draw.LineStyle{Width: vg.Points(0.8), Color: color.Gray{Y: 60}}
+	if err := addLine(p, leg, "most the cooldown allows (client clock)", ideal, bound); err != nil {
 		return err
 	}
-	p.Legend.Left = true
-	return p.Save(8*vg.Inch, 5*vg.Inch, path)
+	return saveWithLegend(p, leg, 8*vg.Inch, 5*vg.Inch, path)
 }
 
 // groupByVariant returns the variants in first-seen order and their

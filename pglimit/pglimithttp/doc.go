@@ -43,6 +43,11 @@
 // limit's burst is not advertised. A cooldown is the limit "cooldown" of one
 // request per window.
 //
+// The handler finds the decision in the request's context ([DecisionFrom]).
+// [Config.OnRefused] replaces the 429 body with one of the application's,
+// the headers already set. [Config.Exempt] and [Config.ExemptKeys] let
+// health checks, internal callers or known keys through unlimited.
+//
 // # When the database fails
 //
 // [Config.OnError] chooses between answering 503 ([Unavailable], the
@@ -53,8 +58,16 @@
 // (an outage is not the client's quota); the fail-closed 429, the longest
 // wait the limits can impose ([pglimit.Policy.LongestWait]).
 //
+// Failures are logged as warnings to [Config.Logger] (slog.Default unless
+// set), at most one line per [Config.LogInterval], each counting the
+// failures left out since the previous one. [Config.OnDecision] sees every
+// one, for metrics.
+//
 // # Client addresses
 //
-// [RemoteIP] keys by the peer address and ignores X-Forwarded-For, which any
-// client can write, unless the peer is one of the configured trusted proxies.
+// [RemoteIP] keys by the peer address and ignores X-Forwarded-For and
+// Forwarded, which any client can write, unless the peer is one of the
+// configured trusted proxies; then it reads the one header those proxies
+// write ([RemoteIPConfig.Header]). IPv6 clients are keyed by their /64
+// ([RemoteIPConfig.IPv6Prefix]), since one end site holds a whole /64.
 package pglimithttp

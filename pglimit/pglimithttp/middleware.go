@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -70,6 +71,7 @@ const (
 	OutcomeFailOpen    Outcome = "fail_open"   // limiter failed; passed to the handler
 	OutcomeFailClosed  Outcome = "fail_closed" // limiter failed; 429
 	OutcomeUnavailable Outcome = "unavailable" // limiter failed; 503
+	OutcomeExempt      Outcome = "exempt"      // Exempt or ExemptKeys: passed to the handler, no decision
 
 	// OutcomeCanceled: the request's context was cancelled while the
 	// limiter decided, as when the client disconnects. The client gave up;
@@ -101,8 +103,40 @@ type CostFunc func(r *http.Request) (int, error)
 // from the limiter ([pglimit.Limiter.Policy]).
 type Config struct {
 	// KeyFunc extracts the limiter key from a request. Defaults to
-	// RemoteIP(nil): the peer's address, X-Forwarded-For ignored.
+	// [RemoteIP] with no trusted proxies: the peer's address (its /64 for
+	// IPv6), forwarding headers ignored.
 	KeyFunc KeyFunc
+
+	// Exempt, when it returns true, lets a request through to the handler
+	// before any key is extracted, unlimited and without RateLimit headers:
+	// health checks, an internal caller authenticated by an earlier
+	// middleware. Defaults to nil: no request is exempt.
+	Exempt func(r *http.Request) bool
+
+	// ExemptKeys are keys that are never limited, such as a monitoring
+	// system's address: a request whose key is one of them goes to the
+	// handler as an Exempt one does. Defaults to none.
+	ExemptKeys []string
+
+	// OnRefused writes the response to a refused request in place of the
+	// default 429 problem+json body: an HTML page, another JSON shape.
+	// Retry-After and the RateLimit headers are already set; it chooses
+	// the status and the body. [DecisionFrom] gives it the decision; a
+	// fail-closed refusal ([FailClosed]) has none. Defaults to nil: the
+	// problem+json 429.
+	OnRefused http.Handler
+
+	// Logger receives a warning when the limiter fails (database down,
+	// timeout), at most one line per LogInterval, the first at once; each
+	// line counts the failures left out since the previous one. During an
+	// outage every request fails, and a line for each would bury the logs
+	// when they matter. Use slog.New(slog.DiscardHandler) for none.
+	// Defaults to slog.Default(), as it is when the failure happens.
+	Logger *slog.Logger
+
+	// LogInterval is the shortest time between two failure lines.
+	// Defaults to 10s.
+	LogInterval time.Duration
 
 	// CostFunc returns a request's cost. Defaults to nil: every request
 	// costs 1.
@@ -132,7 +166,17 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 		c = *cfg
 	}
 	if c.KeyFunc == nil {
-		c.KeyFunc = RemoteIP(nil)
+		c.KeyFunc, _ = RemoteIP(nil) // the defaults are valid
+	}
+	if c.LogInterval < 0 {
+		return nil, fmt.Errorf("%w: LogInterval: must not be negative, got %s", ErrInvalidConfig, c.LogInterval)
+	}
+	exemptKeys := make(map[string]bool, len(c.ExemptKeys))
+	for i, k := range c.ExemptKeys {
+		if err := pglimit.ValidateKey(k); err != nil {
+			return nil, fmt.Errorf("%w: ExemptKeys[%d]: %w", ErrInvalidConfig, i, err)
+		}
+		exemptKeys[k] = true
 	}
 	switch c.OnError {
 	case Unavailable, FailOpen, FailClosed:
@@ -150,7 +194,10 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 			return nil, fmt.Errorf("%w: limiter's Limits[%d].Name: %w", ErrInvalidConfig, i, err)
 		}
 	}
-	m := &middleware{lim: lim, cfg: c, limits: p.Limits, policy: formatPolicy(p.Limits), longest: p.LongestWait()}
+	m := &middleware{
+		lim: lim, cfg: c, exemptKeys: exemptKeys, limits: p.Limits, policy: formatPolicy(p.Limits), longest: p.LongestWait(),
+		failures: &failureLog{log: c.Logger, interval: cmp.Or(c.LogInterval, 10*time.Second)},
+	}
 	m.longestName = p.Limits[0].Name
 	m.unavailable = p.Limits[0].Period / time.Duration(p.Limits[0].Rate)
 	for _, l := range p.Limits {
@@ -170,18 +217,40 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 }
 
 type middleware struct {
-	lim    pglimit.Limiter
-	cfg    Config
-	limits []pglimit.Limit
-	policy string // the RateLimit-Policy field value, the same on every response
+	lim        pglimit.Limiter
+	cfg        Config
+	exemptKeys map[string]bool
+	limits     []pglimit.Limit
+	policy     string // the RateLimit-Policy field value, the same on every response
 	// longest is the longest any limit makes a key wait, longestName the
 	// first limit that does: a fail-closed refusal's.
 	longest     time.Duration
 	longestName string
 	unavailable time.Duration // Retry-After of a 503
+	failures    *failureLog
+}
+
+type decisionKey struct{}
+
+// DecisionFrom returns the decision the middleware made for the request
+// whose context is ctx, as the handler and [Config.OnRefused] see it. It
+// reports false when there was none: an exempt request, or a limiter
+// failure answered by the error policy.
+func DecisionFrom(ctx context.Context) (pglimit.Decision, bool) {
+	d, ok := ctx.Value(decisionKey{}).(pglimit.Decision)
+	return d, ok
+}
+
+func withDecision(r *http.Request, d pglimit.Decision) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), decisionKey{}, d))
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if m.cfg.Exempt != nil && m.cfg.Exempt(r) {
+		m.report(r, Event{Outcome: OutcomeExempt})
+		next.ServeHTTP(w, r)
+		return
+	}
 	key, err := m.cfg.KeyFunc(r)
 	if err == nil {
 		// Checked here so that a bad key is a 400, never a database error.
@@ -193,6 +262,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			Title:  "Bad Request",
 			Detail: "no valid rate limit key in the request: " + err.Error(),
 		})
+		return
+	}
+	if m.exemptKeys[key] {
+		m.report(r, Event{Key: key, Outcome: OutcomeExempt})
+		next.ServeHTTP(w, r)
 		return
 	}
 	cost := 1
@@ -218,7 +292,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeAdmitted, Decision: d})
 		h.Set("RateLimit-Policy", m.policy)
 		h.Set("RateLimit", formatRateLimit(m.binding(d.Limit), d.Remaining, ceilSeconds(d.ResetAfter)))
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, withDecision(r, d))
 	default:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeRefused, Decision: d})
 		names := make([]string, 0, 1)
@@ -228,7 +302,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if len(names) == 0 {
 			names = append(names, m.binding(d.Limit))
 		}
-		m.refuse(w, m.binding(d.Limit), d.Remaining, d.RetryAfter, d.ResetAfter, names)
+		m.refuse(w, withDecision(r, d), m.binding(d.Limit), d.Remaining, d.RetryAfter, d.ResetAfter, names)
 	}
 }
 
@@ -248,6 +322,7 @@ func (m *middleware) badCost(w http.ResponseWriter, r *http.Request, key string,
 
 // fail applies the error policy to a limiter failure.
 func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Handler, key string, cost int, err error) {
+	m.failures.record(time.Now(), "key", key, "on_error", m.cfg.OnError, "err", err)
 	switch m.cfg.OnError {
 	case FailOpen:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeFailOpen, Err: err})
@@ -255,7 +330,7 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Hand
 	case FailClosed:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeFailClosed, Err: err})
 		// As if the limit that makes a key wait longest were exhausted.
-		m.refuse(w, m.longestName, 0, m.longest, m.longest, []string{m.longestName})
+		m.refuse(w, r, m.longestName, 0, m.longest, m.longest, []string{m.longestName})
 	default:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeUnavailable, Err: err})
 		// The cause stays in the server's logs (OnDecision): it names
@@ -269,8 +344,9 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Hand
 }
 
 // refuse writes a 429 that tells the client to wait for wait, reporting the
-// limit named binding with remaining units, reset after reset.
-func (m *middleware) refuse(w http.ResponseWriter, binding string, remaining int, wait, reset time.Duration, violated []string) {
+// limit named binding with remaining units, reset after reset, or hands r
+// to OnRefused with those headers set.
+func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, binding string, remaining int, wait, reset time.Duration, violated []string) {
 	secs := retryAfterSeconds(wait)
 	h := w.Header()
 	h.Set("Retry-After", formatSeconds(secs))
@@ -278,6 +354,10 @@ func (m *middleware) refuse(w http.ResponseWriter, binding string, remaining int
 	// t is never below Retry-After, so a client that reads only
 	// RateLimit does not come back before the request can pass.
 	h.Set("RateLimit", formatRateLimit(binding, remaining, max(secs, ceilSeconds(reset))))
+	if m.cfg.OnRefused != nil {
+		m.cfg.OnRefused.ServeHTTP(w, r)
+		return
+	}
 	writeProblem(w, http.StatusTooManyRequests, problem{
 		Type:             quotaExceededType,
 		Title:            "Too Many Requests",

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,6 +82,9 @@ func setup(t *testing.T, db *pgxpool.Pool, cfg pglimithttp.Config, limCfg pglimi
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /items/{user}", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s, ok := r.Context().Value(probeKey{}).(*seen); ok {
+			s.d, s.ok = pglimithttp.DecisionFrom(r.Context())
+		}
 		fmt.Fprintf(w, "items of %s\n", r.PathValue("user"))
 	})))
 	return mux, b
@@ -200,7 +205,11 @@ func TestBadKeysNeverReachTheDatabase(t *testing.T) {
 
 func TestSpoofedForwardedForIgnored(t *testing.T) {
 	t.Parallel()
-	h, _ := setup(t, nil, pglimithttp.Config{KeyFunc: pglimithttp.RemoteIP(nil)}, pglimit.Config{Cooldown: time.Minute})
+	kf, err := pglimithttp.RemoteIP(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := setup(t, nil, pglimithttp.Config{KeyFunc: kf}, pglimit.Config{Cooldown: time.Minute})
 	send := func(xff string) int {
 		r := httptest.NewRequest("GET", "/items/x", nil)
 		r.RemoteAddr = "192.0.2.10:4000"
@@ -420,6 +429,7 @@ func TestMiddlewareConfig(t *testing.T) {
 	}{
 		"nil limiter":       {nil, &pglimithttp.Config{}},
 		"unknown OnError":   {lim, &pglimithttp.Config{OnError: 42}},
+		"negative interval": {lim, &pglimithttp.Config{LogInterval: -time.Second}},
 		"no limits":         {withPolicy(), nil},
 		"limit name \\r\\n": {withPolicy(pglimit.Limit{Name: "a\r\nX-Injected: 1", Rate: 1, Period: time.Second}), nil},
 		"empty limit name":  {withPolicy(pglimit.Limit{Rate: 1, Period: time.Second}), nil},
@@ -648,5 +658,234 @@ func TestDatabaseDownSeveralLimits(t *testing.T) {
 				t.Fatalf("Retry-After %q, want %s", got, tt.retry)
 			}
 		})
+	}
+}
+
+// Exempt requests reach the handler without a key, a decision or a
+// database call; the others are limited as before.
+func TestExempt(t *testing.T) {
+	t.Parallel()
+	var sawDecision atomic.Bool
+	h, b := setup(t, nil, pglimithttp.Config{
+		Exempt: func(r *http.Request) bool { return r.Header.Get("X-Internal") == "yes" },
+	}, pglimit.Config{Cooldown: time.Minute})
+	probe := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, ok := pglimithttp.DecisionFrom(r.Context())
+		sawDecision.Store(ok)
+		h.ServeHTTP(w, r)
+	})
+	for range 3 {
+		r := httptest.NewRequest("GET", "/items/alice", nil)
+		r.Header.Set("X-Internal", "yes")
+		rec := httptest.NewRecorder()
+		probe.ServeHTTP(rec, r)
+		if rec.Code != 200 || rec.Header().Get("RateLimit") != "" {
+			t.Fatalf("exempt request: %d RateLimit %q, want 200 and no header", rec.Code, rec.Header().Get("RateLimit"))
+		}
+		if ev := b.lastEvent(t); ev.Outcome != pglimithttp.OutcomeExempt {
+			t.Fatalf("event %+v, want OutcomeExempt", ev)
+		}
+	}
+	if n := b.lim.calls.Load(); n != 0 {
+		t.Fatalf("%d exempt requests reached the limiter", n)
+	}
+	if codes := [2]int{get(t, h, "/items/alice").Code, get(t, h, "/items/alice").Code}; codes != [2]int{200, 429} {
+		t.Fatalf("requests that are not exempt: %v, want [200 429]", codes)
+	}
+}
+
+func TestExemptKeys(t *testing.T) {
+	t.Parallel()
+	h, b := setup(t, nil, pglimithttp.Config{ExemptKeys: []string{"monitor"}}, pglimit.Config{Cooldown: time.Minute})
+	for range 3 {
+		if rec := get(t, h, "/items/monitor"); rec.Code != 200 {
+			t.Fatalf("exempt key: %d", rec.Code)
+		}
+		if ev := b.lastEvent(t); ev.Outcome != pglimithttp.OutcomeExempt || ev.Key != "monitor" {
+			t.Fatalf("event %+v", ev)
+		}
+	}
+	if n := b.lim.calls.Load(); n != 0 {
+		t.Fatalf("%d requests of an exempt key reached the limiter", n)
+	}
+	if codes := [2]int{get(t, h, "/items/alice").Code, get(t, h, "/items/alice").Code}; codes != [2]int{200, 429} {
+		t.Fatalf("another key: %v, want [200 429]", codes)
+	}
+	lim, err := pglimit.New(deadPool(t), &pglimit.Config{Cooldown: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "\xff", strings.Repeat("k", pglimit.MaxKeyLength+1)} {
+		_, err := pglimithttp.Middleware(lim, &pglimithttp.Config{ExemptKeys: []string{"ok", bad}})
+		if !errors.Is(err, pglimithttp.ErrInvalidConfig) || !strings.Contains(err.Error(), "ExemptKeys[1]") {
+			t.Errorf("ExemptKeys %q: %v, want ErrInvalidConfig naming ExemptKeys[1]", bad, err)
+		}
+	}
+}
+
+// The handler finds the decision in the request's context; a fail-open
+// request has none.
+func TestDecisionFrom(t *testing.T) {
+	t.Parallel()
+	serve := func(t *testing.T, pool *pgxpool.Pool, onError pglimithttp.ErrorPolicy) (int, seen) {
+		var s seen
+		h, _ := setup(t, pool, pglimithttp.Config{OnError: onError}, pglimit.Config{Limits: itemLimits(20), Timeout: 300 * time.Millisecond})
+		rec := httptest.NewRecorder()
+		r := httptest.NewRequest("GET", "/items/alice", nil)
+		h.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), probeKey{}, &s)))
+		return rec.Code, s
+	}
+	code, s := serve(t, nil, pglimithttp.Unavailable)
+	if code != 200 || !s.ok || !s.d.Allowed || s.d.Remaining != 2 || s.d.Limit.Name != "per-minute" {
+		t.Fatalf("admitted: %d, decision %+v ok=%v; want 200, allowed, 2 remaining under per-minute", code, s.d, s.ok)
+	}
+	code, s = serve(t, deadPool(t), pglimithttp.FailOpen)
+	if code != 200 || s.ok {
+		t.Fatalf("fail-open: %d ok=%v, want 200 and no decision", code, s.ok)
+	}
+	if _, ok := pglimithttp.DecisionFrom(context.Background()); ok {
+		t.Fatal("a context the middleware never saw has a decision")
+	}
+}
+
+// probeKey carries a place where the test handler of setup stores what
+// DecisionFrom returned.
+type probeKey struct{}
+
+// seen is what the test handler found with DecisionFrom.
+type seen = struct {
+	d  pglimit.Decision
+	ok bool
+}
+
+// OnRefused writes refusals, with the headers already set and the
+// decision in the context; a fail-closed refusal reaches it too, without
+// a decision.
+func TestOnRefused(t *testing.T) {
+	t.Parallel()
+	onRefused := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusTooManyRequests)
+		if d, ok := pglimithttp.DecisionFrom(r.Context()); ok {
+			fmt.Fprintf(w, "slow down: %s allows no more; retry after %s s\n", d.Limit.Name, w.Header().Get("Retry-After"))
+			return
+		}
+		fmt.Fprintf(w, "slow down; retry after %s s\n", w.Header().Get("Retry-After"))
+	})
+	h, _ := setup(t, nil, pglimithttp.Config{OnRefused: onRefused}, pglimit.Config{Cooldown: time.Minute})
+	if rec := get(t, h, "/items/alice"); rec.Code != 200 {
+		t.Fatalf("first: %d", rec.Code)
+	}
+	rec := get(t, h, "/items/alice")
+	ra := rec.Header().Get("Retry-After")
+	if rec.Code != 429 || ra == "" || rec.Header().Get("RateLimit") == "" {
+		t.Fatalf("refusal: %d Retry-After %q RateLimit %q", rec.Code, ra, rec.Header().Get("RateLimit"))
+	}
+	if want := "slow down: cooldown allows no more; retry after " + ra + " s\n"; rec.Body.String() != want {
+		t.Fatalf("body %q, want %q", rec.Body, want)
+	}
+
+	fc, _ := setup(t, deadPool(t), pglimithttp.Config{OnRefused: onRefused, OnError: pglimithttp.FailClosed},
+		pglimit.Config{Cooldown: time.Minute, Timeout: 300 * time.Millisecond})
+	rec = get(t, fc, "/items/alice")
+	if rec.Code != 429 || rec.Body.String() != "slow down; retry after 60 s\n" {
+		t.Fatalf("fail-closed: %d %q", rec.Code, rec.Body)
+	}
+}
+
+// Failures are logged without configuration, to slog.Default, one line
+// per interval. Not parallel: it replaces the default logger, and
+// parallel tests start only after the sequential ones are done.
+func TestFailuresLoggedByDefault(t *testing.T) {
+	var buf syncBuffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+
+	h, _ := setup(t, deadPool(t), pglimithttp.Config{}, pglimit.Config{Cooldown: time.Minute, Timeout: 300 * time.Millisecond})
+	for range 5 { // well within the default 10s, even on a slow machine
+		if rec := get(t, h, "/items/alice"); rec.Code != 503 {
+			t.Fatalf("status %d", rec.Code)
+		}
+	}
+	out := buf.String()
+	if n := strings.Count(out, "\n"); n != 1 || !strings.Contains(out, "level=WARN") ||
+		!strings.Contains(out, "pglimithttp: limiter failed") || !strings.Contains(out, "key=alice") || !strings.Contains(out, "suppressed=0") {
+		t.Fatalf("%d lines for 5 failures, want 1 warning naming the key:\n%s", n, out)
+	}
+
+	// A logger of one's own, and an interval that lets every failure
+	// through after the first line's.
+	var own syncBuffer
+	h, _ = setup(t, deadPool(t), pglimithttp.Config{Logger: slog.New(slog.NewTextHandler(&own, nil)), LogInterval: time.Hour},
+		pglimit.Config{Cooldown: time.Minute, Timeout: 300 * time.Millisecond})
+	get(t, h, "/items/bob")
+	get(t, h, "/items/bob")
+	if n := strings.Count(own.String(), "\n"); n != 1 || buf.String() != out {
+		t.Fatalf("own logger: %d lines, default logger grew: %v", n, buf.String() != out)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A real server behind a trusted proxy that writes Forwarded: the key is
+// the client the proxy names, by its /64, whatever the client claims.
+func TestForwardedThroughServer(t *testing.T) {
+	t.Parallel()
+	kf, err := pglimithttp.RemoteIP(&pglimithttp.RemoteIPConfig{
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		Header:         "Forwarded",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, b := setup(t, nil, pglimithttp.Config{KeyFunc: kf}, pglimit.Config{Cooldown: time.Minute})
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	send := func(forwarded string) int {
+		req, err := http.NewRequest("GET", srv.URL+"/items/x", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Forwarded", forwarded)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := send(`for="[2001:db8:1:2::a]:5000"`); code != 200 {
+		t.Fatalf("first: %d", code)
+	}
+	if ev := b.lastEvent(t); ev.Key != "2001:db8:1:2::/64" {
+		t.Fatalf("key %q, want the client's /64", ev.Key)
+	}
+	// Another address of the same /64, claiming to be someone else on the
+	// left: refused.
+	if code := send(`for=198.51.100.1, for="[2001:db8:1:2::b]"`); code != 429 {
+		t.Fatalf("same /64: %d, want 429", code)
+	}
+	if code := send(`for="[2001:db8:1:3::a]"`); code != 200 {
+		t.Fatalf("next /64: %d, want 200", code)
+	}
+	if code := send(`for="[2001:db8::1`); code != 400 {
+		t.Fatalf("malformed Forwarded: %d, want 400", code)
 	}
 }

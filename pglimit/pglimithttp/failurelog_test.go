@@ -1,4 +1,4 @@
-package main
+package pglimithttp
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ func TestFailureLogIsRateLimited(t *testing.T) {
 	if len(lines) != 2 {
 		t.Fatalf("%d log lines for 1000 failures in 20s with a 10s interval, want 2:\n%s", len(lines), buf.String())
 	}
-	if !strings.Contains(lines[0], "suppressed_since_last=0") || !strings.Contains(lines[1], "suppressed_since_last=499") {
+	if !strings.Contains(lines[0], "n=0 suppressed=0") || !strings.Contains(lines[1], "n=500 suppressed=499") {
 		t.Fatalf("lines do not count the failures left out:\n%s", buf.String())
 	}
 }
