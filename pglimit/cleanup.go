@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -211,17 +210,6 @@ func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
 	out.BatchSize = cmp.Or(out.BatchSize, defaultBatchSize)
 	out.Logger = cmp.Or(out.Logger, slog.Default())
 	return out, nil
-}
-
-// cleanupLockID is the advisory lock that the cleaners of one table set
-// compete for: the leader cleans exactly the tables the lock names, so
-// cleaners configured with other tables of the same schema elect a leader
-// of their own instead of waiting forever behind one that never cleans
-// their tables. Order does not matter; identifiers cannot hold the
-// separator.
-func cleanupLockID(schema string, tables []string) int64 {
-	sorted := slices.Sorted(slices.Values(tables))
-	return lockID("pglimit/cleanup/" + schema + "/" + strings.Join(sorted, ","))
 }
 
 // Start checks the tables, then starts the election and the schedule. The
