@@ -68,16 +68,16 @@ var naive = variant{Name: "range-naive", Strategy: pglimit.Range, PlainInsert: t
 // strategy with asynchronous commit and with the local pre-block, then
 // Upsert with the library's other levers.
 func allVariants() []variant {
-	vs := make([]variant, 0, 3*len(pglimit.Strategies)+5)
+	vs := make([]variant, 0, 3*len(pglimit.Strategies())+5)
 	vs = append(vs, peer)
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		vs = append(vs, variant{Name: string(s), Strategy: s})
 	}
 	vs = append(vs, naive)
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		vs = append(vs, variant{Name: string(s) + "-async", Strategy: s, AsyncCommit: true})
 	}
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		vs = append(vs, variant{Name: string(s) + "-preblock", Strategy: s, PreBlock: preBlockSize})
 	}
 	vs = append(vs, variant{Name: "upsert-singleflight", Strategy: pglimit.Upsert, SingleFlight: true},

@@ -31,8 +31,9 @@ const (
 	Range Strategy = "range"
 )
 
-// Strategies lists every strategy, in the order reports show them.
-var Strategies = []Strategy{Upsert, NoWait, Range}
+// Strategies returns every strategy, in the order reports show them. The
+// slice is the caller's.
+func Strategies() []Strategy { return []Strategy{Upsert, NoWait, Range} }
 
 // ParseStrategy returns the strategy named s (case-insensitive).
 func ParseStrategy(s string) (Strategy, error) {

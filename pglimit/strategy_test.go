@@ -33,7 +33,7 @@ func withStrategy(s pglimit.Strategy, edit func(*pglimit.Config)) pglimittest.Ne
 // that change how it talks to the database.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		for _, async := range []bool{false, true} {
 			for _, preblock := range []int{0, 1000} {
 				t.Run(fmt.Sprintf("%s/async=%t/preblock=%d", s, async, preblock), func(t *testing.T) {
@@ -77,7 +77,7 @@ func TestRangePlainInsertSequential(t *testing.T) {
 // transaction id afterwards (any lock or write would have assigned one).
 func TestRefusalWritesNothing(t *testing.T) {
 	t.Parallel()
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
@@ -126,7 +126,7 @@ func TestAsyncCommitStaysInItsStatement(t *testing.T) {
 	}
 	defer pool.Close()
 	schema := pglimittest.Schema(t)
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Minute, AsyncCommit: true})
 		if err != nil {
 			t.Fatal(err)
@@ -161,7 +161,7 @@ func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 func TestPreBlockSparesTheDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			db := &countingDB{Pool: pglimittest.Pool(t)}
@@ -201,7 +201,7 @@ func TestPreBlockSparesTheDatabase(t *testing.T) {
 // needs, every strategy keeps every promise.
 func TestConformanceThroughPgBouncer(t *testing.T) {
 	t.Parallel()
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			pglimittest.Exercise(t, withStrategy(s, nil), pglimittest.WithPool(pglimittest.PgBouncerPool))
@@ -215,7 +215,7 @@ func TestConformanceThroughPgBouncer(t *testing.T) {
 func TestPreBlockResetRace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			pool, schema := pglimittest.Pool(t), pglimittest.Schema(t)
