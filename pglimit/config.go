@@ -90,12 +90,6 @@ type Config struct {
 	// the decision fails with [ErrTimeout]. Defaults to 2s.
 	Timeout time.Duration
 
-	// PlainInsert makes the Range strategy use a plain INSERT and treat an
-	// exclusion violation as a refusal, as the article that inspired this
-	// package did. It exists so the load test can compare; do not use it.
-	// Defaults to false.
-	PlainInsert bool
-
 	// AsyncCommit commits the limiter's own writes with synchronous_commit
 	// off, so an admission does not wait for its WAL flush (+40% admissions
 	// in the README's benchmark on a disk that flushes in 19µs; more where
@@ -197,9 +191,6 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.Invalidator != nil && out.PreBlockSize == 0 {
 		return Config{}, fmt.Errorf("%w: Invalidator applies only with a pre-block (PreBlockSize)", ErrInvalidConfig)
-	}
-	if out.PlainInsert && out.Strategy != Range {
-		return Config{}, fmt.Errorf("%w: PlainInsert applies only to the Range strategy", ErrInvalidConfig)
 	}
 	if out.Strategy == Range && !isCooldown(out.Limits) {
 		return Config{}, fmt.Errorf("%w: Range supports only a cooldown (one GCRA limit with Burst 1); use Upsert or NoWait for other limits", ErrInvalidConfig)

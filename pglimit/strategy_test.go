@@ -48,30 +48,6 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-// PlainInsert is the article's form, kept for the load test. It does not
-// pass the suite: racing plain INSERTs on one key can deadlock (40P01), and
-// the deadlock victim may be the request that would have been admitted.
-// Without contention it decides like Range.
-func TestRangePlainInsertSequential(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{
-		Strategy: pglimit.Range, PlainInsert: true, Schema: pglimittest.Schema(t), Cooldown: time.Minute,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, want := range []bool{true, false, false} {
-		d, err := lim.Allow(ctx, "k")
-		if err != nil || d.Allowed != want {
-			t.Fatalf("request %d: %+v, %v; want Allowed=%t", i, d, err, want)
-		}
-		if !d.Allowed && (d.RetryAfter <= 0 || d.RetryAfter > time.Minute) {
-			t.Fatalf("request %d: RetryAfter %s, want in (0, 1m]", i, d.RetryAfter)
-		}
-	}
-}
-
 // A refusal for a key in cooldown takes no row lock and writes nothing, so
 // it never waits for a WAL flush: the transaction it ran in has no
 // transaction id afterwards (any lock or write would have assigned one).
