@@ -303,7 +303,7 @@ func failures(res *result, v variant) []string {
 		out = append(out, fmt.Sprintf("%s over-admitted (database record): %d admitted, %d allowed, %d over, %d %s %v",
 			where, c.Admitted, c.MaxAllowed, c.OverAdmitted, c.Violations, broken, c.Malformed))
 	}
-	if v.Strategy == pglimit.Range && !v.PlainInsert {
+	if v.Strategy == pglimit.Range && !v.Naive {
 		deadlocks := res.Errors["40P01"]
 		if res.DB != nil {
 			deadlocks = max(deadlocks, res.DB.Deadlocks)

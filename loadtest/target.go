@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/pglimit"
@@ -21,7 +22,7 @@ import (
 type variant struct {
 	Name         string
 	Strategy     pglimit.Strategy
-	PlainInsert  bool
+	Naive        bool   // the article's plain-INSERT Range (naive.go), not a pglimit option
 	AsyncCommit  bool   // pglimit.Config.AsyncCommit
 	PreBlock     int    // pglimit.Config.PreBlockSize
 	SingleFlight bool   // pglimit.Config.SingleFlight
@@ -61,23 +62,23 @@ var (
 )
 
 // naive is the Range strategy with the article's plain INSERT.
-var naive = variant{Name: "range-naive", Strategy: pglimit.Range, PlainInsert: true}
+var naive = variant{Name: "range-naive", Strategy: pglimit.Range, Naive: true}
 
 // allVariants lists what a run can compare, in report order: the peer, the
 // strategies as they are by default, the article's Range, then each
 // strategy with asynchronous commit and with the local pre-block, then
 // Upsert with the library's other levers.
 func allVariants() []variant {
-	vs := make([]variant, 0, 3*len(pglimit.Strategies)+5)
+	vs := make([]variant, 0, 3*len(pglimit.Strategies())+5)
 	vs = append(vs, peer)
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		vs = append(vs, variant{Name: string(s), Strategy: s})
 	}
 	vs = append(vs, naive)
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		vs = append(vs, variant{Name: string(s) + "-async", Strategy: s, AsyncCommit: true})
 	}
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		vs = append(vs, variant{Name: string(s) + "-preblock", Strategy: s, PreBlock: preBlockSize})
 	}
 	vs = append(vs, variant{Name: "upsert-singleflight", Strategy: pglimit.Upsert, SingleFlight: true},
@@ -221,26 +222,7 @@ func (s *poolSession) deciders(v variant, cooldown time.Duration, limits []pglim
 			}
 			continue
 		}
-		var inv *pglimit.Invalidator
-		if v.Invalidate {
-			var err error
-			if inv, err = s.invalidator(p); err != nil {
-				return nil, err
-			}
-		}
-		lim, err := pglimit.New(p, &pglimit.Config{
-			Strategy:     v.Strategy,
-			PlainInsert:  v.PlainInsert,
-			AsyncCommit:  v.AsyncCommit,
-			PreBlockSize: v.PreBlock,
-			Invalidator:  inv,
-			SingleFlight: v.SingleFlight,
-			Table:        v.Table,
-			Cooldown:     cooldown,
-			Limits:       limits,
-			Namespace:    namespace,
-			Schema:       s.schemas[v.Name],
-		})
+		lim, err := s.limiter(p, v, cooldown, limits)
 		if err != nil {
 			return nil, err
 		}
@@ -250,6 +232,32 @@ func (s *poolSession) deciders(v variant, cooldown time.Duration, limits []pglim
 		}
 	}
 	return out, nil
+}
+
+// limiter returns variant v's limiter on pool p.
+func (s *poolSession) limiter(p *pgxpool.Pool, v variant, cooldown time.Duration, limits []pglimit.Limit) (pglimit.Limiter, error) {
+	if v.Naive {
+		return newNaiveRange(p, pgx.Identifier{s.schemas[v.Name], tableOf(v)}, namespace, cooldown)
+	}
+	var inv *pglimit.Invalidator
+	if v.Invalidate {
+		var err error
+		if inv, err = s.invalidator(p); err != nil {
+			return nil, err
+		}
+	}
+	return pglimit.New(p, &pglimit.Config{
+		Strategy:     v.Strategy,
+		AsyncCommit:  v.AsyncCommit,
+		PreBlockSize: v.PreBlock,
+		Invalidator:  inv,
+		SingleFlight: v.SingleFlight,
+		Table:        v.Table,
+		Cooldown:     cooldown,
+		Limits:       limits,
+		Namespace:    namespace,
+		Schema:       s.schemas[v.Name],
+	})
 }
 
 // invalidatorWait bounds how long an instance waits for its Invalidator to

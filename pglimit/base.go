@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -57,18 +56,6 @@ func (b *base) Policy() Policy {
 	p := *b.policy
 	p.Limits = append([]Limit(nil), p.Limits...)
 	return p
-}
-
-// keyLockClass is the first half of the advisory lock a first request
-// takes on its key (the second is the key's hash, computed in SQL): one
-// class per table and namespace, so that limiters on other tables or
-// namespaces never wait for each other.
-func keyLockClass(table, namespace string) int32 {
-	h := fnv.New32a()
-	h.Write([]byte(table))
-	h.Write([]byte{0})
-	h.Write([]byte(namespace))
-	return int32(h.Sum32())
 }
 
 // checkCost validates n for AllowN: positive, and no more than every limit

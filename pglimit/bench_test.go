@@ -22,7 +22,8 @@ import (
 //
 // The test server runs with fsync off, so these figures show CPU and round
 // trips, not the cost of durable commits; `go run ./loadtest` measures
-// that, under concurrency.
+// that, under concurrency, beside the article's plain-INSERT Range
+// (range-naive), which lives with it.
 //
 //	go test -run '^$' -bench Allow -benchtime 2000x ./pglimit
 func BenchmarkAllow(b *testing.B) {
@@ -45,7 +46,6 @@ func BenchmarkAllow(b *testing.B) {
 		{name: "upsert", cfg: pglimit.Config{Strategy: pglimit.Upsert}},
 		{name: "nowait", cfg: pglimit.Config{Strategy: pglimit.NoWait}},
 		{name: "range", cfg: pglimit.Config{Strategy: pglimit.Range}},
-		{name: "range-naive", cfg: pglimit.Config{Strategy: pglimit.Range, PlainInsert: true}},
 		// The pre-block answers a hot key in process: no round trip.
 		{name: "upsert-preblock", cfg: pglimit.Config{Strategy: pglimit.Upsert, PreBlockSize: 1000}},
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,15 +120,21 @@ type Cleaner struct {
 	cfg     CleanerConfig
 	elector *leadership.Elector
 
-	mu      sync.Mutex // guards state; orders running.Add before running.Wait
-	state   cleanerState
-	sched   gocron.Scheduler
-	tables  []cleanup.Table
-	running sync.WaitGroup // runs in progress
+	// mu orders Start and Stop. Start sets sched, tables and cancelRun
+	// under it, before the loop starts; they never change after.
+	mu        sync.Mutex
+	state     cleanerState
+	sched     gocron.Scheduler
+	tables    []cleanup.Table
+	cancelRun context.CancelFunc // cancels the loop's batch when Stop's grace runs out
 
-	stopping  atomic.Bool
-	runCtx    context.Context // cancelled when Stop's grace runs out
-	cancelRun context.CancelFunc
+	// All the work runs on one goroutine, loop: gocron keeps time and asks
+	// the elector, and its job only offers the loop a tick, never waiting
+	// for it. So runs never overlap, Stop has one goroutine to wait for,
+	// and once Stop has closed stop no batch begins.
+	tick chan struct{} // gocron's job to the loop; dropped while a run is on
+	stop chan struct{} // closed when Stop begins
+	done chan struct{} // closed when the loop has returned
 
 	runs, batches, rowsDeleted, errs atomic.Uint64
 	lastSuccess, lastDuration        atomic.Int64 // UnixNano; nanoseconds
@@ -154,7 +159,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
 		return nil, err
 	}
 	c.Logger = c.Logger.With("schema", c.Schema)
-	cl := &Cleaner{pool: pool, cfg: c}
+	cl := &Cleaner{pool: pool, cfg: c, tick: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	hooks := c.hooks
 	cl.elector = leadership.New(leadership.Config{
 		Acquire:  cl.acquire,
@@ -213,17 +218,6 @@ func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
 	return out, nil
 }
 
-// cleanupLockID is the advisory lock that the cleaners of one table set
-// compete for: the leader cleans exactly the tables the lock names, so
-// cleaners configured with other tables of the same schema elect a leader
-// of their own instead of waiting forever behind one that never cleans
-// their tables. Order does not matter; identifiers cannot hold the
-// separator.
-func cleanupLockID(schema string, tables []string) int64 {
-	sorted := slices.Sorted(slices.Values(tables))
-	return lockID("pglimit/cleanup/" + schema + "/" + strings.Join(sorted, ","))
-}
-
 // Start checks the tables, then starts the election and the schedule. The
 // first run comes one Interval after Start. ctx bounds the checks only; the
 // cleaner runs until [Cleaner.Stop]. A cleaner starts at most once.
@@ -248,16 +242,17 @@ func (c *Cleaner) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pglimit: cleaner: %w", err)
 	}
-	_, err = sched.NewJob(gocron.DurationJob(c.cfg.Interval), gocron.NewTask(c.run),
-		gocron.WithName("pglimit cleanup "+c.cfg.Schema),
-		gocron.WithSingletonMode(gocron.LimitModeReschedule))
+	_, err = sched.NewJob(gocron.DurationJob(c.cfg.Interval), gocron.NewTask(c.offerTick),
+		gocron.WithName("pglimit cleanup "+c.cfg.Schema))
 	if err != nil {
 		_ = sched.Shutdown()
 		return fmt.Errorf("pglimit: cleaner: %w", err)
 	}
 	c.tables, c.sched = tables, sched
-	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
 	c.state = cleanerStarted
+	runCtx, cancel := context.WithCancel(context.Background())
+	c.cancelRun = cancel
+	go c.loop(runCtx)
 	c.elector.Start()
 	sched.Start()
 	return nil
@@ -271,36 +266,33 @@ func (c *Cleaner) Start(ctx context.Context) error {
 // stopped, does nothing.
 func (c *Cleaner) Stop(ctx context.Context) error {
 	c.mu.Lock()
-	if c.state != cleanerStarted {
-		c.state = cleanerStopped
-		c.mu.Unlock()
+	started := c.state == cleanerStarted
+	c.state = cleanerStopped
+	if started {
+		close(c.stop) // from here on no batch begins
+	}
+	c.mu.Unlock()
+	if !started {
 		return nil
 	}
-	c.state = cleanerStopped
-	c.stopping.Store(true)
-	c.mu.Unlock()
 	if h := c.cfg.hooks; h != nil && h.stopping != nil {
 		h.stopping()
 	}
 
-	var err error
-	idle := make(chan struct{})
-	go func() {
-		c.running.Wait()
-		close(idle)
-	}()
+	// The job never waits for the loop, so this returns at once.
+	err := c.sched.Shutdown()
+	if err != nil {
+		err = fmt.Errorf("pglimit: cleaner: stop scheduler: %w", err)
+	}
 	select {
-	case <-idle:
+	case <-c.done:
 	case <-ctx.Done():
 		c.cancelRun()
-		<-idle // prompt: a cancelled query returns at once
-		err = fmt.Errorf("pglimit: cleaner: stop: running batch cancelled: %w", context.Cause(ctx))
+		<-c.done // prompt: a cancelled query returns at once
+		err = errors.Join(err, fmt.Errorf("pglimit: cleaner: stop: running batch cancelled: %w", context.Cause(ctx)))
 	}
 	c.cancelRun()
-	// No run is in progress and none can start, so this returns at once.
-	if serr := c.sched.Shutdown(); serr != nil {
-		err = errors.Join(err, fmt.Errorf("pglimit: cleaner: stop scheduler: %w", serr))
-	}
+	// Last, so that no other instance leads while this one still deletes.
 	c.elector.Stop(ctx)
 	return err
 }
@@ -338,28 +330,49 @@ func (c *Cleaner) acquire(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// enter registers a run unless the cleaner is stopping.
-func (c *Cleaner) enter() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.state != cleanerStarted {
-		return false
+// offerTick is the scheduled job: gocron calls it only while the elector
+// says this instance leads. A tick that comes while a run is on is
+// dropped, as gocron's singleton mode would.
+func (c *Cleaner) offerTick() {
+	select {
+	case c.tick <- struct{}{}:
+	default:
 	}
-	c.running.Add(1)
-	return true
 }
 
-// run is the scheduled job: gocron calls it only while the elector says
-// this instance leads, and never twice at once.
-func (c *Cleaner) run() {
-	if !c.enter() {
-		return
+// loop runs a cleanup for each tick until Stop; ctx ends only when Stop's
+// grace runs out.
+func (c *Cleaner) loop(ctx context.Context) {
+	defer close(c.done)
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.tick:
+			c.run(ctx)
+		}
 	}
-	defer c.running.Done()
+}
+
+// stopping reports whether Stop has begun.
+func (c *Cleaner) stopping() bool {
+	select {
+	case <-c.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// run is one cleanup: every table, batch after batch.
+func (c *Cleaner) run(ctx context.Context) {
+	if c.stopping() {
+		return // the tick and stop came together
+	}
 	c.runs.Add(1)
 	start := time.Now()
 	var deleted int64
-	err := c.sweep(&deleted)
+	err := c.sweep(ctx, &deleted)
 	end := time.Now()
 	c.lastDuration.Store(int64(end.Sub(start)))
 	switch {
@@ -378,16 +391,16 @@ func (c *Cleaner) run() {
 // sweep deletes batches from each table until a batch comes back short (or,
 // for a table swept by blocks, until the blocks it had when the run began
 // are done), or the cleaner stops.
-func (c *Cleaner) sweep(deleted *int64) error {
+func (c *Cleaner) sweep(ctx context.Context, deleted *int64) error {
 	for _, t := range c.tables {
 		if t.Sweep {
-			if err := c.sweepBlocks(t, deleted); err != nil {
+			if err := c.sweepBlocks(ctx, t, deleted); err != nil {
 				return err
 			}
 			continue
 		}
-		for !c.stopping.Load() {
-			n, err := c.batch(t, func(ctx context.Context, conn *pgx.Conn) (int64, error) {
+		for !c.stopping() {
+			n, err := c.batch(ctx, t, func(ctx context.Context, conn *pgx.Conn) (int64, error) {
 				return t.DeleteBatch(ctx, conn, c.cfg.Retention, c.cfg.BatchSize)
 			})
 			*deleted += n
@@ -406,11 +419,11 @@ func (c *Cleaner) sweep(deleted *int64) error {
 // its updates HOT, in batches of sweepSpan blocks: a batch reads those
 // blocks only, and one run reads the table once. A batch that deletes
 // BatchSize rows is run again on the same blocks.
-func (c *Cleaner) sweepBlocks(t cleanup.Table, deleted *int64) error {
+func (c *Cleaner) sweepBlocks(ctx context.Context, t cleanup.Table, deleted *int64) error {
 	span := int64(max(c.cfg.BatchSize/sweepRowsPerBlock, 1))
-	for from, end := int64(0), int64(-1); (end < 0 || from < end) && !c.stopping.Load(); {
+	for from, end := int64(0), int64(-1); (end < 0 || from < end) && !c.stopping(); {
 		var blocks int64
-		n, err := c.batch(t, func(ctx context.Context, conn *pgx.Conn) (n int64, err error) {
+		n, err := c.batch(ctx, t, func(ctx context.Context, conn *pgx.Conn) (n int64, err error) {
 			n, blocks, err = t.DeleteBlocks(ctx, conn, c.cfg.Retention, from, from+span, c.cfg.BatchSize)
 			return n, err
 		})
@@ -436,11 +449,12 @@ const sweepRowsPerBlock = 16
 // errCancelled ends a run whose batch Stop cancelled.
 var errCancelled = errors.New("batch cancelled by Stop")
 
-// batch runs one DELETE, del, of table t on the leader's connection.
-func (c *Cleaner) batch(t cleanup.Table, del func(ctx context.Context, conn *pgx.Conn) (int64, error)) (int64, error) {
+// batch runs one DELETE, del, of table t on the leader's connection. runCtx
+// ends when Stop's grace runs out.
+func (c *Cleaner) batch(runCtx context.Context, t cleanup.Table, del func(ctx context.Context, conn *pgx.Conn) (int64, error)) (int64, error) {
 	// statement_timeout ends a slow batch on the server and keeps the
 	// connection; this deadline is only a backstop for a silent network.
-	ctx, cancel := context.WithTimeout(c.runCtx, c.cfg.BatchTimeout+batchClientTimeoutMargin)
+	ctx, cancel := context.WithTimeout(runCtx, c.cfg.BatchTimeout+batchClientTimeoutMargin)
 	defer cancel()
 	if h := c.cfg.hooks; h != nil && h.batchWait != nil {
 		h.batchWait(t.Name)
@@ -460,7 +474,7 @@ func (c *Cleaner) batch(t cleanup.Table, del func(ctx context.Context, conn *pgx
 	switch {
 	case errors.Is(err, leadership.ErrNotLeader):
 		return 0, err
-	case err != nil && c.runCtx.Err() != nil:
+	case err != nil && runCtx.Err() != nil:
 		return 0, errCancelled // Stop's grace ran out: not a failure of the cleanup
 	case err != nil:
 		c.errs.Add(1)

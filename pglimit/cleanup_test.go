@@ -73,6 +73,8 @@ type fleet struct {
 	beforeBatch           atomic.Pointer[func()] // if set, called as a batch starts
 	stops                 atomic.Int32           // Stop calls that have begun stopping
 
+	lockKey atomic.Int64 // the advisory lock of the last cleaner added
+
 	mu       sync.Mutex
 	acquired []leaderEvent // every time an instance became leader
 }
@@ -106,6 +108,7 @@ func (f *fleet) add(t testing.TB, edit func(*pglimit.CleanerConfig)) *pglimit.Cl
 	if edit != nil {
 		edit(cfg)
 	}
+	f.lockKey.Store(pglimit.CleanerLockKey(cfg.Schema, cfg.Tables...))
 	pglimit.SetCleanerHooks(cfg, pglimit.CleanerHooks{
 		BatchStart: func(string) {
 			now := f.inFlight.Add(1)
@@ -173,14 +176,14 @@ func (f *fleet) oneLeader(t *testing.T) int {
 	return f.leaders()[0]
 }
 
-// lockHolder returns the backend pid holding the fleet's advisory lock, or
-// 0, and how many sessions hold it.
+// lockHolder returns the backend pid holding the advisory lock of the
+// fleet's last cleaner, or 0, and how many sessions hold it.
 func (f *fleet) lockHolder(t *testing.T) (pid int32, holders int) {
 	t.Helper()
 	rows, err := f.admin.Query(context.Background(), `
 SELECT pid FROM pg_locks
 WHERE locktype = 'advisory' AND granted AND objsubid = 1
-  AND (classid::bigint << 32 | objid::bigint) = $1`, pglimit.CleanerLockKey(f.schema))
+  AND (classid::bigint << 32 | objid::bigint) = $1`, f.lockKey.Load())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,14 +437,18 @@ func TestCleanerLargeBacklog(t *testing.T) {
 		s.RowsDeleted, s.Batches, took.Round(time.Millisecond), float64(s.RowsDeleted)/took.Seconds(), allowed)
 }
 
-// Stop waits for a batch that is running, then stops before the next.
+// Stop waits for a batch that is running, then stops before the next, and
+// gives up leadership last: until the batch has ended, no other instance
+// leads; once Stop has returned, another does.
 func TestCleanerStopWaitsForBatch(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t, 1, func(c *pglimit.CleanerConfig) {
+	f := newFleet(t, 2, func(c *pglimit.CleanerConfig) {
 		c.Tables = []string{"pglimit_upsert"}
 		c.BatchSize = 10
 	})
-	c := f.cleaners[0]
+	leader := f.oneLeader(t)
+	c := f.cleaners[leader]
+	pid, _ := f.lockHolder(t)
 	f.seedKeys(t, "pglimit_upsert", "k", 50, "-1 hour")
 
 	// Hold the first batch that starts after the seed, recording the stats
@@ -460,6 +467,12 @@ func TestCleanerStopWaitsForBatch(t *testing.T) {
 	stopped := make(chan error, 1)
 	go func() { stopped <- c.Stop(context.Background()) }()
 	f.w.until(t, "Stop to begin", func() bool { return f.stops.Load() > 0 })
+	if l := f.leaders(); len(l) != 1 || l[0] != leader {
+		t.Errorf("while the stopping leader's batch runs, instances %v lead, want only %d", l, leader)
+	}
+	if holder, n := f.lockHolder(t); holder != pid || n != 1 {
+		t.Errorf("while the stopping leader's batch runs, backend %d (of %d) holds the lock, want the leader's %d", holder, n, pid)
+	}
 	close(release)
 	if err := <-stopped; err != nil {
 		t.Fatalf("Stop: %v", err)
@@ -467,6 +480,9 @@ func TestCleanerStopWaitsForBatch(t *testing.T) {
 	s := c.Stats()
 	if s.Batches != before.Batches+1 || s.RowsDeleted != before.RowsDeleted+10 || s.Leader {
 		t.Fatalf("before the held batch: %+v; after Stop: %+v; want that one batch of 10 rows finished, no other, and leadership released", before, s)
+	}
+	if next := f.oneLeader(t); next == leader {
+		t.Fatalf("instance %d leads after its Stop", next)
 	}
 }
 

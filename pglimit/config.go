@@ -31,8 +31,9 @@ const (
 	Range Strategy = "range"
 )
 
-// Strategies lists every strategy, in the order reports show them.
-var Strategies = []Strategy{Upsert, NoWait, Range}
+// Strategies returns every strategy, in the order reports show them. The
+// slice is the caller's.
+func Strategies() []Strategy { return []Strategy{Upsert, NoWait, Range} }
 
 // ParseStrategy returns the strategy named s (case-insensitive).
 func ParseStrategy(s string) (Strategy, error) {
@@ -88,12 +89,6 @@ type Config struct {
 	// Timeout bounds each decision on top of the caller's context; past it
 	// the decision fails with [ErrTimeout]. Defaults to 2s.
 	Timeout time.Duration
-
-	// PlainInsert makes the Range strategy use a plain INSERT and treat an
-	// exclusion violation as a refusal, as the article that inspired this
-	// package did. It exists so the load test can compare; do not use it.
-	// Defaults to false.
-	PlainInsert bool
 
 	// AsyncCommit commits the limiter's own writes with synchronous_commit
 	// off, so an admission does not wait for its WAL flush (+40% admissions
@@ -196,9 +191,6 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.Invalidator != nil && out.PreBlockSize == 0 {
 		return Config{}, fmt.Errorf("%w: Invalidator applies only with a pre-block (PreBlockSize)", ErrInvalidConfig)
-	}
-	if out.PlainInsert && out.Strategy != Range {
-		return Config{}, fmt.Errorf("%w: PlainInsert applies only to the Range strategy", ErrInvalidConfig)
 	}
 	if out.Strategy == Range && !isCooldown(out.Limits) {
 		return Config{}, fmt.Errorf("%w: Range supports only a cooldown (one GCRA limit with Burst 1); use Upsert or NoWait for other limits", ErrInvalidConfig)

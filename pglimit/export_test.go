@@ -15,10 +15,10 @@ func SetCleanerHooks(cfg *CleanerConfig, h CleanerHooks) {
 	cfg.hooks = &cleanerHooks{batchStart: h.BatchStart, batchEnd: h.BatchEnd, leader: h.Leader, stopping: h.Stopping, batchWait: h.BatchWait}
 }
 
-// CleanerLockKey is the advisory lock key the cleaners of schema with the
-// default tables compete for.
-func CleanerLockKey(schema string) int64 {
-	c, _ := (&CleanerConfig{Schema: schema}).withDefaults()
+// CleanerLockKey is the advisory lock key the cleaners of schema and
+// tables (none: the default tables) compete for.
+func CleanerLockKey(schema string, tables ...string) int64 {
+	c, _ := (&CleanerConfig{Schema: schema, Tables: tables}).withDefaults()
 	return cleanupLockID(c.Schema, c.Tables)
 }
 

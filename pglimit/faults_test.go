@@ -99,7 +99,7 @@ func TestRecoversFromOutages(t *testing.T) {
 			return err
 		}},
 	}
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		for _, fault := range faults {
 			pool := pglimittest.ServerPool(t, srv, 4)
 			lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Namespace: string(s) + fault.name, Cooldown: time.Minute, Timeout: timeout})
@@ -145,7 +145,7 @@ func TestRecoversFromOutages(t *testing.T) {
 func TestTimeoutOnHeldKeyLeavesPoolHealthy(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			schema := pglimittest.Schema(t)
@@ -282,7 +282,7 @@ func TestCrashKeepsAcknowledgedAdmissions(t *testing.T) {
 	if err := pglimit.Migrate(ctx, admin, "public"); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		for _, async := range []bool{false, true} {
 			pool := pglimittest.ServerPool(t, srv, 8)
 			ns := fmt.Sprintf("%s-async-%t", s, async)

@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// stmtLimiter is every strategy that decides in one statement, all of them
-// but Range with PlainInsert. The strategies differ only in their SQL and
-// in which error means "someone else is deciding" (see strategy_*.go).
+// stmtLimiter is every strategy: each decides in one statement. The
+// strategies differ only in their SQL and in which error means "someone
+// else is deciding" (see strategy_*.go).
 //
 // A single GCRA limit (a cooldown among them) has its own statement, the
 // cheapest: the TAT is the row's expires_at. Any other set of limits, and

@@ -337,7 +337,7 @@ func TestLimitsBadInput(t *testing.T) {
 	mixed := []pglimit.Limit{{Name: "g", Rate: 5, Period: time.Second, Burst: 3}, {Name: "f", Rate: 4, Period: time.Second, Algorithm: pglimit.FixedWindow}}
 	gcraOnly := []pglimit.Limit{{Name: "g", Rate: 5, Period: time.Second, Burst: 3}}
 	window := []pglimit.Limit{{Name: "s", Rate: 2, Period: time.Second, Algorithm: pglimit.SlidingWindow}}
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		newLim := func(limits []pglimit.Limit) pglimit.Limiter {
 			cfg := pglimit.Config{Strategy: s, Schema: schema, Limits: limits, Namespace: "bad-" + string(s)}
 			if s == pglimit.Range {

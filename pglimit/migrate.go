@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -258,21 +257,4 @@ func pollLock(ctx context.Context, try func() (bool, error)) error {
 		}
 		pause = min(2*pause, maxPause)
 	}
-}
-
-// setupLockID serializes the part of Migrate that touches the whole
-// database.
-var setupLockID = lockID("pglimit/migrate")
-
-// migrationLockID gives each schema its own goose lock, so migrating one
-// schema never waits for another (and never for other goose users, whose
-// default lock id is shared).
-func migrationLockID(schema string) int64 {
-	return lockID("pglimit/migrate/" + schema)
-}
-
-func lockID(name string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte(name))
-	return int64(h.Sum64() >> 1)
 }

@@ -126,7 +126,6 @@ func (p Policy) LongestWait() time.Duration {
 // DB is what a limiter needs from PostgreSQL. *pgxpool.Pool, *pgx.Conn and
 // pgx.Tx satisfy it.
 type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }

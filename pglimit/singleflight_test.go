@@ -19,7 +19,7 @@ import (
 // the pre-block, and behind PgBouncer.
 func TestConformanceSingleFlight(t *testing.T) {
 	t.Parallel()
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			pglimittest.Exercise(t, withStrategy(s, func(c *pglimit.Config) { c.SingleFlight = true }))
@@ -74,7 +74,7 @@ func (r errRow) Scan(...any) error { return r.err }
 func TestSingleFlightSparesTheDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			db := newGatedDB(t)

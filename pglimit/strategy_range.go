@@ -2,10 +2,7 @@ package pglimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Range inserts [now, now+cooldown) into a table whose exclusion constraint
@@ -54,9 +51,6 @@ SELECT (SELECT (extract(epoch FROM max(upper(t.during))) * 1000000)::bigint FROM
 FROM (SELECT clock_timestamp() AS now) AS c`
 
 func newRange(b base, table string) Limiter {
-	if b.cfg.PlainInsert {
-		return newPlainRange(b, table)
-	}
 	l := newStmtLimiter(b, table, rangeAllowSQL, "", "")
 	l.peekSQL = fmt.Sprintf(rangePeekSQL, table)
 	l.verify = func(ctx context.Context, db DB) error { return verifyExclusion(ctx, db, table) }
@@ -78,93 +72,4 @@ func verifyExclusion(ctx context.Context, db DB, table string) error {
 		return fmt.Errorf("%w: %s", ErrNoExclusionConstraint, table)
 	}
 	return nil
-}
-
-// plainRangeLimiter is the article's form of Range: a plain INSERT, where an
-// exclusion violation means refused. Racing plain INSERTs on one key can
-// deadlock (40P01); it exists so the load test can show that. Everything but
-// the decision itself is Range's.
-type plainRangeLimiter struct {
-	*stmtLimiter
-	insertSQL string
-	lookupSQL string
-}
-
-var _ Limiter = (*plainRangeLimiter)(nil)
-
-const (
-	rangePlainInsertSQL = `
-INSERT INTO %s (namespace, key, during)
-VALUES ($1, $2, tstzrange(statement_timestamp(), statement_timestamp() + $3::bigint * interval '1 microsecond'))
-RETURNING (extract(epoch FROM upper(during)) * 1000000)::bigint, (extract(epoch FROM statement_timestamp()) * 1000000)::bigint`
-
-	rangeLookupSQL = `
-SELECT (extract(epoch FROM upper(during)) * 1000000)::bigint, (extract(epoch FROM statement_timestamp()) * 1000000)::bigint
-FROM %s
-WHERE namespace = $1 AND key = $2 AND during && tstzrange(statement_timestamp(), NULL)
-ORDER BY upper(during) DESC
-LIMIT 1`
-)
-
-func newPlainRange(b base, table string) *plainRangeLimiter {
-	return &plainRangeLimiter{
-		stmtLimiter: newStmtLimiter(b, table, rangeAllowSQL, "", ""),
-		insertSQL:   fmt.Sprintf(rangePlainInsertSQL, table),
-		lookupSQL:   fmt.Sprintf(rangeLookupSQL, table),
-	}
-}
-
-func (l *plainRangeLimiter) Allow(ctx context.Context, key string) (Decision, error) {
-	return l.AllowN(ctx, key, 1)
-}
-
-func (l *plainRangeLimiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
-	if err := l.checkCost(n); err != nil {
-		return Decision{}, err
-	}
-	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
-		return l.allow(ctx, l.db, key, false)
-	})
-}
-
-func (l *plainRangeLimiter) AllowTx(ctx context.Context, tx pgx.Tx, key string) (Decision, error) {
-	return l.AllowTxN(ctx, tx, key, 1)
-}
-
-func (l *plainRangeLimiter) AllowTxN(ctx context.Context, tx pgx.Tx, key string, n int) (Decision, error) {
-	if err := l.checkCost(n); err != nil {
-		return Decision{}, err
-	}
-	return l.decide(ctx, key, true, false, func(ctx context.Context) (Decision, error) {
-		return l.allow(ctx, tx, key, true)
-	})
-}
-
-// allow runs the INSERT; inside a caller's transaction it runs in a
-// savepoint so that the violation does not abort the caller's work.
-func (l *plainRangeLimiter) allow(ctx context.Context, db DB, key string, inTx bool) (Decision, error) {
-	var tat, now int64
-	insert := func(q DB) error {
-		return q.QueryRow(ctx, l.insertSQL, l.args.namespace, key, l.emission).Scan(&tat, &now)
-	}
-	var err error
-	if inTx {
-		err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return insert(tx) })
-	} else {
-		err = insert(db)
-	}
-	if err == nil {
-		return l.gcraDecision(true, tat, now, 1), nil
-	}
-	if pgCode(err) != codeExclusionViolation {
-		return Decision{}, err
-	}
-	err = db.QueryRow(ctx, l.lookupSQL, l.args.namespace, key).Scan(&tat, &now)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return l.lostRace(), nil
-	case err != nil:
-		return Decision{}, err
-	}
-	return l.gcraDecision(false, tat, now, 1), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +58,21 @@ func TestValidateIdentifier(t *testing.T) {
 	} {
 		if err := pglimit.ValidateIdentifier(tt.name); (err == nil) != tt.ok {
 			t.Errorf("ValidateIdentifier(%q) = %v, want ok=%t", tt.name, err, tt.ok)
+		}
+	}
+}
+
+// A caller that changes the list it got changes nobody else's.
+func TestStrategiesIsTheCallers(t *testing.T) {
+	t.Parallel()
+	got := pglimit.Strategies()
+	got[0] = "redis"
+	if again := pglimit.Strategies(); !slices.Equal(again, []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait, pglimit.Range}) {
+		t.Errorf("Strategies() after a caller changed its copy = %v", again)
+	}
+	for _, s := range pglimit.Strategies() {
+		if got, err := pglimit.ParseStrategy(string(s)); err != nil || got != s {
+			t.Errorf("ParseStrategy(%q) = %q, %v", s, got, err)
 		}
 	}
 }
