@@ -127,10 +127,11 @@ func allGCRA(limits []Limit) bool {
 }
 
 // decision writes the SQL of a decision for limits: whether they admit
-// the request, and if they do, the row's new state and expires_at. Its inputs are SQL too: state, the row's state column
-// (NULL, or known to have the limits' shape: see shaped), tat its
-// expires_at in µs (NULL for a new key), and now the database time in µs,
-// a column, as it is read many times. It computes what docs/limits.md
+// the request, and if they do, the row's new state and expires_at. Its
+// inputs are SQL too: state, the row's state column (NULL, or known to have
+// the limits' shape: see shaped), tat its expires_at in µs (NULL for a new
+// key), and now the database time in µs, a column, as it is read many
+// times. It computes what docs/limits.md
 // defines, as evaluate does.
 //
 // A single GCRA limit keeps its TAT in expires_at (tat) and no state.
