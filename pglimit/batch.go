@@ -16,12 +16,13 @@ import (
 // NoWait; everything else bypasses it. All methods are safe on a nil
 // *batcher, which is batching turned off.
 //
-// A call joins the open batch. The batch is sent at once while fewer than
-// batchesInFlight of the limiter's batches are running, so a lone call waits
-// for nothing; otherwise it is sent when one of them returns, when it holds
-// BatchSize keys, or when the first call in it has waited BatchWindow,
-// whichever comes first. So a call waits at most BatchWindow before its
-// statement is sent.
+// While fewer than batchesInFlight of the limiter's statements run, a call
+// runs its own single-key statement at once, on its own goroutine: under a
+// light load the batcher adds a mutex and nothing else. Otherwise the call
+// joins the open batch, which is sent when one of the running statements
+// returns, when it holds BatchSize keys, or when its first call has waited
+// BatchWindow, whichever comes first. So a call waits at most BatchWindow
+// before its statement is sent.
 //
 // A batch decides each key once. A second call on a key already in the
 // batch follows the first one, as single-flight does: it is refused without
@@ -47,10 +48,13 @@ type batcher struct {
 	failures int64
 }
 
-// batchesInFlight is how many of a limiter's batches may run at once before
-// new calls wait for one of them (at most BatchWindow). Two keep the
-// connection of one busy while the next batch fills.
-const batchesInFlight = 2
+// batchesInFlight is how many of a limiter's statements (single or batch)
+// may run at once before new calls gather in a batch. Eight keep a few
+// server processes per core busy; more statements at once only queue in
+// the server, where one statement over many keys costs less CPU and WAL
+// flushes than as many statements over one key each (measured in
+// docs/throughput.md).
+const batchesInFlight = 8
 
 type batch struct {
 	calls []*call
@@ -97,7 +101,12 @@ func (l *stmtLimiter) runBatched(ctx context.Context, key string, n int, q query
 // do decides q, a request of n units on key, in a batch.
 func (b *batcher) do(ctx context.Context, key string, n int, q query) (Decision, error) {
 	c := &call{key: key, n: n, q: q, done: make(chan struct{})}
-	b.submit(c)
+	if b.submit(c) {
+		// Alone and free to go: the caller's own statement, on its own
+		// goroutine, as without the batcher.
+		defer b.release()
+		return b.l.run(ctx, q)
+	}
 	select {
 	case <-c.done:
 	case <-ctx.Done():
@@ -115,12 +124,20 @@ func (b *batcher) do(ctx context.Context, key string, n int, q query) (Decision,
 	return c.d, c.err
 }
 
-// submit adds c to the open batch and sends it if it may go now.
-func (b *batcher) submit(c *call) {
+// submit adds c to the open batch and sends it if it may go now. It
+// reports whether c goes alone, now, on its caller's goroutine: no batch
+// is pending and fewer than batchesInFlight statements run; the caller then
+// calls release when its statement returns.
+func (b *batcher) submit(c *call) (direct bool) {
 	b.mu.Lock()
 	if c.gone {
 		b.mu.Unlock()
-		return
+		return false
+	}
+	if b.open == nil && b.inFlight < batchesInFlight {
+		b.inFlight++
+		b.mu.Unlock()
+		return true
 	}
 	bt := b.open
 	if bt == nil {
@@ -136,6 +153,22 @@ func (b *batcher) submit(c *call) {
 		send = b.take(bt)
 	case bt.timer == nil:
 		bt.timer = time.AfterFunc(b.window, func() { b.expire(bt) })
+	}
+	b.mu.Unlock()
+	if send != nil {
+		go b.send(send)
+	}
+	return false
+}
+
+// release ends a statement sent by submit's caller, and sends the batch
+// that filled meanwhile, if any.
+func (b *batcher) release() {
+	b.mu.Lock()
+	b.inFlight--
+	var send *batch
+	if b.open != nil {
+		send = b.take(b.open)
 	}
 	b.mu.Unlock()
 	if send != nil {
@@ -202,6 +235,7 @@ func (b *batcher) decide(bt *batch) {
 	if len(order) == 0 {
 		return
 	}
+
 	ctx, cancel := context.WithTimeoutCause(context.Background(), b.l.cfg.Timeout, ErrTimeout)
 	defer cancel()
 	sent := time.Now()
@@ -225,8 +259,11 @@ func (b *batcher) decide(bt *batch) {
 		default:
 			d, refused := b.l.followGCRA(lead.d, f.n, time.Since(sent))
 			if !refused {
-				b.submit(f) // room left: the next batch decides it
-				continue
+				if !b.submit(f) { // room left: the next batch decides it
+					continue
+				}
+				b.release() // or, with no batch pending, its caller's own statement
+				f.alone = true
 			}
 			f.d = d
 		}

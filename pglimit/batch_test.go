@@ -21,25 +21,28 @@ import (
 // unlogged table, and behind PgBouncer.
 func TestConformanceBatch(t *testing.T) {
 	t.Parallel()
-	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
-		for name, edit := range map[string]func(*pglimit.Config){
-			"":                       nil,
-			"/async":                 func(c *pglimit.Config) { c.AsyncCommit = true },
-			"/singleflight+preblock": func(c *pglimit.Config) { c.SingleFlight, c.PreBlockSize = true, 1000 },
-			"/unlogged": func(c *pglimit.Config) {
-				if c.Table == "" { // the suite sets bad names of its own
-					c.Table = "pglimit_" + string(s) + "_unlogged"
-				}
-			},
-		} {
-			t.Run(string(s)+name, func(t *testing.T) {
-				t.Parallel()
-				pglimittest.Exercise(t, withBatch(s, edit))
-			})
+	unlogged := func(c *pglimit.Config) {
+		if c.Table == "" { // the suite sets bad names of its own
+			c.Table = "pglimit_" + string(c.Strategy) + "_unlogged"
 		}
-		t.Run(string(s)+"/pgbouncer", func(t *testing.T) {
+	}
+	for _, run := range []struct {
+		name string
+		s    pglimit.Strategy
+		edit func(*pglimit.Config)
+		opts []pglimittest.Option
+	}{
+		{"upsert", pglimit.Upsert, nil, nil},
+		{"nowait", pglimit.NoWait, nil, nil},
+		{"upsert/async", pglimit.Upsert, func(c *pglimit.Config) { c.AsyncCommit = true }, nil},
+		{"nowait/singleflight+preblock", pglimit.NoWait, func(c *pglimit.Config) { c.SingleFlight, c.PreBlockSize = true, 1000 }, nil},
+		{"upsert/unlogged", pglimit.Upsert, unlogged, nil},
+		{"upsert/pgbouncer", pglimit.Upsert, nil, []pglimittest.Option{pglimittest.WithPool(pglimittest.PgBouncerPool)}},
+		{"nowait/pgbouncer", pglimit.NoWait, nil, []pglimittest.Option{pglimittest.WithPool(pglimittest.PgBouncerPool)}},
+	} {
+		t.Run(run.name, func(t *testing.T) {
 			t.Parallel()
-			pglimittest.Exercise(t, withBatch(s, nil), pglimittest.WithPool(pglimittest.PgBouncerPool))
+			pglimittest.Exercise(t, withBatch(run.s, run.edit), run.opts...)
 		})
 	}
 }
@@ -307,17 +310,18 @@ func TestBatchInstancesDoNotDeadlock(t *testing.T) {
 	}
 }
 
-// heldBatcher is a batching limiter over a gated pool whose two batches
-// in flight are held (two lone requests whose statements wait at the
-// gate), so that the next requests gather in one open batch of size keys
-// that is sent only when it is full.
+// heldBatcher is a batching limiter over a gated pool whose statements in
+// flight are all held (lone requests whose statements wait at the gate),
+// so that the next requests gather in one open batch of size keys that is
+// sent only when it is full.
 func heldBatcher(t *testing.T, s pglimit.Strategy, size int) (pglimit.Limiter, *gatedDB, string, *sync.WaitGroup) {
 	t.Helper()
 	db := newGatedDB(t)
 	lim, schema := newBatchLimiter(t, db, s, func(c *pglimit.Config) { c.BatchSize = size })
 	pglimit.SetBatchWindow(lim, time.Hour)
 	var held sync.WaitGroup
-	for _, key := range []string{"held-1", "held-2"} {
+	for i := range pglimit.BatchesInFlight {
+		key := fmt.Sprintf("held-%d", i)
 		held.Go(func() {
 			if d, err := lim.Allow(context.Background(), key); err != nil || !d.Allowed {
 				t.Errorf("%s: %+v, %v", key, d, err)
@@ -445,8 +449,9 @@ func TestBatchCallerCancelLeavesOthers(t *testing.T) {
 	}
 }
 
-// A pending batch is sent when its window passes even while both batches
-// in flight are still running: no call waits for another to push it.
+// A pending batch is sent when its window passes even while every
+// statement in flight is still running: no call waits for another to push
+// it.
 func TestBatchWindowSendsPending(t *testing.T) {
 	t.Parallel()
 	lim, db, _, held := heldBatcher(t, pglimit.Upsert, 64)

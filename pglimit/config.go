@@ -149,7 +149,8 @@ type Config struct {
 	// this process into one statement that decides up to BatchSize keys and
 	// commits once, so that they share a round trip and a WAL flush. A call
 	// waits at most BatchWindow for its batch to be sent, and not at all
-	// while fewer than two of the limiter's batches are running. Each key is
+	// while fewer than eight of the limiter's statements are running: it
+	// then runs its own. Each key is
 	// still decided on its own: all or nothing, never over-admitted, a
 	// refusal locks and writes nothing, and a key the batch cannot decide
 	// at once (its row busy with a concurrent decision, a failed statement)

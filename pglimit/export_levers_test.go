@@ -43,3 +43,7 @@ func BatchPending(lim Limiter) int {
 func SetBatchWindow(lim Limiter, window time.Duration) {
 	lim.(*stmtLimiter).batch.window = window
 }
+
+// BatchesInFlight is how many statements a batching limiter runs at once
+// before calls gather in a batch.
+const BatchesInFlight = batchesInFlight
