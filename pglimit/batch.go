@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 )
@@ -71,8 +70,7 @@ type call struct {
 	q    query
 	done chan struct{}
 
-	batch *batch // the batch it is in, guarded by the batcher's mu
-	gone  bool   // the caller returned (its context ended); guarded by mu
+	gone bool // the caller returned (its context ended); guarded by mu
 
 	d     Decision
 	err   error
@@ -146,7 +144,6 @@ func (b *batcher) submit(c *call) (direct bool) {
 	}
 	bt.calls = append(bt.calls, c)
 	bt.keys[c.key] = struct{}{}
-	c.batch = bt
 	var send *batch
 	switch {
 	case b.inFlight < batchesInFlight || len(bt.keys) >= b.size:
@@ -276,7 +273,6 @@ func (b *batcher) decide(bt *batch) {
 // changed after the statement's snapshot), and every key when the statement
 // fails, is decided by its caller's own statement.
 func (b *batcher) decideMany(ctx context.Context, calls []*call) {
-	slices.SortFunc(calls, func(a, c *call) int { return cmpStrings(a.key, c.key) })
 	keys := make([]string, len(calls))
 	nT := make([]int64, len(calls))
 	tau := make([]int64, len(calls))
@@ -316,16 +312,6 @@ func (b *batcher) decideMany(ctx context.Context, calls []*call) {
 		}
 		c.d = b.l.gcraDecision(out.admitted[i], out.tat[i], out.now[i], c.n)
 	}
-}
-
-func cmpStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // batchAllowSQL decides many keys of a single GCRA limit at once: $2 the
