@@ -59,7 +59,7 @@ type batch struct {
 	calls []*call
 	keys  map[string]struct{}
 	timer *time.Timer
-	taken bool // sent, or being sent: no call joins or leaves it
+	taken bool // sent, or being sent: no call joins it
 }
 
 // call is one Allow waiting for its batch. Its fields are written before
