@@ -26,6 +26,7 @@ type variant struct {
 	AsyncCommit  bool   // pglimit.Config.AsyncCommit
 	PreBlock     int    // pglimit.Config.PreBlockSize
 	SingleFlight bool   // pglimit.Config.SingleFlight
+	Batch        bool   // pglimit.Config.Batch
 	Table        string // pglimit.Config.Table; "" for the strategy's default
 	Invalidate   bool   // a pglimit.Invalidator per instance for its pre-block
 	Floor        bool   // the least work a request can do; it decides nothing
@@ -69,7 +70,7 @@ var naive = variant{Name: "range-naive", Strategy: pglimit.Range, Naive: true}
 // strategy with asynchronous commit and with the local pre-block, then
 // Upsert with the library's other levers.
 func allVariants() []variant {
-	vs := make([]variant, 0, 3*len(pglimit.Strategies())+5)
+	vs := make([]variant, 0, 3*len(pglimit.Strategies())+9)
 	vs = append(vs, peer)
 	for _, s := range pglimit.Strategies() {
 		vs = append(vs, variant{Name: string(s), Strategy: s})
@@ -83,7 +84,11 @@ func allVariants() []variant {
 	}
 	vs = append(vs, variant{Name: "upsert-singleflight", Strategy: pglimit.Upsert, SingleFlight: true},
 		variant{Name: "upsert-unlogged", Strategy: pglimit.Upsert, Table: "pglimit_upsert_unlogged"},
-		variant{Name: "upsert-preblock-inv", Strategy: pglimit.Upsert, PreBlock: preBlockSize, Invalidate: true})
+		variant{Name: "upsert-preblock-inv", Strategy: pglimit.Upsert, PreBlock: preBlockSize, Invalidate: true},
+		variant{Name: "upsert-batch", Strategy: pglimit.Upsert, Batch: true},
+		variant{Name: "upsert-batch-async", Strategy: pglimit.Upsert, Batch: true, AsyncCommit: true},
+		variant{Name: "upsert-batch-unlogged", Strategy: pglimit.Upsert, Batch: true, Table: "pglimit_upsert_unlogged"},
+		variant{Name: "upsert-batch-singleflight", Strategy: pglimit.Upsert, Batch: true, SingleFlight: true})
 	return vs
 }
 
@@ -252,6 +257,7 @@ func (s *poolSession) limiter(p *pgxpool.Pool, v variant, cooldown time.Duration
 		PreBlockSize: v.PreBlock,
 		Invalidator:  inv,
 		SingleFlight: v.SingleFlight,
+		Batch:        v.Batch,
 		Table:        v.Table,
 		Cooldown:     cooldown,
 		Limits:       limits,

@@ -41,6 +41,8 @@ type stmtLimiter struct {
 	verify   func(ctx context.Context, db DB) error
 	verified atomic.Bool
 
+	batch *batcher // nil when Allow calls are not batched (batch.go)
+
 	// Parameters boxed once: a single GCRA limit's increment and tolerance
 	// for one unit.
 	oneT, oneTau     any
@@ -98,6 +100,7 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 		l.emission, l.burstT = lim.emission(), int64(lim.Burst)*lim.emission()
 		l.oneT, l.oneTau = l.emission, l.burstT-l.emission
 	}
+	l.batch = newBatcher(l, table, column)
 	return l
 }
 
@@ -173,7 +176,7 @@ func (l *stmtLimiter) AllowN(ctx context.Context, key string, n int) (Decision, 
 	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
 		q := l.allowQuery(key, n)
 		return l.flights.do(ctx, key, n, func(ctx context.Context) (Decision, error) {
-			return l.run(ctx, q)
+			return l.runBatched(ctx, key, n, q)
 		}, l.followGCRA)
 	})
 }

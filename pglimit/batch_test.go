@@ -1,0 +1,515 @@
+package pglimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+// Upsert and NoWait keep every promise with the batcher on, alone, with
+// asynchronous commit, single-flight and the pre-block, and behind
+// PgBouncer. (The unlogged tables differ from the others in durability
+// only: TestConformanceUnlogged covers them.)
+func TestConformanceBatch(t *testing.T) {
+	t.Parallel()
+	for _, run := range []struct {
+		name string
+		s    pglimit.Strategy
+		edit func(*pglimit.Config)
+		opts []pglimittest.Option
+	}{
+		{"upsert", pglimit.Upsert, nil, nil},
+		{"nowait", pglimit.NoWait, nil, nil},
+		{"upsert/async+singleflight+preblock", pglimit.Upsert, func(c *pglimit.Config) {
+			c.AsyncCommit, c.SingleFlight, c.PreBlockSize = true, true, 1000
+		}, nil},
+		{"upsert/pgbouncer", pglimit.Upsert, nil, []pglimittest.Option{pglimittest.WithPool(pglimittest.PgBouncerPool)}},
+		{"nowait/pgbouncer", pglimit.NoWait, nil, []pglimittest.Option{pglimittest.WithPool(pglimittest.PgBouncerPool)}},
+	} {
+		t.Run(run.name, func(t *testing.T) {
+			t.Parallel()
+			pglimittest.Exercise(t, withBatch(run.s, run.edit), run.opts...)
+		})
+	}
+}
+
+// withBatch is withStrategy with the batcher on.
+func withBatch(s pglimit.Strategy, edit func(*pglimit.Config)) pglimittest.NewLimiter {
+	return withStrategy(s, func(c *pglimit.Config) {
+		c.Batch = true
+		if edit != nil {
+			edit(c)
+		}
+	})
+}
+
+// newBatchLimiter builds a batching limiter of strategy s over db in a
+// schema of its own.
+func newBatchLimiter(t *testing.T, db pglimit.DB, s pglimit.Strategy, edit func(*pglimit.Config)) (pglimit.Limiter, string) {
+	t.Helper()
+	schema := pglimittest.Schema(t)
+	cfg := &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour, Batch: true}
+	if edit != nil {
+		edit(cfg)
+	}
+	lim, err := pglimit.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim, schema
+}
+
+// allowAll sends one request per key at once, repeated times over, and
+// returns the decisions by key.
+func allowAll(ctx context.Context, lim pglimit.Limiter, keys []string, repeat int) (map[string][]pglimit.Decision, error) {
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs error
+		out  = make(map[string][]pglimit.Decision)
+	)
+	start := make(chan struct{})
+	for range repeat {
+		for _, key := range keys {
+			wg.Go(func() {
+				<-start
+				d, err := lim.Allow(ctx, key)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = errors.Join(errs, fmt.Errorf("%s: %w", key, err))
+					return
+				}
+				out[key] = append(out[key], d)
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	return out, errs
+}
+
+func keysN(prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s-%03d", prefix, i)
+	}
+	return keys
+}
+
+// Concurrent requests on many keys share statements: 64 new keys are
+// admitted, then refused, each by fewer statements than requests, and
+// every answer is the one the key's own statement would give.
+func TestBatchCoalesces(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			db := &countingDB{Pool: pglimittest.Pool(t)}
+			lim, _ := newBatchLimiter(t, db, s, nil)
+			keys := keysN("k", 64)
+			for round, admit := range []bool{true, false} {
+				before := db.statements.Load()
+				got, err := allowAll(ctx, lim, keys, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, key := range keys {
+					d := got[key][0]
+					switch {
+					case d.Allowed != admit:
+						t.Fatalf("round %d, %s: %+v, want Allowed=%t", round, key, d, admit)
+					case admit && (d.ResetAfter <= 0 || d.ResetAfter > time.Hour):
+						t.Fatalf("round %d, %s: ResetAfter %s, want in (0, 1h]", round, key, d.ResetAfter)
+					case !admit && (d.RetryAfter <= 0 || d.RetryAfter > time.Hour):
+						t.Fatalf("round %d, %s: RetryAfter %s, want in (0, 1h]", round, key, d.RetryAfter)
+					}
+				}
+				if n := db.statements.Load() - before; n >= int64(len(keys)) {
+					t.Errorf("round %d: %d statements for %d concurrent requests on distinct keys; want fewer", round, n, len(keys))
+				}
+			}
+			if f := pglimit.BatchFailures(lim); f != 0 {
+				t.Errorf("%d batch statements failed", f)
+			}
+		})
+	}
+}
+
+// rowVersions returns each row's xmin and xmax: a row lock sets xmax, a
+// write makes a new version with another xmin.
+func rowVersions(t *testing.T, pool *pgxpool.Pool, schema, table string) map[string]string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), fmt.Sprintf(`SELECT key, xmin::text || '/' || xmax::text FROM %s`, pgx.Identifier{schema, table}.Sanitize()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(map[string]string)
+	for rows.Next() {
+		var key, v string
+		if err := rows.Scan(&key, &v); err != nil {
+			t.Fatal(err)
+		}
+		out[key] = v
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A batch of refusals takes no row lock and writes nothing: every row
+// keeps its version (xmin) and gets no locker (xmax).
+func TestBatchRefusalWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			db := &countingDB{Pool: pglimittest.Pool(t)}
+			lim, schema := newBatchLimiter(t, db, s, nil)
+			keys := keysN("k", 48)
+			if _, err := allowAll(ctx, lim, keys, 1); err != nil {
+				t.Fatal(err)
+			}
+			table := "pglimit_" + string(s)
+			before := rowVersions(t, db.Pool, schema, table)
+			statements := db.statements.Load()
+			got, err := allowAll(ctx, lim, keys, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := db.statements.Load() - statements; n >= int64(2*len(keys)) {
+				t.Fatalf("%d statements for %d requests: the refusals were not batched", n, 2*len(keys))
+			}
+			for _, key := range keys {
+				for _, d := range got[key] {
+					if d.Allowed {
+						t.Fatalf("%s admitted again within its cooldown", key)
+					}
+				}
+			}
+			after := rowVersions(t, db.Pool, schema, table)
+			for _, key := range keys {
+				if before[key] != after[key] || len(before) != len(after) {
+					t.Errorf("%s: row xmin/xmax %s before the refusals, %s after: a refusal locked or wrote it", key, before[key], after[key])
+				}
+			}
+		})
+	}
+}
+
+// Requests for one key in one batch are decided one after the other: a
+// limit of 3 per hour admits exactly 3 of 40 concurrent requests, for each
+// of several keys batched together, and each refusal says when to come
+// back.
+func TestBatchSameKeyNoOverAdmission(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			lim, _ := newBatchLimiter(t, pglimittest.Pool(t), s, func(c *pglimit.Config) {
+				c.Cooldown = 0
+				c.Limits = []pglimit.Limit{{Rate: 3, Period: time.Hour, Burst: 3}}
+			})
+			keys := keysN("hot", 4)
+			got, err := allowAll(ctx, lim, keys, 40)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, key := range keys {
+				admitted := 0
+				for _, d := range got[key] {
+					if d.Allowed {
+						admitted++
+					} else if d.RetryAfter <= 0 || d.RetryAfter > time.Hour {
+						t.Errorf("%s: refusal with RetryAfter %s, want in (0, 1h]", key, d.RetryAfter)
+					}
+				}
+				// NoWait refuses a request that finds the row locked, so it
+				// may admit fewer under contention, never more.
+				if admitted > 3 || (s == pglimit.Upsert && admitted != 3) {
+					t.Errorf("%s: %d of 40 concurrent requests admitted, want 3", key, admitted)
+				}
+			}
+		})
+	}
+}
+
+// Several instances (pools) batching requests on overlapping keys, in
+// random orders, never deadlock: no batch statement fails, no request
+// errs, and each key is admitted exactly once per cooldown.
+func TestBatchInstancesDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			schema := pglimittest.Schema(t)
+			var lims []pglimit.Limiter
+			for range 3 {
+				lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour, Batch: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				lims = append(lims, lim)
+			}
+			keys := keysN("k", 30)
+			var (
+				mu       sync.Mutex
+				wg       sync.WaitGroup
+				errs     error
+				admitted = make(map[string]int)
+			)
+			for i := range 48 {
+				wg.Go(func() {
+					lim := lims[i%len(lims)]
+					order := rand.Perm(len(keys))
+					for _, j := range order {
+						d, err := lim.Allow(ctx, keys[j])
+						mu.Lock()
+						errs = errors.Join(errs, err)
+						if d.Allowed {
+							admitted[keys[j]]++
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			if errs != nil {
+				t.Fatal(errs)
+			}
+			for _, key := range keys {
+				if n := admitted[key]; n > 1 || (s == pglimit.Upsert && n != 1) {
+					t.Errorf("%s admitted %d times, want once", key, n)
+				}
+			}
+			for i, lim := range lims {
+				if f := pglimit.BatchFailures(lim); f != 0 {
+					t.Errorf("instance %d: %d batch statements failed", i, f)
+				}
+			}
+		})
+	}
+}
+
+// heldBatcher is a batching limiter over a gated pool whose statements in
+// flight are all held (lone requests whose statements wait at the gate),
+// so that the next requests gather in one open batch of size keys that is
+// sent only when it is full.
+func heldBatcher(t *testing.T, s pglimit.Strategy, size int) (pglimit.Limiter, *gatedDB, string, *sync.WaitGroup) {
+	t.Helper()
+	db := newGatedDB(t)
+	lim, schema := newBatchLimiter(t, db, s, func(c *pglimit.Config) { c.BatchSize = size })
+	pglimit.SetBatchWindow(lim, time.Hour)
+	var held sync.WaitGroup
+	for i := range pglimit.BatchesInFlight {
+		key := fmt.Sprintf("held-%d", i)
+		held.Go(func() {
+			if d, err := lim.Allow(context.Background(), key); err != nil || !d.Allowed {
+				t.Errorf("%s: %+v, %v", key, d, err)
+			}
+		})
+		<-db.entered
+	}
+	return lim, db, schema, &held
+}
+
+// An error in one key's decision fails that key alone: a trigger that
+// rejects one key makes the batch statement fail, and the batch's other
+// keys are then decided one by one and admitted.
+func TestBatchErrorFailsOnlyItsKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			const size = 8
+			lim, db, schema, held := heldBatcher(t, s, size)
+			table := pgx.Identifier{schema, "pglimit_" + string(s)}.Sanitize()
+			_, err := db.Pool.Exec(ctx, fmt.Sprintf(`
+CREATE FUNCTION %[1]s.poison() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.key = 'poison' THEN RAISE EXCEPTION 'poisoned key'; END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER poison BEFORE INSERT OR UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s.poison();`,
+				pgx.Identifier{schema}.Sanitize(), table))
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys := append(keysN("k", size-1), "poison")
+			var (
+				mu   sync.Mutex
+				wg   sync.WaitGroup
+				errs = make(map[string]error)
+				ok   = make(map[string]bool)
+			)
+			for _, key := range keys {
+				wg.Go(func() {
+					d, err := lim.Allow(ctx, key)
+					mu.Lock()
+					defer mu.Unlock()
+					errs[key], ok[key] = err, d.Allowed
+				})
+			}
+			<-db.entered // the full batch, sent
+			close(db.open)
+			wg.Wait()
+			held.Wait()
+			for _, key := range keys[:size-1] {
+				if errs[key] != nil || !ok[key] {
+					t.Errorf("%s: admitted %t, error %v; want admitted", key, ok[key], errs[key])
+				}
+			}
+			if err := errs["poison"]; err == nil || ok["poison"] {
+				t.Errorf("poison: admitted %t, error %v; want the trigger's error", ok["poison"], err)
+			}
+			if f := pglimit.BatchFailures(lim); f != 1 {
+				t.Errorf("%d batch statements failed, want the one with the poisoned key", f)
+			}
+		})
+	}
+}
+
+// One caller's context ending never ends the batch for the others: a
+// caller that gives up before its batch is sent leaves it and consumes
+// nothing; one that gives up after is decided anyway, and the rest of the
+// batch is admitted.
+func TestBatchCallerCancelLeavesOthers(t *testing.T) {
+	t.Parallel()
+	const size = 4
+	lim, db, _, held := heldBatcher(t, pglimit.Upsert, size)
+	ctx := context.Background()
+	result := func(key string, ctx context.Context) chan error {
+		ch := make(chan error, 1)
+		go func() {
+			d, err := lim.Allow(ctx, key)
+			if err == nil && !d.Allowed {
+				err = fmt.Errorf("%s refused: %+v", key, d)
+			}
+			ch <- err
+		}()
+		return ch
+	}
+	waitPending := func(n int) {
+		for pglimit.BatchPending(lim) != n {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	early, cancelEarly := context.WithCancel(ctx)
+	gaveUp := result("gave-up-early", early)
+	waitPending(1)
+	cancelEarly()
+	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+		t.Fatalf("caller cancelled before its batch was sent: %v, want context.Canceled", err)
+	}
+	late, cancelLate := context.WithCancel(ctx)
+	var rest []chan error
+	rest = append(rest, result("gives-up-late", late))
+	waitPending(2)
+	rest = append(rest, result("a", ctx))
+	waitPending(3)
+	rest = append(rest, result("b", ctx)) // the fourth key fills the batch
+	<-db.entered
+	cancelLate()
+	if err := <-rest[0]; !errors.Is(err, context.Canceled) {
+		t.Fatalf("caller cancelled after its batch was sent: %v, want context.Canceled", err)
+	}
+	close(db.open)
+	for i, ch := range rest[1:] {
+		if err := <-ch; err != nil {
+			t.Errorf("request %d: %v", i, err)
+		}
+	}
+	held.Wait()
+	// The early caller's key is untouched; the late one's was decided.
+	if d, err := lim.Allow(ctx, "gave-up-early"); err != nil || !d.Allowed {
+		t.Errorf("gave-up-early after its caller left the batch: %+v, %v; want admitted", d, err)
+	}
+	if d, err := lim.Peek(ctx, "gives-up-late", 1); err != nil || d.Allowed {
+		t.Errorf("gives-up-late, decided in a batch sent before its caller left: %+v, %v; want in cooldown", d, err)
+	}
+}
+
+// A pending batch is sent when its window passes even while every
+// statement in flight is still running: no call waits for another to push
+// it.
+func TestBatchWindowSendsPending(t *testing.T) {
+	t.Parallel()
+	lim, db, _, held := heldBatcher(t, pglimit.Upsert, 64)
+	pglimit.SetBatchWindow(lim, 20*time.Millisecond)
+	done := make(chan error, 1)
+	go func() {
+		_, err := lim.Allow(context.Background(), "lone")
+		done <- err
+	}()
+	<-db.entered // sent by its window while the two others are held
+	close(db.open)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	held.Wait()
+}
+
+// AllowTx never waits for a batch: it decides in the caller's transaction
+// while every batch of the limiter is held.
+func TestBatchAllowTxIsNotBatched(t *testing.T) {
+	t.Parallel()
+	lim, db, _, held := heldBatcher(t, pglimit.Upsert, 64)
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, pglimittest.Pool(t), func(tx pgx.Tx) error {
+		d, err := lim.AllowTx(ctx, tx, "in-tx")
+		if err == nil && !d.Allowed {
+			err = fmt.Errorf("refused: %+v", d)
+		}
+		return err
+	})
+	close(db.open)
+	held.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The batch settings are validated and name their field.
+func TestBatchConfigValidated(t *testing.T) {
+	t.Parallel()
+	pool := pglimittest.Pool(t)
+	for _, c := range []pglimit.Config{
+		{Cooldown: time.Second, Batch: true, BatchWindow: -1},
+		{Cooldown: time.Second, Batch: true, BatchWindow: time.Second},
+		{Cooldown: time.Second, Batch: true, BatchSize: -1},
+		{Cooldown: time.Second, Batch: true, BatchSize: 1001},
+	} {
+		if _, err := pglimit.New(pool, &c); !errors.Is(err, pglimit.ErrInvalidConfig) {
+			t.Errorf("%+v: %v, want ErrInvalidConfig", c, err)
+		}
+	}
+	// Other limits and Range bypass the batcher.
+	for _, c := range []pglimit.Config{
+		{Strategy: pglimit.Range, Cooldown: time.Second, Batch: true},
+		{Limits: []pglimit.Limit{{Rate: 1, Period: time.Second}, {Rate: 5, Period: time.Minute}}, Batch: true},
+	} {
+		lim, err := pglimit.New(pool, &c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := pglimit.BatchFailures(lim); f != -1 {
+			t.Errorf("%+v batches; want it to bypass the batcher", c)
+		}
+	}
+}
