@@ -19,7 +19,7 @@ demo:
 	@$(DEMO_BIN)
 
 test:
-	@set -e; for m in $(MODULES); do echo "go test $$m"; $(GO) -C $$m test -race -shuffle=on -count=1 ./...; done
+	@set -e; for m in $(MODULES); do echo "go test $$m"; $(GO) -C $$m test -race -shuffle=on -count=1 -timeout 30m ./...; done
 
 # The conformance suite against every supported PostgreSQL major, from local
 # binaries (and through testcontainers when a Docker engine answers).

@@ -81,7 +81,7 @@ row() {
   local out
   out=$(mktemp)
   local rc=0
-  env "$@" CI="${CI:-true}" go test -json -count=1 -parallel 8 -run "$run" ./pglimit >"$out" 2>&1 || rc=$?
+  env "$@" CI="${CI:-true}" go test -json -count=1 -timeout 20m -parallel 8 -run "$run" ./pglimit >"$out" 2>&1 || rc=$?
   local passed failed_n got
   passed=$(grep '"Action":"pass"' "$out" | grep -c '"Test":' || true)
   failed_n=$(grep '"Action":"fail"' "$out" | grep -c '"Test":' || true)
