@@ -284,3 +284,112 @@ func TestCitusThroughput(t *testing.T) {
 		}
 	}
 }
+
+// A refusal reads the key's row without locking it: with the row held
+// locked by another transaction, a request for a key in cooldown is
+// refused at once, neither waiting nor (NoWait) treating the lock as
+// contention. Taking no lock, it writes nothing.
+func TestCitusRefusalTakesNoLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := citusPool(t, 4)
+	schema := citusSchema(t, pool)
+	for _, s := range pglimit.Strategies {
+		lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Minute, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := lim.Allow(ctx, "hot"); err != nil || !d.Allowed {
+			t.Fatalf("%s: first request: %+v, %v", s, d, err)
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		table := map[pglimit.Strategy]string{pglimit.Upsert: "pglimit_upsert", pglimit.NoWait: "pglimit_nowait", pglimit.Range: "pglimit_range"}[s]
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT FROM %s.%s WHERE key = 'hot' FOR UPDATE", schema, table)); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		d, err := lim.Allow(ctx, "hot")
+		took := time.Since(start)
+		_ = tx.Rollback(ctx)
+		if err != nil || d.Allowed || d.RetryAfter <= 30*time.Second {
+			t.Fatalf("%s: refusal with the row locked elsewhere: %+v, %v; want refused with the cooldown's RetryAfter", s, d, err)
+		}
+		if took > 2*time.Second {
+			t.Fatalf("%s: the refusal took %s with the row locked elsewhere: it waited for the lock", s, took)
+		}
+	}
+}
+
+// General limits decide on a distributed table as on one server: several
+// limits all-or-nothing, AllowAtMost, Reserve, Peek, Reset, and AllowTx
+// consumed only on commit.
+func TestCitusGeneralLimits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := citusPool(t, 4)
+	schema := citusSchema(t, pool)
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		t.Run(string(s), func(t *testing.T) {
+			lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Limits: []pglimit.Limit{
+				{Name: "burst", Rate: 3, Period: time.Minute, Burst: 3},
+				{Name: "window", Rate: 5, Period: time.Hour, Algorithm: pglimit.FixedWindow},
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			step := func(what string, d pglimit.Decision, err error, allowed bool, granted int) {
+				t.Helper()
+				if err != nil || d.Allowed != allowed || d.Granted != granted {
+					t.Fatalf("%s: %+v, %v; want Allowed %t, Granted %d", what, d, err, allowed, granted)
+				}
+			}
+			d, err := lim.AllowN(ctx, "k", 2)
+			step("AllowN 2", d, err, true, 2)
+			if d.Remaining != 1 || d.Limit.Name != "burst" {
+				t.Fatalf("after 2 of 3: Remaining %d, binding %q; want 1, burst", d.Remaining, d.Limit.Name)
+			}
+			d, err = lim.AllowN(ctx, "k", 2)
+			step("AllowN 2 with 1 left", d, err, false, 0)
+			if v := d.Violated(); len(v) != 1 || v[0].Name != "burst" || d.RetryAfter <= 0 {
+				t.Fatalf("refusal: violated %v, RetryAfter %s; want burst and a wait", v, d.RetryAfter)
+			}
+			d, err = lim.Peek(ctx, "k", 1)
+			step("Peek 1", d, err, true, 1)
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err = lim.AllowTxN(ctx, tx, "k", 1)
+			step("AllowTxN 1, rolled back", d, err, true, 1)
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			d, err = lim.AllowAtMost(ctx, "k", 5)
+			step("AllowAtMost 5 with 1 left", d, err, true, 1)
+			d, err = lim.Allow(ctx, "k")
+			step("Allow after a full burst", d, err, false, 0)
+			if err := lim.Reset(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+			d, err = lim.AllowN(ctx, "k", 3)
+			step("AllowN 3 after Reset", d, err, true, 3)
+
+			gcra, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Namespace: "reserve", Limits: []pglimit.Limit{
+				pglimit.PerMinute(3), pglimit.PerHour(100),
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err = gcra.AllowN(ctx, "k", 3)
+			step("AllowN 3 of two GCRA limits", d, err, true, 3)
+			d, err = gcra.Reserve(ctx, "k", 1, time.Minute)
+			step("Reserve 1 within a minute", d, err, true, 1)
+			if d.Delay <= 0 || d.Delay > 20*time.Second {
+				t.Fatalf("Reserve: Delay %s; want a wait of up to one emission interval (20s)", d.Delay)
+			}
+		})
+	}
+}
