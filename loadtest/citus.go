@@ -40,7 +40,8 @@ type citusVariant struct {
 	config pglimit.Config
 }
 
-// citusVariants are the floors, every strategy with the cooldown, and the
+// citusVariants are the floors, every strategy with the cooldown, Upsert
+// with AsyncCommit, and the
 // general statement (three limits in one row, the GCRA one a cooldown of
 // citusCooldown, so that over-admission is judged the same way).
 func citusVariants() []citusVariant {
@@ -48,6 +49,8 @@ func citusVariants() []citusVariant {
 	for _, s := range pglimit.Strategies {
 		out = append(out, citusVariant{name: string(s), config: pglimit.Config{Strategy: s, Cooldown: citusCooldown}})
 	}
+	// What the worker's WAL flush costs an admission.
+	out = append(out, citusVariant{name: "upsert-async", config: pglimit.Config{Cooldown: citusCooldown, AsyncCommit: true}})
 	three := []pglimit.Limit{
 		{Name: "rate", Rate: 1, Period: citusCooldown, Burst: 1},
 		{Name: "window", Rate: 1000, Period: time.Minute, Algorithm: pglimit.FixedWindow},
