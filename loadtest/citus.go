@@ -46,7 +46,7 @@ type citusVariant struct {
 // citusCooldown, so that over-admission is judged the same way).
 func citusVariants() []citusVariant {
 	out := []citusVariant{{name: floorSelect1, floor: true}, {name: floorRouter, floor: true}}
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		out = append(out, citusVariant{name: string(s), config: pglimit.Config{Strategy: s, Cooldown: citusCooldown}})
 	}
 	// What the worker's WAL flush costs an admission.

@@ -324,10 +324,6 @@ func Distribute(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	return nil
 }
 
-// distributeLockID serializes Distribute across instances: two
-// create_distributed_table calls on one table would make the second fail.
-var distributeLockID = lockID("pglimit/distribute")
-
 func distribute(ctx context.Context, conn *pgx.Conn, schema string) error {
 	decide := pgx.Identifier{schema, "pglimit_decide"}.Sanitize()
 	if _, err := conn.Exec(ctx, "SELECT create_distributed_function($1)", decide+decideArgs); err != nil {

@@ -123,7 +123,7 @@ func TestCitusCleanerNeverDeletesLiveRows(t *testing.T) {
 	schema := citusSchema(t, pool)
 	cleaner := startCitusCleaners(t, schema, 1, time.Nanosecond)[0]
 	const cooldown = 200 * time.Millisecond
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Namespace: "live", Cooldown: cooldown})
 			if err != nil {

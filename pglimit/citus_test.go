@@ -90,7 +90,7 @@ func citusSchema(t *testing.T, pool *pgxpool.Pool) string {
 func TestCitusConformance(t *testing.T) {
 	t.Parallel()
 	url := citusURL(t)
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		for _, async := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/async=%t", s, async), func(t *testing.T) {
 				t.Parallel()
@@ -168,7 +168,7 @@ func TestCitusDecisionIsOneTask(t *testing.T) {
 	ctx := context.Background()
 	pool := citusPool(t, 2)
 	schema := citusSchema(t, pool)
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		for _, general := range []bool{false, true} {
 			if general && s == pglimit.Range {
 				continue
@@ -262,7 +262,7 @@ func TestCitusThroughput(t *testing.T) {
 		return err
 	})
 	t.Logf("router floor: %.0f SELECTs/s", floor)
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Namespace: "tp", Cooldown: time.Hour})
 		if err != nil {
 			t.Fatal(err)
@@ -294,7 +294,7 @@ func TestCitusRefusalTakesNoLock(t *testing.T) {
 	ctx := context.Background()
 	pool := citusPool(t, 4)
 	schema := citusSchema(t, pool)
-	for _, s := range pglimit.Strategies {
+	for _, s := range pglimit.Strategies() {
 		lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Minute, Timeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
