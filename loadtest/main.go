@@ -45,22 +45,24 @@ func main() {
 
 // options are the parsed flags.
 type options struct {
-	databaseURL string
-	targets     []string
-	label       string
-	cooldown    time.Duration // over HTTP: the demo's
-	variants    []variant
-	scenarios   []string
-	scale       float64
-	short       bool
-	levels      []int
-	concurrency []int
-	keys        int
-	rounds      int
-	poolSize    int
-	out         string
-	progress    bool
-	command     string // how the run was invoked, without secrets
+	databaseURL    string
+	citusURL       string // the Citus run instead of the scenarios (citus.go)
+	targets        []string
+	label          string
+	cooldown       time.Duration // over HTTP: the demo's
+	variants       []variant
+	scenarios      []string
+	scale          float64
+	short          bool
+	levels         []int
+	concurrency    []int
+	concurrencySet bool
+	keys           int
+	rounds         int
+	poolSize       int
+	out            string
+	progress       bool
+	command        string // how the run was invoked, without secrets
 }
 
 func parseOptions(args []string, stderr io.Writer) (*options, error) {
@@ -70,6 +72,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"),
 		"PostgreSQL URL (default $DATABASE_URL; empty starts a throwaway server in-process, none over HTTP)")
 	target := fs.String("target", "", "comma-separated base URLs of running demo instances, one instance each (default: the library in-process)")
+	fs.StringVar(&o.citusURL, "citus-url", "",
+		"a Citus coordinator's URL: instead of the scenarios, run the many-keys load (-keys, -rounds, -scale, -short; 8 workers unless -concurrency) "+
+			"on a schema that pglimit.Distribute distributes, every strategy beside the cluster's floors (SELECT 1, and a router SELECT by key)")
 	fs.StringVar(&o.label, "label", "http", "name of what the HTTP target runs, for the report (e.g. its strategy)")
 	fs.DurationVar(&o.cooldown, "cooldown", 0, "the HTTP target's cooldown, against which admissions are checked (default 2s over HTTP; in-process each scenario sets its own)")
 	strategies := fs.String("strategies", "redis_rate,upsert,nowait,range,range-naive",
@@ -99,6 +104,10 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	o.concurrencySet = set["concurrency"]
+	if o.citusURL != "" && (*target != "" || set["strategies"] || set["scenarios"] || set["database-url"]) {
+		return nil, errors.New("-citus-url runs its own comparison: it takes no -target, -strategies, -scenarios or -database-url")
+	}
 	if *target != "" {
 		if set["strategies"] {
 			return nil, errors.New("-strategies applies in-process only: the demo instances run one strategy, name it with -label")
@@ -156,8 +165,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		switch f.Name {
 		case "out", "progress":
 			return
-		case "database-url":
-			cmd = append(cmd, "-database-url=…") // may hold a password
+		case "database-url", "citus-url":
+			cmd = append(cmd, "-"+f.Name+"=…") // may hold a password
 			return
 		}
 		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() && f.Value.String() == "true" {
@@ -225,6 +234,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "loadtest:", err)
 		return exitError
+	}
+	if o.citusURL != "" {
+		return runCitus(ctx, o, stdout, stderr)
 	}
 	rep, err := execute(ctx, o, stderr)
 	if ctx.Err() != nil {

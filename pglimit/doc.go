@@ -64,6 +64,14 @@
 // all replenished more than CleanerConfig.Retention ago. Cleaner.Stats exposes
 // what it did for metrics.
 //
+// # Citus
+//
+// On a Citus cluster, run [Distribute] on the coordinator after [Migrate]:
+// it distributes the tables by key and installs functions that Citus
+// delegates to the node holding each key, so that a decision is one hop.
+// Limiters notice a distributed table on their first decision and need no
+// other change; docs/citus.md in the repository has the details and figures.
+//
 // # Transactions
 //
 // [Limiter.AllowTx] decides inside the caller's transaction, so units are

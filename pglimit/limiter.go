@@ -25,12 +25,14 @@ import (
 // fresh snapshot.
 type stmtLimiter struct {
 	base
-	single          bool               // the limits are one GCRA limit: fastSQL decides
-	fastSQL, fastTx string             // fastTx: in a caller's transaction, whose durability is the caller's
-	general         *generalStatements // nil for Range
-	peekSQL         string
-	resetSQL        string
-	rangeArgs       bool // the fast statement takes no tau ($5)
+	single    bool       // the limits are one GCRA limit: the fast statement decides
+	plain     statements // on a table of one server
+	resetSQL  string
+	rangeArgs bool // the fast statement takes no tau ($5)
+
+	// dist, once check has found the table distributed by Citus, holds the
+	// statements that replace plain there (citus.go).
+	dist atomic.Pointer[statements]
 
 	// contended is the SQLSTATE that means a concurrent decision holds the
 	// key; it becomes a refusal. Empty when contention raises no error.
@@ -75,6 +77,24 @@ const (
 	codeSerializationFailure = "40001"
 )
 
+// statements are a limiter's SQL, each with its answer's shape: the fast
+// statement of a single GCRA limit in its own transaction and in a
+// caller's (whose durability is the caller's), the general ones, and
+// Peek's.
+type statements struct {
+	fast, fastTx string
+	general      *generalStatements // nil for Range
+	peek         string
+}
+
+// stmts returns the statements for the limiter's table.
+func (l *stmtLimiter) stmts() *statements {
+	if d := l.dist.Load(); d != nil {
+		return d
+	}
+	return &l.plain
+}
+
 // newStmtLimiter builds a limiter from a fast statement template; lock is
 // the general statement's lock clause, "" for a strategy without one.
 func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimiter {
@@ -83,17 +103,19 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 		column = asyncCommitColumn
 	}
 	l := &stmtLimiter{
-		base:      b,
-		single:    len(b.cfg.Limits) == 1 && b.cfg.Limits[0].Algorithm == GCRA,
-		fastSQL:   fmt.Sprintf(template, table, column),
-		fastTx:    fmt.Sprintf(template, table, noSettingColumn),
+		base:   b,
+		single: len(b.cfg.Limits) == 1 && b.cfg.Limits[0].Algorithm == GCRA,
+		plain: statements{
+			fast:   fmt.Sprintf(template, table, column),
+			fastTx: fmt.Sprintf(template, table, noSettingColumn),
+		},
 		resetSQL:  fmt.Sprintf(deleteKeySQL, table),
 		rangeArgs: lock == "",
 		contended: contended,
 	}
 	if lock != "" {
 		g := newGeneralStatements(b.cfg.Limits, table, column, lock)
-		l.general, l.peekSQL = &g, g.peek
+		l.plain.general, l.plain.peek = &g, g.peek
 	}
 	if l.single {
 		lim := b.cfg.Limits[0]
@@ -104,14 +126,27 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 	return l
 }
 
-// query is one decision's statement: which SQL, with what arguments, and
-// how to read its answer.
+// query is one decision's statement: which one (fast, or general in a
+// mode), with what arguments, and how to read its answer.
 type query struct {
-	own, tx  string
 	args     []any
 	n, mode  int
 	maxDelay int64 // µs, Reserve's
 	general  bool
+}
+
+// sql is q's statement text, in its own transaction or in a caller's.
+func (l *stmtLimiter) sql(q query, inTx bool) string {
+	s := l.stmts()
+	switch {
+	case q.general && inTx:
+		return s.general.tx[q.mode]
+	case q.general:
+		return s.general.own[q.mode]
+	case inTx:
+		return s.fastTx
+	}
+	return s.fast
 }
 
 // allowQuery is the query of AllowN.
@@ -119,7 +154,7 @@ func (l *stmtLimiter) allowQuery(key string, n int) query {
 	if !l.single {
 		return l.generalQuery(key, n, modeAllow, 0)
 	}
-	q := query{own: l.fastSQL, tx: l.fastTx, n: n}
+	q := query{n: n}
 	nT, tau := l.oneT, l.oneTau
 	if n != 1 {
 		nT, tau = int64(n)*l.emission, l.burstT-int64(n)*l.emission
@@ -133,7 +168,7 @@ func (l *stmtLimiter) allowQuery(key string, n int) query {
 
 func (l *stmtLimiter) generalQuery(key string, n, mode int, maxDelay time.Duration) query {
 	q := query{
-		own: l.general.own[mode], tx: l.general.tx[mode], n: n, mode: mode, maxDelay: maxDelay.Microseconds(), general: true,
+		n: n, mode: mode, maxDelay: maxDelay.Microseconds(), general: true,
 		args: []any{l.args.namespace, key, l.args.lockClass, n},
 	}
 	if mode == modeReserve {
@@ -199,7 +234,7 @@ func (l *stmtLimiter) AllowAtMost(ctx context.Context, key string, n int) (Decis
 		return Decision{}, fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
 	}
 	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
-		if l.general == nil { // Range: a cooldown grants one unit at a time
+		if l.plain.general == nil { // Range: a cooldown grants one unit at a time
 			return l.run(ctx, l.allowQuery(key, 1))
 		}
 		return l.run(ctx, l.generalQuery(key, n, modeAtMost, 0))
@@ -207,7 +242,7 @@ func (l *stmtLimiter) AllowAtMost(ctx context.Context, key string, n int) (Decis
 }
 
 func (l *stmtLimiter) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error) {
-	if l.general == nil {
+	if l.plain.general == nil {
 		return Decision{}, fmt.Errorf("%w: Reserve on the %s strategy", ErrUnsupported, l.cfg.Strategy)
 	}
 	if err := l.checkReserve(n, maxDelay); err != nil {
@@ -243,10 +278,13 @@ func (l *stmtLimiter) Peek(ctx context.Context, key string, n int) (Decision, er
 		return Decision{}, err
 	}
 	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
-		if l.general == nil {
+		if err := l.check(ctx, l.db); err != nil {
+			return Decision{}, err
+		}
+		if l.plain.general == nil {
 			return l.peekRange(ctx, key, n)
 		}
-		row := l.db.QueryRow(ctx, l.peekSQL, l.args.namespace, key)
+		row := l.db.QueryRow(ctx, l.stmts().peek, l.args.namespace, key)
 		d, _, err := l.scanGeneral(row, n, modeAllow, 0)
 		return d, err
 	})
@@ -256,7 +294,7 @@ func (l *stmtLimiter) Peek(ctx context.Context, key string, n int) (Decision, er
 func (l *stmtLimiter) peekRange(ctx context.Context, key string, n int) (Decision, error) {
 	var tat *int64
 	var now int64
-	if err := l.db.QueryRow(ctx, l.peekSQL, l.args.namespace, key).Scan(&tat, &now); err != nil {
+	if err := l.db.QueryRow(ctx, l.stmts().peek, l.args.namespace, key).Scan(&tat, &now); err != nil {
 		return Decision{}, err
 	}
 	if tat == nil || *tat <= now+l.burstT-int64(n)*l.emission {
@@ -279,7 +317,7 @@ func (l *stmtLimiter) run(ctx context.Context, q query) (Decision, error) {
 		return Decision{}, err
 	}
 	for range maxAttempts {
-		d, decided, err := l.scan(l.db.QueryRow(ctx, q.own, q.args...), q)
+		d, decided, err := l.scan(l.db.QueryRow(ctx, l.sql(q, false), q.args...), q)
 		switch code := pgCode(err); {
 		case code == codeSerializationFailure:
 			continue // the statement was its own transaction: run it afresh
@@ -340,7 +378,7 @@ func (l *stmtLimiter) runInSavepoint(ctx context.Context, tx pgx.Tx, q query) (d
 	var b pgx.Batch
 	b.Queue(savepointSQL)
 	b.Queue(setLockTimeoutSQL, fmt.Sprintf("%dms", ms))
-	b.Queue(q.tx, q.args...).QueryRow(func(row pgx.Row) error {
+	b.Queue(l.sql(q, true), q.args...).QueryRow(func(row pgx.Row) error {
 		d, decided, err = l.scan(row, q)
 		return err
 	})
@@ -359,13 +397,19 @@ func (l *stmtLimiter) runInSavepoint(ctx context.Context, tx pgx.Tx, q query) (d
 	return d, decided, err
 }
 
-// check runs verify until it has passed once.
+// check finds out whether the table is distributed, and runs verify,
+// until both have passed once.
 func (l *stmtLimiter) check(ctx context.Context, db DB) error {
-	if l.verify == nil || l.verified.Load() {
+	if l.verified.Load() {
 		return nil
 	}
-	if err := l.verify(ctx, db); err != nil {
+	if err := l.detectDistributed(ctx, db); err != nil {
 		return err
+	}
+	if l.verify != nil {
+		if err := l.verify(ctx, db); err != nil {
+			return err
+		}
 	}
 	l.verified.Store(true)
 	return nil

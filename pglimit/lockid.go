@@ -14,7 +14,8 @@ import (
 //
 //   - session locks, one bigint (T = int64, the 64-bit hash shifted right
 //     so it is never negative): "pglimit/migrate", Migrate's database-wide
-//     setup; "pglimit/migrate/<schema>", the schema's goose lock; and
+//     setup; "pglimit/migrate/<schema>", the schema's goose lock;
+//     "pglimit/distribute", Distribute's; and
 //     "pglimit/cleanup/<schema>/<tables>", the leadership of the cleaners
 //     of that table set.
 //   - transaction locks a first request takes on its key, two integers
@@ -35,6 +36,10 @@ func lockID[T int32 | int64](name string) T {
 // setupLockID serializes the part of Migrate that touches the whole
 // database.
 var setupLockID = lockID[int64]("pglimit/migrate")
+
+// distributeLockID serializes Distribute across instances: two
+// create_distributed_table calls on one table would make the second fail.
+var distributeLockID = lockID[int64]("pglimit/distribute")
 
 // migrationLockID gives each schema its own goose lock, so migrating one
 // schema never waits for another (and never for other goose users, whose

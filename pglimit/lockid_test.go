@@ -19,6 +19,7 @@ func TestLockIDsAreStable(t *testing.T) {
 		{"setup", setupLockID, 713863278108963640},
 		{"migrate public", migrationLockID("public"), 2674034186184075529},
 		{"migrate app", migrationLockID("app"), 5379591202825642052},
+		{"distribute", distributeLockID, 5814498278568982155},
 		{"cleanup public default tables", cleanupLockID("public", []string{"pglimit_upsert", "pglimit_nowait", "pglimit_range"}), 960762848113060509},
 		{"cleanup, tables in another order", cleanupLockID("public", []string{"pglimit_range", "pglimit_upsert", "pglimit_nowait"}), 960762848113060509},
 		{"cleanup app unlogged", cleanupLockID("app", []string{"pglimit_upsert_unlogged"}), 4365070669541758876},

@@ -52,7 +52,7 @@ FROM (SELECT clock_timestamp() AS now) AS c`
 
 func newRange(b base, table string) Limiter {
 	l := newStmtLimiter(b, table, rangeAllowSQL, "", "")
-	l.peekSQL = fmt.Sprintf(rangePeekSQL, table)
+	l.plain.peek = fmt.Sprintf(rangePeekSQL, table)
 	l.verify = func(ctx context.Context, db DB) error { return verifyExclusion(ctx, db, table) }
 	return l
 }

@@ -25,13 +25,34 @@ type NewLimiter func(db pglimit.DB, cfg *pglimit.Config) (pglimit.Limiter, error
 type Option func(*options)
 
 type options struct {
-	pool func(testing.TB) *pgxpool.Pool
+	pool    func(testing.TB) *pgxpool.Pool
+	url     string                                                             // "" for the shared server
+	prepare func(ctx context.Context, pool *pgxpool.Pool, schema string) error // after Migrate; nil for none
 }
 
 // WithPool makes the suite's limiters and transactions use pools from
 // newPool, such as [PgBouncerPool], instead of [Pool].
 func WithPool(newPool func(testing.TB) *pgxpool.Pool) Option {
 	return func(o *options) { o.pool = newPool }
+}
+
+// OnServer runs the suite against the server at url instead of the shared
+// one: its pools connect there, and each test's schema is created there,
+// migrated, then handed to prepare (pglimit.Distribute, say, on a Citus
+// coordinator) when prepare is not nil.
+func OnServer(url string, prepare func(ctx context.Context, pool *pgxpool.Pool, schema string) error) Option {
+	return func(o *options) {
+		o.url, o.prepare = url, prepare
+		o.pool = func(tb testing.TB) *pgxpool.Pool { return newPool(tb, url, pgx.QueryExecModeCacheStatement) }
+	}
+}
+
+// serverURL is the URL of the server the suite runs against.
+func (o *options) serverURL(tb testing.TB) string {
+	if o.url != "" {
+		return o.url
+	}
+	return URL(tb)
 }
 
 // Exercise runs the conformance suite every strategy must pass against a
@@ -345,7 +366,7 @@ type suite struct {
 func (s *suite) setup(t *testing.T, cooldown time.Duration) (pglimit.Limiter, *bundle) {
 	t.Helper()
 	t.Parallel()
-	b := &bundle{schema: Schema(t), pool: s.opts.pool(t)}
+	b := &bundle{schema: schemaOn(t, s.opts.serverURL(t), s.opts.prepare), pool: s.opts.pool(t)}
 	return mustNew(t, s.newLimiter, b.pool, &pglimit.Config{Schema: b.schema, Cooldown: cooldown}), b
 }
 

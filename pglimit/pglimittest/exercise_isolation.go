@@ -25,7 +25,7 @@ func (s *suite) exerciseIsolation(t *testing.T) {
 			_, b := s.setup(t, cooldown)
 			var lims []pglimit.Limiter
 			for range 2 {
-				pool := isolationPool(t, level)
+				pool := isolationPool(t, s.opts.serverURL(t), level)
 				lims = append(lims, mustNew(t, s.newLimiter, pool, &pglimit.Config{Schema: b.schema, Cooldown: cooldown}))
 			}
 			ctx := context.Background()
@@ -50,11 +50,11 @@ func (s *suite) exerciseIsolation(t *testing.T) {
 	}
 }
 
-// isolationPool is a pool to the shared server whose sessions default to
+// isolationPool is a pool to the server at url whose sessions default to
 // the isolation level.
-func isolationPool(tb testing.TB, level string) *pgxpool.Pool {
+func isolationPool(tb testing.TB, url, level string) *pgxpool.Pool {
 	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(URL(tb))
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -236,14 +236,26 @@ func warm(tb testing.TB, pool *pgxpool.Pool) {
 // can run in parallel.
 func Schema(tb testing.TB) string {
 	tb.Helper()
+	return schemaOn(tb, URL(tb), nil)
+}
+
+// schemaOn is [Schema] on the server at url, with prepare, if not nil, run
+// on the schema after the migrations.
+func schemaOn(tb testing.TB, url string, prepare func(ctx context.Context, pool *pgxpool.Pool, schema string) error) string {
+	tb.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := "pglimit_test_" + hex.EncodeToString(b[:])
 
-	pool := Pool(tb)
+	pool := newPool(tb, url, pgx.QueryExecModeCacheStatement)
 	ctx := context.Background()
 	if err := pglimit.Migrate(ctx, pool, name); err != nil {
 		tb.Fatalf("pglimittest: migrate schema %s: %v", name, err)
+	}
+	if prepare != nil {
+		if err := prepare(ctx, pool, name); err != nil {
+			tb.Fatalf("pglimittest: prepare schema %s: %v", name, err)
+		}
 	}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

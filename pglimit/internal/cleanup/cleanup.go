@@ -36,7 +36,13 @@ type Table struct {
 	// DeleteBatch would scan and sort the whole table at every batch.
 	Sweep bool
 
-	deleteSQL, sweepSQL string
+	// Distributed reports a Citus distributed table, cleaned by key
+	// (DeleteBatch picks expired keys, then deletes their expired rows):
+	// Citus runs no FOR UPDATE over several shards, and has no ctid that
+	// names a row across them.
+	Distributed bool
+
+	deleteSQL, sweepSQL, keysSQL string
 }
 
 // Which column ends a cooldown, by the type the migrations give it.
@@ -90,6 +96,29 @@ SELECT c.oid IS NOT NULL,
                WHERE i.indrelid = c.oid AND i.indisvalid AND a.attname = 'expires_at')
 FROM (SELECT to_regclass($1) AS oid) c`
 
+// keysSQL picks the keys of at most $2 rows whose cooldown ended more than
+// $1 ago, oldest first; keyedDeleteSQL deletes the expired rows of those
+// keys ($2), and re-checks the condition on the row version it deletes, so
+// a key admitted again since it was picked is not deleted. Both run on
+// every shard; now() is the coordinator's, one value for all of them.
+const (
+	keysSQL = `
+SELECT coalesce(array_agg(DISTINCT k.key), '{}')
+FROM (SELECT key FROM %[1]s WHERE %[2]s < now() - $1::interval ORDER BY %[2]s LIMIT $2) AS k`
+
+	keyedDeleteSQL = `
+DELETE FROM %[1]s
+WHERE key = ANY ($2::text[])
+  AND %[2]s < now() - $1::interval`
+)
+
+// distributedSQL tells whether a table is a Citus distributed table, and
+// whether this session is on the coordinator, where the cleaners' leader
+// lock must be taken: an advisory lock is one node's.
+const distributedSQL = `
+SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1)),
+       citus_is_coordinator()`
+
 // Describe looks up schema.name, which the caller has validated, and tells
 // which column ends its cooldowns.
 func Describe(ctx context.Context, q Querier, schema, name string) (Table, error) {
@@ -106,23 +135,66 @@ func Describe(ctx context.Context, q Querier, schema, name string) (Table, error
 	}
 	for _, e := range ends {
 		for _, col := range columns {
-			if col == e.column {
-				return Table{
-					Name: qualified, End: e.end, Sweep: e.end == "expires_at" && !indexed,
-					deleteSQL: fmt.Sprintf(deleteSQL, qualified, e.end),
-					sweepSQL:  fmt.Sprintf(sweepSQL, qualified, e.end),
-				}, nil
+			if col != e.column {
+				continue
 			}
+			t := Table{
+				Name: qualified, End: e.end, Sweep: e.end == "expires_at" && !indexed,
+				deleteSQL: fmt.Sprintf(deleteSQL, qualified, e.end),
+				sweepSQL:  fmt.Sprintf(sweepSQL, qualified, e.end),
+			}
+			return t, t.describeDistribution(ctx, q)
 		}
 	}
 	return Table{}, fmt.Errorf("%w: table %s has neither an expires_at timestamptz column nor a during tstzrange column", ErrNotLimiterTable, qualified)
 }
 
+// describeDistribution marks t distributed if Citus distributes it.
+func (t *Table) describeDistribution(ctx context.Context, q Querier) error {
+	var citus, coordinator bool
+	if err := q.QueryRow(ctx, "SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL").Scan(&citus); err != nil || !citus {
+		return err
+	}
+	if err := q.QueryRow(ctx, distributedSQL, t.Name).Scan(&t.Distributed, &coordinator); err != nil {
+		return fmt.Errorf("describe %s: %w", t.Name, err)
+	}
+	if t.Distributed && !coordinator {
+		return fmt.Errorf("%s is a Citus distributed table: clean it through the coordinator, where the leader's lock holds for the whole cluster", t.Name)
+	}
+	if t.Distributed {
+		t.Sweep = false
+		t.keysSQL = fmt.Sprintf(keysSQL, t.Name, t.End)
+		t.deleteSQL = fmt.Sprintf(keyedDeleteSQL, t.Name, t.End)
+	}
+	return nil
+}
+
 // DeleteBatch deletes at most limit rows of t whose cooldown ended more
 // than retention ago, and returns how many it deleted. Fewer than limit
-// means none were left, or the rest were locked.
+// means none were left, or the rest were locked. On a distributed table it
+// deletes the expired rows of at most limit keys (Range may hold several
+// per key), and waits for a row that a request holds locked instead of
+// skipping it.
 func (t Table) DeleteBatch(ctx context.Context, q Querier, retention time.Duration, limit int) (int64, error) {
+	if t.Distributed {
+		return t.deleteKeys(ctx, q, retention, limit)
+	}
 	tag, err := q.Exec(ctx, t.deleteSQL, retention, limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete from %s: %w", t.Name, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+func (t Table) deleteKeys(ctx context.Context, q Querier, retention time.Duration, limit int) (int64, error) {
+	var keys []string
+	if err := q.QueryRow(ctx, t.keysSQL, retention, limit).Scan(&keys); err != nil {
+		return 0, fmt.Errorf("pick keys of %s: %w", t.Name, err)
+	}
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	tag, err := q.Exec(ctx, t.deleteSQL, retention, keys)
 	if err != nil {
 		return 0, fmt.Errorf("delete from %s: %w", t.Name, err)
 	}
