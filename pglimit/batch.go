@@ -88,9 +88,17 @@ func newBatcher(l *stmtLimiter, table, column string) *batcher {
 }
 
 // runBatched decides q, a request of n units on key, in a batch when l
-// batches, else with its own statement.
+// batches, else with its own statement. A table Citus distributes is never
+// batched: a batch's keys live on different nodes, and each decision there
+// is one hop to its own.
 func (l *stmtLimiter) runBatched(ctx context.Context, key string, n int, q query) (Decision, error) {
 	if l.batch == nil {
+		return l.run(ctx, q)
+	}
+	if err := l.check(ctx, l.db); err != nil {
+		return Decision{}, err
+	}
+	if l.dist.Load() != nil {
 		return l.run(ctx, q)
 	}
 	return l.batch.do(ctx, key, n, q)
