@@ -105,12 +105,16 @@ var (
 // optionDashes tells a strategy's variants apart, by the suffix of their
 // names; the plain strategy is solid.
 var optionDashes = map[string][]vg.Length{
-	"":              nil,
-	"-async":        {vg.Points(9), vg.Points(4)},
-	"-preblock":     {vg.Points(1.5), vg.Points(2)},
-	"-singleflight": {vg.Points(6), vg.Points(2), vg.Points(1.5), vg.Points(2)},
-	"-unlogged":     {vg.Points(16), vg.Points(4)},
-	"-preblock-inv": {vg.Points(1.5), vg.Points(2), vg.Points(1.5), vg.Points(5)},
+	"":                    nil,
+	"-async":              {vg.Points(9), vg.Points(4)},
+	"-preblock":           {vg.Points(1.5), vg.Points(2)},
+	"-singleflight":       {vg.Points(6), vg.Points(2), vg.Points(1.5), vg.Points(2)},
+	"-unlogged":           {vg.Points(16), vg.Points(4)},
+	"-preblock-inv":       {vg.Points(1.5), vg.Points(2), vg.Points(1.5), vg.Points(5)},
+	"-batch":              {vg.Points(3), vg.Points(3)},
+	"-batch-async":        {vg.Points(9), vg.Points(2), vg.Points(3), vg.Points(2)},
+	"-batch-unlogged":     {vg.Points(16), vg.Points(2), vg.Points(3), vg.Points(2)},
+	"-batch-singleflight": {vg.Points(6), vg.Points(2), vg.Points(3), vg.Points(2), vg.Points(3), vg.Points(2)},
 }
 
 // legend names a variant in charts, floors with what they measure.
