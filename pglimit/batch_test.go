@@ -406,7 +406,11 @@ func TestBatchCallerCancelLeavesOthers(t *testing.T) {
 		return ch
 	}
 	waitPending := func(n int) {
+		deadline := time.Now().Add(30 * time.Second)
 		for pglimit.BatchPending(lim) != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d calls pending after 30s, want %d", pglimit.BatchPending(lim), n)
+			}
 			time.Sleep(time.Millisecond)
 		}
 	}

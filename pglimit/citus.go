@@ -115,20 +115,7 @@ BEGIN
             END IF;
         END IF;
     END;
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', v_saved, true);
-    END IF;
-    IF admitted IS NULL THEN
-        RETURN;
-    END IF;
-    tat_us := (extract(epoch FROM v_at) * 1000000)::bigint;
-    now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
-    IF admitted AND p_async THEN
-        setting := set_config('synchronous_commit', 'off', true);
-    END IF;
-    RETURN NEXT;
-END
-$fn$`
+` + cooldownFuncTail
 
 	rowDecideFunc = `
 CREATE OR REPLACE FUNCTION %[2]s(
@@ -209,6 +196,25 @@ BEGIN
 END
 $fn$`
 
+	// cooldownFuncTail ends the cooldown functions of both tables, once
+	// their decision is in admitted (NULL: the key changed, decide again),
+	// v_at and v_now: it restores the caller's lock_timeout and answers.
+	cooldownFuncTail = `
+    IF p_lock_timeout IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', v_saved, true);
+    END IF;
+    IF admitted IS NULL THEN
+        RETURN;
+    END IF;
+    tat_us := (extract(epoch FROM v_at) * 1000000)::bigint;
+    now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
+    IF admitted AND p_async THEN
+        setting := set_config('synchronous_commit', 'off', true);
+    END IF;
+    RETURN NEXT;
+END
+$fn$`
+
 	rowPeekFunc = `
 CREATE OR REPLACE FUNCTION %[2]s(p_namespace text, p_key text)
 RETURNS TABLE (admitted boolean, state_read bigint[], tat_us bigint, now_us bigint, setting text)
@@ -254,20 +260,7 @@ BEGIN
             admitted := true;
         END IF;
     END;
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', v_saved, true);
-    END IF;
-    IF admitted IS NULL THEN
-        RETURN;
-    END IF;
-    tat_us := (extract(epoch FROM v_at) * 1000000)::bigint;
-    now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
-    IF admitted AND p_async THEN
-        setting := set_config('synchronous_commit', 'off', true);
-    END IF;
-    RETURN NEXT;
-END
-$fn$`
+` + cooldownFuncTail
 
 	rangePeekFunc = `
 CREATE OR REPLACE FUNCTION %[2]s(p_namespace text, p_key text)
