@@ -31,8 +31,7 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 
 	// Each limit's state rolled forward to now, and the units it admits.
 	for i, l := range limits {
-		P, R, T := l.Period.Microseconds(), int64(l.Rate), l.emission()
-		BT := int64(l.Burst) * T
+		P, R, T, BT := l.micros()
 		s := &st[i]
 		switch l.Algorithm {
 		case GCRA:
@@ -74,8 +73,7 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 	// would: the refusal's wait is the longest, its limit the binding one.
 	e := evaluation{allowed: true, retry: -1}
 	for i, l := range limits {
-		P, R, T := l.Period.Microseconds(), int64(l.Rate), l.emission()
-		BT := int64(l.Burst) * T
+		P, R, T, BT := l.micros()
 		s := st[i]
 		ok := u <= s.cap
 		var w int64
@@ -115,8 +113,7 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 	// the fewest units left.
 	g := e.granted
 	for i, l := range limits {
-		P, R, T := l.Period.Microseconds(), int64(l.Rate), l.emission()
-		BT := int64(l.Burst) * T
+		P, R, T, BT := l.micros()
 		s := st[i]
 		var r, rs int64
 		switch l.Algorithm {

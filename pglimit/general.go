@@ -147,8 +147,7 @@ func decision(limits []Limit, mode int, state, tat, now string) (admits, newStat
 	single := len(limits) == 1 && limits[0].Algorithm == GCRA
 	var caps, oks, next, expires []string
 	for i, l := range limits {
-		P, R, T := l.Period.Microseconds(), int64(l.Rate), l.emission()
-		BT := int64(l.Burst) * T
+		P, R, T, BT := l.micros()
 		s := func(o int) string { return fmt.Sprintf("%s[%d]", state, 3*i+o) }
 		var a, b, c, capacity string // the state rolled forward to now; the units admitted now
 		switch l.Algorithm {

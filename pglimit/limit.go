@@ -106,6 +106,13 @@ func (l Limit) emission() int64 {
 	return (p + r - 1) / r
 }
 
+// micros is the limit in the integers its decisions use: the period and
+// the emission interval T in µs, the rate, and the burst's span Burst*T.
+func (l Limit) micros() (period, rate, t, burstT int64) {
+	t = l.emission()
+	return l.Period.Microseconds(), int64(l.Rate), t, int64(l.Burst) * t
+}
+
 // capacity is how many units the limit admits at once from a fresh state.
 func (l Limit) capacity() int {
 	if l.Algorithm == GCRA {

@@ -119,7 +119,7 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 	}
 	if l.single {
 		lim := b.cfg.Limits[0]
-		l.emission, l.burstT = lim.emission(), int64(lim.Burst)*lim.emission()
+		_, _, l.emission, l.burstT = lim.micros()
 		l.oneT, l.oneTau = l.emission, l.burstT-l.emission
 	}
 	l.batch = newBatcher(l, table, column)
