@@ -74,6 +74,12 @@ func style(name string) draw.LineStyle {
 	case peerName:
 		ls.Color, ls.Width = peerColor, vg.Points(2.5)
 		return ls
+	case peerEverysec.Name:
+		ls.Color, ls.Dashes = peerColor, []vg.Length{vg.Points(9), vg.Points(4)}
+		return ls
+	case peerAlways.Name:
+		ls.Color, ls.Dashes = peerColor, []vg.Length{vg.Points(3), vg.Points(3)}
+		return ls
 	case naive.Name:
 		ls.Color = naiveColor
 		return ls
@@ -105,16 +111,12 @@ var (
 // optionDashes tells a strategy's variants apart, by the suffix of their
 // names; the plain strategy is solid.
 var optionDashes = map[string][]vg.Length{
-	"":                    nil,
-	"-async":              {vg.Points(9), vg.Points(4)},
-	"-preblock":           {vg.Points(1.5), vg.Points(2)},
-	"-singleflight":       {vg.Points(6), vg.Points(2), vg.Points(1.5), vg.Points(2)},
-	"-unlogged":           {vg.Points(16), vg.Points(4)},
-	"-preblock-inv":       {vg.Points(1.5), vg.Points(2), vg.Points(1.5), vg.Points(5)},
-	"-batch":              {vg.Points(3), vg.Points(3)},
-	"-batch-async":        {vg.Points(9), vg.Points(2), vg.Points(3), vg.Points(2)},
-	"-batch-unlogged":     {vg.Points(16), vg.Points(2), vg.Points(3), vg.Points(2)},
-	"-batch-singleflight": {vg.Points(6), vg.Points(2), vg.Points(3), vg.Points(2), vg.Points(3), vg.Points(2)},
+	"":              nil,
+	"-async":        {vg.Points(9), vg.Points(4)},
+	"-preblock":     {vg.Points(1.5), vg.Points(2)},
+	"-singleflight": {vg.Points(6), vg.Points(2), vg.Points(1.5), vg.Points(2)},
+	"-unlogged":     {vg.Points(16), vg.Points(4)},
+	"-preblock-inv": {vg.Points(1.5), vg.Points(2), vg.Points(1.5), vg.Points(5)},
 }
 
 // legend names a variant in charts, floors with what they measure.

@@ -20,7 +20,7 @@ func TestChartStyles(t *testing.T) {
 	var strategyColours [][4]uint32
 	dashes := map[string][]string{} // colour of a strategy -> dash patterns seen
 	for _, v := range allVariants() {
-		if v.Name == peerName || v.Name == naive.Name {
+		if v.Redis || v.Name == naive.Name {
 			continue
 		}
 		c := rgba(style(v.Name).Color)
@@ -41,7 +41,7 @@ func TestChartStyles(t *testing.T) {
 		}
 		dashes[s] = append(dashes[s], d)
 	}
-	for _, name := range []string{peerName, naive.Name, floorName, writeFloorName, pingFloorName} {
+	for _, name := range []string{peerName, peerEverysec.Name, peerAlways.Name, naive.Name, floorName, writeFloorName, pingFloorName} {
 		if slices.Contains(strategyColours, rgba(style(name).Color)) {
 			t.Errorf("%s is drawn in a strategy's colour", name)
 		}

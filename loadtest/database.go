@@ -66,17 +66,20 @@ SELECT current_setting('max_connections')::int - current_setting('superuser_rese
 // of the database clock that bracket the instant the admission was decided
 // at: the start of its statement (statement_timestamp()) and the trigger's
 // own clock_timestamp(), read after the row was written and before its lock
-// is released.
+// is released. One write of a single GCRA limit's row may admit several
+// calls on the key at once (the library merges them): the expires_at it
+// replaced (previous) tells how many.
 const (
 	auditTable   = "lt_admissions"
 	auditTrigger = "lt_record_admission"
 	auditSetup   = `
 CREATE TABLE %[1]s.lt_admissions (key text NOT NULL, expires_at timestamptz NOT NULL, state bigint[],
-    statement_at timestamptz NOT NULL, recorded_at timestamptz NOT NULL);
+    previous timestamptz, statement_at timestamptz NOT NULL, recorded_at timestamptz NOT NULL);
 CREATE FUNCTION %[1]s.lt_record_admission() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO %[1]s.lt_admissions (key, expires_at, state, statement_at, recorded_at)
-    VALUES (NEW.key, NEW.expires_at, NEW.state, statement_timestamp(), clock_timestamp());
+    INSERT INTO %[1]s.lt_admissions (key, expires_at, state, previous, statement_at, recorded_at)
+    VALUES (NEW.key, NEW.expires_at, NEW.state, CASE TG_OP WHEN 'UPDATE' THEN OLD.expires_at END,
+        statement_timestamp(), clock_timestamp());
     RETURN NULL;
 END $$;
 CREATE TRIGGER lt_record_admission AFTER INSERT OR UPDATE ON %[1]s.%[2]s
@@ -204,22 +207,41 @@ type auditRow struct {
 }
 
 // recordLimits returns, by key, the admissions the audit trigger recorded
-// in v's table.
-func (db *database) recordLimits(ctx context.Context, v variant) (map[string][]auditRow, error) {
+// in v's table, for its limits. A write of a single GCRA limit's row that
+// moved its TAT by k emission intervals past max(previous TAT, the time of
+// the decision) admitted k calls of one unit each: it counts k times.
+func (db *database) recordLimits(ctx context.Context, v variant, limits []pglimit.Limit) (map[string][]auditRow, error) {
 	rows, err := db.pool.Query(ctx, `
-SELECT key, state, (extract(epoch FROM statement_at) * 1000000)::bigint, (extract(epoch FROM recorded_at) * 1000000)::bigint
+SELECT key, state, (extract(epoch FROM expires_at) * 1000000)::bigint, (extract(epoch FROM previous) * 1000000)::bigint,
+    (extract(epoch FROM statement_at) * 1000000)::bigint, (extract(epoch FROM recorded_at) * 1000000)::bigint
 FROM `+ident(db.schemas[v.Name])+"."+auditTable)
 	if err != nil {
 		return nil, err
 	}
+	var t int64 // µs: the emission interval of a single GCRA limit, else 0
+	if len(limits) == 1 && limits[0].Algorithm == pglimit.GCRA {
+		t = limits[0].Period.Microseconds() / int64(limits[0].Rate)
+	}
 	byKey := map[string][]auditRow{}
 	var (
-		key string
-		r   auditRow
+		key      string
+		r        auditRow
+		expires  int64
+		previous *int64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&key, &r.state, &r.stmt, &r.at}, func() error {
-		byKey[key] = append(byKey[key], r)
-		r.state = nil
+	_, err = pgx.ForEachRow(rows, []any{&key, &r.state, &expires, &previous, &r.stmt, &r.at}, func() error {
+		calls := 1
+		if t > 0 {
+			base := r.at // the decision's time, to well within T (calls round)
+			if previous != nil {
+				base = max(base, *previous)
+			}
+			calls = max(int((expires-base+t/2)/t), 1)
+		}
+		for range calls {
+			byKey[key] = append(byKey[key], r)
+		}
+		r.state, previous = nil, nil
 		return nil
 	})
 	return byKey, err

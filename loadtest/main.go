@@ -78,8 +78,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.label, "label", "http", "name of what the HTTP target runs, for the report (e.g. its strategy)")
 	fs.DurationVar(&o.cooldown, "cooldown", 0, "the HTTP target's cooldown, against which admissions are checked (default 2s over HTTP; in-process each scenario sets its own)")
 	strategies := fs.String("strategies", "redis_rate,upsert,nowait,range,range-naive",
-		"strategies to compare, in-process; each of upsert, nowait and range also comes as <name>-async (Config.AsyncCommit) and <name>-preblock (Config.PreBlockSize); upsert-singleflight is Upsert with Config.SingleFlight, upsert-unlogged on the unlogged table, upsert-preblock-inv with the pre-block and an Invalidator; upsert-batch is Upsert with Config.Batch, alone and with -async, -unlogged or -singleflight; "+
-			"redis_rate is the peer (github.com/go-redis/redis_rate on redis-server, which must be installed). "+
+		"strategies to compare, in-process; each of upsert, nowait and range also comes as <name>-async (Config.AsyncCommit) and <name>-preblock (Config.PreBlockSize); upsert-singleflight is Upsert with Config.SingleFlight, upsert-unlogged on the unlogged table, upsert-preblock-inv with the pre-block and an Invalidator; "+
+			"redis_rate is the peer (github.com/go-redis/redis_rate on redis-server, which must be installed), without persistence; "+
+			"redis_rate-aof-everysec and redis_rate-aof-always the same with Redis's append-only file (appendfsync everysec, always). "+
 			"The limits and cost-* scenarios compare their own: upsert and nowait as a cooldown, with one GCRA limit and with three limits")
 	scens := fs.String("scenarios", strings.Join(scenarioNames, ","), "scenarios to run")
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every duration (0.1 runs the 10-minute seed load in 1 minute)")

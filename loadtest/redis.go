@@ -161,7 +161,8 @@ func (s *redisServer) close() error {
 func (s *redisServer) about() string {
 	return fmt.Sprintf("%s %s (go-redis %s) on redis-server %s started by the load test on 127.0.0.1, "+
 		"without persistence (--save \"\" --appendonly no), as Redis usually runs for a rate limiter: "+
-		"a restart forgets every cooldown", peerName, moduleVersion("github.com/go-redis/redis_rate/v10"),
+		"a restart forgets every cooldown; %[1]s-aof-everysec and %[1]s-aof-always run on the same server with its "+
+		"append-only file on (appendfsync everysec, always)", peerName, moduleVersion("github.com/go-redis/redis_rate/v10"),
 		moduleVersion("github.com/redis/go-redis/v9"), s.version)
 }
 
@@ -178,10 +179,14 @@ func moduleVersion(path string) string {
 }
 
 // open empties the database, as the PostgreSQL runs start from empty
-// tables, and opens one client per instance with every connection open.
-func (s *redisServer) open(ctx context.Context, instances, conns int) (session, error) {
+// tables, sets the append-only file v runs with, and opens one client per
+// instance with every connection open.
+func (s *redisServer) open(ctx context.Context, v variant, instances, conns int) (session, error) {
 	if err := s.admin.FlushAll(ctx).Err(); err != nil {
 		return nil, fmt.Errorf("empty Redis: %w", err)
+	}
+	if err := s.persist(ctx, v.Fsync); err != nil {
+		return nil, err
 	}
 	rs := &redisSession{size: conns}
 	for range instances {
@@ -193,6 +198,21 @@ func (s *redisServer) open(ctx context.Context, instances, conns int) (session, 
 		}
 	}
 	return rs, nil
+}
+
+// persist turns the append-only file on with the given appendfsync
+// ("everysec" or "always"), or off for "".
+func (s *redisServer) persist(ctx context.Context, fsync string) error {
+	settings := []string{"appendonly", "no"}
+	if fsync != "" {
+		settings = []string{"appendfsync", fsync, "appendonly", "yes"}
+	}
+	for i := 0; i < len(settings); i += 2 {
+		if err := s.admin.ConfigSet(ctx, settings[i], settings[i+1]).Err(); err != nil {
+			return fmt.Errorf("Redis CONFIG SET %s %s: %w", settings[i], settings[i+1], err)
+		}
+	}
+	return nil
 }
 
 // client returns a client of the server with a pool of conns connections.
@@ -249,7 +269,7 @@ func (s *redisSession) deciders(v variant, cooldown time.Duration, _ []pglimit.L
 				err := c.Ping(ctx).Err()
 				return outcome{allowed: err == nil, err: err}
 			}
-		case peerName:
+		case peerName, peerEverysec.Name, peerAlways.Name:
 			lim := redis_rate.NewLimiter(c)
 			out[i] = func(ctx context.Context, key string) outcome {
 				res, err := lim.Allow(ctx, key, limit)

@@ -250,7 +250,7 @@ func (r *runner) databaseFigures(ctx context.Context, res *result, sc *scenario,
 		if !sc.Audit {
 			return nil
 		}
-		byKey, err := r.db.recordLimits(ctx, v)
+		byKey, err := r.db.recordLimits(ctx, v, limits)
 		if err != nil {
 			return fmt.Errorf("read the admissions the database recorded: %w", err)
 		}

@@ -26,11 +26,11 @@ type variant struct {
 	AsyncCommit  bool   // pglimit.Config.AsyncCommit
 	PreBlock     int    // pglimit.Config.PreBlockSize
 	SingleFlight bool   // pglimit.Config.SingleFlight
-	Batch        bool   // pglimit.Config.Batch
 	Table        string // pglimit.Config.Table; "" for the strategy's default
 	Invalidate   bool   // a pglimit.Invalidator per instance for its pre-block
 	Floor        bool   // the least work a request can do; it decides nothing
 	Redis        bool   // runs on the load test's Redis, not on PostgreSQL
+	Fsync        string // the peer's append-only file: "" (none), "everysec" or "always"
 	// Limits names the scenario's limit set (scenario.Limits) the variant
 	// enforces with Config.Limits; empty is the scenario's cooldown.
 	Limits string
@@ -60,6 +60,11 @@ var (
 	writeFloor = variant{Name: writeFloorName, Floor: true, Strategy: pglimit.Upsert} // its table
 	pingFloor  = variant{Name: pingFloorName, Floor: true, Redis: true}
 	peer       = variant{Name: peerName, Redis: true}
+	// The peer with Redis's append-only file, flushed every second and at
+	// every write: the durability classes of AsyncCommit and of pglimit's
+	// default.
+	peerEverysec = variant{Name: peerName + "-aof-everysec", Redis: true, Fsync: "everysec"}
+	peerAlways   = variant{Name: peerName + "-aof-always", Redis: true, Fsync: "always"}
 )
 
 // naive is the Range strategy with the article's plain INSERT.
@@ -71,7 +76,7 @@ var naive = variant{Name: "range-naive", Strategy: pglimit.Range, Naive: true}
 // Upsert with the library's other levers.
 func allVariants() []variant {
 	vs := make([]variant, 0, 3*len(pglimit.Strategies())+9)
-	vs = append(vs, peer)
+	vs = append(vs, peer, peerEverysec, peerAlways)
 	for _, s := range pglimit.Strategies() {
 		vs = append(vs, variant{Name: string(s), Strategy: s})
 	}
@@ -84,11 +89,7 @@ func allVariants() []variant {
 	}
 	vs = append(vs, variant{Name: "upsert-singleflight", Strategy: pglimit.Upsert, SingleFlight: true},
 		variant{Name: "upsert-unlogged", Strategy: pglimit.Upsert, Table: "pglimit_upsert_unlogged"},
-		variant{Name: "upsert-preblock-inv", Strategy: pglimit.Upsert, PreBlock: preBlockSize, Invalidate: true},
-		variant{Name: "upsert-batch", Strategy: pglimit.Upsert, Batch: true},
-		variant{Name: "upsert-batch-async", Strategy: pglimit.Upsert, Batch: true, AsyncCommit: true},
-		variant{Name: "upsert-batch-unlogged", Strategy: pglimit.Upsert, Batch: true, Table: "pglimit_upsert_unlogged"},
-		variant{Name: "upsert-batch-singleflight", Strategy: pglimit.Upsert, Batch: true, SingleFlight: true})
+		variant{Name: "upsert-preblock-inv", Strategy: pglimit.Upsert, PreBlock: preBlockSize, Invalidate: true})
 	return vs
 }
 
@@ -148,7 +149,7 @@ type inProcess struct {
 
 func (t *inProcess) open(ctx context.Context, v variant, instances, conns int) (session, error) {
 	if v.Redis {
-		return t.redis.open(ctx, instances, conns)
+		return t.redis.open(ctx, v, instances, conns)
 	}
 	s := &poolSession{schemas: t.schemas, size: min(conns, t.maxConns)}
 	for range instances {
@@ -257,7 +258,6 @@ func (s *poolSession) limiter(p *pgxpool.Pool, v variant, cooldown time.Duration
 		PreBlockSize: v.PreBlock,
 		Invalidator:  inv,
 		SingleFlight: v.SingleFlight,
-		Batch:        v.Batch,
 		Table:        v.Table,
 		Cooldown:     cooldown,
 		Limits:       limits,

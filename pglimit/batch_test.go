@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,49 +17,12 @@ import (
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-// Upsert and NoWait keep every promise with the batcher on, alone, with
-// asynchronous commit, single-flight and the pre-block, and behind
-// PgBouncer. (The unlogged tables differ from the others in durability
-// only: TestConformanceUnlogged covers them.)
-func TestConformanceBatch(t *testing.T) {
-	t.Parallel()
-	for _, run := range []struct {
-		name string
-		s    pglimit.Strategy
-		edit func(*pglimit.Config)
-		opts []pglimittest.Option
-	}{
-		{"upsert", pglimit.Upsert, nil, nil},
-		{"nowait", pglimit.NoWait, nil, nil},
-		{"upsert/async+singleflight+preblock", pglimit.Upsert, func(c *pglimit.Config) {
-			c.AsyncCommit, c.SingleFlight, c.PreBlockSize = true, true, 1000
-		}, nil},
-		{"upsert/pgbouncer", pglimit.Upsert, nil, []pglimittest.Option{pglimittest.WithPool(pglimittest.PgBouncerPool)}},
-		{"nowait/pgbouncer", pglimit.NoWait, nil, []pglimittest.Option{pglimittest.WithPool(pglimittest.PgBouncerPool)}},
-	} {
-		t.Run(run.name, func(t *testing.T) {
-			t.Parallel()
-			pglimittest.Exercise(t, withBatch(run.s, run.edit), run.opts...)
-		})
-	}
-}
-
-// withBatch is withStrategy with the batcher on.
-func withBatch(s pglimit.Strategy, edit func(*pglimit.Config)) pglimittest.NewLimiter {
-	return withStrategy(s, func(c *pglimit.Config) {
-		c.Batch = true
-		if edit != nil {
-			edit(c)
-		}
-	})
-}
-
-// newBatchLimiter builds a batching limiter of strategy s over db in a
-// schema of its own.
+// newBatchLimiter builds a limiter of strategy s over db in a schema of
+// its own.
 func newBatchLimiter(t *testing.T, db pglimit.DB, s pglimit.Strategy, edit func(*pglimit.Config)) (pglimit.Limiter, string) {
 	t.Helper()
 	schema := pglimittest.Schema(t)
-	cfg := &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour, Batch: true}
+	cfg := &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour}
 	if edit != nil {
 		edit(cfg)
 	}
@@ -260,7 +224,7 @@ func TestBatchInstancesDoNotDeadlock(t *testing.T) {
 			schema := pglimittest.Schema(t)
 			var lims []pglimit.Limiter
 			for range 3 {
-				lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour, Batch: true})
+				lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -313,10 +277,10 @@ func TestBatchInstancesDoNotDeadlock(t *testing.T) {
 func heldBatcher(t *testing.T, s pglimit.Strategy, size int) (pglimit.Limiter, *gatedDB, string, *sync.WaitGroup) {
 	t.Helper()
 	db := newGatedDB(t)
-	lim, schema := newBatchLimiter(t, db, s, func(c *pglimit.Config) { c.BatchSize = size })
-	pglimit.SetBatchWindow(lim, time.Hour)
+	lim, schema := newBatchLimiter(t, db, s, nil)
+	pglimit.SetBatchSize(lim, size)
 	var held sync.WaitGroup
-	for i := range pglimit.BatchesInFlight {
+	for i := range pglimit.InFlightLimit {
 		key := fmt.Sprintf("held-%d", i)
 		held.Go(func() {
 			if d, err := lim.Allow(context.Background(), key); err != nil || !d.Allowed {
@@ -449,20 +413,24 @@ func TestBatchCallerCancelLeavesOthers(t *testing.T) {
 	}
 }
 
-// A pending batch is sent when its window passes even while every
-// statement in flight is still running: no call waits for another to push
-// it.
-func TestBatchWindowSendsPending(t *testing.T) {
+// A pending batch is sent as soon as a statement in flight returns: no
+// call waits for a window or for the batch to fill.
+func TestBatchSentWhenAStatementReturns(t *testing.T) {
 	t.Parallel()
 	lim, db, _, held := heldBatcher(t, pglimit.Upsert, 64)
-	pglimit.SetBatchWindow(lim, 20*time.Millisecond)
 	done := make(chan error, 1)
 	go func() {
 		_, err := lim.Allow(context.Background(), "lone")
 		done <- err
 	}()
-	<-db.entered // sent by its window while the two others are held
-	close(db.open)
+	deadline := time.Now().Add(30 * time.Second)
+	for pglimit.BatchPending(lim) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the lone call did not gather in 30s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(db.open) // the held statements return
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -489,24 +457,13 @@ func TestBatchAllowTxIsNotBatched(t *testing.T) {
 	}
 }
 
-// The batch settings are validated and name their field.
-func TestBatchConfigValidated(t *testing.T) {
+// Other limits and Range bypass the batcher.
+func TestBatchBypassed(t *testing.T) {
 	t.Parallel()
 	pool := pglimittest.Pool(t)
 	for _, c := range []pglimit.Config{
-		{Cooldown: time.Second, Batch: true, BatchWindow: -1},
-		{Cooldown: time.Second, Batch: true, BatchWindow: time.Second},
-		{Cooldown: time.Second, Batch: true, BatchSize: -1},
-		{Cooldown: time.Second, Batch: true, BatchSize: 1001},
-	} {
-		if _, err := pglimit.New(pool, &c); !errors.Is(err, pglimit.ErrInvalidConfig) {
-			t.Errorf("%+v: %v, want ErrInvalidConfig", c, err)
-		}
-	}
-	// Other limits and Range bypass the batcher.
-	for _, c := range []pglimit.Config{
-		{Strategy: pglimit.Range, Cooldown: time.Second, Batch: true},
-		{Limits: []pglimit.Limit{{Rate: 1, Period: time.Second}, {Rate: 5, Period: time.Minute}}, Batch: true},
+		{Strategy: pglimit.Range, Cooldown: time.Second},
+		{Limits: []pglimit.Limit{{Rate: 1, Period: time.Second}, {Rate: 5, Period: time.Minute}}},
 	} {
 		lim, err := pglimit.New(pool, &c)
 		if err != nil {
@@ -515,5 +472,155 @@ func TestBatchConfigValidated(t *testing.T) {
 		if f := pglimit.BatchFailures(lim); f != -1 {
 			t.Errorf("%+v batches; want it to bypass the batcher", c)
 		}
+	}
+}
+
+// Calls on one key merge into one entry of one statement, and its units go
+// to the calls in arrival order, each decided as its own statement would
+// have been, one after the other, at that clock reading: with a burst of 3
+// and 5 calls, the first three are admitted with 2, 1 and 0 remaining, the
+// last two refused, and the key's state moved by three units only.
+func TestBatchMergesSameKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			db := newGatedDB(t)
+			lim, _ := newBatchLimiter(t, db, s, func(c *pglimit.Config) {
+				c.Cooldown, c.Limits = 0, []pglimit.Limit{{Rate: 3, Period: time.Hour, Burst: 3}}
+			})
+			close(db.open) // the first decision checks the table
+			if _, err := lim.Allow(ctx, "warm-up"); err != nil {
+				t.Fatal(err)
+			}
+			for len(db.entered) > 0 {
+				<-db.entered
+			}
+			db.open = make(chan struct{})
+			var held sync.WaitGroup
+			for i := range pglimit.InFlightLimit {
+				held.Go(func() {
+					if _, err := lim.Allow(ctx, fmt.Sprintf("held-%d", i)); err != nil {
+						t.Error(err)
+					}
+				})
+				<-db.entered
+			}
+			const calls = 5
+			got := make([]pglimit.Decision, calls)
+			var wg sync.WaitGroup
+			for i := range calls {
+				wg.Go(func() {
+					d, err := lim.Allow(ctx, "hot")
+					if err != nil {
+						t.Error(err)
+					}
+					got[i] = d
+				})
+				for deadline := time.Now().Add(30 * time.Second); pglimit.BatchPending(lim) != i+1; time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("call %d did not gather in 30s", i)
+					}
+				}
+			}
+			before := db.statements.Load() // the held statements were counted as they entered
+			close(db.open)
+			wg.Wait()
+			held.Wait()
+			if n := db.statements.Load() - before; n != 1 {
+				t.Errorf("%d statements for %d calls on one key, want 1", n, calls)
+			}
+			for i, d := range got {
+				wantAllowed, wantRemaining := i < 3, max(2-i, 0)
+				if d.Allowed != wantAllowed || d.Remaining != wantRemaining {
+					t.Errorf("call %d: Allowed %t, Remaining %d; want %t, %d", i, d.Allowed, d.Remaining, wantAllowed, wantRemaining)
+				}
+				if !d.Allowed && (d.RetryAfter <= 19*time.Minute || d.RetryAfter > 20*time.Minute) {
+					t.Errorf("call %d: RetryAfter %s, want about the emission interval of 20m", i, d.RetryAfter)
+				}
+			}
+			if d, err := lim.Peek(ctx, "hot", 1); err != nil || d.Allowed {
+				t.Errorf("after the burst: Peek %+v, %v; want refused", d, err)
+			}
+		})
+	}
+}
+
+// Two instances, eight workers each, hammer four keys with a 50 ms
+// cooldown for a second, so that batches, merged entries and lone
+// statements race on every key. An audit trigger records every write of
+// the table: consecutive admissions of a key are never less than the
+// cooldown apart on the database clock, and the database admitted no more
+// than the callers were told.
+func TestBatchAuditCooldown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			const cooldown = 50 * time.Millisecond
+			schema := pglimittest.Schema(t)
+			pool := pglimittest.Pool(t)
+			table := pgx.Identifier{schema, "pglimit_" + string(s)}.Sanitize()
+			sch := pgx.Identifier{schema}.Sanitize()
+			if _, err := pool.Exec(ctx, fmt.Sprintf(`
+CREATE TABLE %[1]s.audit (key text NOT NULL, expires_at timestamptz NOT NULL);
+CREATE FUNCTION %[1]s.audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO %[1]s.audit VALUES (NEW.key, NEW.expires_at); RETURN NULL; END $$;
+CREATE TRIGGER audit AFTER INSERT OR UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s.audit();`, sch, table)); err != nil {
+				t.Fatal(err)
+			}
+			var lims []pglimit.Limiter
+			for range 2 {
+				lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Cooldown: cooldown})
+				if err != nil {
+					t.Fatal(err)
+				}
+				lims = append(lims, lim)
+			}
+			keys := keysN("k", 4)
+			var (
+				wg       sync.WaitGroup
+				admitted atomic.Int64
+			)
+			stop := time.Now().Add(time.Second)
+			for i := range 16 {
+				wg.Go(func() {
+					for time.Now().Before(stop) {
+						d, err := lims[i%2].Allow(ctx, keys[rand.IntN(len(keys))])
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if d.Allowed {
+							admitted.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			rows, err := pool.Query(ctx, "SELECT key, expires_at FROM "+sch+".audit ORDER BY key, expires_at")
+			if err != nil {
+				t.Fatal(err)
+			}
+			last := map[string]time.Time{}
+			var writes int64
+			var key string
+			var at time.Time
+			if _, err := pgx.ForEachRow(rows, []any{&key, &at}, func() error {
+				writes++
+				if prev, ok := last[key]; ok && at.Sub(prev) < cooldown {
+					t.Errorf("%s admitted twice %s apart, less than the cooldown of %s", key, at.Sub(prev), cooldown)
+				}
+				last[key] = at
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if writes != admitted.Load() {
+				t.Errorf("the database recorded %d admissions, the callers were told of %d", writes, admitted.Load())
+			}
+		})
 	}
 }

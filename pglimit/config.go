@@ -139,40 +139,12 @@ type Config struct {
 	// coalesce. Defaults to false: with a Burst above one, a caller that
 	// finds room after waiting pays two statements' latency.
 	SingleFlight bool
-
-	// Batch coalesces concurrent Allow and AllowN calls of this limiter in
-	// this process into one statement that decides up to BatchSize keys and
-	// commits once, so that they share a round trip and a WAL flush. A call
-	// waits at most BatchWindow for its batch to be sent, and not at all
-	// while fewer than eight of the limiter's statements are running: it
-	// then runs its own. Each key is
-	// still decided on its own: all or nothing, never over-admitted, a
-	// refusal locks and writes nothing, and a key the batch cannot decide
-	// at once (its row busy with a concurrent decision, a failed statement)
-	// is decided by the caller's own statement. Only for a single GCRA limit
-	// (a cooldown among them) on Upsert and NoWait; AllowTx, AllowAtMost,
-	// Reserve, Peek, other limits and Range never batch. See
-	// docs/throughput.md for what it costs and pays. Defaults to false.
-	Batch bool
-
-	// BatchWindow is the longest a call waits for its batch to be sent.
-	// At most 10ms. Defaults to 500µs.
-	BatchWindow time.Duration
-
-	// BatchSize is the most keys one batch decides; a full batch is sent at
-	// once. At most 1000. Defaults to 64.
-	BatchSize int
 }
 
 const (
 	defaultNamespace = "default"
 	defaultSchema    = "public"
 	defaultTimeout   = 2 * time.Second
-
-	defaultBatchWindow = 500 * time.Microsecond
-	maxBatchWindow     = 10 * time.Millisecond
-	defaultBatchKeys   = 64
-	maxBatchKeys       = 1000
 )
 
 var defaultTables = map[Strategy]string{
@@ -220,14 +192,6 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.Invalidator != nil && out.PreBlockSize == 0 {
 		return Config{}, fmt.Errorf("%w: Invalidator applies only with a pre-block (PreBlockSize)", ErrInvalidConfig)
 	}
-	if out.BatchWindow < 0 || out.BatchWindow > maxBatchWindow {
-		return Config{}, fmt.Errorf("%w: BatchWindow must be between 0 and %s, got %s", ErrInvalidConfig, maxBatchWindow, out.BatchWindow)
-	}
-	out.BatchWindow = cmp.Or(out.BatchWindow, defaultBatchWindow)
-	if out.BatchSize < 0 || out.BatchSize > maxBatchKeys {
-		return Config{}, fmt.Errorf("%w: BatchSize must be between 0 and %d, got %d", ErrInvalidConfig, maxBatchKeys, out.BatchSize)
-	}
-	out.BatchSize = cmp.Or(out.BatchSize, defaultBatchKeys)
 	if out.Strategy == Range && !isCooldown(out.Limits) {
 		return Config{}, fmt.Errorf("%w: Range supports only a cooldown (one GCRA limit with Burst 1); use Upsert or NoWait for other limits", ErrInvalidConfig)
 	}

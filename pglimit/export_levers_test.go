@@ -25,18 +25,34 @@ func BatchPending(lim Limiter) int {
 	b := lim.(*stmtLimiter).batch
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.open == nil {
-		return 0
+	n := 0
+	for _, e := range b.open {
+		n += len(e.calls)
 	}
-	return len(b.open.calls)
+	return n
 }
 
-// SetBatchWindow sets lim's batch window past what Config accepts, so that
-// a test decides when a batch is sent.
-func SetBatchWindow(lim Limiter, window time.Duration) {
-	lim.(*stmtLimiter).batch.window = window
+// SetBatchSize sets how many keys fill lim's batch, so that a test decides
+// when a batch is sent.
+func SetBatchSize(lim Limiter, size int) {
+	lim.(*stmtLimiter).batch.size = size
 }
 
-// BatchesInFlight is how many statements a batching limiter runs at once
-// before calls gather in a batch.
-const BatchesInFlight = batchesInFlight
+// InFlightLimit is how many statements a limiter runs at once before calls
+// gather in a batch.
+const InFlightLimit = inFlightLimit
+
+// Statements returns the SQL of lim's statements that run outside a
+// caller's transaction, by name: "allow" (a single GCRA limit's), "general"
+// (AllowN of any limits), "peek", "reset" and, when lim batches, "batch".
+func Statements(lim Limiter) map[string]string {
+	l := lim.(*stmtLimiter)
+	s := map[string]string{"allow": l.plain.fast, "peek": l.plain.peek, "reset": l.resetSQL}
+	if l.plain.general != nil {
+		s["general"] = l.plain.general.own[modeAllow]
+	}
+	if l.batch != nil {
+		s["batch"] = l.batch.sql
+	}
+	return s
+}

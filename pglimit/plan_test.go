@@ -1,0 +1,136 @@
+package pglimit_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+// A statement's plan is cached on each connection, and after five runs it
+// may be the generic plan, made once for any parameters. On a table created
+// empty and never analysed (every fresh install), a generic plan that
+// scans the namespace looks cheap, and it stays cached while the table
+// grows: each decision then reads every key of the namespace. Every
+// statement a limiter prepares must instead reach each of its keys through
+// the primary key, whatever the plan cache chose and however the table grew
+// after. The test plans each statement on the empty table, grows the table
+// to rowsAfter keys, and counts the rows the cached plan touches in it.
+func TestPlansReachKeysByIndex(t *testing.T) {
+	t.Parallel()
+	const rowsAfter = 20_000
+	keys := []string{"k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"}
+	for _, mode := range []string{"force_generic_plan", "auto"} {
+		for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+			t.Run(mode+"/"+string(s), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				schema := pglimittest.Schema(t)
+				pool := pglimittest.Pool(t)
+				lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Limits: []pglimit.Limit{{Rate: 10, Period: time.Second, Burst: 5}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				table := pgx.Identifier{schema, "pglimit_" + string(s)}.Sanitize()
+				conn, err := pool.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Release()
+				if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Exec(ctx, "RESET plan_cache_mode; DEALLOCATE ALL") //nolint:errcheck // the pool closes the connection at the end
+
+				stmts := pglimit.Statements(lim)
+				args := planArgs(keys)
+				for name, sql := range stmts {
+					if _, err := conn.Exec(ctx, fmt.Sprintf("PREPARE %s AS %s", name, sql)); err != nil {
+						t.Fatalf("prepare %s: %v", name, err)
+					}
+					// Six runs on the small table: from the sixth the plan
+					// cache may keep a generic plan.
+					for range 6 {
+						if _, err := conn.Exec(ctx, fmt.Sprintf("EXECUTE %s(%s)", name, args[name])); err != nil {
+							t.Fatalf("execute %s: %v", name, err)
+						}
+					}
+				}
+				if _, err := conn.Exec(ctx, fmt.Sprintf(
+					`INSERT INTO %s (namespace, key, expires_at) SELECT 'default', 'g' || i, now() - interval '1 hour'
+					 FROM generate_series(1, %d) AS i`, table, rowsAfter)); err != nil {
+					t.Fatal(err)
+				}
+				for name := range stmts {
+					var plan []struct{ Plan planNode }
+					if err := conn.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE %s(%s)", name, args[name])).Scan(&plan); err != nil {
+						t.Fatalf("explain %s: %v", name, err)
+					}
+					touched := plan[0].Plan.touched("pglimit_" + string(s))
+					t.Logf("%s: %d rows touched", name, touched)
+					if limit := 4 * len(keys); touched > limit {
+						t.Errorf("%s: the cached plan touched %d rows of a %d-row table for %d keys (at most %d expected):\n%s",
+							name, touched, rowsAfter, len(keys), limit, plan[0].Plan)
+					}
+				}
+			})
+		}
+	}
+}
+
+// planArgs are the literal arguments of each statement of Statements.
+func planArgs(keys []string) map[string]string {
+	n := len(keys)
+	repeat := func(v string) string { return "'{" + strings.TrimSuffix(strings.Repeat(v+",", n), ",") + "}'" }
+	return map[string]string{
+		"allow":   "'default', 'k1', 100000, 7, 400000",
+		"general": "'default', 'k1', 7, 1",
+		"peek":    "'default', 'k1'",
+		"reset":   "'default', 'g1', 7", // a key of the grown table: the others stay
+		"batch":   fmt.Sprintf("'default', '{%s}', %s, 7, %s, %s", strings.Join(keys, ","), repeat("100000"), repeat("400000"), repeat("2")),
+	}
+}
+
+// planNode is a node of EXPLAIN (ANALYZE, FORMAT JSON).
+type planNode struct {
+	NodeType      string     `json:"Node Type"`
+	Relation      string     `json:"Relation Name"`
+	Rows          float64    `json:"Actual Rows"`
+	Loops         float64    `json:"Actual Loops"`
+	RemovedFilter float64    `json:"Rows Removed by Filter"`
+	RemovedCheck  float64    `json:"Rows Removed by Index Recheck"`
+	Plans         []planNode `json:"Plans"`
+}
+
+// touched is how many rows of table the scans under p read: those they
+// returned and those their filters removed, over all their loops.
+func (p planNode) touched(table string) int {
+	n := 0.0
+	if p.Relation == table && strings.Contains(p.NodeType, "Scan") {
+		n = (p.Rows + p.RemovedFilter + p.RemovedCheck) * p.Loops
+	}
+	for _, c := range p.Plans {
+		n += float64(c.touched(table))
+	}
+	return int(n)
+}
+
+func (p planNode) String() string {
+	var b strings.Builder
+	var walk func(p planNode, depth int)
+	walk = func(p planNode, depth int) {
+		fmt.Fprintf(&b, "%s%s %s rows=%g removed=%g loops=%g\n", strings.Repeat("  ", depth), p.NodeType, p.Relation,
+			p.Rows, p.RemovedFilter+p.RemovedCheck, p.Loops)
+		for _, c := range p.Plans {
+			walk(c, depth+1)
+		}
+	}
+	walk(p, 0)
+	return b.String()
+}
