@@ -114,7 +114,6 @@ var optionDashes = map[string][]vg.Length{
 	"":              nil,
 	"-async":        {vg.Points(9), vg.Points(4)},
 	"-preblock":     {vg.Points(1.5), vg.Points(2)},
-	"-singleflight": {vg.Points(6), vg.Points(2), vg.Points(1.5), vg.Points(2)},
 	"-unlogged":     {vg.Points(16), vg.Points(4)},
 	"-preblock-inv": {vg.Points(1.5), vg.Points(2), vg.Points(1.5), vg.Points(5)},
 }

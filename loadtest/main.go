@@ -78,7 +78,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.label, "label", "http", "name of what the HTTP target runs, for the report (e.g. its strategy)")
 	fs.DurationVar(&o.cooldown, "cooldown", 0, "the HTTP target's cooldown, against which admissions are checked (default 2s over HTTP; in-process each scenario sets its own)")
 	strategies := fs.String("strategies", "redis_rate,upsert,nowait,range,range-naive",
-		"strategies to compare, in-process; each of upsert, nowait and range also comes as <name>-async (Config.AsyncCommit) and <name>-preblock (Config.PreBlockSize); upsert-singleflight is Upsert with Config.SingleFlight, upsert-unlogged on the unlogged table, upsert-preblock-inv with the pre-block and an Invalidator; "+
+		"strategies to compare, in-process; each of upsert, nowait and range also comes as <name>-async (Config.AsyncCommit) and <name>-preblock (Config.PreBlockSize); upsert-unlogged on the unlogged table, upsert-preblock-inv with the pre-block and an Invalidator; "+
 			"redis_rate is the peer (github.com/go-redis/redis_rate on redis-server, which must be installed), without persistence; "+
 			"redis_rate-aof-everysec and redis_rate-aof-always the same with Redis's append-only file (appendfsync everysec, always). "+
 			"The limits and cost-* scenarios compare their own: upsert and nowait as a cooldown, with one GCRA limit and with three limits")

@@ -20,17 +20,16 @@ import (
 // variant is one column of the comparison: a strategy (with options), a
 // floor, the peer, or whatever the demo instances behind an HTTP target run.
 type variant struct {
-	Name         string
-	Strategy     pglimit.Strategy
-	Naive        bool   // the article's plain-INSERT Range (naive.go), not a pglimit option
-	AsyncCommit  bool   // pglimit.Config.AsyncCommit
-	PreBlock     int    // pglimit.Config.PreBlockSize
-	SingleFlight bool   // pglimit.Config.SingleFlight
-	Table        string // pglimit.Config.Table; "" for the strategy's default
-	Invalidate   bool   // a pglimit.Invalidator per instance for its pre-block
-	Floor        bool   // the least work a request can do; it decides nothing
-	Redis        bool   // runs on the load test's Redis, not on PostgreSQL
-	Fsync        string // the peer's append-only file: "" (none), "everysec" or "always"
+	Name        string
+	Strategy    pglimit.Strategy
+	Naive       bool   // the article's plain-INSERT Range (naive.go), not a pglimit option
+	AsyncCommit bool   // pglimit.Config.AsyncCommit
+	PreBlock    int    // pglimit.Config.PreBlockSize
+	Table       string // pglimit.Config.Table; "" for the strategy's default
+	Invalidate  bool   // a pglimit.Invalidator per instance for its pre-block
+	Floor       bool   // the least work a request can do; it decides nothing
+	Redis       bool   // runs on the load test's Redis, not on PostgreSQL
+	Fsync       string // the peer's append-only file: "" (none), "everysec" or "always"
 	// Limits names the scenario's limit set (scenario.Limits) the variant
 	// enforces with Config.Limits; empty is the scenario's cooldown.
 	Limits string
@@ -87,8 +86,7 @@ func allVariants() []variant {
 	for _, s := range pglimit.Strategies() {
 		vs = append(vs, variant{Name: string(s) + "-preblock", Strategy: s, PreBlock: preBlockSize})
 	}
-	vs = append(vs, variant{Name: "upsert-singleflight", Strategy: pglimit.Upsert, SingleFlight: true},
-		variant{Name: "upsert-unlogged", Strategy: pglimit.Upsert, Table: "pglimit_upsert_unlogged"},
+	vs = append(vs, variant{Name: "upsert-unlogged", Strategy: pglimit.Upsert, Table: "pglimit_upsert_unlogged"},
 		variant{Name: "upsert-preblock-inv", Strategy: pglimit.Upsert, PreBlock: preBlockSize, Invalidate: true})
 	return vs
 }
@@ -257,7 +255,6 @@ func (s *poolSession) limiter(p *pgxpool.Pool, v variant, cooldown time.Duration
 		AsyncCommit:  v.AsyncCommit,
 		PreBlockSize: v.PreBlock,
 		Invalidator:  inv,
-		SingleFlight: v.SingleFlight,
 		Table:        v.Table,
 		Cooldown:     cooldown,
 		Limits:       limits,

@@ -15,7 +15,7 @@ type base struct {
 	cfg      Config
 	policy   *Policy   // shared by every Decision, through Decision.Violated
 	preblock *preblock // nil when off
-	flights  *flights  // nil when off
+	flights  *flights  // a single GCRA limit's, where the batcher does not serve it
 
 	// worst is the longest any limit can make a key wait: the RetryAfter
 	// of a refusal whose wait the statement could not read.
@@ -45,7 +45,7 @@ func newBase(db DB, c Config, table string) base {
 			c.Invalidator.register(keyLockClass(table, c.Namespace), b.preblock)
 		}
 	}
-	if c.SingleFlight && len(c.Limits) == 1 && c.Limits[0].Algorithm == GCRA {
+	if len(c.Limits) == 1 && c.Limits[0].Algorithm == GCRA {
 		b.flights = newFlights()
 	}
 	return b

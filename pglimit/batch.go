@@ -93,19 +93,6 @@ func newBatcher(l *stmtLimiter, table, column string) *batcher {
 	return &batcher{l: l, sql: fmt.Sprintf(batchAllowSQL, table, column), size: maxBatchKeys, keys: make(map[string]*entry)}
 }
 
-// runBatched decides q, a request of n units on key, in a batch when l
-// batches, else with its own statement. A table Citus distributes is not
-// batched once the limiter knows it (its first statement finds out): a
-// batch's keys live on different nodes, and each decision there is one hop
-// to its own. A batch sent before that fails there, and its calls are
-// decided by their own statements.
-func (l *stmtLimiter) runBatched(ctx context.Context, key string, n int, q query) (Decision, error) {
-	if l.batch == nil || l.dist.Load() != nil {
-		return l.run(ctx, q)
-	}
-	return l.batch.do(ctx, key, n, q)
-}
-
 // do decides q, a request of n units on key, in a batch.
 func (b *batcher) do(ctx context.Context, key string, n int, q query) (Decision, error) {
 	c := &call{key: key, n: n, q: q, done: make(chan struct{})}

@@ -12,24 +12,19 @@ import (
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-// A table without an index on expires_at (the unlogged tables, or a table
-// whose index was dropped for HOT updates) is cleaned by ranges of blocks:
+// A table without an index on expires_at (the Upsert and NoWait tables,
+// durable and unlogged, since migration 00006) is cleaned by ranges of blocks:
 // every ended row goes, every live row stays, and no batch deletes more
 // than BatchSize rows.
 func TestCleanerSweepsTablesWithoutTheIndex(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct{ table, dropIndex string }{
-		{"pglimit_upsert_unlogged", ""},
-		{"pglimit_upsert", "pglimit_upsert_expires_at_idx"},
+	for _, tc := range []struct{ table string }{
+		{"pglimit_upsert_unlogged"},
+		{"pglimit_upsert"},
 	} {
 		t.Run(tc.table, func(t *testing.T) {
 			t.Parallel()
 			f := newFleet(t, 0, nil)
-			if tc.dropIndex != "" {
-				if _, err := f.admin.Exec(t.Context(), "DROP INDEX "+f.table(tc.dropIndex)); err != nil {
-					t.Fatal(err)
-				}
-			}
 			// Live rows between ended ones, over many blocks.
 			f.seedKeys(t, tc.table, "a", 2000, "-1 hour")
 			f.seedKeys(t, tc.table, "live", 300, "1 hour")

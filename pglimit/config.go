@@ -77,13 +77,12 @@ type Config struct {
 	//
 	// The migrations also create "pglimit_upsert_unlogged" and
 	// "pglimit_nowait_unlogged", UNLOGGED tables for Upsert and NoWait: an
-	// admission writes no WAL, so it waits for no WAL flush, and, with no
-	// index on expires_at, it is a HOT update (1.3-2.7x the durable
-	// table's admissions, 1.05-2.4x AsyncCommit's, in the load test's
-	// many-keys scenario on a loaded 2-core machine). The price: a
+	// admission writes no WAL, so it waits for no WAL flush. The price: a
 	// database crash or immediate shutdown empties them, so every key
 	// starts afresh, and a replica has no copy. Like Redis without
 	// persistence. List them in [CleanerConfig.Tables] to clean them.
+	// (Admissions on every Upsert and NoWait table are HOT updates: no
+	// index covers expires_at.)
 	Table string
 
 	// Timeout bounds each decision on top of the caller's context; past it
@@ -120,25 +119,6 @@ type Config struct {
 	// [Invalidator]). It needs PreBlockSize. Defaults to nil: Resets of
 	// other instances reach the pre-block when the cooldown ends.
 	Invalidator *Invalidator
-
-	// SingleFlight coalesces concurrent Allow and AllowN calls on one key
-	// (with the same n) in this process into one statement, for a limiter
-	// of one GCRA limit (a cooldown is one; other limiters ignore it). The
-	// first caller's statement decides for it; a caller that arrived while
-	// it ran is refused, without a round trip, if that statement's answer
-	// shows the key still has no room for it when it wakes up, with the
-	// RetryAfter that answer implies, and otherwise runs its own statement.
-	// So a coalesced caller is never admitted by another's statement and
-	// never refused where its own statement would have admitted it. It pays
-	// on hot keys (many concurrent requests on one key, most refused); on
-	// keys without concurrent requests it costs a map lookup. A waiting
-	// caller waits at most for the first caller's statement, bounded by its
-	// own context; an error of that statement is every waiting caller's
-	// error, except one caused by the first caller's context ending, after
-	// which they decide afresh. AllowTx, AllowAtMost, Reserve and Peek never
-	// coalesce. Defaults to false: with a Burst above one, a caller that
-	// finds room after waiting pays two statements' latency.
-	SingleFlight bool
 }
 
 const (

@@ -42,12 +42,17 @@
 // and a refusal takes no lock and writes nothing. All three pass the same
 // conformance suite (package pglimittest).
 //
+// Concurrent Allow and AllowN calls of a limiter of one GCRA limit (a
+// cooldown among them) share statements and commits in each process (group
+// commit), and calls on one key merge into one request: see
+// docs/throughput.md. Each is still decided as its own statement would
+// decide it, all or nothing.
+//
 // Config.AsyncCommit takes the WAL flush out of admissions, at the price of at
 // most one early admission per key after a database crash. Config.PreBlockSize
 // refuses keys the database has said have no unit left without a round trip
 // until they have one; with an Invalidator, a Reset from any instance reaches
-// every pre-block within milliseconds. Config.SingleFlight makes concurrent
-// requests on one key in a process share one statement. The unlogged tables
+// every pre-block within milliseconds. The unlogged tables
 // (see Config.Table) take the WAL out of admissions, at the price of every
 // key's state after a crash.
 //

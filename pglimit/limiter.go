@@ -210,8 +210,17 @@ func (l *stmtLimiter) AllowN(ctx context.Context, key string, n int) (Decision, 
 	}
 	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
 		q := l.allowQuery(key, n)
+		if l.batch != nil && l.dist.Load() == nil {
+			// The batcher merges concurrent calls on one key itself. A
+			// table Citus distributes is not batched once the limiter
+			// knows it (its first statement finds out): a batch's keys
+			// live on different nodes, and each decision there is one hop
+			// to its own. A batch sent before that fails there, and its
+			// calls are decided by their own statements.
+			return l.batch.do(ctx, key, n, q)
+		}
 		return l.flights.do(ctx, key, n, func(ctx context.Context) (Decision, error) {
-			return l.runBatched(ctx, key, n, q)
+			return l.run(ctx, q)
 		}, l.followGCRA)
 	})
 }

@@ -9,8 +9,10 @@ import (
 // flights coalesces concurrent decisions on one key in one process: the
 // first caller (the leader) runs the statement, and callers that arrive for
 // the same key and cost while it runs (followers) wait for its answer
-// instead of running their own. All methods are safe on a nil *flights,
-// which is single-flight turned off.
+// instead of running their own. A limiter of a single GCRA limit uses it
+// wherever its batcher, which merges calls on one key itself, does not
+// serve it: on Range, and on a table Citus distributes. All methods are safe
+// on a nil *flights: no coalescing.
 //
 // A follower is never admitted by the leader's statement: only the leader
 // owns an admission. A follower is refused when the leader's answer shows

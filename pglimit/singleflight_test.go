@@ -15,30 +15,6 @@ import (
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-// Every strategy keeps every promise with single-flight on, alone, with
-// the pre-block, and behind PgBouncer.
-func TestConformanceSingleFlight(t *testing.T) {
-	t.Parallel()
-	for _, s := range pglimit.Strategies() {
-		t.Run(string(s), func(t *testing.T) {
-			t.Parallel()
-			pglimittest.Exercise(t, withStrategy(s, func(c *pglimit.Config) { c.SingleFlight = true }))
-		})
-	}
-	t.Run("upsert/preblock=1000", func(t *testing.T) {
-		t.Parallel()
-		pglimittest.Exercise(t, withStrategy(pglimit.Upsert, func(c *pglimit.Config) {
-			c.SingleFlight = true
-			c.PreBlockSize = 1000
-		}))
-	})
-	t.Run("nowait/pgbouncer", func(t *testing.T) {
-		t.Parallel()
-		pglimittest.Exercise(t, withStrategy(pglimit.NoWait, func(c *pglimit.Config) { c.SingleFlight = true }),
-			pglimittest.WithPool(pglimittest.PgBouncerPool))
-	})
-}
-
 // gatedDB holds every statement until open is closed (or the statement's
 // context ends), and counts them.
 type gatedDB struct {
@@ -78,7 +54,7 @@ func TestSingleFlightSparesTheDatabase(t *testing.T) {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			db := newGatedDB(t)
-			lim, err := pglimit.New(db, &pglimit.Config{Strategy: s, Schema: pglimittest.Schema(t), Cooldown: time.Minute, SingleFlight: true})
+			lim, err := pglimit.New(db, &pglimit.Config{Strategy: s, Schema: pglimittest.Schema(t), Cooldown: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -140,9 +116,8 @@ func TestSingleFlightRoomIsNotRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{
-		Schema:       pglimittest.Schema(t),
-		Limits:       []pglimit.Limit{{Name: "burst", Rate: 1, Period: time.Hour, Burst: 3}},
-		SingleFlight: true,
+		Schema: pglimittest.Schema(t),
+		Limits: []pglimit.Limit{{Name: "burst", Rate: 1, Period: time.Hour, Burst: 3}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +151,7 @@ func TestSingleFlightContexts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := newGatedDB(t)
-	lim, err := pglimit.New(db, &pglimit.Config{Schema: pglimittest.Schema(t), Cooldown: time.Minute, SingleFlight: true})
+	lim, err := pglimit.New(db, &pglimit.Config{Schema: pglimittest.Schema(t), Cooldown: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
