@@ -345,10 +345,10 @@ func TestHTTPTargetDatabaseDeltas(t *testing.T) {
 	rep, _ := runLoadtest(t, exitOK, "-target", demoInstances(t), "-cooldown", "1s", "-database-url", pglimittest.URL(t),
 		"-scenarios", "seed", "-short", "-scale", "0.1", "-progress=false")
 	for _, r := range rep.Scenarios[0].Results {
-		// Every decision commits at least once; the floor (GET /healthz)
-		// need not touch the database. Other tests share the server, so
-		// only a lower bound holds.
-		if r.DB == nil || (r.Variant != floorName && r.DB.Commits < r.Decisions) {
+		// Decisions reach the database (concurrent ones on one key share
+		// a statement and a commit, so fewer commits than decisions is
+		// no fault); the floor (GET /healthz) need not touch it.
+		if r.DB == nil || (r.Variant != floorName && r.DB.Commits == 0) {
 			t.Errorf("%s: database deltas %+v for %d decisions", r.Variant, r.DB, r.Decisions)
 		}
 		if r.Record != nil {
