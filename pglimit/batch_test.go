@@ -561,16 +561,7 @@ func TestBatchAuditCooldown(t *testing.T) {
 			t.Parallel()
 			const cooldown = 50 * time.Millisecond
 			schema := pglimittest.Schema(t)
-			pool := pglimittest.Pool(t)
-			table := pgx.Identifier{schema, "pglimit_" + string(s)}.Sanitize()
-			sch := pgx.Identifier{schema}.Sanitize()
-			if _, err := pool.Exec(ctx, fmt.Sprintf(`
-CREATE TABLE %[1]s.audit (key text NOT NULL, expires_at timestamptz NOT NULL);
-CREATE FUNCTION %[1]s.audit() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN INSERT INTO %[1]s.audit VALUES (NEW.key, NEW.expires_at); RETURN NULL; END $$;
-CREATE TRIGGER audit AFTER INSERT OR UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s.audit();`, sch, table)); err != nil {
-				t.Fatal(err)
-			}
+			record := audit(t, pglimittest.Pool(t), schema, s)
 			var lims []pglimit.Limiter
 			for range 2 {
 				lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Cooldown: cooldown})
@@ -600,23 +591,14 @@ CREATE TRIGGER audit AFTER INSERT OR UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNCTI
 				})
 			}
 			wg.Wait()
-			rows, err := pool.Query(ctx, "SELECT key, expires_at FROM "+sch+".audit ORDER BY key, expires_at")
-			if err != nil {
-				t.Fatal(err)
-			}
-			last := map[string]time.Time{}
+			last := map[string]int64{}
 			var writes int64
-			var key string
-			var at time.Time
-			if _, err := pgx.ForEachRow(rows, []any{&key, &at}, func() error {
+			for _, r := range record() {
 				writes++
-				if prev, ok := last[key]; ok && at.Sub(prev) < cooldown {
-					t.Errorf("%s admitted twice %s apart, less than the cooldown of %s", key, at.Sub(prev), cooldown)
+				if prev, ok := last[r.key]; ok && r.expires-prev < cooldown.Microseconds() {
+					t.Errorf("%s admitted twice %dµs apart, less than the cooldown of %s", r.key, r.expires-prev, cooldown)
 				}
-				last[key] = at
-				return nil
-			}); err != nil {
-				t.Fatal(err)
+				last[r.key] = r.expires
 			}
 			if writes != admitted.Load() {
 				t.Errorf("the database recorded %d admissions, the callers were told of %d", writes, admitted.Load())
