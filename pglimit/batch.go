@@ -223,6 +223,21 @@ func (b *batcher) finish(bt []*entry) (next []*entry) {
 	return next
 }
 
+// forget makes the next call on key start a new entry: a Reset may have
+// changed what the entry on its way read. Calls already waiting for it were
+// concurrent with the Reset and may still follow its answer; an entry still
+// gathering is sent after the Reset, and stays.
+func (b *batcher) forget(key string) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	if e := b.keys[key]; e != nil && !e.sent.IsZero() {
+		delete(b.keys, key)
+	}
+	b.mu.Unlock()
+}
+
 // follow is the refusal, for a call of n units that waited for e, that e's
 // answer implies: ok when the key has no room for the call even now.
 func (b *batcher) follow(e *entry, n int) (Decision, bool) {

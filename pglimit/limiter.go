@@ -425,5 +425,9 @@ func (l *stmtLimiter) check(ctx context.Context, db DB) error {
 }
 
 func (l *stmtLimiter) Reset(ctx context.Context, key string) error {
-	return l.reset(ctx, l.resetSQL, key)
+	if err := l.reset(ctx, l.resetSQL, key); err != nil {
+		return err
+	}
+	l.batch.forget(key)
+	return nil
 }
