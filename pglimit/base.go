@@ -42,7 +42,7 @@ func newBase(db DB, c Config, table string) base {
 		b.preblock = newPreblock(c.PreBlockSize)
 		if c.Invalidator != nil {
 			b.preblock.inv = c.Invalidator
-			c.Invalidator.register(keyLockClass(table, c.Namespace), b.preblock)
+			register(c.Invalidator, keyLockClass(table, c.Namespace), b.preblock)
 		}
 	}
 	if len(c.Limits) == 1 && c.Limits[0].Algorithm == GCRA {

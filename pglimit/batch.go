@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -32,9 +33,10 @@ import (
 // ends with its statement, so there is nothing to close, and a batch whose
 // callers have all returned still ends within Config.Timeout.
 type batcher struct {
-	l    *stmtLimiter
-	sql  string
-	size int // keys that fill a batch: maxBatchKeys (tests set it)
+	l      *stmtLimiter
+	sql    string
+	size   int     // keys that fill a batch: maxBatchKeys (tests set it)
+	leases *leases // nil when the limit does not lease (lease.go)
 
 	mu       sync.Mutex
 	open     []*entry          // gathering, in arrival order; sent together
@@ -52,6 +54,10 @@ type batcher struct {
 // (docs/throughput.md has the measurements behind it).
 const inFlightLimit = 2
 
+// maxSkips is how many batches may skip a call's key, its row locked by a
+// concurrent decision, before the call decides with its own statement.
+const maxSkips = 3
+
 // maxBatchKeys is the most keys one statement decides: a fuller batch is
 // sent at once.
 const maxBatchKeys = 256
@@ -66,6 +72,11 @@ type entry struct {
 	waiters []*call // calls on the key that follow this entry's answer
 	sent    time.Time
 	last    Decision // the decision of the last call: the key as it stands after the entry
+
+	retry       []*call // calls the statement skipped, for the next batch
+	want, ahead int64   // units asked for a lease beside the calls, and how far ahead (µs)
+	leased      int64   // units the statement leased, from TAT start read at t0
+	start, t0   int64
 }
 
 // call is one Allow waiting for its entry. Its results are written before
@@ -76,7 +87,8 @@ type call struct {
 	q    query
 	done chan struct{}
 
-	gone bool // the caller returned before its entry was sent; guarded by mu
+	gone  bool // the caller returned before its entry was sent; guarded by mu
+	skips int  // batches that skipped the call's key: its row was locked
 
 	d     Decision
 	err   error
@@ -90,21 +102,28 @@ func newBatcher(l *stmtLimiter, table, column string) *batcher {
 	if !l.single || l.cfg.Strategy == Range {
 		return nil
 	}
-	return &batcher{l: l, sql: fmt.Sprintf(batchAllowSQL, table, column), size: maxBatchKeys, keys: make(map[string]*entry)}
+	return &batcher{
+		l: l, sql: fmt.Sprintf(batchAllowSQL, table, column), size: maxBatchKeys,
+		leases: newLeases(l.emission, l.burstT), keys: make(map[string]*entry),
+	}
 }
 
 // do decides q, a request of n units on key, in a batch.
 func (b *batcher) do(ctx context.Context, key string, n int, q query) (Decision, error) {
 	c := &call{key: key, n: n, q: q, done: make(chan struct{})}
-	if e := b.submit(c); e != nil {
+	switch e, leased := b.submit(c); {
+	case leased:
+		return c.d, nil
+	case e != nil && e.want == 0:
 		// Alone and free to go: the caller's own statement, on its own
 		// goroutine, as without the batcher.
 		c.d, c.err = b.l.run(ctx, q)
 		e.last = c.d
-		if next := b.finish([]*entry{e}); next != nil {
-			go b.send(next)
-		}
+		b.finishDirect(e)
 		return c.d, c.err
+	case e != nil:
+		b.decide([]*entry{e}) // alone, asking for a lease too
+		b.finishDirect(e)
 	}
 	select {
 	case <-c.done:
@@ -123,38 +142,97 @@ func (b *batcher) do(ctx context.Context, key string, n int, q query) (Decision,
 	return c.d, c.err
 }
 
-// submit adds c to the entry of its key, or to a new one. It returns that
-// new entry when c goes alone, now, on its caller's goroutine: fewer than
+// finishDirect ends a statement that ran on its caller's goroutine, and
+// sends what gathered meanwhile on a goroutine of its own.
+func (b *batcher) finishDirect(e *entry) {
+	if next := b.finish([]*entry{e}); next != nil {
+		go b.send(next)
+	}
+}
+
+// submit hands c its units from the key's lease (leased, with c.d set), or
+// adds it to the entry of its key, or to a new one. It returns that new
+// entry when c goes alone, now, on its caller's goroutine: fewer than
 // inFlightLimit statements run and nothing gathers. The caller then calls
 // finish when its statement returns.
-func (b *batcher) submit(c *call) (direct *entry) {
+func (b *batcher) submit(c *call) (direct *entry, leased bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	var now time.Time
+	if b.leases != nil {
+		now = time.Now()
+		if d, ok := b.fromLease(c.key, c.n, now); ok {
+			c.d = d
+			return nil, true
+		}
+	}
 	if b.keys[c.key] == nil && len(b.open) == 0 && b.inFlight < inFlightLimit {
-		e := &entry{key: c.key, n: c.n, calls: []*call{c}, sent: time.Now()}
+		e := b.newEntry(c.key, c.n, now)
+		e.calls, e.sent = []*call{c}, now
+		if e.sent.IsZero() {
+			e.sent = time.Now()
+		}
 		b.keys[c.key] = e
 		b.inFlight++
-		return e
+		return e, false
 	}
 	b.enqueue(c)
 	if len(b.open) >= b.size {
 		go b.send(b.take())
 	}
-	return nil
+	return nil, false
+}
+
+// newEntry is a new entry of key for calls of n units, asking for the
+// lease the key's demand calls for. It is called with mu held.
+func (b *batcher) newEntry(key string, n int, now time.Time) *entry {
+	e := &entry{key: key, n: n}
+	if b.leases != nil {
+		e.want, e.ahead = b.leases.want(key, now)
+	}
+	return e
+}
+
+// fromLease is the admission of n units of key from its lease, at now, if
+// the lease holds them; it asks for the next lease when this one runs low.
+// It is called with mu held.
+func (b *batcher) fromLease(key string, n int, now time.Time) (Decision, bool) {
+	at, left, ok := b.leases.take(key, n, now)
+	if !ok {
+		return Decision{}, false
+	}
+	d := Decision{Allowed: true, Granted: n, Remaining: int(left), Limit: b.l.cfg.Limits[0], policy: b.l.policy, at: at, leased: true}
+	d.ResetAfter = micros(max(b.leases.keys[key].end-at, 0))
+	if b.leases.low(key, left) && b.keys[key] == nil {
+		// Refill in the background: an entry of no calls, asking for units.
+		e := b.newEntry(key, 1, now)
+		b.keys[key] = e
+		b.open = append(b.open, e)
+		if len(b.open) == 1 && b.inFlight < inFlightLimit {
+			go b.send(b.take())
+		}
+	}
+	return d, true
 }
 
 // enqueue adds c to the entry of its key: as one more call while the entry
 // gathers and has c's cost, else as a waiter for its answer. A key with no
 // entry gets a new one in the open batch. It is called with mu held.
 func (b *batcher) enqueue(c *call) {
-	switch e := b.keys[c.key]; {
-	case e == nil:
-		e = &entry{key: c.key, n: c.n, calls: []*call{c}}
+	e := b.keys[c.key]
+	if e == nil {
+		e = b.newEntry(c.key, c.n, time.Now())
+		e.calls = []*call{c}
 		b.keys[c.key] = e
 		b.open = append(b.open, e)
-	case e.sent.IsZero() && e.n == c.n:
+		return
+	}
+	if b.leases != nil {
+		b.leases.met(c.key)
+	}
+	if e.sent.IsZero() && e.n == c.n {
 		e.calls = append(e.calls, c)
-	default:
+	} else {
 		e.waiters = append(e.waiters, c)
 	}
 }
@@ -192,22 +270,33 @@ func (b *batcher) send(bt []*entry) {
 // else queued in the open batch, together. It returns the open batch when
 // it may go now, for the caller to send.
 func (b *batcher) finish(bt []*entry) (next []*entry) {
-	var refused []*call
+	var answered []*call
 	b.mu.Lock()
 	b.inFlight--
+	now := time.Now()
 	for _, e := range bt {
-		if b.keys[e.key] == e {
-			delete(b.keys, e.key)
+		if b.keys[e.key] != e {
+			continue // forgotten by a Reset: its lease is dropped
+		}
+		delete(b.keys, e.key)
+		if e.want > 0 {
+			b.leases.add(e.key, e.leased, e.start, e.t0, e.sent, now)
 		}
 	}
 	for _, e := range bt {
-		for _, w := range e.waiters {
+		for _, w := range slices.Concat(e.retry, e.waiters) {
 			if w.gone {
 				continue
 			}
-			if d, ok := b.follow(e, w.n); ok {
-				w.d = d
-				refused = append(refused, w)
+			var ok bool
+			if b.leases != nil {
+				w.d, ok = b.fromLease(w.key, w.n, now)
+			}
+			if !ok {
+				w.d, ok = b.follow(e, w.n)
+			}
+			if ok {
+				answered = append(answered, w)
 			} else {
 				b.enqueue(w)
 			}
@@ -217,16 +306,17 @@ func (b *batcher) finish(bt []*entry) (next []*entry) {
 		next = b.take()
 	}
 	b.mu.Unlock()
-	for _, w := range refused {
+	for _, w := range answered {
 		close(w.done)
 	}
 	return next
 }
 
-// forget makes the next call on key start a new entry: a Reset may have
-// changed what the entry on its way read. Calls already waiting for it were
-// concurrent with the Reset and may still follow its answer; an entry still
-// gathering is sent after the Reset, and stays.
+// forget drops key's lease and makes the next call on key start a new
+// entry: a Reset may have changed what the entry on its way read, and
+// whatever it leases is dropped. Calls already waiting for it were
+// concurrent with the Reset and may still follow its answer; an entry
+// still gathering is sent after the Reset, and stays.
 func (b *batcher) forget(key string) {
 	if b == nil {
 		return
@@ -234,6 +324,24 @@ func (b *batcher) forget(key string) {
 	b.mu.Lock()
 	if e := b.keys[key]; e != nil && !e.sent.IsZero() {
 		delete(b.keys, key)
+	}
+	if b.leases != nil {
+		b.leases.forget(key)
+	}
+	b.mu.Unlock()
+}
+
+// clear drops every lease, and what every entry on its way leases: the
+// Invalidator may have missed a Reset.
+func (b *batcher) clear() {
+	b.mu.Lock()
+	for key, e := range b.keys {
+		if !e.sent.IsZero() {
+			delete(b.keys, key)
+		}
+	}
+	if b.leases != nil {
+		b.leases.clear()
 	}
 	b.mu.Unlock()
 }
@@ -252,7 +360,7 @@ func (b *batcher) follow(e *entry, n int) (Decision, bool) {
 func (b *batcher) decide(bt []*entry) {
 	ctx, cancel := context.WithTimeoutCause(context.Background(), b.l.cfg.Timeout, ErrTimeout)
 	defer cancel()
-	if len(bt) == 1 && len(bt[0].calls) == 1 {
+	if len(bt) == 1 && len(bt[0].calls) == 1 && bt[0].want == 0 {
 		e, c := bt[0], bt[0].calls[0]
 		c.d, c.err = b.l.run(ctx, c.q)
 		if c.err != nil && errors.Is(context.Cause(ctx), ErrTimeout) {
@@ -274,30 +382,41 @@ func (b *batcher) decide(bt []*entry) {
 // decision, or changed after the statement's snapshot), and every entry
 // when the statement fails, is decided by its callers' own statements.
 func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
-	keys := make([]string, 0, len(bt))
-	nT := make([]int64, 0, len(bt))
-	tau := make([]int64, 0, len(bt))
-	calls := make([]int64, 0, len(bt))
+	var in struct {
+		keys                        []string
+		nT, tau, calls, want, ahead []int64
+	}
 	for _, e := range bt {
-		if len(e.calls) == 0 {
+		if len(e.calls) == 0 && e.want == 0 {
 			continue
 		}
-		keys = append(keys, e.key)
-		nT = append(nT, int64(e.n)*b.l.emission)
-		tau = append(tau, b.l.burstT-int64(e.n)*b.l.emission)
-		calls = append(calls, int64(len(e.calls)))
+		in.keys = append(in.keys, e.key)
+		nT := int64(e.n) * b.l.emission
+		in.nT = append(in.nT, nT)
+		if e.want > 0 {
+			nT = min(nT, b.l.emission) // anything fits when a unit of the lease does
+		}
+		in.tau = append(in.tau, b.l.burstT-nT)
+		in.calls = append(in.calls, int64(len(e.calls)))
+		in.want = append(in.want, e.want)
+		in.ahead = append(in.ahead, e.ahead)
 	}
-	if len(keys) == 0 {
+	if len(in.keys) == 0 {
 		return // every caller left before the batch was sent
 	}
 	var out struct {
-		keys              []string
-		granted, tat, now []int64
+		keys                                  []string
+		granted, tat, now, leased, leaseStart []int64
 	}
-	err := b.l.db.QueryRow(ctx, b.sql, b.l.args.namespace, keys, nT, b.l.args.lockClass, tau, calls).
-		Scan(&out.keys, &out.granted, &out.tat, &out.now, nil)
-	if err == nil && (len(out.granted) != len(out.keys) || len(out.tat) != len(out.keys) || len(out.now) != len(out.keys)) {
-		err = errors.New("batch answer arrays differ in length")
+	err := b.l.db.QueryRow(ctx, b.sql, b.l.args.namespace, in.keys, in.nT, b.l.args.lockClass, in.tau, in.calls,
+		in.want, in.ahead, b.l.emission, b.l.burstT).
+		Scan(&out.keys, &out.granted, &out.tat, &out.now, &out.leased, &out.leaseStart, nil)
+	if err == nil {
+		for _, a := range [][]int64{out.granted, out.tat, out.now, out.leased, out.leaseStart} {
+			if len(a) != len(out.keys) {
+				err = errors.New("batch answer arrays differ in length")
+			}
+		}
 	}
 	if err != nil {
 		b.mu.Lock()
@@ -311,20 +430,39 @@ func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 	for _, e := range bt {
 		i, ok := byKey[e.key]
 		if err != nil || !ok {
+			// A key skipped because its row was locked goes in the next
+			// batch, a few times, rather than wait for the lock (Upsert)
+			// or be refused (NoWait) on its own.
+			answered := e.calls[:0]
 			for _, c := range e.calls {
+				if err == nil && c.skips < maxSkips {
+					c.skips++
+					e.retry = append(e.retry, c)
+					continue
+				}
 				c.alone = true
+				answered = append(answered, c)
 			}
+			e.calls = answered
 			continue
 		}
 		// The first granted calls were admitted one after the other, each
 		// moving the TAT by its n*T; the rest found no room after them.
 		granted, tat, now := int(out.granted[i]), out.tat[i], out.now[i]
+		e.leased, e.start, e.t0 = out.leased[i], out.leaseStart[i], now
+		if len(e.calls) == 0 {
+			continue
+		}
+		row := tat // the key's TAT as the statement left it
+		if e.leased > 0 {
+			row = e.start + e.leased*b.l.emission
+		}
 		nT := int64(e.n) * b.l.emission
 		for j, c := range e.calls {
 			if j < granted {
 				c.d = b.l.gcraDecision(true, tat-int64(granted-1-j)*nT, now, e.n)
 			} else {
-				c.d = b.l.gcraDecision(false, tat, now, e.n)
+				c.d = b.l.gcraDecision(false, row, now, e.n)
 			}
 		}
 		e.last = e.calls[len(e.calls)-1].d
@@ -332,10 +470,14 @@ func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 }
 
 // batchAllowSQL decides many keys of a single GCRA limit at once: $2 the
-// keys, $3 and $5 each key's n*T and tau as in upsertAllowSQL, $6 how many
-// calls of n units ask for it. It is upsertAllowSQL's statement over a set
-// of keys, where each key admits as many of its calls, in order, as fit,
-// and it differs in what it does not do:
+// keys, $3 each key's n*T, $6 how many calls of n units ask for it, $9 T
+// and $10 Burst*T, in µs. It is upsertAllowSQL's statement over a set of
+// keys, where each key admits as many of its calls, in order, as fit, and
+// then leases (lease.go) up to $7 more units, the first of them slotted no
+// earlier than $8 µs after the statement's clock reading, as many as fit.
+// $5 is each key's tolerance: the most its TAT may exceed now for
+// anything to fit (Burst*T - n*T, or Burst*T - T when it asks for a lease).
+// It differs from the single-key statement in what it does not do:
 //
 // It never waits for a lock, so one slow key cannot hold back the others
 // and no two statements can wait for each other: a row locked by a
@@ -359,13 +501,15 @@ func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 // it takes no lock and writes nothing. A batch of refusals writes nothing.
 //
 // The answer is one row of arrays (key, calls admitted, TAT µs after them,
-// now µs), so the statement runs through QueryRow like every other; the
-// fifth column evaluates the admitting branches' setting.
+// now µs, units leased, the TAT µs the lease starts from), so the
+// statement runs through QueryRow like every other; the last column
+// evaluates the admitting branches' setting.
 const batchAllowSQL = `
 WITH req AS (
-    SELECT r.key, r.nt, r.tau, r.calls FROM unnest($2::text[], $3::bigint[], $5::bigint[], $6::bigint[]) AS r(key, nt, tau, calls)
+    SELECT r.key, r.nt, r.tau, r.calls, r.want, r.ahead
+    FROM unnest($2::text[], $3::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[]) AS r(key, nt, tau, calls, want, ahead)
 ), locked AS (
-    SELECT r.key, r.nt, r.tau, r.calls, l.expires_at FROM req AS r CROSS JOIN LATERAL (
+    SELECT r.key, r.nt, r.calls, r.want, r.ahead, l.expires_at FROM req AS r CROSS JOIN LATERAL (
         SELECT t.expires_at FROM %[1]s AS t
         WHERE t.namespace = $1 AND t.key = r.key AND t.expires_at <= clock_timestamp() + r.tau * interval '1 microsecond'
         FOR UPDATE OF t SKIP LOCKED
@@ -375,14 +519,23 @@ WITH req AS (
         (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
     FROM locked AS l
 ), decided AS (
-    SELECT s.key, s.now, greatest(s.tat, s.now) + g.granted * s.nt AS tat, g.granted
-    FROM stamp AS s CROSS JOIN LATERAL (
-        SELECT least(s.calls, (s.now + s.tau + s.nt - greatest(s.tat, s.now)) / s.nt) AS granted
+    SELECT s.key, s.now, g.granted, g.after AS tat, k.leased, k.start
+    FROM stamp AS s
+    CROSS JOIN LATERAL (
+        SELECT g.granted, greatest(s.tat, s.now) + g.granted * s.nt AS after FROM (
+            SELECT least(s.calls, greatest((s.now + $10 - greatest(s.tat, s.now)) / s.nt, 0)) AS granted
+        ) AS g
     ) AS g
-    WHERE g.granted > 0
+    CROSS JOIN LATERAL (
+        SELECT k.start, least(s.want, greatest((s.now + $10 - k.start) / $9, 0)) AS leased FROM (
+            SELECT greatest(g.after, s.now + s.ahead) AS start
+        ) AS k
+    ) AS k
+    WHERE g.granted > 0 OR k.leased > 0
 ), updated AS (
     INSERT INTO %[1]s AS t (namespace, key, expires_at)
-    SELECT $1, d.key, timestamptz 'epoch' + d.tat * interval '1 microsecond' FROM decided AS d
+    SELECT $1, d.key, timestamptz 'epoch' + (CASE WHEN d.leased > 0 THEN d.start + d.leased * $9 ELSE d.tat END) * interval '1 microsecond'
+    FROM decided AS d
     ON CONFLICT (namespace, key) DO UPDATE SET expires_at = excluded.expires_at
     RETURNING t.key
 ), current AS (
@@ -393,29 +546,38 @@ WITH req AS (
         OFFSET 0
     ) AS c
 ), first AS (
-    SELECT r.key, r.nt, r.tau, r.calls, pg_try_advisory_xact_lock($4::integer, hashtext(r.key)) AS got FROM req AS r
+    SELECT r.key, r.nt, r.calls, r.want, r.ahead, pg_try_advisory_xact_lock($4::integer, hashtext(r.key)) AS got FROM req AS r
     WHERE NOT EXISTS (SELECT FROM current AS c WHERE c.key = r.key)
     ORDER BY r.key
 ), fresh AS (
-    SELECT f.key, f.now, f.now + f.granted * f.nt AS tat, f.granted FROM (
-        SELECT f.key, f.nt, least(f.calls, (f.tau + f.nt) / f.nt) AS granted,
-            (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
-        FROM first AS f WHERE f.got
+    SELECT f.key, f.now, g.granted, g.after AS tat, k.leased, k.start
+    FROM (
+        SELECT f.*, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM first AS f WHERE f.got
     ) AS f
+    CROSS JOIN LATERAL (
+        SELECT g.granted, f.now + g.granted * f.nt AS after FROM (SELECT least(f.calls, $10 / f.nt) AS granted) AS g
+    ) AS g
+    CROSS JOIN LATERAL (
+        SELECT k.start, least(f.want, greatest((f.now + $10 - k.start) / $9, 0)) AS leased FROM (
+            SELECT greatest(g.after, f.now + f.ahead) AS start
+        ) AS k
+    ) AS k
 ), inserted AS (
     INSERT INTO %[1]s (namespace, key, expires_at)
-    SELECT $1, f.key, timestamptz 'epoch' + f.tat * interval '1 microsecond' FROM fresh AS f
+    SELECT $1, f.key, timestamptz 'epoch' + (CASE WHEN f.leased > 0 THEN f.start + f.leased * $9 ELSE f.tat END) * interval '1 microsecond'
+    FROM fresh AS f
     ORDER BY f.key
     ON CONFLICT (namespace, key) DO NOTHING
     RETURNING key
 ), answer AS (
-    SELECT d.key, d.granted, d.tat, d.now, %[2]s AS setting FROM decided AS d
+    SELECT d.key, d.granted, d.tat, d.now, d.leased, d.start, %[2]s AS setting FROM decided AS d
     WHERE EXISTS (SELECT FROM updated AS u WHERE u.key = d.key)
     UNION ALL
-    SELECT f.key, f.granted, f.tat, f.now, %[2]s FROM fresh AS f
+    SELECT f.key, f.granted, f.tat, f.now, f.leased, f.start, %[2]s FROM fresh AS f
     WHERE EXISTS (SELECT FROM inserted AS i WHERE i.key = f.key)
     UNION ALL
-    SELECT c.key, 0, c.tat, c.now, NULL::text FROM current AS c
+    SELECT c.key, 0, c.tat, c.now, 0, 0, NULL::text FROM current AS c
     WHERE c.tat > c.now + c.tau AND NOT EXISTS (SELECT FROM updated AS u WHERE u.key = c.key)
 )
-SELECT array_agg(key), array_agg(granted), array_agg(tat), array_agg(now), max(setting) FROM answer`
+SELECT array_agg(key), array_agg(granted), array_agg(tat), array_agg(now), array_agg(leased), array_agg(start), max(setting)
+FROM answer`

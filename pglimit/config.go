@@ -114,10 +114,11 @@ type Config struct {
 	PreBlockSize int
 
 	// Invalidator, when set, carries every Reset of the limiter's keys,
-	// from any instance, to its pre-block within milliseconds, and keeps
-	// the pre-block from answering while it is not listening (see
-	// [Invalidator]). It needs PreBlockSize. Defaults to nil: Resets of
-	// other instances reach the pre-block when the cooldown ends.
+	// from any instance, to its pre-block and its leases within
+	// milliseconds, and keeps the pre-block from answering while it is not
+	// listening (see [Invalidator]). Defaults to nil: Resets of other
+	// instances reach the pre-block when the cooldown ends, and a lease
+	// when its units' time has passed (docs/limits.md, "Leases").
 	Invalidator *Invalidator
 }
 
@@ -169,8 +170,8 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.PreBlockSize > 0 && (len(out.Limits) != 1 || out.Limits[0].Algorithm != GCRA) {
 		return Config{}, fmt.Errorf("%w: PreBlockSize needs a single GCRA limit (a cooldown, say)", ErrInvalidConfig)
 	}
-	if out.Invalidator != nil && out.PreBlockSize == 0 {
-		return Config{}, fmt.Errorf("%w: Invalidator applies only with a pre-block (PreBlockSize)", ErrInvalidConfig)
+	if out.Invalidator != nil && out.PreBlockSize == 0 && !out.leases() {
+		return Config{}, fmt.Errorf("%w: Invalidator applies only with a pre-block (PreBlockSize) or to a limit that leases (docs/limits.md)", ErrInvalidConfig)
 	}
 	if out.Strategy == Range && !isCooldown(out.Limits) {
 		return Config{}, fmt.Errorf("%w: Range supports only a cooldown (one GCRA limit with Burst 1); use Upsert or NoWait for other limits", ErrInvalidConfig)

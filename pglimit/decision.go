@@ -42,6 +42,7 @@ type Decision struct {
 	policy   *Policy // the limiter's, for Violated
 	next     time.Duration
 	at       int64 // the database time the decision used, µs since the epoch; 0 if none
+	leased   bool  // handed out from a lease: at is an upper estimate
 }
 
 // Violated returns the limits that refused the request, in the limiter's

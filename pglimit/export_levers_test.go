@@ -56,3 +56,17 @@ func Statements(lim Limiter) map[string]string {
 	}
 	return s
 }
+
+// DecisionLeased reports whether d handed out units of a lease.
+func DecisionLeased(d Decision) bool { return d.leased }
+
+// LeaseUnits is how many units of key lim's lease holds now.
+func LeaseUnits(lim Limiter, key string) int64 {
+	b := lim.(*stmtLimiter).batch
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.leases == nil || b.leases.keys[key] == nil {
+		return 0
+	}
+	return b.leases.keys[key].expire(time.Now(), b.leases.unit)
+}

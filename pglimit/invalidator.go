@@ -63,7 +63,7 @@ type Invalidator struct {
 	liveUntil atomic.Int64
 
 	mu   sync.Mutex
-	subs map[int32][]weak.Pointer[preblock] // by lock class
+	subs map[int32][]func() forgetter // by lock class; nil once the limiter is gone
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -88,7 +88,7 @@ func StartInvalidator(cfg *InvalidatorConfig) (*Invalidator, error) {
 	v := &Invalidator{
 		conn:      conn,
 		heartbeat: cfg.Heartbeat,
-		subs:      make(map[int32][]weak.Pointer[preblock]),
+		subs:      make(map[int32][]func() forgetter),
 		stop:      stop,
 		done:      make(chan struct{}),
 	}
@@ -180,11 +180,28 @@ func (v *Invalidator) session(ctx context.Context) (listened bool) {
 	}
 }
 
-// register makes p follow the Resets of lock class class.
-func (v *Invalidator) register(class int32, p *preblock) {
+// forgetter is what follows Resets: a pre-block, a batcher's leases.
+type forgetter interface {
+	forget(key string) // a Reset of key
+	clear()            // Resets may have been missed
+}
+
+// register makes f follow the Resets of lock class class, for as long as
+// f is reachable from elsewhere.
+func register[T any, F interface {
+	*T
+	forgetter
+}](v *Invalidator, class int32, f F) {
+	w := weak.Make((*T)(f))
+	get := func() forgetter {
+		if p := w.Value(); p != nil {
+			return F(p)
+		}
+		return nil
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.subs[class] = append(v.subs[class], weak.Make(p))
+	v.subs[class] = append(v.subs[class], get)
 }
 
 // dispatch forgets the key of a notification in its class's pre-blocks,
@@ -199,10 +216,10 @@ func (v *Invalidator) dispatch(payload string) {
 	defer v.mu.Unlock()
 	subs := v.subs[int32(class)]
 	live := subs[:0]
-	for _, w := range subs {
-		if p := w.Value(); p != nil {
-			p.forget(key)
-			live = append(live, w)
+	for _, get := range subs {
+		if f := get(); f != nil {
+			f.forget(key)
+			live = append(live, get)
 		}
 	}
 	clear(subs[len(live):])
@@ -214,9 +231,9 @@ func (v *Invalidator) clearAll() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, subs := range v.subs {
-		for _, w := range subs {
-			if p := w.Value(); p != nil {
-				p.clear()
+		for _, get := range subs {
+			if f := get(); f != nil {
+				f.clear()
 			}
 		}
 	}

@@ -123,6 +123,9 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 		l.oneT, l.oneTau = l.emission, l.burstT-l.emission
 	}
 	l.batch = newBatcher(l, table, column)
+	if l.batch != nil && l.batch.leases != nil && b.cfg.Invalidator != nil {
+		register(b.cfg.Invalidator, b.args.lockClass.(int32), l.batch)
+	}
 	return l
 }
 

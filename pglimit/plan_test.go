@@ -93,7 +93,8 @@ func planArgs(keys []string) map[string]string {
 		"general": "'default', 'k1', 7, 1",
 		"peek":    "'default', 'k1'",
 		"reset":   "'default', 'g1', 7", // a key of the grown table: the others stay
-		"batch":   fmt.Sprintf("'default', '{%s}', %s, 7, %s, %s", strings.Join(keys, ","), repeat("100000"), repeat("400000"), repeat("2")),
+		"batch": fmt.Sprintf("'default', '{%s}', %s, 7, %s, %s, %s, %s, 100000, 500000", strings.Join(keys, ","),
+			repeat("100000"), repeat("400000"), repeat("2"), repeat("1"), repeat("1000")),
 	}
 }
 

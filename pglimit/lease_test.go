@@ -1,0 +1,178 @@
+package pglimit_test
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+// busyKey runs workers callers of key, spread over lims, for d, and
+// returns every admission (one unit each) in the order of its database
+// time, how many of them came from a lease, and how many calls were made.
+func busyKey(t *testing.T, lims []pglimit.Limiter, key string, workers int, d time.Duration) (adm []admission, leased, calls int) {
+	t.Helper()
+	ctx := context.Background()
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+	stop := time.Now().Add(d)
+	for i := range workers {
+		wg.Go(func() {
+			var mine []admission
+			n, l := 0, 0
+			for time.Now().Before(stop) {
+				d, err := lims[i%len(lims)].Allow(ctx, key)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				n++
+				if d.Allowed {
+					mine = append(mine, admission{at: pglimit.DecisionAt(d), units: 1})
+					if pglimit.DecisionLeased(d) {
+						l++
+					}
+				}
+			}
+			mu.Lock()
+			adm = append(adm, mine...)
+			leased, calls = leased+l, calls+n
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	slices.SortFunc(adm, func(a, b admission) int { return cmp.Compare(a.at, b.at) })
+	return adm, leased, calls
+}
+
+// checkWindows is checkGCRA in one pass, for many admissions: for every
+// i <= j, the units u(i..j) admitted from adm[i] to adm[j] need
+// (u(i..j) - Burst)*T <= adm[j].at - adm[i].at. With U the running sum of
+// units, that is U(j)*T - at(j) <= Burst*T + min over i <= j of
+// (U(i-1)*T - at(i)), which is kept as it goes.
+func checkWindows(t *testing.T, adm []admission, l pglimit.Limit) {
+	t.Helper()
+	T := ceilDiv(l.Period.Microseconds(), int64(l.Rate))
+	var (
+		units, low int64
+		from       int
+	)
+	for j, a := range adm {
+		if v := units*T - a.at; j == 0 || v < low {
+			low, from = v, j
+		}
+		units += a.units
+		if over := units*T - a.at - low - int64(l.Burst)*T; over > 0 {
+			t.Errorf("admissions %d to %d, %d µs apart, exceed Burst + w/T by %d µs of units", from, j, a.at-adm[from].at, over)
+			return
+		}
+	}
+}
+
+func TestLeaseAudit(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		limit   pglimit.Limit
+		binding bool
+	}{
+		{"binding", pglimit.Limit{Rate: 5000, Period: time.Second, Burst: 500}, true},
+		{"free", pglimit.Limit{Rate: 200000, Period: time.Second, Burst: 2000}, false},
+	} {
+		for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+			t.Run(fmt.Sprintf("%s/%s", tc.name, s), func(t *testing.T) {
+				t.Parallel()
+				schema := pglimittest.Schema(t)
+				var lims []pglimit.Limiter
+				for range 2 {
+					lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Limits: []pglimit.Limit{tc.limit}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					lims = append(lims, lim)
+				}
+				const run = time.Second
+				adm, leased, calls := busyKey(t, lims, "busy", 16, run)
+				checkWindows(t, adm, tc.limit)
+				t.Logf("%s: %d calls, %d admitted, %d of them leased", t.Name(), calls, len(adm), leased)
+				if leased == 0 {
+					t.Errorf("no admission came from a lease")
+				}
+			})
+		}
+	}
+}
+
+// takeLease calls key on lim from several goroutines until lim holds a
+// lease of it.
+func takeLease(t *testing.T, lim pglimit.Limiter, key string) {
+	t.Helper()
+	waitFor(t, "a lease of "+key, func() bool {
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 20 {
+					if _, err := lim.Allow(t.Context(), key); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return pglimit.LeaseUnits(lim, key) > 0
+	})
+}
+
+// A Reset drops the key's leases: at once on the instance that made it, and
+// within milliseconds on another instance that follows Resets through an
+// Invalidator. An instance without one keeps handing out its lease.
+func TestLeaseReset(t *testing.T) {
+	t.Parallel()
+	inv := startInvalidator(t, "pglimit-test-lease-reset")
+	schema := pglimittest.Schema(t)
+	limit := []pglimit.Limit{{Rate: 1000, Period: time.Second, Burst: 1000}}
+	newLim := func(inv *pglimit.Invalidator) pglimit.Limiter {
+		lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Schema: schema, Limits: limit, Invalidator: inv})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	}
+	a, b, c := newLim(nil), newLim(inv), newLim(nil)
+
+	takeLease(t, a, "own")
+	if err := a.Reset(t.Context(), "own"); err != nil {
+		t.Fatal(err)
+	}
+	if n := pglimit.LeaseUnits(a, "own"); n != 0 {
+		t.Errorf("a holds %d units of its lease after its own Reset", n)
+	}
+
+	takeLease(t, b, "k")
+	takeLease(t, c, "k")
+	if err := a.Reset(t.Context(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	// Unused units expire at the limit's rate, one a millisecond: b must
+	// drop its lease long before that could empty it.
+	reset := time.Now()
+	for pglimit.LeaseUnits(b, "k") > 0 {
+		if time.Since(reset) > 50*time.Millisecond {
+			t.Fatalf("b holds %d units of its lease 50ms after the Reset", pglimit.LeaseUnits(b, "k"))
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	t.Logf("b dropped its lease %s after the Reset", time.Since(reset))
+	if n := pglimit.LeaseUnits(c, "k"); n == 0 {
+		t.Errorf("c, without an Invalidator, dropped its lease too: is the test's lease too short?")
+	}
+}
