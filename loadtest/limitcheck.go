@@ -110,9 +110,42 @@ func checkClientLimits(byKey map[string][]admission, limits []pglimit.Limit) adm
 		// Sorted by sent, the decisions of adm[a..b] lie in
 		// [adm[a].sent, the latest receive among them]; the latest among
 		// adm[:b+1] is no earlier, so the interval is a wide one.
+		if len(limits) == 1 && limits[0].Algorithm == pglimit.GCRA {
+			gcraBounds(adm, latest, limits[0], &c)
+			continue
+		}
 		pairBounds(len(adm), func(a, b int) time.Duration { return latest[b] - adm[a].sent }, limits, &c)
 	}
 	return c
+}
+
+// gcraBounds is pairBounds for one GCRA limit, with checkClientLimits'
+// intervals [adm[a].sent, latest[b]], in one pass: a busy key's hundreds of
+// thousands of admissions make too many pairs. The run a..b, k = b-a+1
+// admissions, exceeds B + floor(w/T) exactly when (k - B)*T > w, that is
+// when (b+1)*T - latest[b] - B*T > a*T - adm[a].sent; so the smallest
+// a*T - adm[a].sent so far settles every run ending at b at once, and its
+// margin is the run's headroom. Violations counts the admissions b that
+// end a run over the bound.
+func gcraBounds(adm []admission, latest []time.Duration, l pglimit.Limit, c *admissionCheck) {
+	T := emission(l)
+	burstT := time.Duration(max(l.Burst, 1)) * T
+	var low time.Duration
+	for b, a := range adm {
+		if v := time.Duration(b)*T - a.sent; b == 0 || v < low {
+			low = v
+		}
+		excess := time.Duration(b+1)*T - latest[b] - burstT - low
+		if excess > 0 {
+			c.Violations++
+		}
+		// The run's bound minus its admissions: floor(-excess / T).
+		h := -excess / T
+		if -excess%T < 0 {
+			h--
+		}
+		c.headroom(l.Name, int(h))
+	}
 }
 
 // checkRecordLimits checks the admissions the audit trigger recorded

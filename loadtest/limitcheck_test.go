@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -148,6 +149,40 @@ func TestCheckClientLimits(t *testing.T) {
 	four["k"] = append(four["k"], at(ms(4)))
 	if c := checkClientLimits(four, []pglimit.Limit{window}); c.ok() {
 		t.Errorf("five within 4 ms, 2 per second: not flagged: %+v", c)
+	}
+}
+
+// The one-pass check of a GCRA limit agrees with the check of every pair:
+// on whether some run is over the bound, and on the tightest headroom.
+func TestGCRABoundsMatchPairs(t *testing.T) {
+	t.Parallel()
+	l := pglimit.Limit{Name: "rate", Rate: 1000, Period: time.Second, Burst: 20}
+	rng := rand.New(rand.NewPCG(1, 2))
+	outcomes := map[bool]int{}
+	for trial := range 300 {
+		var adm []admission
+		at := time.Duration(0)
+		for range 50 + rng.IntN(100) {
+			at += time.Duration(rng.IntN(1500)) * time.Microsecond
+			adm = append(adm, admission{sent: at, received: at + time.Duration(rng.IntN(400))*time.Microsecond})
+		}
+		latest := make([]time.Duration, len(adm))
+		for i, a := range adm {
+			latest[i] = a.received
+			if i > 0 {
+				latest[i] = max(latest[i], latest[i-1])
+			}
+		}
+		var fast, pairs admissionCheck
+		gcraBounds(adm, latest, l, &fast)
+		pairBounds(len(adm), func(a, b int) time.Duration { return latest[b] - adm[a].sent }, []pglimit.Limit{l}, &pairs)
+		if fast.ok() != pairs.ok() || fast.Headroom["rate"] != pairs.Headroom["rate"] {
+			t.Fatalf("trial %d: one pass %+v, every pair %+v", trial, fast, pairs)
+		}
+		outcomes[fast.ok()]++
+	}
+	if outcomes[true] == 0 || outcomes[false] == 0 {
+		t.Errorf("the trials were all alike (ok: %d, over: %d): they test nothing", outcomes[true], outcomes[false])
 	}
 }
 

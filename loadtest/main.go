@@ -279,9 +279,13 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		fl = nil // the limit scenarios measure no floor
 	}
 
+	extra := scenarioVariants(o)
+	if o.targets != nil {
+		extra = nil
+	}
 	// First, so that a machine without redis-server fails at once.
 	var rds *redisServer
-	if slices.Contains(fl, pingFloor) {
+	if slices.Contains(fl, pingFloor) || slices.ContainsFunc(extra, func(v variant) bool { return v.Redis }) {
 		var err error
 		if rds, err = startRedis(ctx); err != nil {
 			return nil, err
@@ -331,10 +335,7 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		rep.Meta.Target = fmt.Sprintf("HTTP, %d demo instance(s), running %q", len(o.targets), o.label)
 		rep.Meta.Floor = "GET /healthz"
 	} else {
-		vs := append(slices.Clone(r.floors), o.variants...)
-		if slices.ContainsFunc(o.scenarios, func(n string) bool { return slices.Contains(limitScenarios, n) }) {
-			vs = append(vs, limitVariants()...)
-		}
+		vs := slices.Concat(r.floors, o.variants, extra)
 		if err := r.db.setup(ctx, runID, vs); err != nil {
 			return nil, err
 		}

@@ -258,18 +258,25 @@ func (s *redisSession) conns() int { return s.size }
 // deciders runs the Redis floor (PING) or the peer. The cooldown is GCRA
 // with an emission interval of one cooldown and a burst of 1 (see
 // DESIGN.md §10): redis_rate's Limit{Rate: 1, Period: cooldown, Burst: 1}.
-// The peer runs only where the scenario's cooldown applies: limits is nil.
-func (s *redisSession) deciders(v variant, cooldown time.Duration, _ []pglimit.Limit) ([]decideFunc, error) {
+// Where the scenario gives the peer a limit, it is one GCRA limit, which
+// redis_rate takes as it is.
+func (s *redisSession) deciders(v variant, cooldown time.Duration, limits []pglimit.Limit) ([]decideFunc, error) {
 	out := make([]decideFunc, len(s.clients))
 	limit := redis_rate.Limit{Rate: 1, Period: cooldown, Burst: 1}
+	switch {
+	case len(limits) == 1 && limits[0].Algorithm == pglimit.GCRA:
+		limit = redis_rate.Limit{Rate: limits[0].Rate, Period: limits[0].Period, Burst: limits[0].Burst}
+	case limits != nil:
+		return nil, fmt.Errorf("%s: redis_rate enforces one GCRA limit, not %d limits", v.Name, len(limits))
+	}
 	for i, c := range s.clients {
-		switch v.Name {
-		case pingFloorName:
+		switch {
+		case v.Name == pingFloorName:
 			out[i] = func(ctx context.Context, _ string) outcome {
 				err := c.Ping(ctx).Err()
 				return outcome{allowed: err == nil, err: err}
 			}
-		case peerName, peerEverysec.Name, peerAlways.Name:
+		case v.Redis:
 			lim := redis_rate.NewLimiter(c)
 			out[i] = func(ctx context.Context, key string) outcome {
 				res, err := lim.Allow(ctx, key, limit)

@@ -104,7 +104,11 @@ func compare(runs []*result) {
 	for _, res := range runs {
 		ratio(res, floorName, &res.FloorRate, &res.Ratio)
 		ratio(res, writeFloorName, &res.WriteFloorRate, &res.WriteRatio)
-		ratio(res, peerName, &res.PeerRate, &res.PeerRatio)
+		peer := peerName
+		if res.Limits != "" {
+			peer += "-" + res.Limits // the peer with the same limit, where a scenario has one
+		}
+		ratio(res, peer, &res.PeerRate, &res.PeerRatio)
 	}
 }
 

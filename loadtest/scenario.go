@@ -20,13 +20,14 @@ const (
 	scLimits     = "limits"
 	scCostKeys   = "cost-many-keys"
 	scCostHot    = "cost-hot-key"
+	scBusy       = "busy-key"
 )
 
-var scenarioNames = []string{scSeed, scContention, scManyKeys, scNaive, scLimits, scCostKeys, scCostHot}
+var scenarioNames = []string{scSeed, scContention, scManyKeys, scNaive, scLimits, scCostKeys, scCostHot, scBusy}
 
 // limitScenarios compare their own variants (limitVariants), in-process
 // only: over HTTP the demo's cooldown is the only policy there is.
-var limitScenarios = []string{scLimits, scCostKeys, scCostHot}
+var limitScenarios = []string{scLimits, scCostKeys, scCostHot, scBusy}
 
 // Names of the limit sets a limit variant enforces (variant.Limits); each
 // scenario of limitScenarios defines both.
@@ -51,6 +52,43 @@ func limitVariants() []variant {
 			variant{Name: string(s), Strategy: s},
 			variant{Name: string(s) + "-" + setGCRA, Strategy: s, Limits: setGCRA},
 			variant{Name: string(s) + "-" + setThree, Strategy: s, Limits: setThree})
+	}
+	return out
+}
+
+// The limit sets of the busy-key scenario: two that bind and one that does
+// not, each a single GCRA limit of thousands per second.
+var busySets = []struct {
+	name  string
+	limit pglimit.Limit
+}{
+	{"5k", pglimit.Limit{Name: "rate", Rate: 5000, Period: time.Second, Burst: 500}},
+	{"20k", pglimit.Limit{Name: "rate", Rate: 20000, Period: time.Second, Burst: 2000}},
+	{"200k", pglimit.Limit{Name: "rate", Rate: 200_000, Period: time.Second, Burst: 2000}},
+}
+
+// busyVariants returns the variants of the busy-key scenario: the peer,
+// Upsert and NoWait with each limit set of busySets.
+func busyVariants() []variant {
+	var out []variant
+	for _, set := range busySets {
+		out = append(out,
+			variant{Name: peerName + "-" + set.name, Redis: true, Limits: set.name},
+			variant{Name: string(pglimit.Upsert) + "-" + set.name, Strategy: pglimit.Upsert, Limits: set.name},
+			variant{Name: string(pglimit.NoWait) + "-" + set.name, Strategy: pglimit.NoWait, Limits: set.name})
+	}
+	return out
+}
+
+// scenarioVariants returns the variants the scenarios o selects compare
+// on their own (scenario.Variants).
+func scenarioVariants(o *options) []variant {
+	var out []variant
+	if slices.ContainsFunc(o.scenarios, func(n string) bool { return n != scBusy && slices.Contains(limitScenarios, n) }) {
+		out = append(out, limitVariants()...)
+	}
+	if slices.Contains(o.scenarios, scBusy) {
+		out = append(out, busyVariants()...)
 	}
 	return out
 }
@@ -87,9 +125,9 @@ func (s *scenario) openLoop() bool { return s.Phases != nil }
 // durations per scenario, for the full run (scale 1) and for -short.
 var (
 	fullDurations = map[string]time.Duration{scSeed: 10 * time.Minute, scContention: 20 * time.Second, scManyKeys: time.Minute, scNaive: time.Minute,
-		scLimits: 30 * time.Second, scCostKeys: 20 * time.Second, scCostHot: 10 * time.Second}
+		scLimits: 30 * time.Second, scCostKeys: 20 * time.Second, scCostHot: 10 * time.Second, scBusy: 10 * time.Second}
 	shortDurations = map[string]time.Duration{scSeed: 5 * time.Second, scContention: time.Second, scManyKeys: 3 * time.Second, scNaive: 3 * time.Second,
-		scLimits: 3 * time.Second, scCostKeys: 1500 * time.Millisecond, scCostHot: time.Second}
+		scLimits: 3 * time.Second, scCostKeys: 1500 * time.Millisecond, scCostHot: time.Second, scBusy: time.Second}
 )
 
 // limitsKeys is how many keys the limits scenario shares its load among.
@@ -237,7 +275,39 @@ func limitScenarioList(o *options, dur func(string) time.Duration) []scenario {
 			Variants:  limitVariants(),
 			Rounds:    o.rounds,
 		},
+		{
+			Name: scBusy,
+			About: "One busy key under a limit of thousands per second, two instances, closed-loop workers at each " +
+				"concurrency (-levels): " + busyAbout() + ". Each strategy runs beside redis_rate with the same limit. " +
+				"Pass: no interval the clients' timings bracket holds more admissions than the limit allows; " +
+				"admitted against allowed is how much of the limit the key got.",
+			Levels:    o.levels,
+			Duration:  dur(scBusy),
+			Instances: 2,
+			Keys:      1,
+			Limits:    busyLimits(),
+			Variants:  busyVariants(),
+			Rounds:    1,
+		},
 	}
+}
+
+// busyLimits is busySets as scenario.Limits.
+func busyLimits() map[string][]pglimit.Limit {
+	out := map[string][]pglimit.Limit{}
+	for _, set := range busySets {
+		out[set.name] = []pglimit.Limit{set.limit}
+	}
+	return out
+}
+
+// busyAbout describes busySets for a reader.
+func busyAbout() string {
+	var parts []string
+	for _, set := range busySets {
+		parts = append(parts, set.name+" = "+describeLimits([]pglimit.Limit{set.limit}))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // The window limits of the cost scenarios: loose enough that the GCRA

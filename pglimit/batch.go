@@ -77,6 +77,7 @@ type entry struct {
 	want, ahead int64   // units asked for a lease beside the calls, and how far ahead (µs)
 	leased      int64   // units the statement leased, from TAT start read at t0
 	start, t0   int64
+	row         int64 // the key's TAT as the statement left it
 }
 
 // call is one Allow waiting for its entry. Its results are written before
@@ -163,6 +164,10 @@ func (b *batcher) submit(c *call) (direct *entry, leased bool) {
 		now = time.Now()
 		if d, ok := b.fromLease(c.key, c.n, now); ok {
 			c.d = d
+			return nil, true
+		}
+		if end, at, full := b.leases.full(c.key, c.n, now); full {
+			c.d = b.l.gcraDecision(false, end, at, c.n)
 			return nil, true
 		}
 	}
@@ -280,7 +285,7 @@ func (b *batcher) finish(bt []*entry) (next []*entry) {
 		}
 		delete(b.keys, e.key)
 		if e.want > 0 {
-			b.leases.add(e.key, e.leased, e.start, e.t0, e.sent, now)
+			b.leases.add(e.key, e.leased, e.start, e.row, e.t0, e.sent, now)
 		}
 	}
 	for _, e := range bt {
@@ -449,20 +454,19 @@ func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 		// The first granted calls were admitted one after the other, each
 		// moving the TAT by its n*T; the rest found no room after them.
 		granted, tat, now := int(out.granted[i]), out.tat[i], out.now[i]
-		e.leased, e.start, e.t0 = out.leased[i], out.leaseStart[i], now
+		e.leased, e.start, e.t0, e.row = out.leased[i], out.leaseStart[i], now, tat
+		if e.leased > 0 {
+			e.row = e.start + e.leased*b.l.emission
+		}
 		if len(e.calls) == 0 {
 			continue
-		}
-		row := tat // the key's TAT as the statement left it
-		if e.leased > 0 {
-			row = e.start + e.leased*b.l.emission
 		}
 		nT := int64(e.n) * b.l.emission
 		for j, c := range e.calls {
 			if j < granted {
 				c.d = b.l.gcraDecision(true, tat-int64(granted-1-j)*nT, now, e.n)
 			} else {
-				c.d = b.l.gcraDecision(false, row, now, e.n)
+				c.d = b.l.gcraDecision(false, e.row, now, e.n)
 			}
 		}
 		e.last = e.calls[len(e.calls)-1].d

@@ -96,8 +96,10 @@ func (c *Config) leases() bool {
 type lease struct {
 	runs []run
 	size int64 // units the next statement on the key asks for beside its calls
-	end  int64 // µs, database clock: the key's TAT after the last units leased
-	busy bool  // a call of the key met a statement of it gathering or on its way
+	end  int64 // µs, database clock: the key's TAT as the last statement left it
+	t0   int64 // µs, database clock: when that statement read it, sent at sent
+	sent time.Time
+	busy bool // a call of the key met a statement of it gathering or on its way
 
 	used, expired int64 // units since the last statement asked for a lease
 	met           int64 // calls that met a statement of the key, since then
@@ -217,25 +219,43 @@ func (ls *leases) want(key string, now time.Time) (units, ahead int64) {
 	return le.size, ahead
 }
 
-// add gives key the units a statement sent at sent and answered at now
-// leased: leased of them from TAT start, read at t0 (µs, database clock).
-func (ls *leases) add(key string, leased, start, t0 int64, sent, now time.Time) {
+// add gives key what a statement sent at sent and answered at now
+// found: the row's TAT as it left it, row, read at t0 (µs, database clock;
+// 0 when the statement did not decide the key), and the units it leased
+// from TAT start.
+func (ls *leases) add(key string, leased, start, row, t0 int64, sent, now time.Time) {
 	le := ls.keys[key]
 	if le == nil {
 		return
 	}
 	le.refilling = false
-	ls.rtt = now.Sub(sent).Microseconds()
-	if leased <= 0 {
+	if t0 == 0 {
 		return
 	}
-	le.end = max(le.end, start+leased*ls.t)
-	le.runs = append(le.runs, run{
-		left:     leased,
-		deadline: sent.Add(time.Duration(start-t0) * time.Microsecond),
-		sent:     sent,
-		t0:       t0,
-	})
+	ls.rtt = now.Sub(sent).Microseconds()
+	le.end, le.t0, le.sent = max(le.end, row), t0, sent
+	if leased > 0 {
+		le.runs = append(le.runs, run{
+			left:     leased,
+			deadline: sent.Add(time.Duration(start-t0) * time.Microsecond),
+			sent:     sent,
+			t0:       t0,
+		})
+	}
+}
+
+// full reports whether the key's row had no room for n units at now, by
+// what the key's last statement found: its TAT then, end, exceeds the
+// latest database time now can be, at, by more than the limit allows. The
+// row's TAT only grows but for a Reset, which drops the lease, so such a
+// call is refused without a round trip, as the database would refuse it.
+func (ls *leases) full(key string, n int, now time.Time) (end, at int64, ok bool) {
+	le := ls.keys[key]
+	if le == nil || le.t0 == 0 {
+		return 0, 0, false
+	}
+	at = le.t0 + now.Sub(le.sent).Microseconds()
+	return le.end, at, le.end > at+ls.burstT-int64(n)*ls.t
 }
 
 // low reports whether key's lease should be refilled now: it leases, holds
