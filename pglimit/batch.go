@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // batcher is group commit for Allow and AllowN: concurrent calls of one
@@ -33,10 +34,11 @@ import (
 // ends with its statement, so there is nothing to close, and a batch whose
 // callers have all returned still ends within Config.Timeout.
 type batcher struct {
-	l      *stmtLimiter
-	sql    string
-	size   int     // keys that fill a batch: maxBatchKeys (tests set it)
-	leases *leases // nil when the limit does not lease (lease.go)
+	l       *stmtLimiter
+	sql     string  // batchAllowSQL, skipping rows locked by concurrent decisions
+	waitSQL string  // batchAllowSQL for one key, waiting for its row's lock
+	size    int     // keys that fill a batch: maxBatchKeys (tests set it)
+	leases  *leases // nil when the limit does not lease (lease.go)
 
 	mu       sync.Mutex
 	open     []*entry          // gathering, in arrival order; sent together
@@ -54,10 +56,6 @@ type batcher struct {
 // (docs/throughput.md has the measurements behind it).
 const inFlightLimit = 2
 
-// maxSkips is how many batches may skip a call's key, its row locked by a
-// concurrent decision, before the call decides with its own statement.
-const maxSkips = 3
-
 // maxBatchKeys is the most keys one statement decides: a fuller batch is
 // sent at once.
 const maxBatchKeys = 256
@@ -73,9 +71,8 @@ type entry struct {
 	sent    time.Time
 	last    Decision // the decision of the last call: the key as it stands after the entry
 
-	retry       []*call // calls the statement skipped, for the next batch
-	want, ahead int64   // units asked for a lease beside the calls, and how far ahead (µs)
-	leased      int64   // units the statement leased, from TAT start read at t0
+	want, ahead int64 // units asked for a lease beside the calls, and how far ahead (µs)
+	leased      int64 // units the statement leased, from TAT start read at t0
 	start, t0   int64
 	row         int64 // the key's TAT as the statement left it
 }
@@ -88,8 +85,7 @@ type call struct {
 	q    query
 	done chan struct{}
 
-	gone  bool // the caller returned before its entry was sent; guarded by mu
-	skips int  // batches that skipped the call's key: its row was locked
+	gone bool // the caller returned before its entry was sent; guarded by mu
 
 	d     Decision
 	err   error
@@ -103,9 +99,17 @@ func newBatcher(l *stmtLimiter, table, column string) *batcher {
 	if !l.single || l.cfg.Strategy == Range {
 		return nil
 	}
+	patience := "true" // Upsert waits for a lock as long as Config.Timeout lets it
+	if l.cfg.Strategy == NoWait {
+		// Set before the first lock, for the statement's own transaction.
+		patience = fmt.Sprintf("set_config('lock_timeout', '%dms', true) IS NOT NULL", noWaitPatience.Milliseconds())
+	}
 	return &batcher{
-		l: l, sql: fmt.Sprintf(batchAllowSQL, table, column), size: maxBatchKeys,
-		leases: newLeases(l.emission, l.burstT), keys: make(map[string]*entry),
+		l:       l,
+		sql:     fmt.Sprintf(batchAllowSQL, table, column, "SKIP LOCKED", "true"),
+		waitSQL: fmt.Sprintf(batchAllowSQL, table, column, "", patience),
+		size:    maxBatchKeys,
+		leases:  newLeases(l.emission, l.burstT), keys: make(map[string]*entry),
 	}
 }
 
@@ -166,10 +170,6 @@ func (b *batcher) submit(c *call) (direct *entry, leased bool) {
 			c.d = d
 			return nil, true
 		}
-		if end, at, full := b.leases.full(c.key, c.n, now); full {
-			c.d = b.l.gcraDecision(false, end, at, c.n)
-			return nil, true
-		}
 	}
 	if b.keys[c.key] == nil && len(b.open) == 0 && b.inFlight < inFlightLimit {
 		e := b.newEntry(c.key, c.n, now)
@@ -202,9 +202,9 @@ func (b *batcher) newEntry(key string, n int, now time.Time) *entry {
 // the lease holds them; it asks for the next lease when this one runs low.
 // It is called with mu held.
 func (b *batcher) fromLease(key string, n int, now time.Time) (Decision, bool) {
-	at, left, ok := b.leases.take(key, n, now)
+	at, left, wait, ok := b.leases.take(key, n, now)
 	if !ok {
-		return Decision{}, false
+		return b.leaseRefusal(key, n, now, wait)
 	}
 	d := Decision{Allowed: true, Granted: n, Remaining: int(left), Limit: b.l.cfg.Limits[0], policy: b.l.policy, at: at, leased: true}
 	d.ResetAfter = micros(max(b.leases.keys[key].end-at, 0))
@@ -215,6 +215,28 @@ func (b *batcher) fromLease(key string, n int, now time.Time) (Decision, bool) {
 		b.open = append(b.open, e)
 		if len(b.open) == 1 && b.inFlight < inFlightLimit {
 			go b.send(b.take())
+		}
+	}
+	return d, true
+}
+
+// leaseRefusal is the refusal of n units of key at now without a round
+// trip, when the database would refuse them too: the key's row had no room
+// for them by what its last statement read (the row's TAT only grows, but
+// for a Reset, which drops the lease), or the lease's units are not usable
+// yet, which means the same (lease.go). wait is how long until the lease's
+// units are, if it holds them. It is called with mu held.
+func (b *batcher) leaseRefusal(key string, n int, now time.Time, wait time.Duration) (Decision, bool) {
+	end, at, full := b.leases.full(key, n, now)
+	if !full && wait == 0 {
+		return Decision{}, false
+	}
+	b.leases.keys[key].met++ // demand, which the next lease is sized by
+	d := b.l.gcraDecision(false, end, at, n)
+	if wait > 0 && (!full || wait < d.RetryAfter) {
+		d.RetryAfter = wait
+		if n == 1 {
+			d.next = wait
 		}
 	}
 	return d, true
@@ -289,7 +311,7 @@ func (b *batcher) finish(bt []*entry) (next []*entry) {
 		}
 	}
 	for _, e := range bt {
-		for _, w := range slices.Concat(e.retry, e.waiters) {
+		for _, w := range e.waiters {
 			if w.gone {
 				continue
 			}
@@ -383,10 +405,65 @@ func (b *batcher) decide(bt []*entry) {
 }
 
 // decideMany decides bt's entries, on distinct keys, in one statement. An
-// entry the statement left undecided (its row locked by a concurrent
-// decision, or changed after the statement's snapshot), and every entry
-// when the statement fails, is decided by its callers' own statements.
+// entry the statement skipped (its row locked by a concurrent decision) is
+// decided at once by the statement for its key alone, which waits for the
+// lock: on a busy key of two instances, one instance's statement is
+// usually holding it. NoWait waits at most noWaitPatience, so that only a
+// lock held longer than an admission takes (a caller's transaction)
+// refuses. An entry still undecided, and every entry when the statement
+// fails, is decided by its callers' own statements.
 func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
+	skipped, err := b.query(ctx, b.sql, bt)
+	if err == nil {
+		for _, e := range skipped {
+			var left []*entry
+			left, err = b.query(ctx, b.waitSQL, []*entry{e})
+			switch {
+			case pgCode(err) == codeLockNotAvailable:
+				for _, c := range e.calls {
+					c.d = b.l.lostRace()
+				}
+				err = nil
+			case err == nil && len(left) > 0:
+				b.alone(e)
+			}
+			if err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		b.mu.Lock()
+		b.failures++
+		b.mu.Unlock()
+		for _, e := range bt {
+			if e.t0 == 0 {
+				b.alone(e)
+			}
+		}
+	}
+}
+
+// alone makes e's calls decide with their own statements.
+func (b *batcher) alone(e *entry) {
+	for _, c := range e.calls {
+		c.alone = true
+	}
+}
+
+// noWaitPatience is how long NoWait's batch statement waits for a row lock
+// another decision holds: longer than an admission holds it, its commit's
+// WAL flush included, under load (docs/throughput.md).
+const noWaitPatience = 20 * time.Millisecond
+
+// query runs sql, batchAllowSQL in one of its variants, for bt's entries
+// and answers the calls of those it decided. It returns those it did not:
+// their rows were locked, or changed after the statement's snapshot.
+func (b *batcher) query(ctx context.Context, sql string, bt []*entry) (skipped []*entry, err error) {
+	var reach int64 // how far past the burst a lease reaches
+	if b.leases != nil {
+		reach = b.leases.reach
+	}
 	var in struct {
 		keys                        []string
 		nT, tau, calls, want, ahead []int64
@@ -398,24 +475,28 @@ func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 		in.keys = append(in.keys, e.key)
 		nT := int64(e.n) * b.l.emission
 		in.nT = append(in.nT, nT)
+		tau := b.l.burstT - nT
 		if e.want > 0 {
-			nT = min(nT, b.l.emission) // anything fits when a unit of the lease does
+			tau = b.l.burstT - b.l.emission + reach // anything fits when a unit of the lease does
 		}
-		in.tau = append(in.tau, b.l.burstT-nT)
+		in.tau = append(in.tau, tau)
 		in.calls = append(in.calls, int64(len(e.calls)))
 		in.want = append(in.want, e.want)
 		in.ahead = append(in.ahead, e.ahead)
 	}
 	if len(in.keys) == 0 {
-		return // every caller left before the batch was sent
+		return nil, nil // every caller left before the batch was sent
 	}
 	var out struct {
 		keys                                  []string
 		granted, tat, now, leased, leaseStart []int64
 	}
-	err := b.l.db.QueryRow(ctx, b.sql, b.l.args.namespace, in.keys, in.nT, b.l.args.lockClass, in.tau, in.calls,
-		in.want, in.ahead, b.l.emission, b.l.burstT).
-		Scan(&out.keys, &out.granted, &out.tat, &out.now, &out.leased, &out.leaseStart, nil)
+	args := []any{b.l.args.namespace, in.keys, in.nT, b.l.args.lockClass, in.tau, in.calls,
+		in.want, in.ahead, b.l.emission, b.l.burstT, reach}
+	scan := func(row pgx.Row) error {
+		return row.Scan(&out.keys, &out.granted, &out.tat, &out.now, &out.leased, &out.leaseStart, nil)
+	}
+	err = scan(b.l.db.QueryRow(ctx, sql, args...))
 	if err == nil {
 		for _, a := range [][]int64{out.granted, out.tat, out.now, out.leased, out.leaseStart} {
 			if len(a) != len(out.keys) {
@@ -424,9 +505,7 @@ func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 		}
 	}
 	if err != nil {
-		b.mu.Lock()
-		b.failures++
-		b.mu.Unlock()
+		return nil, err
 	}
 	byKey := make(map[string]int, len(out.keys))
 	for i, k := range out.keys {
@@ -434,21 +513,8 @@ func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 	}
 	for _, e := range bt {
 		i, ok := byKey[e.key]
-		if err != nil || !ok {
-			// A key skipped because its row was locked goes in the next
-			// batch, a few times, rather than wait for the lock (Upsert)
-			// or be refused (NoWait) on its own.
-			answered := e.calls[:0]
-			for _, c := range e.calls {
-				if err == nil && c.skips < maxSkips {
-					c.skips++
-					e.retry = append(e.retry, c)
-					continue
-				}
-				c.alone = true
-				answered = append(answered, c)
-			}
-			e.calls = answered
+		if !ok {
+			skipped = append(skipped, e)
 			continue
 		}
 		// The first granted calls were admitted one after the other, each
@@ -471,6 +537,7 @@ func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 		}
 		e.last = e.calls[len(e.calls)-1].d
 	}
+	return skipped, nil
 }
 
 // batchAllowSQL decides many keys of a single GCRA limit at once: $2 the
@@ -478,9 +545,11 @@ func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 // and $10 Burst*T, in µs. It is upsertAllowSQL's statement over a set of
 // keys, where each key admits as many of its calls, in order, as fit, and
 // then leases (lease.go) up to $7 more units, the first of them slotted no
-// earlier than $8 µs after the statement's clock reading, as many as fit.
-// $5 is each key's tolerance: the most its TAT may exceed now for
-// anything to fit (Burst*T - n*T, or Burst*T - T when it asks for a lease).
+// earlier than $8 µs after the statement's clock reading, as many as fit
+// with the key's TAT at most $11 µs past where a call could be admitted
+// now (the lease's later units become usable later). $5 is each key's
+// tolerance: the most its TAT may exceed now for anything to fit
+// (Burst*T - n*T, or Burst*T - T + $11 when it asks for a lease).
 // It differs from the single-key statement in what it does not do:
 //
 // It never waits for a lock, so one slow key cannot hold back the others
@@ -512,11 +581,12 @@ const batchAllowSQL = `
 WITH req AS (
     SELECT r.key, r.nt, r.tau, r.calls, r.want, r.ahead
     FROM unnest($2::text[], $3::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[]) AS r(key, nt, tau, calls, want, ahead)
+    WHERE %[4]s
 ), locked AS (
     SELECT r.key, r.nt, r.calls, r.want, r.ahead, l.expires_at FROM req AS r CROSS JOIN LATERAL (
         SELECT t.expires_at FROM %[1]s AS t
         WHERE t.namespace = $1 AND t.key = r.key AND t.expires_at <= clock_timestamp() + r.tau * interval '1 microsecond'
-        FOR UPDATE OF t SKIP LOCKED
+        FOR UPDATE OF t %[3]s
     ) AS l
 ), stamp AS (
     SELECT l.*, (extract(epoch FROM l.expires_at) * 1000000)::bigint AS tat,
@@ -531,7 +601,7 @@ WITH req AS (
         ) AS g
     ) AS g
     CROSS JOIN LATERAL (
-        SELECT k.start, least(s.want, greatest((s.now + $10 - k.start) / $9, 0)) AS leased FROM (
+        SELECT k.start, least(s.want, greatest((s.now + $10 + $11 - k.start) / $9, 0)) AS leased FROM (
             SELECT greatest(g.after, s.now + s.ahead) AS start
         ) AS k
     ) AS k
@@ -562,7 +632,7 @@ WITH req AS (
         SELECT g.granted, f.now + g.granted * f.nt AS after FROM (SELECT least(f.calls, $10 / f.nt) AS granted) AS g
     ) AS g
     CROSS JOIN LATERAL (
-        SELECT k.start, least(f.want, greatest((f.now + $10 - k.start) / $9, 0)) AS leased FROM (
+        SELECT k.start, least(f.want, greatest((f.now + $10 + $11 - k.start) / $9, 0)) AS leased FROM (
             SELECT greatest(g.after, f.now + f.ahead) AS start
         ) AS k
     ) AS k

@@ -44,7 +44,8 @@ const InFlightLimit = inFlightLimit
 
 // Statements returns the SQL of lim's statements that run outside a
 // caller's transaction, by name: "allow" (a single GCRA limit's), "general"
-// (AllowN of any limits), "peek", "reset" and, when lim batches, "batch".
+// (AllowN of any limits), "peek", "reset" and, when lim batches, "batch"
+// and "batchwait" (one key, waiting for its lock).
 func Statements(lim Limiter) map[string]string {
 	l := lim.(*stmtLimiter)
 	s := map[string]string{"allow": l.plain.fast, "peek": l.plain.peek, "reset": l.resetSQL}
@@ -52,7 +53,7 @@ func Statements(lim Limiter) map[string]string {
 		s["general"] = l.plain.general.own[modeAllow]
 	}
 	if l.batch != nil {
-		s["batch"] = l.batch.sql
+		s["batch"], s["batchwait"] = l.batch.sql, l.batch.waitSQL
 	}
 	return s
 }

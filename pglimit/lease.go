@@ -30,22 +30,42 @@ import "time"
 // unit's range is lost rather than risk a unit late. The lower bound needs
 // nothing: L >= r, so the database time is past t0.
 //
-// Unit j's deadline is start + j*T, so an idle key's units expire at the
-// limit's own rate. The statement dates a lease ahead (start >= t0 +
-// ahead), so that its units stay usable while this process's demand uses
-// them; the slots it skips to do so were unused, and are lost. The lease's
-// size follows this process's demand for the key: none at first, so that
-// a key called by one caller at a time decides exactly as without leases;
-// it doubles when callers of the key meet a statement on its way or use a
-// lease up, and halves when units expire unused. The next lease is asked
-// for, together with whatever else gathers, when a lease falls to half its
-// size, so that a busy key's callers do not wait for the database.
+// Unit j's deadline is start + j*T, so a lease's unused units expire at
+// the limit's own rate, one every T, from start on. A lease is therefore
+// dated ahead of the statement's clock reading (start >= t0 + ahead, ahead
+// a quarter of Burst*T, or twice the recent round trip if that is longer,
+// at most half): the key's schedule then runs ahead of real time, and the
+// units of each lease stay usable for a while whatever the process's pace.
+// The slots skipped to date a lease ahead were unused; on a key that keeps
+// busy the schedule stays ahead, and each lease starts where the last one
+// ended, skipping nothing.
+//
+// A lease reaches past where a call could be admitted now, by a quarter of
+// Burst*T (at most 10 ms): its later units become usable later, at their
+// slot's lower bound, mapped onto the local clock as late as it can be.
+// While the lease's next units are not usable yet, or the key's row had no
+// room by what its last statement read, a call is refused here, without a
+// round trip, as the database would refuse it: the row's TAT only grows,
+// but for a Reset, which drops the lease. This is what lets a key whose
+// limit binds answer every call at once.
+//
+// The lease's size follows this process's demand for the key: none at
+// first, so that a key called by one caller at a time decides exactly as
+// without leases; then as many units as the demand since the last lease
+// (units used, calls that met a statement or were refused here) would use
+// in a horizon of four round trips (between a sixteenth and a quarter of
+// Burst*T), doubled while calls meet statements and no unit expires, at
+// most a quarter of the burst, so that the dating ahead and two instances'
+// leases fit in it. The next lease is asked for, together with whatever
+// else gathers, when the lease falls to half its size, so that a busy
+// key's callers do not wait for the database.
 //
 // A Reset forgets the key's lease in this process at once, and in the
 // others through the Invalidator (Config.Invalidator). Without one, a
 // lease taken before another instance's Reset keeps handing out its units
 // after it, until their deadlines: at most the lease's units, within
-// Burst*T of the Reset.
+// Burst*T of the Reset; and the refusals of a full key go on until the
+// TAT its last statement read, at most Burst*T plus the reach.
 
 // leaseMaxInterval is the slowest limit that leases: one unit per
 // millisecond, 1,000 a second. A slower key is served well by statements
@@ -53,8 +73,8 @@ import "time"
 // without leases.
 const leaseMaxInterval = 1000 // µs
 
-// leaseHorizon is the longest a lease is sized to last.
-const leaseHorizon = 10 * 1000 // µs
+// maxReach is the farthest a lease reaches past the burst.
+const maxReach = 10 * 1000 // µs
 
 // maxLeaseUnits bounds a lease whatever the burst.
 const maxLeaseUnits = 4096
@@ -64,21 +84,25 @@ const maxLeaseUnits = 4096
 type leases struct {
 	t, burstT int64 // µs
 	unit      time.Duration
-	max       int64 // units: at most half the burst, so that two instances both hold leases
-	rtt       int64 // µs: how long the last statement that leased took
+	max       int64 // units: a quarter of the burst
+	rtt       int64 // µs: how long statements that lease take, a moving average
+	reach     int64 // µs: how far past the burst a lease reaches, its later units usable later
 	keys      map[string]*lease
 }
 
 // newLeases returns the lease state of a single GCRA limit of emission
-// interval t and span burstT (µs), or nil when it does not lease: a lease
-// of more than one unit never fits, or the limit is slower than
-// leaseMaxInterval.
+// interval t and span burstT (µs), or nil when it does not lease: its
+// burst is less than 4 (a lease could not hold a unit), or the limit is
+// slower than leaseMaxInterval.
 func newLeases(t, burstT int64) *leases {
-	units := min(burstT/t/2, maxLeaseUnits)
+	units := min(burstT/t/4, maxLeaseUnits)
 	if t > leaseMaxInterval || units < 1 {
 		return nil
 	}
-	return &leases{t: t, burstT: burstT, unit: time.Duration(t) * time.Microsecond, max: units, keys: make(map[string]*lease)}
+	return &leases{
+		t: t, burstT: burstT, unit: time.Duration(t) * time.Microsecond, max: units,
+		reach: min(burstT/4, maxReach), keys: make(map[string]*lease),
+	}
 }
 
 // leases reports whether a limiter of c leases: a single GCRA limit on
@@ -102,47 +126,65 @@ type lease struct {
 	busy bool // a call of the key met a statement of it gathering or on its way
 
 	used, expired int64 // units since the last statement asked for a lease
-	met           int64 // calls that met a statement of the key, since then
+	met           int64 // calls that met a statement of the key, or were refused here, since then
 	asked         time.Time
 	refilling     bool // an entry of the key asks for units
 }
 
-// run is units of one statement: left of them, the next one due by
-// deadline (local time) and each one after T later; at and dbAt map local
-// time onto the database clock, conservatively late.
+// run is units of one statement: left of them, the next one usable from
+// ready until deadline (local times), each one after it T later; sent and
+// t0 map local time onto the database clock, conservatively late.
 type run struct {
-	left     int64
-	deadline time.Time
-	sent     time.Time // local: the statement was sent
-	t0       int64     // database µs the statement read
+	left            int64
+	ready, deadline time.Time
+	sent            time.Time // local: the statement was sent
+	t0              int64     // database µs the statement read
 }
 
 // take hands out n units of key's lease at now, or reports false, having
 // dropped the units whose deadline has passed. It returns the database
-// time, an upper estimate, at which the first of them was handed out, and
-// the units left.
-func (ls *leases) take(key string, n int, now time.Time) (at int64, left int64, ok bool) {
+// time, an upper estimate, at which they were handed out, and the units
+// left; or, when the lease holds n units but the last of them is not
+// usable yet, how long until it is.
+func (ls *leases) take(key string, n int, now time.Time) (at, left int64, wait time.Duration, ok bool) {
 	le := ls.keys[key]
 	if le == nil {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	left = le.expire(now, ls.unit)
 	if left < int64(n) {
-		return 0, left, false
+		return 0, left, 0, false
+	}
+	// The n-th unit is the last to become usable.
+	need := int64(n)
+	for _, r := range le.runs {
+		if need <= r.left {
+			if ready := r.ready.Add(time.Duration(need-1) * ls.unit); ready.After(now) {
+				return 0, left, ready.Sub(now), false
+			}
+			break
+		}
+		need -= r.left
 	}
 	at = le.runs[0].t0 + now.Sub(le.runs[0].sent).Microseconds()
 	for need := int64(n); need > 0; {
 		r := &le.runs[0]
 		k := min(need, r.left)
-		r.left -= k
-		r.deadline = r.deadline.Add(time.Duration(k) * ls.unit)
+		r.advance(k, ls.unit)
 		need -= k
 		if r.left == 0 {
 			le.runs = le.runs[1:]
 		}
 	}
 	le.used += int64(n)
-	return at, left - int64(n), true
+	return at, left - int64(n), 0, true
+}
+
+// advance drops the run's next k units.
+func (r *run) advance(k int64, unit time.Duration) {
+	r.left -= k
+	r.ready = r.ready.Add(time.Duration(k) * unit)
+	r.deadline = r.deadline.Add(time.Duration(k) * unit)
 }
 
 // expire drops the units whose deadline is before now and returns the
@@ -152,8 +194,7 @@ func (le *lease) expire(now time.Time, unit time.Duration) (left int64) {
 	for _, r := range le.runs {
 		if late := now.Sub(r.deadline); late > 0 {
 			gone := min(int64((late+unit-1)/unit), r.left)
-			r.left -= gone
-			r.deadline = r.deadline.Add(time.Duration(gone) * unit)
+			r.advance(gone, unit)
 			le.expired += gone
 		}
 		if r.left > 0 {
@@ -179,15 +220,9 @@ func (ls *leases) met(key string) {
 }
 
 // want is how many units the next statement on key asks for beside its
-// calls, and how far ahead of its clock reading they start (µs). It is
-// called once for each statement of the key that gathers.
-//
-// The lease is sized to last a horizon (a quarter of the burst's span, at
-// most leaseHorizon) at this process's demand since the last one: the
-// units it used and the calls that met a statement. It at least doubles
-// while the last one ran out with none expired and calls still met
-// statements, up to half the burst. It is dated ahead by a round trip, and
-// by as long beyond T a unit as the demand takes to use it.
+// calls, and how far ahead of its clock reading they start (µs), as the
+// comment at the top of this file says. It is called once for each
+// statement of the key that gathers.
 func (ls *leases) want(key string, now time.Time) (units, ahead int64) {
 	le := ls.keys[key]
 	if le == nil {
@@ -197,26 +232,24 @@ func (ls *leases) want(key string, now time.Time) (units, ahead int64) {
 	if elapsed := now.Sub(le.asked).Microseconds(); !le.asked.IsZero() && le.used+le.met > 0 {
 		per = float64(elapsed) / float64(le.used+le.met)
 	}
-	horizon := min(ls.burstT/4, leaseHorizon)
-	size := int64(0)
+	horizon := min(max(4*ls.rtt, ls.burstT/16), ls.burstT/4)
+	var size int64
 	if per > 0 {
 		size = int64(float64(horizon) / per)
 	}
-	if le.expired == 0 && (le.busy || le.size > 0 && le.used >= le.size) {
+	if le.busy && le.expired == 0 {
+		// Calls met a statement, and no unit went unused: more than the
+		// lease's demand, which a closed loop of callers waiting for
+		// statements underestimates.
 		size = max(size, 2*le.size, 1)
 	}
 	le.size = min(size, ls.max)
 	if le.size == 0 {
-		delete(ls.keys, key)
+		delete(ls.keys, key) // less than a unit per horizon: no lease
 		return 0, 0
 	}
-	ahead = ls.rtt
-	if per > float64(ls.t) {
-		ahead += int64(float64(le.size) * (per - float64(ls.t)))
-	}
-	ahead = min(ahead, ls.burstT/2)
 	le.used, le.met, le.expired, le.asked, le.refilling, le.busy = 0, 0, 0, now, true, false
-	return le.size, ahead
+	return le.size, min(max(ls.burstT/4, 2*ls.rtt), ls.burstT/2)
 }
 
 // add gives key what a statement sent at sent and answered at now
@@ -232,11 +265,16 @@ func (ls *leases) add(key string, leased, start, row, t0 int64, sent, now time.T
 	if t0 == 0 {
 		return
 	}
-	ls.rtt = now.Sub(sent).Microseconds()
+	ls.rtt += (now.Sub(sent).Microseconds() - ls.rtt) / 4 // a moving average
 	le.end, le.t0, le.sent = max(le.end, row), t0, sent
 	if leased > 0 {
+		// Unit 0 is usable from the database time start + T - Burst*T,
+		// which is at least t0 + (that - t0) and so, on the local clock,
+		// no earlier than now + (that - t0); until start, which is no
+		// later than sent + (start - t0).
 		le.runs = append(le.runs, run{
 			left:     leased,
+			ready:    now.Add(time.Duration(start+ls.t-ls.burstT-t0) * time.Microsecond),
 			deadline: sent.Add(time.Duration(start-t0) * time.Microsecond),
 			sent:     sent,
 			t0:       t0,
