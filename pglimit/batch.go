@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -342,15 +343,23 @@ func (b *batcher) finish(bt []*entry) (next []*entry) {
 // forget drops key's lease and makes the next call on key start a new
 // entry: a Reset may have changed what the entry on its way read, and
 // whatever it leases is dropped. Calls already waiting for it were
-// concurrent with the Reset and may still follow its answer; an entry
-// still gathering is sent after the Reset, and stays.
+// concurrent with the Reset and may still follow its answer. An entry
+// still gathering is sent after the Reset, and stays, but asks for no
+// lease: none that a call did not ask for is taken after the Reset.
 func (b *batcher) forget(key string) {
 	if b == nil {
 		return
 	}
 	b.mu.Lock()
-	if e := b.keys[key]; e != nil && !e.sent.IsZero() {
+	switch e := b.keys[key]; {
+	case e == nil:
+	case !e.sent.IsZero():
 		delete(b.keys, key)
+	case len(e.calls) == 0:
+		delete(b.keys, key)
+		b.open = slices.DeleteFunc(b.open, func(o *entry) bool { return o == e })
+	default:
+		e.want = 0
 	}
 	if b.leases != nil {
 		b.leases.forget(key)

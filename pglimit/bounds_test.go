@@ -105,7 +105,7 @@ func hammer(t *testing.T, lims []pglimit.Limiter, workers int, key string, maxN 
 				}
 				if d.Allowed {
 					mu.Lock()
-					adm = append(adm, admission{at: pglimit.DecisionAt(d), units: int64(d.Granted)})
+					adm = append(adm, admission{at: pglimit.DecisionAt(d), units: int64(d.Granted), leased: pglimit.DecisionLeased(d)})
 					mu.Unlock()
 				}
 				time.Sleep(time.Duration(rng.IntN(500)) * time.Microsecond)
@@ -118,8 +118,12 @@ func hammer(t *testing.T, lims []pglimit.Limiter, workers int, key string, maxN 
 }
 
 // admission is one write of the record: its time and the units it
-// admitted.
-type admission struct{ at, units int64 }
+// admitted; or, when leased, units handed out from a lease at an upper
+// estimate of the database time.
+type admission struct {
+	at, units int64
+	leased    bool
+}
 
 // checkGCRA checks that no interval admits more than Burst + w/T units, w
 // the interval's length: for every pair of admissions i <= j, the units of
@@ -313,6 +317,8 @@ func checkSliding(t *testing.T, name string, adm []admission, l pglimit.Limit) (
 func TestConcurrencyBounds(t *testing.T) {
 	t.Parallel()
 	gcra := pglimit.Limit{Name: "gcra", Rate: 10, Period: 200 * time.Millisecond, Burst: 4}
+	// Fast enough to lease (docs/limits.md, "Leases").
+	leasing := pglimit.Limit{Name: "leasing", Rate: 4000, Period: time.Second, Burst: 80}
 	fixed := pglimit.Limit{Name: "fixed", Rate: 7, Period: 300 * time.Millisecond, Algorithm: pglimit.FixedWindow}
 	sliding := pglimit.Limit{Name: "sliding", Rate: 6, Period: 250 * time.Millisecond, Algorithm: pglimit.SlidingWindow}
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
@@ -326,6 +332,7 @@ func TestConcurrencyBounds(t *testing.T) {
 			{"gcra+fixed", []pglimit.Limit{gcra, fixed}, 2},
 			{"sliding", []pglimit.Limit{sliding}, 2},
 			{"gcra+fixed+sliding", []pglimit.Limit{gcra, fixed, sliding}, 2},
+			{"leasing", []pglimit.Limit{leasing}, 3},
 		} {
 			t.Run(fmt.Sprintf("%s/%s", s, tc.name), func(t *testing.T) {
 				t.Parallel()
@@ -342,6 +349,10 @@ func TestConcurrencyBounds(t *testing.T) {
 				}
 				adm := hammer(t, lims, 8, "hot", tc.maxN, 1500*time.Millisecond)
 				rows := record()
+				if tc.limits[0] == leasing {
+					checkLeased(t, rows, adm, leasing)
+					return
+				}
 				lag := pair(t, rows, adm, tc.limits)
 				var units int64
 				for _, a := range adm {
@@ -366,6 +377,47 @@ func TestConcurrencyBounds(t *testing.T) {
 			})
 		}
 	}
+}
+
+// checkLeased checks the admissions of a limit that leases. Their writes do
+// not pair with them one for one (a write takes a lease, handed out later),
+// so the record is checked for what a write may do, and the admissions, by
+// their database times, against Burst + w/T in every interval: each
+// write's TAT is at most its own clock reading plus Burst*T and a lease's
+// reach (lease.go), and the units admitted are no more than the writes
+// moved the TAT by.
+func checkLeased(t *testing.T, rows []auditRow, adm []admission, l pglimit.Limit) {
+	t.Helper()
+	T := ceilDiv(l.Period.Microseconds(), int64(l.Rate))
+	burstT := int64(l.Burst) * T
+	reach := min(burstT/4, 10_000)
+	var moved, units, leased int64
+	prev := int64(math.MinInt64)
+	for i, r := range rows {
+		if r.expires > r.at+burstT+reach {
+			t.Errorf("write %d: TAT %dµs past its clock, more than Burst*T + reach (%dµs)", i, r.expires-r.at, burstT+reach)
+		}
+		if prev != math.MinInt64 {
+			moved += r.expires - prev
+		} else {
+			moved += r.expires - r.at + burstT // the first write: at most a full burst
+		}
+		prev = r.expires
+	}
+	for _, a := range adm {
+		units += a.units
+		if a.leased {
+			leased += a.units
+		}
+	}
+	if units*T > moved {
+		t.Errorf("%d units admitted; the writes moved the TAT by %dµs, room for %d", units, moved, moved/T)
+	}
+	if leased == 0 {
+		t.Errorf("no admission came from a lease: the case tests nothing new")
+	}
+	checkWindows(t, adm, l)
+	t.Logf("%d units admitted in %d writes over 1.5s, %d of them leased", units, len(rows), leased)
 }
 
 // 200 concurrent requests over two pools on one key with a burst of 5 and

@@ -353,6 +353,7 @@ func Exercise(t *testing.T, newLimiter NewLimiter, opts ...Option) {
 	s.exerciseTransactions(t)
 	s.exerciseClock(t)
 	s.exerciseIsolation(t)
+	s.exerciseBusyKey(t)
 }
 
 // suite is what the parts of [Exercise] share.
