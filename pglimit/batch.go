@@ -102,8 +102,7 @@ func newBatcher(l *stmtLimiter, table, column string) *batcher {
 	}
 	patience := "true" // Upsert waits for a lock as long as Config.Timeout lets it
 	if l.cfg.Strategy == NoWait {
-		// Set before the first lock, for the statement's own transaction.
-		patience = fmt.Sprintf("set_config('lock_timeout', '%dms', true) IS NOT NULL", noWaitPatience.Milliseconds())
+		patience = noWaitCondition // set before the first lock
 	}
 	return &batcher{
 		l:       l,
@@ -417,9 +416,8 @@ func (b *batcher) decide(bt []*entry) {
 // entry the statement skipped (its row locked by a concurrent decision) is
 // decided at once by the statement for its key alone, which waits for the
 // lock: on a busy key of two instances, one instance's statement is
-// usually holding it. NoWait waits at most noWaitPatience, so that only a
-// lock held longer than an admission takes (a caller's transaction)
-// refuses. An entry still undecided, and every entry when the statement
+// usually holding it. NoWait waits at most noWaitPatience, as its own
+// statement does (strategy_nowait.go). An entry still undecided, and every entry when the statement
 // fails, is decided by its callers' own statements.
 func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 	skipped, err := b.query(ctx, b.sql, bt)
@@ -459,11 +457,6 @@ func (b *batcher) alone(e *entry) {
 		c.alone = true
 	}
 }
-
-// noWaitPatience is how long NoWait's batch statement waits for a row lock
-// another decision holds: longer than an admission holds it, its commit's
-// WAL flush included, under load (docs/throughput.md).
-const noWaitPatience = 20 * time.Millisecond
 
 // query runs sql, batchAllowSQL in one of its variants, for bt's entries
 // and answers the calls of those it decided. It returns those it did not:

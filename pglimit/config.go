@@ -20,9 +20,10 @@ const (
 	// trip, one row per key.
 	Upsert Strategy = "upsert"
 
-	// NoWait locks the key's row with SELECT ... FOR UPDATE NOWAIT, then
-	// updates or inserts it, and treats a row locked by someone else as a
-	// refusal. One round trip, one row per key.
+	// NoWait locks the key's row with SELECT ... FOR UPDATE, waiting at
+	// most 20 ms, then updates or inserts it, and treats a row locked by
+	// someone else for longer as a refusal. One round trip, one row per
+	// key.
 	NoWait Strategy = "nowait"
 
 	// Range inserts the cooldown as a tstzrange into a table whose

@@ -35,10 +35,10 @@
 // # Strategies
 //
 // [Upsert] (the default) locks the key's row only if the request fits, then
-// updates it, or inserts it for a key never seen; [NoWait] does the same with
-// FOR UPDATE NOWAIT and refuses when someone else holds the row; [Range]
-// inserts a tstzrange into a table with an exclusion constraint and keeps one
-// row per admission (a cooldown only). Each is one statement, one round trip,
+// updates it, or inserts it for a key never seen; [NoWait] does the same but
+// waits at most 20 ms for the row's lock, and refuses when someone else holds
+// it longer; [Range] inserts a tstzrange into a table with an exclusion
+// constraint and keeps one row per admission (a cooldown only). Each is one statement, one round trip,
 // and a refusal takes no lock and writes nothing. All three pass the same
 // conformance suite (package pglimittest).
 //

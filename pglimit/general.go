@@ -26,7 +26,7 @@ import (
 // as the rest of the statement.
 //
 // %[1]s is the table, %[2]s the setting column of the admitting branches,
-// %[3]s the lock clause (FOR UPDATE, or FOR UPDATE NOWAIT), %[4]s, %[5]s
+// %[3]s the lock clause (FOR UPDATE, or NoWait's noWaitLockSQL), %[4]s, %[5]s
 // and %[6]s whether x (state, tat, now) admits the request, its new state
 // and its new expires_at, %[7]s whether c (the same) does, %[8]s the state
 // column as the statement reads it (see shaped). $1 namespace, $2 key, $3

@@ -176,3 +176,30 @@ func TestLeaseReset(t *testing.T) {
 		t.Errorf("c, without an Invalidator, dropped its lease too: is the test's lease too short?")
 	}
 }
+
+// NoWait refuses a request only when the row is held longer than an
+// admission holds it: one key, from two instances, under a limit that
+// fits every request (a burst of 100,000 at 900 a second, too slow to
+// lease), admits every request, though the instances' admissions hold the
+// row in turn all the time.
+func TestNoWaitAdmitsWhatFits(t *testing.T) {
+	t.Parallel()
+	schema := pglimittest.Schema(t)
+	limit := pglimit.Limit{Rate: 900, Period: time.Second, Burst: 100_000}
+	var lims []pglimit.Limiter
+	for range 2 {
+		lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: pglimit.NoWait, Schema: schema, Limits: []pglimit.Limit{limit}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lims = append(lims, lim)
+	}
+	adm, leased, calls := busyKey(t, lims, "fits", 16, time.Second)
+	if leased > 0 {
+		t.Fatalf("%d admissions leased: the limit is meant not to lease", leased)
+	}
+	if len(adm) != calls {
+		t.Errorf("NoWait admitted %d of %d requests that all fit the limit", len(adm), calls)
+	}
+	t.Logf("%d of %d admitted", len(adm), calls)
+}
