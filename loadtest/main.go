@@ -55,6 +55,7 @@ type options struct {
 	scale          float64
 	short          bool
 	levels         []int
+	busyLevels     []int
 	concurrency    []int
 	concurrencySet bool
 	keys           int
@@ -87,6 +88,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.short, "short", false, "every scenario, the default strategies and the peer in 3 to 4 minutes (make bench; docs/benchmarks.md)")
 	levels := fs.String("levels", "1,4,16,64,256", "contention: concurrency levels")
 	concurrency := fs.String("concurrency", "16", "many-keys: concurrent workers (comma-separated levels)")
+	busyLevels := fs.String("busy-levels", "8,64", "busy-key: concurrency levels")
 	fs.IntVar(&o.keys, "keys", 100_000, "many-keys: distinct users")
 	fs.IntVar(&o.rounds, "rounds", 0, "cost-many-keys, cost-hot-key: rounds of the variants taking turns (default 3, 2 with -short)")
 	fs.IntVar(&o.poolSize, "pool-size", 10, "seed: connections per instance")
@@ -145,6 +147,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.levels, err = parseLevels(*levels); err != nil {
 		return nil, fmt.Errorf("-levels: %w", err)
+	}
+	if o.busyLevels, err = parseLevels(*busyLevels); err != nil {
+		return nil, fmt.Errorf("-busy-levels: %w", err)
 	}
 	if o.concurrency, err = parseLevels(*concurrency); err != nil {
 		return nil, fmt.Errorf("-concurrency: %w", err)

@@ -100,7 +100,10 @@ func checkResults(t *testing.T, rep *report, floors, variants []string, levels m
 	}
 	for _, s := range rep.Scenarios {
 		want := levels[s.Name] * (len(floors) + len(variants))
-		if slices.Contains(limitScenarios, s.Name) {
+		switch {
+		case s.Name == scBusy:
+			want = levels[s.Name] * len(busyVariants())
+		case slices.Contains(limitScenarios, s.Name):
 			want = levels[s.Name] * len(limitVariants())
 		}
 		if len(s.Results) != want {
@@ -195,6 +198,24 @@ func TestInProcess(t *testing.T) {
 			if r.Record != nil && r.Variant != naive.Name && r.Record.Admitted != r.Client.Admitted {
 				t.Errorf("%s: the database recorded %d admissions, the client saw %d", name, r.Record.Admitted, r.Client.Admitted)
 			}
+		}
+	}
+}
+
+// TestBusyKey runs the busy-key scenario: every limit on the peer and on
+// both strategies, each pglimit row compared with the peer of its limit,
+// and every admission checked by the client.
+func TestBusyKey(t *testing.T) {
+	t.Parallel()
+	args := append([]string{"-database-url", pglimittest.URL(t), "-scenarios", scBusy, "-busy-levels", "8"}, tiny...)
+	rep, _ := runLoadtest(t, exitOK, append(args, "-scale", "0.1")...)
+	checkResults(t, rep, nil, nil, map[string]int{scBusy: 1})
+	for _, r := range rep.Scenarios[0].Results {
+		if r.Client == nil || r.Client.Admitted == 0 || r.ErrorCount > 0 {
+			t.Errorf("%s: client check %+v, errors %v; want admissions checked and no error", r.Variant, r.Client, r.Errors)
+		}
+		if r.Variant != peerName+"-"+r.Limits && r.PeerRate == 0 {
+			t.Errorf("%s: no ratio to %s-%s", r.Variant, peerName, r.Limits)
 		}
 	}
 }

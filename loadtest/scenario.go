@@ -278,10 +278,10 @@ func limitScenarioList(o *options, dur func(string) time.Duration) []scenario {
 		{
 			Name: scBusy,
 			About: "One busy key under a limit of thousands per second, two instances, closed-loop workers at each " +
-				"concurrency (-levels): " + busyAbout() + ". Each strategy runs beside redis_rate with the same limit. " +
+				"concurrency (-busy-levels): " + busyAbout() + ". Each strategy runs beside redis_rate with the same limit. " +
 				"Pass: no interval the clients' timings bracket holds more admissions than the limit allows; " +
 				"admitted against allowed is how much of the limit the key got.",
-			Levels:    o.levels,
+			Levels:    o.busyLevels,
 			Duration:  dur(scBusy),
 			Instances: 2,
 			Keys:      1,
