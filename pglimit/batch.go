@@ -354,7 +354,7 @@ func (b *batcher) forget(key string) {
 	case e == nil:
 	case !e.sent.IsZero():
 		delete(b.keys, key)
-	case len(e.calls) == 0:
+	case len(e.calls) == 0 && len(e.waiters) == 0:
 		delete(b.keys, key)
 		b.open = slices.DeleteFunc(b.open, func(o *entry) bool { return o == e })
 	default:
@@ -417,8 +417,9 @@ func (b *batcher) decide(bt []*entry) {
 // decided at once by the statement for its key alone, which waits for the
 // lock: on a busy key of two instances, one instance's statement is
 // usually holding it. NoWait waits at most noWaitPatience, as its own
-// statement does (strategy_nowait.go). An entry still undecided, and every entry when the statement
-// fails, is decided by its callers' own statements.
+// statement does (strategy_nowait.go), and refuses after it. An entry
+// still undecided, and every entry when the statement fails, is decided by
+// its callers' own statements.
 func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 	skipped, err := b.query(ctx, b.sql, bt)
 	if err == nil {
@@ -426,7 +427,7 @@ func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 			var left []*entry
 			left, err = b.query(ctx, b.waitSQL, []*entry{e})
 			switch {
-			case pgCode(err) == codeLockNotAvailable:
+			case pgCode(err) != "" && pgCode(err) == b.l.contended:
 				for _, c := range e.calls {
 					c.d = b.l.lostRace()
 				}
