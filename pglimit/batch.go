@@ -592,12 +592,30 @@ WITH req AS (
         FOR UPDATE OF t %[3]s
     ) AS l
 ), stamp AS (
-    SELECT l.*, (extract(epoch FROM l.expires_at) * 1000000)::bigint AS tat,
-        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
+    SELECT l.key, l.nt, l.calls, l.want, l.ahead, (extract(epoch FROM l.expires_at) * 1000000)::bigint AS tat,
+        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS fresh
     FROM locked AS l
+), current AS (
+    SELECT r.key, r.tau, c.tat, c.now FROM req AS r CROSS JOIN LATERAL (
+        SELECT (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+            (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
+        FROM %[1]s AS t WHERE t.namespace = $1 AND t.key = r.key
+        OFFSET 0
+    ) AS c
+), first AS (
+    SELECT r.key, r.nt, r.calls, r.want, r.ahead, pg_try_advisory_xact_lock($4::integer, hashtext(r.key)) AS got FROM req AS r
+    WHERE NOT EXISTS (SELECT FROM current AS c WHERE c.key = r.key)
+    ORDER BY r.key
+), found AS (
+    SELECT * FROM stamp
+    UNION ALL
+    SELECT f.key, f.nt, f.calls, f.want, f.ahead, n.now, n.now, true FROM first AS f
+    CROSS JOIN LATERAL (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now) AS n
+    WHERE f.got
 ), decided AS (
-    SELECT s.key, s.now, g.granted, g.after AS tat, k.leased, k.start
-    FROM stamp AS s
+    SELECT s.key, s.now, s.fresh, g.granted, g.after AS tat, k.leased, k.start,
+        CASE WHEN k.leased > 0 THEN k.start + k.leased * $9 ELSE g.after END AS new_tat
+    FROM found AS s
     CROSS JOIN LATERAL (
         SELECT g.granted, greatest(s.tat, s.now) + g.granted * s.nt AS after FROM (
             SELECT least(s.calls, greatest((s.now + $10 - greatest(s.tat, s.now)) / s.nt, 0)) AS granted
@@ -611,47 +629,20 @@ WITH req AS (
     WHERE g.granted > 0 OR k.leased > 0
 ), updated AS (
     INSERT INTO %[1]s AS t (namespace, key, expires_at)
-    SELECT $1, d.key, timestamptz 'epoch' + (CASE WHEN d.leased > 0 THEN d.start + d.leased * $9 ELSE d.tat END) * interval '1 microsecond'
-    FROM decided AS d
+    SELECT $1, d.key, timestamptz 'epoch' + d.new_tat * interval '1 microsecond' FROM decided AS d
+    WHERE NOT d.fresh
     ON CONFLICT (namespace, key) DO UPDATE SET expires_at = excluded.expires_at
     RETURNING t.key
-), current AS (
-    SELECT r.key, r.tau, c.tat, c.now FROM req AS r CROSS JOIN LATERAL (
-        SELECT (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
-            (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
-        FROM %[1]s AS t WHERE t.namespace = $1 AND t.key = r.key
-        OFFSET 0
-    ) AS c
-), first AS (
-    SELECT r.key, r.nt, r.calls, r.want, r.ahead, pg_try_advisory_xact_lock($4::integer, hashtext(r.key)) AS got FROM req AS r
-    WHERE NOT EXISTS (SELECT FROM current AS c WHERE c.key = r.key)
-    ORDER BY r.key
-), fresh AS (
-    SELECT f.key, f.now, g.granted, g.after AS tat, k.leased, k.start
-    FROM (
-        SELECT f.*, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM first AS f WHERE f.got
-    ) AS f
-    CROSS JOIN LATERAL (
-        SELECT g.granted, f.now + g.granted * f.nt AS after FROM (SELECT least(f.calls, $10 / f.nt) AS granted) AS g
-    ) AS g
-    CROSS JOIN LATERAL (
-        SELECT k.start, least(f.want, greatest((f.now + $10 + $11 - k.start) / $9, 0)) AS leased FROM (
-            SELECT greatest(g.after, f.now + f.ahead) AS start
-        ) AS k
-    ) AS k
 ), inserted AS (
     INSERT INTO %[1]s (namespace, key, expires_at)
-    SELECT $1, f.key, timestamptz 'epoch' + (CASE WHEN f.leased > 0 THEN f.start + f.leased * $9 ELSE f.tat END) * interval '1 microsecond'
-    FROM fresh AS f
-    ORDER BY f.key
+    SELECT $1, d.key, timestamptz 'epoch' + d.new_tat * interval '1 microsecond' FROM decided AS d
+    WHERE d.fresh
+    ORDER BY d.key
     ON CONFLICT (namespace, key) DO NOTHING
     RETURNING key
 ), answer AS (
     SELECT d.key, d.granted, d.tat, d.now, d.leased, d.start, %[2]s AS setting FROM decided AS d
-    WHERE EXISTS (SELECT FROM updated AS u WHERE u.key = d.key)
-    UNION ALL
-    SELECT f.key, f.granted, f.tat, f.now, f.leased, f.start, %[2]s FROM fresh AS f
-    WHERE EXISTS (SELECT FROM inserted AS i WHERE i.key = f.key)
+    WHERE EXISTS (SELECT FROM updated AS u WHERE u.key = d.key) OR EXISTS (SELECT FROM inserted AS i WHERE i.key = d.key)
     UNION ALL
     SELECT c.key, 0, c.tat, c.now, 0, 0, NULL::text FROM current AS c
     WHERE c.tat > c.now + c.tau AND NOT EXISTS (SELECT FROM updated AS u WHERE u.key = c.key)
