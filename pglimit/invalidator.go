@@ -44,15 +44,17 @@ const (
 )
 
 // Invalidator carries every Reset, made by any instance, to the pre-blocks
-// of the limiters of this process that use it ([Config.Invalidator]): each
-// Reset notifies, and the Invalidator listens on one dedicated session and
-// forgets the key in every pre-block of its table and namespace, within
-// milliseconds of the Reset's commit.
+// and leases of the limiters of this process that use it
+// ([Config.Invalidator]): each Reset notifies, and the Invalidator listens
+// on one dedicated session and forgets the key in every pre-block and lease
+// of its table and namespace, within milliseconds of the Reset's commit.
 //
 // While the session is down or silent (before its first LISTEN, after a
 // failed heartbeat, while it reconnects) the pre-blocks answer nothing, so
-// every decision goes to the database; they start afresh, empty, once it
-// listens again. One Invalidator serves any number of limiters. Stop it
+// every decision goes to the database; they, and the leases, start afresh,
+// empty, once it listens again. A lease is not stopped while the session
+// is down: a Reset then reaches it as it would without an Invalidator
+// (docs/limits.md). One Invalidator serves any number of limiters. Stop it
 // when done: it runs one goroutine and holds one connection.
 type Invalidator struct {
 	conn      *pgx.ConnConfig
@@ -63,7 +65,7 @@ type Invalidator struct {
 	liveUntil atomic.Int64
 
 	mu   sync.Mutex
-	subs map[int32][]func() forgetter // by lock class; nil once the limiter is gone
+	subs map[int32][]func() forgetter // by lock class; each returns nil once its limiter is gone
 
 	stop context.CancelFunc
 	done chan struct{}
