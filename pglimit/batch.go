@@ -306,6 +306,9 @@ func (b *batcher) finish(bt []*entry) (next []*entry) {
 			continue // forgotten by a Reset: its lease is dropped
 		}
 		delete(b.keys, e.key)
+		if b.leases != nil && e.t0 != 0 {
+			b.leases.roundTrip(now.Sub(e.sent))
+		}
 		if e.want > 0 {
 			b.leases.add(e.key, e.leased, e.start, e.row, e.t0, e.sent, now)
 		}

@@ -56,7 +56,9 @@ import "time"
 // in a horizon of four round trips (between a sixteenth and a quarter of
 // Burst*T), doubled while calls meet statements and no unit expires, at
 // most a quarter of the burst, so that the dating ahead and two instances'
-// leases fit in it. The next lease is asked for, together with whatever
+// leases fit in it. While the batcher's statements take longer than half
+// of Burst*T on average, a lease would expire on its way, and none is
+// taken. The next lease is asked for, together with whatever
 // else gathers, when the lease falls to half its size, so that a busy
 // key's callers do not wait for the database.
 //
@@ -248,8 +250,20 @@ func (ls *leases) want(key string, now time.Time) (units, ahead int64) {
 		delete(ls.keys, key) // less than a unit per horizon: no lease
 		return 0, 0
 	}
+	if ls.rtt > ls.burstT/2 {
+		// Statements take so long that a lease, dated at most half the
+		// burst's span ahead, would expire on its way: none, until they
+		// are quicker again.
+		return 0, 0
+	}
 	le.used, le.met, le.expired, le.asked, le.refilling, le.busy = 0, 0, 0, now, true, false
 	return le.size, min(max(ls.burstT/4, 2*ls.rtt), ls.burstT/2)
+}
+
+// roundTrip notes how long a statement of the batcher took, sent to
+// answered: a moving average of the last few.
+func (ls *leases) roundTrip(d time.Duration) {
+	ls.rtt += (d.Microseconds() - ls.rtt) / 4
 }
 
 // add gives key what a statement sent at sent and answered at now
@@ -265,7 +279,6 @@ func (ls *leases) add(key string, leased, start, row, t0 int64, sent, now time.T
 	if t0 == 0 {
 		return
 	}
-	ls.rtt += (now.Sub(sent).Microseconds() - ls.rtt) / 4 // a moving average
 	le.end, le.t0, le.sent = max(le.end, row), t0, sent
 	if leased > 0 {
 		// Unit 0 is usable from the database time start + T - Burst*T,
