@@ -247,6 +247,40 @@ FROM `+ident(db.schemas[v.Name])+"."+auditTable)
 	return byKey, err
 }
 
+// leaseWrite is one write of a single GCRA limit's row as the audit trigger
+// recorded it, in µs since the epoch on the database clock: the TAT it
+// replaced (none for a new key) and the one it wrote, between its
+// statement's start and the trigger's clock.
+type leaseWrite struct {
+	previous *int64
+	expires  int64
+	stmt, at int64
+}
+
+// recordWrites returns, by key, the writes the audit trigger recorded in
+// v's table, in the order they were made: for a limit that leases, whose
+// writes take units for later, not admissions (docs/limits.md, "Leases").
+func (db *database) recordWrites(ctx context.Context, v variant) (map[string][]leaseWrite, error) {
+	rows, err := db.pool.Query(ctx, `
+SELECT key, (extract(epoch FROM previous) * 1000000)::bigint, (extract(epoch FROM expires_at) * 1000000)::bigint,
+    (extract(epoch FROM statement_at) * 1000000)::bigint, (extract(epoch FROM recorded_at) * 1000000)::bigint
+FROM `+ident(db.schemas[v.Name])+"."+auditTable+` ORDER BY recorded_at`)
+	if err != nil {
+		return nil, err
+	}
+	byKey := map[string][]leaseWrite{}
+	var (
+		key string
+		w   leaseWrite
+	)
+	_, err = pgx.ForEachRow(rows, []any{&key, &w.previous, &w.expires, &w.stmt, &w.at}, func() error {
+		byKey[key] = append(byKey[key], w)
+		w.previous = nil
+		return nil
+	})
+	return byKey, err
+}
+
 // now reads the database clock, the one the limiter decides by.
 func (db *database) now(ctx context.Context) (time.Time, error) {
 	var t time.Time

@@ -204,6 +204,41 @@ func checkRecordLimits(byKey map[string][]auditRow, limits []pglimit.Limit) admi
 	return c
 }
 
+// checkRecordLeases checks the writes of a single GCRA limit l that leases
+// against what a write may do, with admitted the admissions the clients saw
+// by key. A write takes units for the calls of its statement and a lease
+// (docs/limits.md, "Leases"), so it does not pair with admissions; what
+// the record proves instead:
+//
+//   - no write sets the TAT further past its clock than Burst*T plus the
+//     lease's reach (a quarter of Burst*T, at most 10 ms): a Violation;
+//   - the units the writes took are no fewer than the admissions. A write
+//     took at most (new TAT - max(previous TAT, its statement's start))/T
+//     units, a new key's at most (new TAT - its statement's start)/T + 0:
+//     the sum is the MaxAllowed, and admissions beyond it are OverAdmitted.
+func checkRecordLeases(byKey map[string][]leaseWrite, l pglimit.Limit, admitted map[string]int) admissionCheck {
+	var c admissionCheck
+	T := emission(l).Microseconds()
+	burstT := int64(max(l.Burst, 1)) * T
+	reach := min(burstT/4, 10_000)
+	for key, n := range admitted {
+		var took int64
+		for _, w := range byKey[key] {
+			if w.expires > w.at+burstT+reach {
+				c.Violations++
+				c.malformed(fmt.Sprintf("%s: TAT %dµs past its write's clock, more than Burst*T + reach %dµs", key, w.expires-w.at, burstT+reach))
+			}
+			base := w.stmt
+			if w.previous != nil {
+				base = max(base, *w.previous)
+			}
+			took += max(w.expires-base, 0) / T
+		}
+		c.countIn(n, int(took))
+	}
+	return c
+}
+
 // pairBoundsRecord is pairBounds on the record, for the GCRA limits, where
 // the admissions rows[a..b] were decided within [min lo over a..b,
 // rows[b].at].

@@ -197,3 +197,24 @@ func TestMaxIn(t *testing.T) {
 		t.Errorf("at once: %d, want the burst", got)
 	}
 }
+
+func TestCheckRecordLeases(t *testing.T) {
+	t.Parallel()
+	// T = 1 ms, Burst*T = 10 ms, reach 2.5 ms.
+	l := pglimit.Limit{Name: "rate", Rate: 1000, Period: time.Second, Burst: 10}
+	prev := func(v int64) *int64 { return &v }
+	writes := map[string][]leaseWrite{"k": {
+		{expires: 15_000, stmt: 10_000, at: 10_100},                         // a new key: 5 units
+		{previous: prev(15_000), expires: 21_000, stmt: 12_000, at: 12_200}, // 6 more, 8.8 ms ahead of its clock
+	}}
+	if c := checkRecordLeases(writes, l, map[string]int{"k": 11}); !c.ok() || c.MaxAllowed != 11 {
+		t.Errorf("11 admissions of 11 units written: %+v", c)
+	}
+	if c := checkRecordLeases(writes, l, map[string]int{"k": 12}); c.ok() || c.OverAdmitted != 1 {
+		t.Errorf("12 admissions of 11 units written: not flagged: %+v", c)
+	}
+	writes["k"] = append(writes["k"], leaseWrite{previous: prev(21_000), expires: 25_000, stmt: 12_300, at: 12_400})
+	if c := checkRecordLeases(writes, l, map[string]int{"k": 11}); c.ok() || c.Violations != 1 {
+		t.Errorf("a TAT 12.6 ms past its clock, beyond Burst*T + reach: not flagged: %+v", c)
+	}
+}

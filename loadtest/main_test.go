@@ -214,8 +214,14 @@ func TestBusyKey(t *testing.T) {
 		if r.Client == nil || r.Client.Admitted == 0 || r.ErrorCount > 0 {
 			t.Errorf("%s: client check %+v, errors %v; want admissions checked and no error", r.Variant, r.Client, r.Errors)
 		}
-		if r.Variant != peerName+"-"+r.Limits && r.PeerRate == 0 {
+		if r.Variant == peerName+"-"+r.Limits {
+			continue
+		}
+		if r.PeerRate == 0 {
 			t.Errorf("%s: no ratio to %s-%s", r.Variant, peerName, r.Limits)
+		}
+		if r.Record == nil || r.Record.MaxAllowed < r.Record.Admitted || r.Record.Admitted != r.Client.Admitted {
+			t.Errorf("%s: database record %+v; want every admission the clients saw within the units written", r.Variant, r.Record)
 		}
 	}
 }

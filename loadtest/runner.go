@@ -198,7 +198,7 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		res.Client = &c
 	}
 	if pg {
-		if err := r.databaseFigures(ctx, res, sc, v, limits, before, dbStart, hot); err != nil {
+		if err := r.databaseFigures(ctx, res, sc, v, limits, before, dbStart, hot, rec); err != nil {
 			return nil, err
 		}
 	}
@@ -240,7 +240,7 @@ func (r *runner) drive(ctx context.Context, sc *scenario, level int, v variant, 
 // databaseFigures adds the server's counters across the run and the check
 // of the admissions the database recorded.
 func (r *runner) databaseFigures(ctx context.Context, res *result, sc *scenario, v variant, limits []pglimit.Limit,
-	before dbStats, dbStart time.Time, hot *hotKey) error {
+	before dbStats, dbStart time.Time, hot *hotKey, rec *recorder) error {
 	if err := r.db.settle(ctx, r.ownPools); err != nil {
 		return err
 	}
@@ -252,6 +252,20 @@ func (r *runner) databaseFigures(ctx context.Context, res *result, sc *scenario,
 	res.DB = &d
 	if limits != nil {
 		if !sc.Audit {
+			return nil
+		}
+		if sc.Name == scBusy {
+			// Every limit of the scenario leases: the writes take units.
+			writes, err := r.db.recordWrites(ctx, v)
+			if err != nil {
+				return fmt.Errorf("read the writes the database recorded: %w", err)
+			}
+			admitted := map[string]int{}
+			for k, a := range rec.keys {
+				admitted[k] = len(a)
+			}
+			c := checkRecordLeases(writes, limits[0], admitted)
+			res.Record = &c
 			return nil
 		}
 		byKey, err := r.db.recordLimits(ctx, v, limits)

@@ -279,12 +279,14 @@ func limitScenarioList(o *options, dur func(string) time.Duration) []scenario {
 			Name: scBusy,
 			About: "One busy key under a limit of thousands per second, two instances, closed-loop workers at each " +
 				"concurrency (-busy-levels): " + busyAbout() + ". Each strategy runs beside redis_rate with the same limit. " +
-				"Pass: no interval the clients' timings bracket holds more admissions than the limit allows; " +
-				"admitted against allowed is how much of the limit the key got.",
+				"Pass: no interval the clients' timings bracket holds more admissions than the limit allows, and the " +
+				"database's record (an audit trigger on the writes, which take leases) shows no write past Burst*T plus " +
+				"a lease's reach and units enough for every admission; admitted against allowed is how much of the limit the key got.",
 			Levels:    o.busyLevels,
 			Duration:  dur(scBusy),
 			Instances: 2,
 			Keys:      1,
+			Audit:     true,
 			Limits:    busyLimits(),
 			Variants:  busyVariants(),
 			Rounds:    1,
