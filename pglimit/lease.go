@@ -58,9 +58,9 @@ import "time"
 // most a quarter of the burst, so that the dating ahead and two instances'
 // leases fit in it. While the batcher's statements take longer than half
 // of Burst*T on average, a lease would expire on its way, and none is
-// taken. The next lease is asked for, together with whatever
-// else gathers, when the lease falls to half its size, so that a busy
-// key's callers do not wait for the database.
+// taken. The next lease is asked for, together with whatever else
+// gathers, when the lease falls to half its size, so that a busy key's
+// callers do not wait for the database.
 //
 // A Reset forgets the key's lease in this process at once, and in the
 // others through the Invalidator (Config.Invalidator). Without one, a
