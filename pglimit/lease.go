@@ -130,7 +130,6 @@ type lease struct {
 	used, expired int64 // units since the last statement asked for a lease
 	met           int64 // calls that met a statement of the key, or were refused here, since then
 	asked         time.Time
-	refilling     bool // an entry of the key asks for units
 }
 
 // run is units of one statement: left of them, the next one usable from
@@ -256,7 +255,7 @@ func (ls *leases) want(key string, now time.Time) (units, ahead int64) {
 		// are quicker again.
 		return 0, 0
 	}
-	le.used, le.met, le.expired, le.asked, le.refilling, le.busy = 0, 0, 0, now, true, false
+	le.used, le.met, le.expired, le.asked, le.busy = 0, 0, 0, now, false
 	return le.size, min(max(ls.burstT/4, 2*ls.rtt), ls.burstT/2)
 }
 
@@ -272,11 +271,7 @@ func (ls *leases) roundTrip(d time.Duration) {
 // from TAT start.
 func (ls *leases) add(key string, leased, start, row, t0 int64, sent, now time.Time) {
 	le := ls.keys[key]
-	if le == nil {
-		return
-	}
-	le.refilling = false
-	if t0 == 0 {
+	if le == nil || t0 == 0 {
 		return
 	}
 	le.end, le.t0, le.sent = max(le.end, row), t0, sent
@@ -309,11 +304,12 @@ func (ls *leases) full(key string, n int, now time.Time) (end, at int64, ok bool
 	return le.end, at, le.end > at+ls.burstT-int64(n)*ls.t
 }
 
-// low reports whether key's lease should be refilled now: it leases, holds
-// no more than half its size, and no statement is asking for units.
+// low reports whether key's lease should be refilled now: it leases and
+// holds no more than half its size. (Its caller asks only while no entry of
+// the key gathers or is on its way: that entry would bring units.)
 func (ls *leases) low(key string, left int64) bool {
 	le := ls.keys[key]
-	return le != nil && !le.refilling && left <= le.size/2
+	return le != nil && left <= le.size/2
 }
 
 // forget drops key's lease: a Reset.
