@@ -317,8 +317,9 @@ func checkSliding(t *testing.T, name string, adm []admission, l pglimit.Limit) (
 func TestConcurrencyBounds(t *testing.T) {
 	t.Parallel()
 	gcra := pglimit.Limit{Name: "gcra", Rate: 10, Period: 200 * time.Millisecond, Burst: 4}
-	// Fast enough to lease (docs/limits.md, "Leases").
-	leasing := pglimit.Limit{Name: "leasing", Rate: 4000, Period: time.Second, Burst: 80}
+	// Fast enough to lease (docs/limits.md, "Leases"), with a Burst*T of
+	// 100 ms, so that it leases while statements take less than 50 ms.
+	leasing := pglimit.Limit{Name: "leasing", Rate: 4000, Period: time.Second, Burst: 400}
 	fixed := pglimit.Limit{Name: "fixed", Rate: 7, Period: 300 * time.Millisecond, Algorithm: pglimit.FixedWindow}
 	sliding := pglimit.Limit{Name: "sliding", Rate: 6, Period: 250 * time.Millisecond, Algorithm: pglimit.SlidingWindow}
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
