@@ -214,8 +214,10 @@ func checkRecordLimits(byKey map[string][]auditRow, limits []pglimit.Limit) admi
 //     lease's reach (a quarter of Burst*T, at most 10 ms): a Violation;
 //   - the units the writes took are no fewer than the admissions. A write
 //     took at most (new TAT - max(previous TAT, its statement's start))/T
-//     units, a new key's at most (new TAT - its statement's start)/T + 0:
-//     the sum is the MaxAllowed, and admissions beyond it are OverAdmitted.
+//     units, a new key's at most (new TAT - its statement's start)/T + 0,
+//     and a write that moves the TAT back gives (previous TAT - new TAT)/T
+//     units back: the sum is the MaxAllowed, and admissions beyond it are
+//     OverAdmitted.
 func checkRecordLeases(byKey map[string][]leaseWrite, l pglimit.Limit, admitted map[string]int) admissionCheck {
 	var c admissionCheck
 	T := emission(l).Microseconds()
@@ -230,6 +232,10 @@ func checkRecordLeases(byKey map[string][]leaseWrite, l pglimit.Limit, admitted 
 			}
 			base := w.stmt
 			if w.previous != nil {
+				if w.expires < *w.previous {
+					took -= (*w.previous - w.expires) / T // an idle lease's units given back
+					continue
+				}
 				base = max(base, *w.previous)
 			}
 			took += max(w.expires-base, 0) / T

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -212,6 +213,14 @@ func TestCheckRecordLeases(t *testing.T) {
 	}
 	if c := checkRecordLeases(writes, l, map[string]int{"k": 12}); c.ok() || c.OverAdmitted != 1 {
 		t.Errorf("12 admissions of 11 units written: not flagged: %+v", c)
+	}
+	given := map[string][]leaseWrite{"k": append(slices.Clone(writes["k"]), leaseWrite{previous: prev(21_000), expires: 18_000, stmt: 14_000, at: 14_100})} // 3 given back
+	if c := checkRecordLeases(given, l, map[string]int{"k": 9}); c.ok() || c.OverAdmitted != 1 {
+		t.Errorf("9 admissions of 11 units written, 3 given back: not flagged: %+v", c)
+	}
+	given["k"] = append(given["k"], leaseWrite{previous: prev(18_000), expires: 20_000, stmt: 15_000, at: 15_100}) // 2 of them taken again
+	if c := checkRecordLeases(given, l, map[string]int{"k": 10}); !c.ok() || c.MaxAllowed != 10 {
+		t.Errorf("10 admissions of 10 units: %+v", c)
 	}
 	writes["k"] = append(writes["k"], leaseWrite{previous: prev(21_000), expires: 25_000, stmt: 12_300, at: 12_400})
 	if c := checkRecordLeases(writes, l, map[string]int{"k": 11}); c.ok() || c.Violations != 1 {

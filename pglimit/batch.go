@@ -38,6 +38,7 @@ type batcher struct {
 	l       *stmtLimiter
 	sql     string  // batchAllowSQL, skipping rows locked by concurrent decisions
 	waitSQL string  // batchAllowSQL for one key, waiting for its row's lock
+	backSQL string  // giveBackSQL
 	size    int     // keys that fill a batch: maxBatchKeys (tests set it)
 	leases  *leases // nil when the limit does not lease (lease.go)
 
@@ -47,8 +48,9 @@ type batcher struct {
 	inFlight int               // statements running: direct calls and batches
 
 	// failures counts batch statements that failed (their calls were then
-	// decided one by one); tests read it.
-	failures int64
+	// decided one by one); tests read it, and givenBack, the units of
+	// leases given back.
+	failures, givenBack int64
 }
 
 // inFlightLimit is how many of a limiter's statements may run at once before
@@ -76,6 +78,7 @@ type entry struct {
 	leased      int64 // units the statement leased, from TAT start read at t0
 	start, t0   int64
 	row         int64 // the key's TAT as the statement left it
+	xid         int64 // the transaction that wrote it, 0 if none did
 }
 
 // call is one Allow waiting for its entry. Its results are written before
@@ -108,6 +111,7 @@ func newBatcher(l *stmtLimiter, table, column string) *batcher {
 		l:       l,
 		sql:     fmt.Sprintf(batchAllowSQL, table, column, "SKIP LOCKED", "true"),
 		waitSQL: fmt.Sprintf(batchAllowSQL, table, column, "", patience),
+		backSQL: fmt.Sprintf(giveBackSQL, table),
 		size:    maxBatchKeys,
 		leases:  newLeases(l.emission, l.burstT), keys: make(map[string]*entry),
 	}
@@ -310,7 +314,9 @@ func (b *batcher) finish(bt []*entry) (next []*entry) {
 			b.leases.roundTrip(now.Sub(e.sent))
 		}
 		if e.want > 0 {
-			b.leases.add(e.key, e.leased, e.start, e.row, e.t0, e.sent, now)
+			if le := b.leases.add(e, now); le != nil && le.timer == nil {
+				b.giveBackLater(e.key, le)
+			}
 		}
 	}
 	for _, e := range bt {
@@ -340,6 +346,44 @@ func (b *batcher) finish(bt []*entry) (next []*entry) {
 		close(w.done)
 	}
 	return next
+}
+
+// giveBackLater arms le's timer, key's lease: giveBack, once it may be
+// idle. It is called with mu held.
+func (b *batcher) giveBackLater(key string, le *lease) {
+	le.timer = time.AfterFunc(b.leases.quiet(), func() { b.giveBack(key, le) })
+}
+
+// giveBack is the timer of le, key's lease. Once no call has come to the
+// lease for quiet, it gives the units of its last run back to the key's
+// row, if the row is as that run's statement left it (giveBackSQL): the
+// row's TAT moves back over them, and another instance may admit them.
+// The units are out of the lease while the statement runs, so that each
+// slot is still handed out at most once. They come back to it if the row
+// had moved on, and are lost, as units that expire are, if the statement
+// fails.
+func (b *batcher) giveBack(key string, le *lease) {
+	b.mu.Lock()
+	again, tail := b.leases.idle(key, le, time.Now(), b.keys[key] != nil)
+	if again > 0 {
+		le.timer.Reset(again)
+	} else {
+		le.timer = nil
+	}
+	b.mu.Unlock()
+	if tail.left == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.l.cfg.Timeout)
+	defer cancel()
+	tag, err := b.l.db.Exec(ctx, b.backSQL, b.l.args.namespace, key, tail.left*b.l.emission, tail.end, tail.xid)
+	ok := err == nil && tag.RowsAffected() == 1
+	b.mu.Lock()
+	b.leases.given(key, le, tail, ok, err == nil && !ok)
+	if ok {
+		b.givenBack += tail.left
+	}
+	b.mu.Unlock()
 }
 
 // forget drops key's lease and makes the next call on key start a new
@@ -494,17 +538,17 @@ func (b *batcher) query(ctx context.Context, sql string, bt []*entry) (skipped [
 		return nil, nil // every caller left before the batch was sent
 	}
 	var out struct {
-		keys                                  []string
-		granted, tat, now, leased, leaseStart []int64
+		keys                                       []string
+		granted, tat, now, leased, leaseStart, xid []int64
 	}
 	args := []any{b.l.args.namespace, in.keys, in.nT, b.l.args.lockClass, in.tau, in.calls,
 		in.want, in.ahead, b.l.emission, b.l.burstT, reach}
 	scan := func(row pgx.Row) error {
-		return row.Scan(&out.keys, &out.granted, &out.tat, &out.now, &out.leased, &out.leaseStart, nil)
+		return row.Scan(&out.keys, &out.granted, &out.tat, &out.now, &out.leased, &out.leaseStart, &out.xid, nil)
 	}
 	err = scan(b.l.db.QueryRow(ctx, sql, args...))
 	if err == nil {
-		for _, a := range [][]int64{out.granted, out.tat, out.now, out.leased, out.leaseStart} {
+		for _, a := range [][]int64{out.granted, out.tat, out.now, out.leased, out.leaseStart, out.xid} {
 			if len(a) != len(out.keys) {
 				err = errors.New("batch answer arrays differ in length")
 			}
@@ -526,7 +570,7 @@ func (b *batcher) query(ctx context.Context, sql string, bt []*entry) (skipped [
 		// The first granted calls were admitted one after the other, each
 		// moving the TAT by its n*T; the rest found no room after them.
 		granted, tat, now := int(out.granted[i]), out.tat[i], out.now[i]
-		e.leased, e.start, e.t0, e.row = out.leased[i], out.leaseStart[i], now, tat
+		e.leased, e.start, e.t0, e.row, e.xid = out.leased[i], out.leaseStart[i], now, tat, out.xid[i]
 		if e.leased > 0 {
 			e.row = e.start + e.leased*b.l.emission
 		}
@@ -580,9 +624,9 @@ func (b *batcher) query(ctx context.Context, sql string, bt []*entry) (skipped [
 // it takes no lock and writes nothing. A batch of refusals writes nothing.
 //
 // The answer is one row of arrays (key, calls admitted, TAT µs after them,
-// now µs, units leased, the TAT µs the lease starts from), so the
-// statement runs through QueryRow like every other; the last column
-// evaluates the admitting branches' setting.
+// now µs, units leased, the TAT µs the lease starts from, the transaction
+// that wrote the row or 0), so the statement runs through QueryRow like
+// every other; the last column evaluates the admitting branches' setting.
 const batchAllowSQL = `
 WITH req AS (
     SELECT r.key, r.nt, r.tau, r.calls, r.want, r.ahead
@@ -635,20 +679,30 @@ WITH req AS (
     SELECT $1, d.key, timestamptz 'epoch' + d.new_tat * interval '1 microsecond' FROM decided AS d
     WHERE NOT d.fresh
     ON CONFLICT (namespace, key) DO UPDATE SET expires_at = excluded.expires_at
-    RETURNING t.key
+    RETURNING t.key, t.xmin
 ), inserted AS (
-    INSERT INTO %[1]s (namespace, key, expires_at)
+    INSERT INTO %[1]s AS t (namespace, key, expires_at)
     SELECT $1, d.key, timestamptz 'epoch' + d.new_tat * interval '1 microsecond' FROM decided AS d
     WHERE d.fresh
     ORDER BY d.key
     ON CONFLICT (namespace, key) DO NOTHING
-    RETURNING key
+    RETURNING t.key, t.xmin
 ), answer AS (
-    SELECT d.key, d.granted, d.tat, d.now, d.leased, d.start, %[2]s AS setting FROM decided AS d
-    WHERE EXISTS (SELECT FROM updated AS u WHERE u.key = d.key) OR EXISTS (SELECT FROM inserted AS i WHERE i.key = d.key)
+    SELECT d.key, d.granted, d.tat, d.now, d.leased, d.start, w.xmin::text::bigint AS xid, %[2]s AS setting
+    FROM decided AS d JOIN (SELECT * FROM updated UNION ALL SELECT * FROM inserted) AS w ON w.key = d.key
     UNION ALL
-    SELECT c.key, 0, c.tat, c.now, 0, 0, NULL::text FROM current AS c
+    SELECT c.key, 0, c.tat, c.now, 0, 0, 0, NULL::text FROM current AS c
     WHERE c.tat > c.now + c.tau AND NOT EXISTS (SELECT FROM updated AS u WHERE u.key = c.key)
 )
-SELECT array_agg(key), array_agg(granted), array_agg(tat), array_agg(now), array_agg(leased), array_agg(start), max(setting)
+SELECT array_agg(key), array_agg(granted), array_agg(tat), array_agg(now), array_agg(leased), array_agg(start), array_agg(xid), max(setting)
 FROM answer`
+
+// giveBackSQL moves key $2's TAT back by $3 µs, the units of an idle
+// lease's last run, if the row is still as the statement that leased them
+// left it: its TAT is $4 µs and transaction $5 wrote it. Any other write
+// since, or a Reset, makes it change nothing.
+const giveBackSQL = `
+UPDATE %[1]s AS t SET expires_at = t.expires_at - $3 * interval '1 microsecond'
+WHERE t.namespace = $1 AND t.key = $2
+    AND t.expires_at = timestamptz 'epoch' + $4 * interval '1 microsecond'
+    AND t.xmin::text::bigint = $5`

@@ -44,8 +44,9 @@ const InFlightLimit = inFlightLimit
 
 // Statements returns the SQL of lim's statements that run outside a
 // caller's transaction, by name: "allow" (a single GCRA limit's), "general"
-// (AllowN of any limits), "peek", "reset" and, when lim batches, "batch"
-// and "batchwait" (one key, waiting for its lock).
+// (AllowN of any limits), "peek", "reset" and, when lim batches, "batch",
+// "batchwait" (one key, waiting for its lock) and "giveback" (a lease's
+// tail).
 func Statements(lim Limiter) map[string]string {
 	l := lim.(*stmtLimiter)
 	s := map[string]string{"allow": l.plain.fast, "peek": l.plain.peek, "reset": l.resetSQL}
@@ -53,7 +54,7 @@ func Statements(lim Limiter) map[string]string {
 		s["general"] = l.plain.general.own[modeAllow]
 	}
 	if l.batch != nil {
-		s["batch"], s["batchwait"] = l.batch.sql, l.batch.waitSQL
+		s["batch"], s["batchwait"], s["giveback"] = l.batch.sql, l.batch.waitSQL, l.batch.backSQL
 	}
 	return s
 }
@@ -70,4 +71,12 @@ func LeaseUnits(lim Limiter, key string) int64 {
 		return 0
 	}
 	return b.leases.keys[key].expire(time.Now(), b.leases.unit)
+}
+
+// GivenBack is how many units of its leases lim has given back.
+func GivenBack(lim Limiter) int64 {
+	b := lim.(*stmtLimiter).batch
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.givenBack
 }

@@ -1,6 +1,9 @@
 package pglimit
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Leases let a busy key of a high-rate limit be admitted without a round
 // trip per call. The batcher's statement for the key takes, beside its
@@ -61,6 +64,15 @@ import "time"
 // taken. The next lease is asked for, together with whatever else
 // gathers, when the lease falls to half its size, so that a busy key's
 // callers do not wait for the database.
+//
+// A lease no call has come to for half of Burst*T gives the units of its
+// last run back, if the key's row is still as the statement that leased
+// them left it (its TAT, and the transaction that wrote it): the row's TAT
+// moves back over them, so that another instance may admit them. Each
+// slot is still handed out at most once: the units leave the lease before
+// the statement is sent, and come back only if it changed nothing. A
+// shorter pause keeps them: they serve this process when its calls
+// resume, where a lease dated ahead would skip most of them.
 //
 // A Reset forgets the key's lease in this process at once, and in the
 // others through the Invalidator (Config.Invalidator). Without one, a
@@ -130,16 +142,22 @@ type lease struct {
 	used, expired int64 // units since the last statement asked for a lease
 	met           int64 // calls that met a statement of the key, or were refused here, since then
 	asked         time.Time
+
+	last  time.Time   // a call of the key came to the lease
+	timer *time.Timer // to give the lease's tail back once idle (batcher.giveBack), if armed
 }
 
 // run is units of one statement: left of them, the next one usable from
 // ready until deadline (local times), each one after it T later; sent and
-// t0 map local time onto the database clock, conservatively late.
+// t0 map local time onto the database clock, conservatively late. The
+// units left are the last slots before end, the TAT the statement wrote
+// in transaction xid.
 type run struct {
 	left            int64
 	ready, deadline time.Time
 	sent            time.Time // local: the statement was sent
 	t0              int64     // database µs the statement read
+	end, xid        int64
 }
 
 // take hands out n units of key's lease at now, or reports false, having
@@ -152,6 +170,7 @@ func (ls *leases) take(key string, n int, now time.Time) (at, left int64, wait t
 	if le == nil {
 		return 0, 0, 0, false
 	}
+	le.last = now
 	left = le.expire(now, ls.unit)
 	if left < int64(n) {
 		return 0, left, 0, false
@@ -233,10 +252,9 @@ func (ls *leases) want(key string, now time.Time) (units, ahead int64) {
 	if elapsed := now.Sub(le.asked).Microseconds(); !le.asked.IsZero() && le.used+le.met > 0 {
 		per = float64(elapsed) / float64(le.used+le.met)
 	}
-	horizon := min(max(4*ls.rtt, ls.burstT/16), ls.burstT/4)
 	var size int64
 	if per > 0 {
-		size = int64(float64(horizon) / per)
+		size = int64(float64(ls.horizon()) / per)
 	}
 	if le.busy && le.expired == 0 {
 		// Calls met a statement, and no unit went unused: more than the
@@ -259,34 +277,100 @@ func (ls *leases) want(key string, now time.Time) (units, ahead int64) {
 	return le.size, min(max(ls.burstT/4, 2*ls.rtt), ls.burstT/2)
 }
 
+// horizon is the span of demand a lease is sized for (µs): four round
+// trips, between a sixteenth and a quarter of Burst*T.
+func (ls *leases) horizon() int64 {
+	return min(max(4*ls.rtt, ls.burstT/16), ls.burstT/4)
+}
+
+// quiet is how long a lease waits for a call before it gives its tail
+// back: half of Burst*T.
+func (ls *leases) quiet() time.Duration {
+	return time.Duration(ls.burstT/2) * time.Microsecond
+}
+
 // roundTrip notes how long a statement of the batcher took, sent to
 // answered: a moving average of the last few.
 func (ls *leases) roundTrip(d time.Duration) {
 	ls.rtt += (d.Microseconds() - ls.rtt) / 4
 }
 
-// add gives key what a statement sent at sent and answered at now
-// found: the row's TAT as it left it, row, read at t0 (µs, database clock;
-// 0 when the statement did not decide the key), and the units it leased
-// from TAT start.
-func (ls *leases) add(key string, leased, start, row, t0 int64, sent, now time.Time) {
-	le := ls.keys[key]
-	if le == nil || t0 == 0 {
-		return
+// add gives e's key what e's statement, answered at now, found: the row's
+// TAT as it left it, read at e.t0 (µs, database clock; 0 when the
+// statement did not decide the key), and the units it leased from TAT
+// e.start. It returns the key's lease when it gained units.
+func (ls *leases) add(e *entry, now time.Time) *lease {
+	le := ls.keys[e.key]
+	if le == nil || e.t0 == 0 {
+		return nil
 	}
-	le.end, le.t0, le.sent = max(le.end, row), t0, sent
-	if leased > 0 {
-		// Unit 0 is usable from the database time start + T - Burst*T,
-		// which is at least t0 + (that - t0) and so, on the local clock,
-		// no earlier than now + (that - t0); until start, which is no
-		// later than sent + (start - t0).
-		le.runs = append(le.runs, run{
-			left:     leased,
-			ready:    now.Add(time.Duration(start+ls.t-ls.burstT-t0) * time.Microsecond),
-			deadline: sent.Add(time.Duration(start-t0) * time.Microsecond),
-			sent:     sent,
-			t0:       t0,
-		})
+	le.end, le.t0, le.sent = max(le.end, e.row), e.t0, e.sent
+	if e.leased == 0 {
+		return nil
+	}
+	le.last = now // a horizon for its first call
+	// Unit 0 is usable from the database time start + T - Burst*T, which
+	// is at least t0 + (that - t0) and so, on the local clock, no earlier
+	// than now + (that - t0); until start, which is no later than sent +
+	// (start - t0).
+	le.runs = append(le.runs, run{
+		left:     e.leased,
+		ready:    now.Add(time.Duration(e.start+ls.t-ls.burstT-e.t0) * time.Microsecond),
+		deadline: e.sent.Add(time.Duration(e.start-e.t0) * time.Microsecond),
+		sent:     e.sent,
+		t0:       e.t0,
+		end:      e.row,
+		xid:      e.xid,
+	})
+	return le
+}
+
+// idle is what becomes of le, key's lease, at now, when its timer fires:
+// while calls of the key come to it, or a statement of the key gathers or
+// is on its way (deciding), it holds on, and again is when to look next
+// (0 when it holds no units, or is no longer key's). Once no call has come
+// for quiet, tail is the run of units to give back, taken out of the
+// lease: the last statement's, if the row's TAT is still where that
+// statement left it, by what this process has read. The caller gives it
+// back, and tells given how that went.
+func (ls *leases) idle(key string, le *lease, now time.Time, deciding bool) (again time.Duration, tail run) {
+	if ls.keys[key] != le || le.expire(now, ls.unit) == 0 {
+		return 0, run{}
+	}
+	wait := ls.quiet()
+	if quiet := now.Sub(le.last); quiet < wait || deciding {
+		return max(wait-quiet, wait/4), run{}
+	}
+	if last := len(le.runs) - 1; le.runs[last].end == le.end {
+		tail = le.runs[last]
+		le.runs[last] = run{}
+		le.runs = le.runs[:last]
+	}
+	return 0, tail
+}
+
+// given settles tail, the run idle took out of le, key's lease, to give
+// back: the row took it back (ok), or it did not change (unchanged), and
+// the units are still the lease's, or what happened is not known, and they
+// are lost.
+func (ls *leases) given(key string, le *lease, tail run, ok, unchanged bool) {
+	switch {
+	case ok:
+		if le.end == tail.end {
+			// The row has room for them again: a call needs not be
+			// refused here for want of it (full).
+			le.end -= tail.left * ls.t
+		}
+	case unchanged && ls.keys[key] == le:
+		// Back among the runs, in the order of their slots: any run added
+		// meanwhile is later.
+		i := slices.IndexFunc(le.runs, func(r run) bool { return r.end > tail.end })
+		if i < 0 {
+			i = len(le.runs)
+		}
+		le.runs = slices.Insert(le.runs, i, tail)
+	default:
+		le.expired += tail.left
 	}
 }
 

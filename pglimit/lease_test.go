@@ -16,7 +16,9 @@ import (
 // busyKey runs workers callers of key, spread over lims, for d, and
 // returns every admission (one unit each) in the order of its database
 // time, how many of them came from a lease, and how many calls were made.
-func busyKey(t *testing.T, lims []pglimit.Limiter, key string, workers int, d time.Duration) (adm []admission, leased, calls int) {
+// With bursts, every caller calls for 20 ms of every 100 ms, all in step,
+// and rests for the other 80.
+func busyKey(t *testing.T, lims []pglimit.Limiter, key string, workers int, d time.Duration, bursts bool) (adm []admission, leased, calls int) {
 	t.Helper()
 	ctx := context.Background()
 	var (
@@ -28,7 +30,11 @@ func busyKey(t *testing.T, lims []pglimit.Limiter, key string, workers int, d ti
 		wg.Go(func() {
 			var mine []admission
 			n, l := 0, 0
-			for time.Now().Before(stop) {
+			for now := time.Now(); now.Before(stop); now = time.Now() {
+				if phase := now.UnixNano() % int64(100*time.Millisecond); bursts && phase >= int64(20*time.Millisecond) {
+					time.Sleep(time.Duration(int64(100*time.Millisecond) - phase))
+					continue
+				}
 				d, err := lims[i%len(lims)].Allow(ctx, key)
 				if err != nil {
 					t.Error(err)
@@ -80,15 +86,16 @@ func checkWindows(t *testing.T, adm []admission, l pglimit.Limit) {
 func TestLeaseAudit(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name    string
-		limit   pglimit.Limit
-		binding bool
+		name   string
+		limit  pglimit.Limit
+		bursts bool // callers rest in step, so leases go idle and give their tails back
 	}{
-		// Both have a Burst*T of 100 ms: a lease is taken while
+		// All have a Burst*T of 100 ms: a lease is taken while
 		// statements take less than half of it, which holds under the race
 		// detector and the package's other tests on 2 cores.
-		{"binding", pglimit.Limit{Rate: 5000, Period: time.Second, Burst: 500}, true},
+		{"binding", pglimit.Limit{Rate: 5000, Period: time.Second, Burst: 500}, false},
 		{"free", pglimit.Limit{Rate: 200000, Period: time.Second, Burst: 20000}, false},
+		{"bursts", pglimit.Limit{Rate: 5000, Period: time.Second, Burst: 500}, true},
 	} {
 		for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 			t.Run(fmt.Sprintf("%s/%s", tc.name, s), func(t *testing.T) {
@@ -103,11 +110,15 @@ func TestLeaseAudit(t *testing.T) {
 					lims = append(lims, lim)
 				}
 				const run = time.Second
-				adm, leased, calls := busyKey(t, lims, "busy", 16, run)
+				adm, leased, calls := busyKey(t, lims, "busy", 16, run, tc.bursts)
 				checkWindows(t, adm, tc.limit)
-				t.Logf("%s: %d calls, %d admitted, %d of them leased", t.Name(), calls, len(adm), leased)
+				given := pglimit.GivenBack(lims[0]) + pglimit.GivenBack(lims[1])
+				t.Logf("%s: %d calls, %d admitted, %d of them leased, %d units given back", t.Name(), calls, len(adm), leased, given)
 				if leased == 0 {
 					t.Errorf("no admission came from a lease")
+				}
+				if tc.bursts && given == 0 {
+					t.Errorf("no lease gave units back between the bursts")
 				}
 			})
 		}
@@ -133,6 +144,36 @@ func takeLease(t *testing.T, lim pglimit.Limiter, key string) {
 		wg.Wait()
 		return pglimit.LeaseUnits(lim, key) > 0
 	})
+}
+
+// A lease that no call comes to gives its last run's units back: the
+// record's last write moves the key's TAT back by exactly those units.
+func TestLeaseGivesBack(t *testing.T) {
+	t.Parallel()
+	schema := pglimittest.Schema(t)
+	pool := pglimittest.Pool(t)
+	limit := pglimit.Limit{Rate: 4000, Period: time.Second, Burst: 400}
+	lim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Limits: []pglimit.Limit{limit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	record := audit(t, pool, schema, pglimit.Upsert)
+	takeLease(t, lim, "k")
+	waitFor(t, "the lease's units given back", func() bool { return pglimit.GivenBack(lim) > 0 })
+	given := pglimit.GivenBack(lim)
+	if most := int64(limit.Burst / 4); given > most {
+		t.Errorf("%d units given back; a lease's run holds at most %d", given, most)
+	}
+	rows := record()
+	if len(rows) < 2 {
+		t.Fatalf("%d writes recorded", len(rows))
+	}
+	T := int64(time.Second/time.Microsecond) / int64(limit.Rate)
+	last, before := rows[len(rows)-1], rows[len(rows)-2]
+	if moved := before.expires - last.expires; moved != given*T {
+		t.Errorf("the last write moved the TAT back by %dµs; %d units given back are %dµs", moved, given, given*T)
+	}
+	t.Logf("%d units given back, %d writes", given, len(rows))
 }
 
 // A Reset drops the key's leases: at once on the instance that made it, and
@@ -198,7 +239,7 @@ func TestNoWaitAdmitsWhatFits(t *testing.T) {
 		}
 		lims = append(lims, lim)
 	}
-	adm, leased, calls := busyKey(t, lims, "fits", 16, time.Second)
+	adm, leased, calls := busyKey(t, lims, "fits", 16, time.Second, false)
 	if leased > 0 {
 		t.Fatalf("%d admissions leased: the limit is meant not to lease", leased)
 	}

@@ -94,6 +94,7 @@ func planArgs(keys []string) map[string]string {
 		"peek":      "'default', 'k1'",
 		"reset":     "'default', 'g1', 7", // a key of the grown table: the others stay
 		"batchwait": "'default', '{k1}', '{100000}', 7, '{400000}', '{2}', '{1}', '{1000}', 100000, 500000, 0",
+		"giveback":  "'default', 'k1', 100000, 0, 0",
 		"batch": fmt.Sprintf("'default', '{%s}', %s, 7, %s, %s, %s, %s, 100000, 500000, 0", strings.Join(keys, ","),
 			repeat("100000"), repeat("400000"), repeat("2"), repeat("1"), repeat("1000")),
 	}
