@@ -80,12 +80,28 @@ func TestBatchCoalesces(t *testing.T) {
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
-			db := &countingDB{Pool: pglimittest.Pool(t)}
+			db := &heldDB{countingDB: countingDB{Pool: pglimittest.Pool(t)}}
 			lim, _ := newBatchLimiter(t, db, s, nil)
 			keys := keysN("k", 64)
 			for round, admit := range []bool{true, false} {
 				before := db.statements.Load()
-				got, err := allowAll(ctx, lim, keys, 1)
+				// The first statements wait until every other request has
+				// gathered: on a loaded machine, the requests' goroutines
+				// could otherwise trickle in one statement at a time.
+				release := db.hold(pglimit.InFlightLimit)
+				t.Cleanup(release)
+				var (
+					got map[string][]pglimit.Decision
+					err error
+				)
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					got, err = allowAll(ctx, lim, keys, 1)
+				}()
+				waitFor(t, "the requests to gather", func() bool { return pglimit.BatchPending(lim) == len(keys)-pglimit.InFlightLimit })
+				release()
+				<-done
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -109,6 +125,37 @@ func TestBatchCoalesces(t *testing.T) {
 			}
 		})
 	}
+}
+
+// heldDB is a countingDB whose next statements can be held.
+type heldDB struct {
+	countingDB
+	mu   sync.Mutex
+	left int           // statements still to hold
+	gate chan struct{} // closed to let them go
+}
+
+// hold makes the next n statements wait until release is called.
+func (h *heldDB) hold(n int) (release func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.left, h.gate = n, make(chan struct{})
+	return sync.OnceFunc(func() { close(h.gate) })
+}
+
+func (h *heldDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	h.mu.Lock()
+	gate := h.gate
+	if h.left == 0 {
+		gate = nil
+	} else {
+		h.left--
+	}
+	h.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return h.countingDB.QueryRow(ctx, sql, args...)
 }
 
 // rowVersions returns each row's xmin and xmax: a row lock sets xmax, a
