@@ -99,6 +99,7 @@ type Server struct {
 
 	stop      func() error
 	restart   func(ctx context.Context, immediate bool) error
+	standby   func(ctx context.Context) (*Server, error)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -347,9 +348,9 @@ func startLocalServer(ctx context.Context, cfg *Config, logf func(string, ...any
 		logf("%s is not searchable by user %s; using /tmp", base, runAs)
 		base = "/tmp"
 	}
-	dir, err := os.MkdirTemp(base, "pglimittest-")
+	dir, err := makeClusterDir(base, "pglimittest-", cred, runAs)
 	if err != nil {
-		return nil, fmt.Errorf("create temp dir: %w", err)
+		return nil, err
 	}
 	ok := false
 	defer func() {
@@ -357,13 +358,7 @@ func startLocalServer(ctx context.Context, cfg *Config, logf func(string, ...any
 			_ = os.RemoveAll(dir)
 		}
 	}()
-	dataDir, sockDir := filepath.Join(dir, "data"), filepath.Join(dir, "sock")
-	if err := os.Mkdir(sockDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create socket dir: %w", err)
-	}
-	if err := serverChown(dir, cred); err != nil {
-		return nil, fmt.Errorf("chown temp dir to %s: %w", runAs, err)
-	}
+	dataDir := filepath.Join(dir, "data")
 
 	asUser := ""
 	if runAs != "" {
@@ -382,48 +377,20 @@ func startLocalServer(ctx context.Context, cfg *Config, logf func(string, ...any
 		return nil, fmt.Errorf("initdb: %w\n%s", err, serverTail(out))
 	}
 
-	logPath := filepath.Join(dir, "postgres.log")
 	var lastErr error
 	for range serverPortAttempts {
 		port, err := serverFreePort()
 		if err != nil {
 			return nil, err
 		}
-		proc, err := serverStartPostgres(ctx, bin, cred, dir, dataDir, sockDir, logPath, port, cfg.Durable)
+		c := &localCluster{bin: bin, cred: cred, dir: dir, port: port, durable: cfg.Durable, logf: logf}
+		proc, err := c.start(ctx)
 		if err == nil {
 			ok = true
 			logf("local PostgreSQL ready on 127.0.0.1:%d", port)
-			var mu sync.Mutex // guards proc across Restart and Close
-			return &Server{
-				kind:   KindLocal,
-				source: "local binaries in " + bin.dir,
-				url:    fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
-				dir:    dir,
-				stop: func() error {
-					mu.Lock()
-					defer mu.Unlock()
-					stopErr := proc.stop(logf)
-					if err := os.RemoveAll(dir); err != nil {
-						return errors.Join(stopErr, fmt.Errorf("pgserver: remove %s: %w", dir, err))
-					}
-					return stopErr
-				},
-				restart: func(ctx context.Context, immediate bool) error {
-					mu.Lock()
-					defer mu.Unlock()
-					if immediate {
-						proc.crash()
-					} else if err := proc.stop(logf); err != nil {
-						return err
-					}
-					p, err := serverStartPostgres(ctx, bin, cred, dir, dataDir, sockDir, logPath, port, cfg.Durable)
-					if err != nil {
-						return fmt.Errorf("pgserver: restart: %w", err)
-					}
-					proc = p
-					return nil
-				},
-			}, nil
+			s := c.server(proc, "local binaries in "+bin.dir)
+			s.standby = func(ctx context.Context) (*Server, error) { return startStandby(ctx, c, base) }
+			return s, nil
 		}
 		lastErr = err
 		// Another process can grab the port between our probe and the bind.
@@ -433,6 +400,76 @@ func startLocalServer(ctx context.Context, cfg *Config, logf func(string, ...any
 		logf("port %d was taken; retrying", port)
 	}
 	return nil, lastErr
+}
+
+// makeClusterDir makes a temp dir for a cluster under base, with its
+// socket dir, owned by the user of cred (runAs).
+func makeClusterDir(base, prefix string, cred *syscall.Credential, runAs string) (string, error) {
+	dir, err := os.MkdirTemp(base, prefix)
+	if err != nil {
+		return "", fmt.Errorf("create temp dir: %w", err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "sock"), 0o700); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", fmt.Errorf("create socket dir: %w", err)
+	}
+	if err := serverChown(dir, cred); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", fmt.Errorf("chown temp dir to %s: %w", runAs, err)
+	}
+	return dir, nil
+}
+
+// localCluster is a cluster in a temp dir of its own, dir: its data in
+// dir/data, its socket in dir/sock, its log in dir/postgres.log.
+type localCluster struct {
+	bin     serverLocalBin
+	cred    *syscall.Credential
+	dir     string
+	port    int
+	durable bool
+	logf    func(string, ...any)
+}
+
+func (c *localCluster) start(ctx context.Context) (*serverProc, error) {
+	return serverStartPostgres(ctx, c.bin, c.cred, c.dir, filepath.Join(c.dir, "data"), filepath.Join(c.dir, "sock"),
+		filepath.Join(c.dir, "postgres.log"), c.port, c.durable)
+}
+
+// server is the Server of c, running as proc: Close stops it and removes
+// its dir, Restart starts it again on the same data and port.
+func (c *localCluster) server(proc *serverProc, source string) *Server {
+	var mu sync.Mutex // guards proc across Restart and Close
+	return &Server{
+		kind:   KindLocal,
+		source: source,
+		url:    fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port),
+		dir:    c.dir,
+		stop: func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			stopErr := proc.stop(c.logf)
+			if err := os.RemoveAll(c.dir); err != nil {
+				return errors.Join(stopErr, fmt.Errorf("pgserver: remove %s: %w", c.dir, err))
+			}
+			return stopErr
+		},
+		restart: func(ctx context.Context, immediate bool) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if immediate {
+				proc.crash()
+			} else if err := proc.stop(c.logf); err != nil {
+				return err
+			}
+			p, err := c.start(ctx)
+			if err != nil {
+				return fmt.Errorf("pgserver: restart: %w", err)
+			}
+			proc = p
+			return nil
+		},
+	}
 }
 
 // serverChown gives the tree at dir to the user of cred; nil cred is a no-op.
