@@ -110,12 +110,23 @@ func (b *base) decide(ctx context.Context, key string, inTx, usePreblock bool, f
 const txClientTimeoutMargin = time.Second
 
 // wrap adds the strategy name and, when the limiter's own timeout fired,
-// ErrTimeout (the pgx error then only says the context was cancelled).
+// ErrTimeout (the pgx error then only says the context was cancelled), or
+// ErrReadOnly when the server could not write.
 func (b *base) wrap(ctx context.Context, err error) error {
-	if cause := context.Cause(ctx); errors.Is(cause, ErrTimeout) && !errors.Is(err, ErrTimeout) {
+	switch {
+	case errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout):
 		return fmt.Errorf("%w (%s, after %s): %w", ErrTimeout, b.cfg.Strategy, b.cfg.Timeout, err)
+	case readOnly(err):
+		return fmt.Errorf("%w (%s): %w", ErrReadOnly, b.cfg.Strategy, err)
 	}
 	return fmt.Errorf("pglimit: %s: %w", b.cfg.Strategy, err)
+}
+
+// readOnly reports whether err says that the server cannot write, and does
+// not say so as ErrReadOnly yet: SQLSTATE 25006, or no read-write server
+// for a pool that asks for one.
+func readOnly(err error) bool {
+	return !errors.Is(err, ErrReadOnly) && (pgCode(err) == codeReadOnly || errors.Is(err, pgconn.ErrReadOnlyConnection))
 }
 
 // lostRace is the refusal of a request that lost a race it could not see

@@ -429,7 +429,7 @@ func specArray(limits []Limit) string {
 func (l *stmtLimiter) detectDistributed(ctx context.Context, db DB) error {
 	var citus bool
 	if err := db.QueryRow(ctx, "SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL").Scan(&citus); err != nil {
-		return fmt.Errorf("look for Citus: %w", err)
+		return err // the limiter's first statement: a connection error, mostly
 	}
 	if !citus {
 		return nil

@@ -75,6 +75,7 @@ const (
 	codeLockNotAvailable     = "55P03"
 	codeExclusionViolation   = "23P01"
 	codeSerializationFailure = "40001"
+	codeReadOnly             = "25006" // read_only_sql_transaction: a standby, or read-only mode
 )
 
 // statements are a limiter's SQL, each with its answer's shape: the fast

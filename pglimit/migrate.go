@@ -59,7 +59,9 @@ const (
 // table admitted while it had no constraint.
 //
 // It dials its own connections from pool's configuration, so the pool's
-// connections never see the search_path it sets.
+// connections never see the search_path it sets. On a server that cannot
+// write (a standby), it fails with [ErrReadOnly] and changes nothing,
+// whether the schema is migrated there or not.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	schema = cmp.Or(schema, defaultSchema)
 	if err := ValidateIdentifier(schema); err != nil {
@@ -111,10 +113,20 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 func prepareDatabase(ctx context.Context, connCfg *pgx.ConnConfig, schema string) error {
 	conn, err := pgx.ConnectConfig(ctx, connCfg)
 	if err != nil {
+		if readOnly(err) {
+			return fmt.Errorf("%w: migrate: %w", ErrReadOnly, err)
+		}
 		return fmt.Errorf("pglimit: migrate: %w", err)
 	}
 	// Closing the session releases the lock.
 	defer conn.Close(context.Background())
+	var ro bool
+	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool").Scan(&ro); err != nil {
+		return fmt.Errorf("pglimit: migrate: %w", err)
+	}
+	if ro {
+		return fmt.Errorf("%w: migrate", ErrReadOnly)
+	}
 	err = pollLock(ctx, func() (got bool, err error) {
 		err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", setupLockID).Scan(&got)
 		return got, err

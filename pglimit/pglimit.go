@@ -40,6 +40,15 @@ var (
 	// ErrUnsupported reports an operation the limiter's strategy or limits
 	// cannot do: Reserve on Range, or on a limit that is not GCRA.
 	ErrUnsupported = errors.New("pglimit: unsupported")
+
+	// ErrReadOnly reports a server that cannot write: a standby, a former
+	// primary that came back as one after a failover, or a server in
+	// read-only mode (default_transaction_read_only). Decisions, Reset and
+	// [Migrate] need the primary; [Limiter.Peek] works on a standby. It
+	// wraps the server's error (SQLSTATE 25006), or pgx's
+	// [pgconn.ErrReadOnlyConnection] when a pool that asks for a read-write
+	// server (target_session_attrs=read-write) reaches only read-only ones.
+	ErrReadOnly = errors.New("pglimit: the server is read-only (a standby?); decisions need the primary")
 )
 
 // Limiter decides whether a key may pass now, with the database as the

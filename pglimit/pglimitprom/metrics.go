@@ -245,9 +245,10 @@ func canceled(ctx context.Context, err error) bool {
 
 // ErrorKind names the kind of a limiter error, as in pglimit_errors_total:
 // the SQLSTATE of a server error (e.g. "57P01" for a terminated backend),
-// "timeout" for [pglimit.ErrTimeout] or a deadline, "canceled", "connect"
-// when no connection could be made, "network" for a connection lost on the
-// way, and "other". The set of values is bounded.
+// "timeout" for [pglimit.ErrTimeout] or a deadline, "canceled",
+// "read_only" for [pglimit.ErrReadOnly] (a standby), "connect" when no
+// connection could be made, "network" for a connection lost on the way,
+// and "other". The set of values is bounded.
 func ErrorKind(err error) string {
 	switch {
 	case err == nil:
@@ -256,6 +257,8 @@ func ErrorKind(err error) string {
 		return "timeout"
 	case errors.Is(err, context.Canceled):
 		return "canceled"
+	case errors.Is(err, pglimit.ErrReadOnly):
+		return "read_only"
 	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && isSQLState(pgErr.Code) {
 		return pgErr.Code

@@ -345,6 +345,7 @@ func TestErrorKind(t *testing.T) {
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), "timeout"},
 		{fmt.Errorf("x: %w", context.Canceled), "canceled"},
 		{fmt.Errorf("x: %w", &pgconn.PgError{Code: "57P01"}), "57P01"},
+		{fmt.Errorf("%w (upsert): %w", pglimit.ErrReadOnly, &pgconn.PgError{Code: "25006"}), "read_only"},
 		{&pgconn.PgError{Code: "bogus!"}, "other"},
 		{fmt.Errorf("x: %w", io.ErrUnexpectedEOF), "network"},
 		{&net.OpError{Op: "read", Err: errors.New("connection reset")}, "network"},
