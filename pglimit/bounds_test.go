@@ -49,21 +49,26 @@ END $$`,
 			t.Fatalf("audit trigger: %v", err)
 		}
 	}
-	return func() []auditRow {
-		t.Helper()
-		rows, err := pool.Query(ctx, `SELECT (extract(epoch FROM at) * 1000000)::bigint, key, state, (extract(epoch FROM expires_at) * 1000000)::bigint FROM `+q("audit")+` ORDER BY id`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (a auditRow, err error) {
-			err = r.Scan(&a.at, &a.key, &a.state, &a.expires)
-			return a, err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
+	return func() []auditRow { return auditRecord(t, pool, schema) }
+}
+
+// auditRecord reads the record of audit's trigger in schema, through pool:
+// on a standby, what it has replayed.
+func auditRecord(t *testing.T, pool *pgxpool.Pool, schema string) []auditRow {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `SELECT (extract(epoch FROM at) * 1000000)::bigint, key, state, (extract(epoch FROM expires_at) * 1000000)::bigint FROM `+
+		pgx.Identifier{schema, "audit"}.Sanitize()+` ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
 	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (a auditRow, err error) {
+		err = r.Scan(&a.at, &a.key, &a.state, &a.expires)
+		return a, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // bigPool returns a pool of maxConns connections, closed when the test

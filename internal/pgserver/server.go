@@ -100,6 +100,7 @@ type Server struct {
 	stop      func() error
 	restart   func(ctx context.Context, immediate bool) error
 	standby   func(ctx context.Context) (*Server, error)
+	kill      func()
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -213,6 +214,18 @@ func (s *Server) Restart(ctx context.Context, immediate bool) error {
 		return fmt.Errorf("pgserver: a %s server cannot be restarted; only containers and local clusters can", s.kind)
 	}
 	return s.restart(ctx, immediate)
+}
+
+// Kill kills a local cluster's postmaster alone (SIGKILL), as kill -9 or
+// the OOM killer would, for failover tests: its backends live on,
+// orphaned, answering the connections they hold until they notice. Close
+// kills them. A Restart after it may fail while they hold the data.
+func (s *Server) Kill() error {
+	if s.kill == nil {
+		return fmt.Errorf("pgserver: a %s server cannot be killed; only local clusters can", s.kind)
+	}
+	s.kill()
+	return nil
 }
 
 // serverLocalBin is a directory holding initdb and postgres.
@@ -454,6 +467,11 @@ func (c *localCluster) server(proc *serverProc, source string) *Server {
 			}
 			return stopErr
 		},
+		kill: func() {
+			mu.Lock()
+			defer mu.Unlock()
+			proc.kill()
+		},
 		restart: func(ctx context.Context, immediate bool) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -586,9 +604,11 @@ func (p *serverProc) waitReady(ctx context.Context, url string, logOffset int64)
 
 // stop asks for a fast shutdown (SIGINT), which rolls back open transactions
 // and disconnects clients, then kills the whole group if that takes too long.
+// After kill, it kills what the postmaster left: its orphaned backends.
 func (p *serverProc) stop(logf func(string, ...any)) error {
 	select {
 	case <-p.exited:
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		return nil
 	default:
 	}
@@ -605,6 +625,13 @@ func (p *serverProc) stop(logf func(string, ...any)) error {
 	_ = syscall.Kill(-pid, syscall.SIGKILL) // the group: postmaster and backends
 	<-p.exited
 	return nil
+}
+
+// kill kills the postmaster alone (SIGKILL), as an operator's kill -9 or
+// the OOM killer would: its backends live on, orphaned, until they notice.
+func (p *serverProc) kill() {
+	_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.exited
 }
 
 // crash stops the postmaster the way a crash does: SIGQUIT makes every
