@@ -98,8 +98,9 @@ type Config struct {
 	// other queries on a shared pool) and is not applied by AllowTx, where
 	// the caller's commit decides. The cost: a database crash may lose the
 	// last fraction of a second of admissions, so a key admitted just
-	// before the crash may be admitted once more, early, after it. Defaults
-	// to false.
+	// before the crash may be admitted once more, early, after it; and an
+	// admission does not wait for a synchronous standby either, so a
+	// failover may lose it too (docs/operations.md). Defaults to false.
 	AsyncCommit bool
 
 	// PreBlockSize, when positive, turns on the local pre-block: after the
