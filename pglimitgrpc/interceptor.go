@@ -1,0 +1,358 @@
+package pglimitgrpc
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// ErrInvalidConfig reports a [Config] the interceptors cannot use.
+var ErrInvalidConfig = errors.New("pglimitgrpc: invalid config")
+
+// ErrorPolicy says what a call gets when the limiter fails (database down,
+// decision timed out).
+type ErrorPolicy int
+
+const (
+	// Unavailable fails the call with codes.Unavailable and a RetryInfo of
+	// the shortest interval between two units of the limiter's limits. It
+	// is the default: the failure is the server's, so ResourceExhausted
+	// would tell a client it broke a quota it did not break, and failing
+	// open would drop the protection from the calls a limit guards.
+	Unavailable ErrorPolicy = iota
+
+	// FailOpen lets the call through, unlimited.
+	FailOpen
+
+	// FailClosed refuses the call as if the key had exhausted its limits:
+	// codes.ResourceExhausted with a RetryInfo of the longest wait the
+	// limits can impose, and an ErrorInfo of reason
+	// "RATE_LIMITER_UNAVAILABLE", which tells it from a refusal.
+	FailClosed
+)
+
+func (p ErrorPolicy) String() string {
+	switch p {
+	case Unavailable:
+		return "unavailable"
+	case FailOpen:
+		return "fail-open"
+	case FailClosed:
+		return "fail-closed"
+	}
+	return fmt.Sprintf("ErrorPolicy(%d)", int(p))
+}
+
+// KeyFunc returns the key a call of method (its full name,
+// "/package.Service/Method") is limited by. An error fails the call with
+// codes.InvalidArgument, and nothing is consumed.
+type KeyFunc func(ctx context.Context, method string) (string, error)
+
+// PeerAddress keys a call by the address of the connection's peer: its IP
+// for IPv4, its /64 prefix for IPv6 (one host usually holds a whole /64),
+// or the network's name ("unix") for an address that is not an IP. It
+// reads no metadata, which any client can write: behind a proxy, every
+// call has the proxy's address, and a KeyFunc of your own should read what
+// the proxy vouches for. It is the default.
+func PeerAddress(ctx context.Context, _ string) (string, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return "", errors.New("the call has no peer")
+	}
+	ap, err := netip.ParseAddrPort(p.Addr.String())
+	if err != nil {
+		return p.Addr.Network(), nil
+	}
+	a := ap.Addr().Unmap()
+	if a.Is4() {
+		return a.String(), nil
+	}
+	return netip.PrefixFrom(a, 64).Masked().String(), nil
+}
+
+// Metadata keys a call by the first value of the incoming metadata name
+// (an API key, a tenant id), which the client must send.
+func Metadata(name string) KeyFunc {
+	name = strings.ToLower(name)
+	return func(ctx context.Context, _ string) (string, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		v := md.Get(name)
+		if len(v) == 0 {
+			return "", fmt.Errorf("no %q metadata", name)
+		}
+		return v[0], nil
+	}
+}
+
+// Method keys a call by its method: one budget per method, shared by every
+// caller.
+func Method(_ context.Context, method string) (string, error) { return method, nil }
+
+// Config configures the interceptors. A nil *Config means the defaults.
+type Config struct {
+	// Key returns a call's key. Defaults to [PeerAddress].
+	Key KeyFunc
+
+	// Methods gives methods, by full name ("/package.Service/Method"), a
+	// limiter of their own instead of the interceptor's.
+	Methods map[string]pglimit.Limiter
+
+	// Exempt lists methods, by full name, that pass without a decision,
+	// such as health checks.
+	Exempt []string
+
+	// OnError is what a call gets when its limiter fails. Defaults to
+	// [Unavailable].
+	OnError ErrorPolicy
+
+	// Logger receives limiter failures, at most one line per LogInterval
+	// (default 10 s), each counting the failures it left out. Defaults to
+	// slog.Default().
+	Logger      *slog.Logger
+	LogInterval time.Duration
+}
+
+// UnaryServerInterceptor limits unary calls with lim, or the limiter
+// cfg.Methods gives their method: a call is decided before its handler
+// runs, and refused with codes.ResourceExhausted, a RetryInfo (how long to
+// wait) and a QuotaFailure (the limits that refused it). The same delay is
+// sent as the trailer grpc-retry-pushback-ms, which gRPC's own retries
+// honour.
+func UnaryServerInterceptor(lim pglimit.Limiter, cfg *Config) (grpc.UnaryServerInterceptor, error) {
+	l, err := newLimiter(lim, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if err := l.decide(ctx, info.FullMethod, func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) }); err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}, nil
+}
+
+// StreamServerInterceptor limits streams as [UnaryServerInterceptor] limits
+// unary calls: one decision when a stream opens.
+func StreamServerInterceptor(lim pglimit.Limiter, cfg *Config) (grpc.StreamServerInterceptor, error) {
+	l, err := newLimiter(lim, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := l.decide(ss.Context(), info.FullMethod, ss.SetTrailer); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}, nil
+}
+
+// RetryDelay returns how long err, a refusal by these interceptors (or any
+// status with a RetryInfo), asks the client to wait before it calls again.
+func RetryDelay(err error) (time.Duration, bool) {
+	s, ok := status.FromError(err)
+	if !ok {
+		return 0, false
+	}
+	for _, d := range s.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			return ri.GetRetryDelay().AsDuration(), true
+		}
+	}
+	return 0, false
+}
+
+// limiter is the interceptors' state.
+type limiter struct {
+	key      KeyFunc
+	def      *guard
+	byMethod map[string]*guard
+	exempt   map[string]bool
+	onError  ErrorPolicy
+	failures *failureLog
+}
+
+// guard is a limiter with what its policy implies for refusals.
+type guard struct {
+	lim         pglimit.Limiter
+	limits      []pglimit.Limit
+	longest     time.Duration // the longest wait its limits impose
+	unavailable time.Duration // the shortest interval between two units
+}
+
+func newGuard(lim pglimit.Limiter) (*guard, error) {
+	if lim == nil {
+		return nil, errors.New("nil limiter")
+	}
+	p := lim.Policy()
+	if len(p.Limits) == 0 {
+		return nil, errors.New("the limiter's policy has no limits")
+	}
+	g := &guard{lim: lim, limits: p.Limits, longest: p.LongestWait(), unavailable: p.Limits[0].Period / time.Duration(p.Limits[0].Rate)}
+	for _, l := range p.Limits {
+		g.unavailable = min(g.unavailable, l.Period/time.Duration(l.Rate))
+	}
+	return g, nil
+}
+
+func newLimiter(lim pglimit.Limiter, cfg *Config) (*limiter, error) {
+	c := cmp.Or(cfg, &Config{})
+	def, err := newGuard(lim)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	switch c.OnError {
+	case Unavailable, FailOpen, FailClosed:
+	default:
+		return nil, fmt.Errorf("%w: OnError: unknown %s", ErrInvalidConfig, c.OnError)
+	}
+	key := c.Key
+	if key == nil {
+		key = PeerAddress
+	}
+	l := &limiter{
+		key: key, def: def, byMethod: map[string]*guard{}, exempt: map[string]bool{}, onError: c.OnError,
+		failures: &failureLog{log: cmp.Or(c.Logger, slog.Default()), interval: cmp.Or(c.LogInterval, 10*time.Second)},
+	}
+	for m, lim := range c.Methods {
+		if !validMethod(m) {
+			return nil, fmt.Errorf("%w: Methods: %q is not a full method name (/package.Service/Method)", ErrInvalidConfig, m)
+		}
+		if l.byMethod[m], err = newGuard(lim); err != nil {
+			return nil, fmt.Errorf("%w: Methods[%q]: %w", ErrInvalidConfig, m, err)
+		}
+	}
+	for _, m := range c.Exempt {
+		if !validMethod(m) {
+			return nil, fmt.Errorf("%w: Exempt: %q is not a full method name (/package.Service/Method)", ErrInvalidConfig, m)
+		}
+		l.exempt[m] = true
+	}
+	return l, nil
+}
+
+// validMethod reports whether m looks like a full method name.
+func validMethod(m string) bool {
+	svc, method, ok := strings.Cut(strings.TrimPrefix(m, "/"), "/")
+	return strings.HasPrefix(m, "/") && ok && svc != "" && method != "" && !strings.Contains(method, "/")
+}
+
+// decide decides a call of method, and returns the status that fails it,
+// or nil to let it through; trailer sets the call's trailer.
+func (l *limiter) decide(ctx context.Context, method string, trailer func(metadata.MD)) error {
+	if l.exempt[method] {
+		return nil
+	}
+	g := l.byMethod[method]
+	if g == nil {
+		g = l.def
+	}
+	key, err := l.key(ctx, method)
+	if err == nil {
+		err = pglimit.ValidateKey(key)
+	}
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's rate limit key: %v", err)
+	}
+	d, err := g.lim.Allow(ctx, key)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		// The client gave up: no failure of the limiter.
+		return status.FromContextError(ctx.Err()).Err()
+	case err != nil:
+		l.failures.record(time.Now(), method, key, err)
+		return l.fail(g, trailer)
+	case d.Allowed:
+		return nil
+	}
+	violated := d.Violated()
+	if len(violated) == 0 {
+		violated = []pglimit.Limit{d.Limit}
+	}
+	return refusal(violated, d.RetryAfter, trailer, nil)
+}
+
+// fail is what a call gets when g's limiter failed.
+func (l *limiter) fail(g *guard, trailer func(metadata.MD)) error {
+	switch l.onError {
+	case FailOpen:
+		return nil
+	case FailClosed:
+		return refusal(g.limits, g.longest, trailer, &errdetails.ErrorInfo{Reason: "RATE_LIMITER_UNAVAILABLE", Domain: "pglimit"})
+	}
+	// The cause stays in the server's log: it names hosts and SQL states
+	// a client has no business seeing.
+	return withDetails(status.New(codes.Unavailable, "pglimitgrpc: the rate limiter cannot decide right now; try again later"),
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(g.unavailable)})
+}
+
+// refusal is codes.ResourceExhausted for the limits violated, retry after
+// wait, with extra details if not nil.
+func refusal(violated []pglimit.Limit, wait time.Duration, trailer func(metadata.MD), extra *errdetails.ErrorInfo) error {
+	qf := &errdetails.QuotaFailure{}
+	names := make([]string, 0, len(violated))
+	for _, v := range violated {
+		names = append(names, v.Name)
+		qf.Violations = append(qf.Violations, &errdetails.QuotaFailure_Violation{
+			Subject:     "limit:" + v.Name,
+			Description: fmt.Sprintf("%d per %s, burst %d", v.Rate, v.Period, v.Burst),
+		})
+	}
+	trailer(metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(max(wait.Milliseconds(), 1), 10)))
+	s := status.New(codes.ResourceExhausted, fmt.Sprintf("pglimitgrpc: refused by the %s limit; retry in %s",
+		strings.Join(names, ", "), wait.Round(time.Millisecond)))
+	details := []protoadapt.MessageV1{&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}, qf}
+	if extra != nil {
+		details = append(details, extra)
+	}
+	return withDetails(s, details...)
+}
+
+func withDetails(s *status.Status, details ...protoadapt.MessageV1) error {
+	ds, err := s.WithDetails(details...)
+	if err != nil {
+		return s.Err() // details that do not marshal: the status alone
+	}
+	return ds.Err()
+}
+
+// failureLog logs limiter failures at most once per interval, counting the
+// ones it leaves out.
+type failureLog struct {
+	log      *slog.Logger
+	interval time.Duration
+
+	mu      sync.Mutex
+	last    time.Time
+	skipped int
+}
+
+func (f *failureLog) record(now time.Time, method, key string, err error) {
+	f.mu.Lock()
+	if !f.last.IsZero() && now.Sub(f.last) < f.interval {
+		f.skipped++
+		f.mu.Unlock()
+		return
+	}
+	skipped := f.skipped
+	f.last, f.skipped = now, 0
+	f.mu.Unlock()
+	f.log.Warn("pglimitgrpc: rate limiter failed", "method", method, "key", key, "err", err, "failures_not_logged", skipped)
+}
