@@ -219,7 +219,7 @@ func (s *Server) Restart(ctx context.Context, immediate bool) error {
 // Kill kills a local cluster's postmaster alone (SIGKILL), as kill -9 or
 // the OOM killer would, for failover tests: its backends live on,
 // orphaned, answering the connections they hold until they notice. Close
-// kills them. A Restart after it may fail while they hold the data.
+// kills them, and so does Restart(ctx, true), which then starts it again.
 func (s *Server) Kill() error {
 	if s.kill == nil {
 		return fmt.Errorf("pgserver: a %s server cannot be killed; only local clusters can", s.kind)
@@ -636,7 +636,7 @@ func (p *serverProc) kill() {
 
 // crash stops the postmaster the way a crash does: SIGQUIT makes every
 // process exit at once, without a checkpoint, leaving recovery to the next
-// start.
+// start. What a postmaster killed alone left behind is killed too.
 func (p *serverProc) crash() {
 	_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGQUIT)
 	select {
@@ -645,6 +645,7 @@ func (p *serverProc) crash() {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		<-p.exited
 	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 }
 
 func (p *serverProc) logTail(offset int64) string {

@@ -63,3 +63,25 @@ func connect(t *testing.T, url string) *pgx.Conn {
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	return conn
 }
+
+// A cluster whose postmaster was killed alone, with a backend left behind,
+// restarts on its data.
+func TestServerKillRestart(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := startTestServer(t, &Config{Prefer: KindLocal, Durable: true, Logf: t.Logf})
+	held := connect(t, s.URL())
+	if _, err := held.Exec(ctx, "CREATE TABLE kept (v int); INSERT INTO kept VALUES (7)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restart(ctx, true); err != nil {
+		t.Fatalf("Restart after Kill: %v", err)
+	}
+	var v int
+	if err := connect(t, s.URL()).QueryRow(ctx, "SELECT v FROM kept").Scan(&v); err != nil || v != 7 {
+		t.Fatalf("after the restart: %d, %v", v, err)
+	}
+}
