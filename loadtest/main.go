@@ -46,7 +46,8 @@ func main() {
 // options are the parsed flags.
 type options struct {
 	databaseURL    string
-	citusURL       string // the Citus run instead of the scenarios (citus.go)
+	citusURL       string        // the Citus run instead of the scenarios (citus.go)
+	soak           time.Duration // the chaos soak instead of the scenarios (soak.go)
 	targets        []string
 	label          string
 	cooldown       time.Duration // over HTTP: the demo's
@@ -76,6 +77,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.citusURL, "citus-url", "",
 		"a Citus coordinator's URL: instead of the scenarios, run the many-keys load (-keys, -rounds, -scale, -short; 8 workers unless -concurrency) "+
 			"on a schema that pglimit.Distribute distributes, every strategy beside the cluster's floors (SELECT 1, and a router SELECT by key)")
+	fs.DurationVar(&o.soak, "soak", 0,
+		"instead of the scenarios, the chaos soak for this long (e.g. 5m): two instances on a cooldown, general limits and a busy key, "+
+			"faults injected into local clusters of its own (a primary and a synchronous standby; one failover), every admission audited")
 	fs.StringVar(&o.label, "label", "http", "name of what the HTTP target runs, for the report (e.g. its strategy)")
 	fs.DurationVar(&o.cooldown, "cooldown", 0, "the HTTP target's cooldown, against which admissions are checked (default 2s over HTTP; in-process each scenario sets its own)")
 	strategies := fs.String("strategies", "redis_rate,upsert,nowait,range,range-naive",
@@ -108,6 +112,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	o.concurrencySet = set["concurrency"]
+	if o.soak != 0 && (o.soak < 0 || o.citusURL != "" || *target != "" || set["strategies"] || set["scenarios"] || set["database-url"]) {
+		return nil, errors.New("-soak runs its own load on servers of its own, for a positive duration: it takes no -target, -citus-url, -strategies, -scenarios or -database-url")
+	}
 	if o.citusURL != "" && (*target != "" || set["strategies"] || set["scenarios"] || set["database-url"]) {
 		return nil, errors.New("-citus-url runs its own comparison: it takes no -target, -strategies, -scenarios or -database-url")
 	}
@@ -243,6 +250,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if o.citusURL != "" {
 		return runCitus(ctx, o, stdout, stderr)
+	}
+	if o.soak > 0 {
+		return runSoak(ctx, o, stdout, stderr)
 	}
 	rep, err := execute(ctx, o, stderr)
 	if ctx.Err() != nil {

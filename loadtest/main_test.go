@@ -410,6 +410,9 @@ func TestParseOptions(t *testing.T) {
 		{"-target", "http://127.0.0.1:1", "-strategies", "upsert"}, // in-process only
 		{"-target", "http://127.0.0.1:1", "-scenarios", "seed,limits"},
 		{"-rounds", "-1"},
+		{"-soak", "-1s"},
+		{"-soak", "1m", "-scenarios", "seed"}, // the soak runs its own load
+		{"-soak", "1m", "-database-url", "postgres://127.0.0.1/x"},
 		{"extra"},
 	} {
 		if _, err := parseOptions(args, &bytes.Buffer{}); err == nil {
