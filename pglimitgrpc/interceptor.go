@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -21,15 +20,17 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/pglimit/cooldown/internal/onerror"
 	"github.com/pglimit/cooldown/pglimit"
 )
 
 // ErrInvalidConfig reports a [Config] the interceptors cannot use.
 var ErrInvalidConfig = errors.New("pglimitgrpc: invalid config")
 
-// ErrorPolicy says what a call gets when the limiter fails (database down,
-// decision timed out).
-type ErrorPolicy int
+// ErrorPolicy says what a call gets when the limiter fails (database
+// down, decision timed out). It is the HTTP middleware's
+// (pglimithttp.ErrorPolicy), and has the same names.
+type ErrorPolicy = onerror.Policy
 
 const (
 	// Unavailable fails the call with codes.Unavailable and a RetryInfo of
@@ -37,29 +38,17 @@ const (
 	// is the default: the failure is the server's, so ResourceExhausted
 	// would tell a client it broke a quota it did not break, and failing
 	// open would drop the protection from the calls a limit guards.
-	Unavailable ErrorPolicy = iota
+	Unavailable = onerror.Unavailable
 
 	// FailOpen lets the call through, unlimited.
-	FailOpen
+	FailOpen = onerror.FailOpen
 
 	// FailClosed refuses the call as if the key had exhausted its limits:
 	// codes.ResourceExhausted with a RetryInfo of the longest wait the
 	// limits can impose, and an ErrorInfo of reason
 	// "RATE_LIMITER_UNAVAILABLE", which tells it from a refusal.
-	FailClosed
+	FailClosed = onerror.FailClosed
 )
-
-func (p ErrorPolicy) String() string {
-	switch p {
-	case Unavailable:
-		return "unavailable"
-	case FailOpen:
-		return "fail-open"
-	case FailClosed:
-		return "fail-closed"
-	}
-	return fmt.Sprintf("ErrorPolicy(%d)", int(p))
-}
 
 // KeyFunc returns the key a call of method (its full name,
 // "/package.Service/Method") is limited by. An error fails the call with
@@ -186,7 +175,7 @@ type limiter struct {
 	byMethod map[string]*guard
 	exempt   map[string]bool
 	onError  ErrorPolicy
-	failures *failureLog
+	failures *onerror.Log
 }
 
 // guard is a limiter with what its policy implies for refusals.
@@ -218,9 +207,7 @@ func newLimiter(lim pglimit.Limiter, cfg *Config) (*limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	switch c.OnError {
-	case Unavailable, FailOpen, FailClosed:
-	default:
+	if !c.OnError.Valid() {
 		return nil, fmt.Errorf("%w: OnError: unknown %s", ErrInvalidConfig, c.OnError)
 	}
 	key := c.Key
@@ -229,7 +216,7 @@ func newLimiter(lim pglimit.Limiter, cfg *Config) (*limiter, error) {
 	}
 	l := &limiter{
 		key: key, def: def, byMethod: map[string]*guard{}, exempt: map[string]bool{}, onError: c.OnError,
-		failures: &failureLog{log: cmp.Or(c.Logger, slog.Default()), interval: cmp.Or(c.LogInterval, 10*time.Second)},
+		failures: &onerror.Log{Logger: c.Logger, Interval: cmp.Or(c.LogInterval, 10*time.Second), Message: "pglimitgrpc: limiter failed"},
 	}
 	for m, lim := range c.Methods {
 		if !validMethod(m) {
@@ -277,7 +264,7 @@ func (l *limiter) decide(ctx context.Context, method string, trailer func(metada
 		// The client gave up: no failure of the limiter.
 		return status.FromContextError(ctx.Err()).Err()
 	case err != nil:
-		l.failures.record(time.Now(), method, key, err)
+		l.failures.Record(time.Now(), "method", method, "key", key, "err", err)
 		return l.fail(g, trailer)
 	case d.Allowed:
 		return nil
@@ -331,28 +318,4 @@ func withDetails(s *status.Status, details ...protoadapt.MessageV1) error {
 		return s.Err() // details that do not marshal: the status alone
 	}
 	return ds.Err()
-}
-
-// failureLog logs limiter failures at most once per interval, counting the
-// ones it leaves out.
-type failureLog struct {
-	log      *slog.Logger
-	interval time.Duration
-
-	mu      sync.Mutex
-	last    time.Time
-	skipped int
-}
-
-func (f *failureLog) record(now time.Time, method, key string, err error) {
-	f.mu.Lock()
-	if !f.last.IsZero() && now.Sub(f.last) < f.interval {
-		f.skipped++
-		f.mu.Unlock()
-		return
-	}
-	skipped := f.skipped
-	f.last, f.skipped = now, 0
-	f.mu.Unlock()
-	f.log.Warn("pglimitgrpc: rate limiter failed", "method", method, "key", key, "err", err, "failures_not_logged", skipped)
 }

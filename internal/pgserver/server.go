@@ -390,29 +390,16 @@ func startLocalServer(ctx context.Context, cfg *Config, logf func(string, ...any
 		return nil, fmt.Errorf("initdb: %w\n%s", err, serverTail(out))
 	}
 
-	var lastErr error
-	for range serverPortAttempts {
-		port, err := serverFreePort()
-		if err != nil {
-			return nil, err
-		}
-		c := &localCluster{bin: bin, cred: cred, dir: dir, port: port, durable: cfg.Durable, logf: logf}
-		proc, err := c.start(ctx)
-		if err == nil {
-			ok = true
-			logf("local PostgreSQL ready on 127.0.0.1:%d", port)
-			s := c.server(proc, "local binaries in "+bin.dir)
-			s.standby = func(ctx context.Context) (*Server, error) { return startStandby(ctx, c, base) }
-			return s, nil
-		}
-		lastErr = err
-		// Another process can grab the port between our probe and the bind.
-		if ctx.Err() != nil || !strings.Contains(err.Error(), "already in use") {
-			break
-		}
-		logf("port %d was taken; retrying", port)
+	c := &localCluster{bin: bin, cred: cred, dir: dir, durable: cfg.Durable, logf: logf}
+	proc, err := c.startOnFreePort(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return nil, lastErr
+	ok = true
+	logf("local PostgreSQL ready on 127.0.0.1:%d", c.port)
+	s := c.server(proc, "local binaries in "+bin.dir)
+	s.standby = func(ctx context.Context) (*Server, error) { return startStandby(ctx, c, base) }
+	return s, nil
 }
 
 // makeClusterDir makes a temp dir for a cluster under base, with its
@@ -442,6 +429,30 @@ type localCluster struct {
 	port    int
 	durable bool
 	logf    func(string, ...any)
+}
+
+// startOnFreePort starts c on a free port, which it sets: another process
+// can grab the port between the probe and the bind, and then it tries
+// another.
+func (c *localCluster) startOnFreePort(ctx context.Context) (*serverProc, error) {
+	var lastErr error
+	for range serverPortAttempts {
+		port, err := serverFreePort()
+		if err != nil {
+			return nil, err
+		}
+		c.port = port
+		proc, err := c.start(ctx)
+		if err == nil {
+			return proc, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil || !strings.Contains(err.Error(), "already in use") {
+			break
+		}
+		c.logf("port %d was taken; retrying", port)
+	}
+	return nil, lastErr
 }
 
 func (c *localCluster) start(ctx context.Context) (*serverProc, error) {

@@ -47,23 +47,12 @@ func startStandby(ctx context.Context, primary *localCluster, base string) (*Ser
 	if out, err := backup.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("pgserver: pg_basebackup: %w\n%s", err, serverTail(out))
 	}
-	var lastErr error
-	for range serverPortAttempts {
-		port, err := serverFreePort()
-		if err != nil {
-			return nil, err
-		}
-		c := &localCluster{bin: primary.bin, cred: primary.cred, dir: dir, port: port, durable: primary.durable, logf: primary.logf}
-		proc, err := c.start(ctx)
-		if err == nil {
-			ok = true
-			primary.logf("standby of 127.0.0.1:%d ready on 127.0.0.1:%d", primary.port, port)
-			return c.server(proc, fmt.Sprintf("a standby of 127.0.0.1:%d", primary.port)), nil
-		}
-		lastErr = err
-		if ctx.Err() != nil {
-			break
-		}
+	c := &localCluster{bin: primary.bin, cred: primary.cred, dir: dir, durable: primary.durable, logf: primary.logf}
+	proc, err := c.startOnFreePort(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pgserver: standby: %w", err)
 	}
-	return nil, fmt.Errorf("pgserver: standby: %w", lastErr)
+	ok = true
+	primary.logf("standby of 127.0.0.1:%d ready on 127.0.0.1:%d", primary.port, c.port)
+	return c.server(proc, fmt.Sprintf("a standby of 127.0.0.1:%d", primary.port)), nil
 }

@@ -10,12 +10,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pglimit/cooldown/internal/onerror"
 	"github.com/pglimit/cooldown/pglimit"
 )
 
 // ErrorPolicy says what the middleware answers when the limiter fails
-// (database down, decision timed out).
-type ErrorPolicy int
+// (database down, decision timed out). The gRPC interceptors
+// (pglimitgrpc) take the same values.
+type ErrorPolicy = onerror.Policy
 
 const (
 	// Unavailable answers 503 Service Unavailable. It is the default: the
@@ -25,38 +27,25 @@ const (
 	// Retry-After is the shortest interval between two units of any
 	// limit (Period/Rate): an outage has nothing to do with the client's
 	// quota, and a day-long quota must not send clients away for a day.
-	Unavailable ErrorPolicy = iota
+	Unavailable = onerror.Unavailable
 
 	// FailOpen lets the request through to the handler, unlimited.
-	FailOpen
+	FailOpen = onerror.FailOpen
 
 	// FailClosed refuses the request with 429, as if the key had exhausted
 	// its limits, with Retry-After set to the longest wait any limit can
 	// impose ([pglimit.Policy.LongestWait]).
-	FailClosed
+	FailClosed = onerror.FailClosed
 )
-
-func (p ErrorPolicy) String() string {
-	switch p {
-	case Unavailable:
-		return "unavailable"
-	case FailOpen:
-		return "fail-open"
-	case FailClosed:
-		return "fail-closed"
-	}
-	return fmt.Sprintf("ErrorPolicy(%d)", int(p))
-}
 
 // ParseErrorPolicy returns the policy named s: "unavailable", "fail-open" or
 // "fail-closed".
 func ParseErrorPolicy(s string) (ErrorPolicy, error) {
-	for _, p := range []ErrorPolicy{Unavailable, FailOpen, FailClosed} {
-		if s == p.String() {
-			return p, nil
-		}
+	p, err := onerror.Parse(s)
+	if err != nil {
+		return 0, fmt.Errorf("pglimithttp: %w", err)
 	}
-	return 0, fmt.Errorf("pglimithttp: error policy %q is not one of unavailable, fail-open, fail-closed", s)
+	return p, nil
 }
 
 // Outcome is what the middleware did with a request.
@@ -178,9 +167,7 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 		}
 		exemptKeys[k] = true
 	}
-	switch c.OnError {
-	case Unavailable, FailOpen, FailClosed:
-	default:
+	if !c.OnError.Valid() {
 		return nil, fmt.Errorf("%w: OnError: unknown %s", ErrInvalidConfig, c.OnError)
 	}
 	p := lim.Policy()
@@ -196,7 +183,7 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 	}
 	m := &middleware{
 		lim: lim, cfg: c, exemptKeys: exemptKeys, limits: p.Limits, policy: formatPolicy(p.Limits), longest: p.LongestWait(),
-		failures: &failureLog{log: c.Logger, interval: cmp.Or(c.LogInterval, 10*time.Second)},
+		failures: &onerror.Log{Logger: c.Logger, Interval: cmp.Or(c.LogInterval, 10*time.Second), Message: "pglimithttp: limiter failed"},
 	}
 	m.longestName = p.Limits[0].Name
 	m.unavailable = p.Limits[0].Period / time.Duration(p.Limits[0].Rate)
@@ -227,7 +214,7 @@ type middleware struct {
 	longest     time.Duration
 	longestName string
 	unavailable time.Duration // Retry-After of a 503
-	failures    *failureLog
+	failures    *onerror.Log
 }
 
 type decisionKey struct{}
@@ -322,7 +309,7 @@ func (m *middleware) badCost(w http.ResponseWriter, r *http.Request, key string,
 
 // fail applies the error policy to a limiter failure.
 func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Handler, key string, cost int, err error) {
-	m.failures.record(time.Now(), "key", key, "on_error", m.cfg.OnError, "err", err)
+	m.failures.Record(time.Now(), "key", key, "on_error", m.cfg.OnError, "err", err)
 	switch m.cfg.OnError {
 	case FailOpen:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeFailOpen, Err: err})
