@@ -85,9 +85,10 @@ graph=$(go list -m all)
 if grep -E "testcontainers|gonum.org/v1/plot|hdrhistogram|go-ansiterm" <<<"$graph"; then
   echo "consumer: the module graph holds test or tool dependencies (above)"; exit 1
 fi
-# goose's go.mod names gRPC, so it is in the graph; its code must not be
-# downloaded: it is pglimitgrpc's alone.
-if ls "$GOMODCACHE"/cache/download/google.golang.org/grpc/@v/*.zip 2>/dev/null; then
-  echo "consumer: gRPC was downloaded (above); only the pglimitgrpc module may need it"; exit 1
+# goose's go.mod names gRPC and OpenTelemetry, so they are in the graph;
+# their code must not be downloaded: it is pglimitgrpc's and pglimitotel's.
+if ls "$GOMODCACHE"/cache/download/google.golang.org/grpc/@v/*.zip \
+  "$GOMODCACHE"/cache/download/go.opentelemetry.io/otel/@v/*.zip 2>/dev/null; then
+  echo "consumer: gRPC or OpenTelemetry was downloaded (above); only pglimitgrpc and pglimitotel may need them"; exit 1
 fi
 echo "consumer: ok: $(wc -l <<<"$graph") modules in the graph, binary $(stat -c %s consumer) bytes"

@@ -3,30 +3,25 @@ package pglimitprom
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"net"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pglimit/cooldown/internal/observe"
 	"github.com/pglimit/cooldown/pglimit"
 )
 
 // Outcomes, the values of the outcome label.
 const (
-	OutcomeAdmitted = "admitted"
-	OutcomeRefused  = "refused"
-	OutcomeError    = "error"
-	OutcomeInvalid  = "invalid" // a bad key or cost, or an unsupported call; nothing reached the database
+	OutcomeAdmitted = observe.Admitted
+	OutcomeRefused  = observe.Refused
+	OutcomeError    = observe.Error
+	OutcomeInvalid  = observe.Invalid // a bad key or cost, or an unsupported call; nothing reached the database
 
 	// OutcomeCanceled: the caller's context was cancelled before the
 	// decision came back, as when an HTTP client disconnects. The caller
 	// gave up; the limiter did not fail, so it is no error.
-	OutcomeCanceled = "canceled"
+	OutcomeCanceled = observe.Canceled
 )
 
 // OtherKey is the key label of keys past [Options.MaxKeys].
@@ -125,122 +120,36 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 // bounded by the number of limiters an application creates.
 func (m *Metrics) Instrument(lim pglimit.Limiter) pglimit.Limiter {
 	p := lim.Policy()
-	l := &instrumented{lim: lim, m: m, labels: []string{p.Namespace, string(cmp.Or(p.Strategy, pglimit.Upsert))}}
+	labels := []string{p.Namespace, string(cmp.Or(p.Strategy, pglimit.Upsert))}
+	label := func(v ...string) []string {
+		return append(append(make([]string, 0, len(labels)+len(v)), labels...), v...)
+	}
 	// Present from the start, so rates and ratios have a series to read
 	// before the first refusal or error.
 	for _, o := range []string{OutcomeAdmitted, OutcomeRefused, OutcomeError, OutcomeCanceled} {
-		m.decisions.WithLabelValues(l.label(o)...)
-		m.duration.WithLabelValues(l.label(o)...)
+		m.decisions.WithLabelValues(label(o)...)
+		m.duration.WithLabelValues(label(o)...)
 	}
-	return l
-}
-
-// instrumented decorates a limiter. It embeds no Limiter, so that a method
-// added to the interface cannot pass through uncounted unnoticed.
-type instrumented struct {
-	lim    pglimit.Limiter
-	m      *Metrics
-	labels []string // limiter, strategy
-}
-
-var _ pglimit.Limiter = (*instrumented)(nil)
-
-// label returns the limiter's labels followed by v.
-func (l *instrumented) label(v ...string) []string {
-	return append(append(make([]string, 0, len(l.labels)+len(v)), l.labels...), v...)
-}
-
-func (l *instrumented) Allow(ctx context.Context, key string) (pglimit.Decision, error) {
-	start := time.Now()
-	d, err := l.lim.Allow(ctx, key)
-	l.observe(ctx, key, d, err, time.Since(start))
-	return d, err
-}
-
-func (l *instrumented) AllowN(ctx context.Context, key string, n int) (pglimit.Decision, error) {
-	start := time.Now()
-	d, err := l.lim.AllowN(ctx, key, n)
-	l.observe(ctx, key, d, err, time.Since(start))
-	return d, err
-}
-
-func (l *instrumented) AllowTx(ctx context.Context, tx pgx.Tx, key string) (pglimit.Decision, error) {
-	start := time.Now()
-	d, err := l.lim.AllowTx(ctx, tx, key)
-	l.observe(ctx, key, d, err, time.Since(start))
-	return d, err
-}
-
-func (l *instrumented) AllowTxN(ctx context.Context, tx pgx.Tx, key string, n int) (pglimit.Decision, error) {
-	start := time.Now()
-	d, err := l.lim.AllowTxN(ctx, tx, key, n)
-	l.observe(ctx, key, d, err, time.Since(start))
-	return d, err
-}
-
-func (l *instrumented) AllowAtMost(ctx context.Context, key string, n int) (pglimit.Decision, error) {
-	start := time.Now()
-	d, err := l.lim.AllowAtMost(ctx, key, n)
-	l.observe(ctx, key, d, err, time.Since(start))
-	return d, err
-}
-
-func (l *instrumented) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (pglimit.Decision, error) {
-	start := time.Now()
-	d, err := l.lim.Reserve(ctx, key, n, maxDelay)
-	l.observe(ctx, key, d, err, time.Since(start))
-	return d, err
-}
-
-func (l *instrumented) Peek(ctx context.Context, key string, n int) (pglimit.Decision, error) {
-	d, err := l.lim.Peek(ctx, key, n)
-	if err != nil && !invalid(err) && !canceled(ctx, err) {
-		l.m.errors.WithLabelValues(l.label(ErrorKind(err))...).Inc()
+	observed := func(c *observe.Call) {
+		if c.Outcome == OutcomeError {
+			m.errors.WithLabelValues(label(ErrorKind(c.Err))...).Inc()
+		}
+		switch {
+		case c.Peek():
+		case c.Outcome == OutcomeInvalid:
+			// Not a database error and not worth a latency sample; the
+			// key may be arbitrary bytes, so it gets no per-key label
+			// either.
+			m.decisions.WithLabelValues(label(OutcomeInvalid)...).Inc()
+		default:
+			m.decisions.WithLabelValues(label(c.Outcome)...).Inc()
+			m.duration.WithLabelValues(label(c.Outcome)...).Observe(c.Took.Seconds())
+			if m.keyDecisions != nil {
+				m.keyDecisions.WithLabelValues(label(m.keys.Value(c.Key), c.Outcome)...).Inc()
+			}
+		}
 	}
-	return d, err
-}
-
-func (l *instrumented) Reset(ctx context.Context, key string) error { return l.lim.Reset(ctx, key) }
-
-func (l *instrumented) Policy() pglimit.Policy { return l.lim.Policy() }
-
-func (l *instrumented) observe(ctx context.Context, key string, d pglimit.Decision, err error, took time.Duration) {
-	var outcome string
-	switch {
-	case invalid(err):
-		// Not a database error and not worth a latency sample; the key
-		// may be arbitrary bytes, so it gets no per-key label either.
-		l.m.decisions.WithLabelValues(l.label(OutcomeInvalid)...).Inc()
-		return
-	case canceled(ctx, err):
-		outcome = OutcomeCanceled
-	case err != nil:
-		outcome = OutcomeError
-		l.m.errors.WithLabelValues(l.label(ErrorKind(err))...).Inc()
-	case d.Allowed:
-		outcome = OutcomeAdmitted
-	default:
-		outcome = OutcomeRefused
-	}
-	l.m.decisions.WithLabelValues(l.label(outcome)...).Inc()
-	l.m.duration.WithLabelValues(l.label(outcome)...).Observe(took.Seconds())
-	if l.m.keyDecisions != nil {
-		l.m.keyDecisions.WithLabelValues(l.label(l.m.keys.Value(key), outcome)...).Inc()
-	}
-}
-
-// invalid reports whether err is the caller's mistake, found before the
-// database was asked: a bad key or cost, or a call the limiter cannot do.
-func invalid(err error) bool {
-	return errors.Is(err, pglimit.ErrInvalidKey) || errors.Is(err, pglimit.ErrInvalidCost) || errors.Is(err, pglimit.ErrUnsupported)
-}
-
-// canceled reports whether err ended a decision because ctx, the caller's,
-// was cancelled: the caller gave up (an HTTP client disconnected), which
-// is no failure of the limiter. The limiter's own Timeout and a deadline
-// are failures, and do not count.
-func canceled(ctx context.Context, err error) bool {
-	return err != nil && errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled)
+	return observe.Limiter(lim, func(ctx context.Context, _ string) (context.Context, func(*observe.Call)) { return ctx, observed })
 }
 
 // ErrorKind names the kind of a limiter error, as in pglimit_errors_total:
@@ -249,38 +158,4 @@ func canceled(ctx context.Context, err error) bool {
 // "read_only" for [pglimit.ErrReadOnly] (a standby), "connect" when no
 // connection could be made, "network" for a connection lost on the way,
 // and "other". The set of values is bounded.
-func ErrorKind(err error) string {
-	switch {
-	case err == nil:
-		return ""
-	case errors.Is(err, pglimit.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	case errors.Is(err, context.Canceled):
-		return "canceled"
-	case errors.Is(err, pglimit.ErrReadOnly):
-		return "read_only"
-	}
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && isSQLState(pgErr.Code) {
-		return pgErr.Code
-	}
-	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
-		return "connect"
-	}
-	if _, ok := errors.AsType[net.Error](err); ok || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return "network"
-	}
-	return "other"
-}
-
-// isSQLState keeps the kind label bounded even if a server sent junk.
-func isSQLState(code string) bool {
-	if len(code) != 5 {
-		return false
-	}
-	for i := range len(code) {
-		if c := code[i]; (c < '0' || c > '9') && (c < 'A' || c > 'Z') {
-			return false
-		}
-	}
-	return true
-}
+func ErrorKind(err error) string { return observe.ErrorKind(err) }

@@ -1,0 +1,165 @@
+// Package observe decorates a limiter so that every call is seen by an
+// observer: the Prometheus metrics (pglimitprom) and the OpenTelemetry
+// ones (pglimitotel) share it.
+package observe
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// Outcomes of a call.
+const (
+	Admitted = "admitted"
+	Refused  = "refused"
+	Error    = "error"
+	Invalid  = "invalid" // a bad key or cost, or an unsupported call; nothing reached the database
+
+	// Canceled: the caller's context was cancelled before the decision
+	// came back, as when an HTTP client disconnects. The caller gave up;
+	// the limiter did not fail, so it is no error.
+	Canceled = "canceled"
+)
+
+// Call is one call of an observed limiter, as it ended.
+type Call struct {
+	Op       string // the method: "Allow", "AllowN", ..., "Peek"
+	Key      string
+	Decision pglimit.Decision
+	Err      error
+	Took     time.Duration
+	Outcome  string // one of the outcomes above
+}
+
+// Peek reports whether the call consumed nothing: observers count its
+// errors, not its outcome, which would inflate the admitted and refused
+// rates.
+func (c *Call) Peek() bool { return c.Op == "Peek" }
+
+// Start is called before each call of an observed limiter, other than
+// Reset and Policy. The call runs with the context it returns, and done
+// is called once it has ended.
+type Start func(ctx context.Context, op string) (_ context.Context, done func(*Call))
+
+// Limiter returns lim with every call observed by start.
+func Limiter(lim pglimit.Limiter, start Start) pglimit.Limiter {
+	return &observed{lim: lim, start: start}
+}
+
+// observed embeds no Limiter, so that a method added to the interface
+// cannot pass through unobserved unnoticed.
+type observed struct {
+	lim   pglimit.Limiter
+	start Start
+}
+
+var _ pglimit.Limiter = (*observed)(nil)
+
+func (l *observed) call(ctx context.Context, op, key string, fn func(context.Context) (pglimit.Decision, error)) (pglimit.Decision, error) {
+	ctx, done := l.start(ctx, op)
+	begin := time.Now()
+	d, err := fn(ctx)
+	c := &Call{Op: op, Key: key, Decision: d, Err: err, Took: time.Since(begin)}
+	c.Outcome = outcome(ctx, d, err)
+	done(c)
+	return d, err
+}
+
+func (l *observed) Allow(ctx context.Context, key string) (pglimit.Decision, error) {
+	return l.call(ctx, "Allow", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.Allow(ctx, key) })
+}
+
+func (l *observed) AllowN(ctx context.Context, key string, n int) (pglimit.Decision, error) {
+	return l.call(ctx, "AllowN", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.AllowN(ctx, key, n) })
+}
+
+func (l *observed) AllowTx(ctx context.Context, tx pgx.Tx, key string) (pglimit.Decision, error) {
+	return l.call(ctx, "AllowTx", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.AllowTx(ctx, tx, key) })
+}
+
+func (l *observed) AllowTxN(ctx context.Context, tx pgx.Tx, key string, n int) (pglimit.Decision, error) {
+	return l.call(ctx, "AllowTxN", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.AllowTxN(ctx, tx, key, n) })
+}
+
+func (l *observed) AllowAtMost(ctx context.Context, key string, n int) (pglimit.Decision, error) {
+	return l.call(ctx, "AllowAtMost", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.AllowAtMost(ctx, key, n) })
+}
+
+func (l *observed) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (pglimit.Decision, error) {
+	return l.call(ctx, "Reserve", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.Reserve(ctx, key, n, maxDelay) })
+}
+
+func (l *observed) Peek(ctx context.Context, key string, n int) (pglimit.Decision, error) {
+	return l.call(ctx, "Peek", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.Peek(ctx, key, n) })
+}
+
+func (l *observed) Reset(ctx context.Context, key string) error { return l.lim.Reset(ctx, key) }
+
+func (l *observed) Policy() pglimit.Policy { return l.lim.Policy() }
+
+// outcome names how a call ended.
+func outcome(ctx context.Context, d pglimit.Decision, err error) string {
+	switch {
+	case errors.Is(err, pglimit.ErrInvalidKey) || errors.Is(err, pglimit.ErrInvalidCost) || errors.Is(err, pglimit.ErrUnsupported):
+		return Invalid
+	case err != nil && errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled):
+		// The caller gave up. The limiter's own Timeout and a deadline
+		// are failures, and do not count here.
+		return Canceled
+	case err != nil:
+		return Error
+	case d.Allowed:
+		return Admitted
+	}
+	return Refused
+}
+
+// ErrorKind names the kind of a limiter error: the SQLSTATE of a server
+// error (e.g. "57P01" for a terminated backend), "timeout" for
+// [pglimit.ErrTimeout] or a deadline, "canceled", "read_only" for
+// [pglimit.ErrReadOnly] (a standby), "connect" when no connection could
+// be made, "network" for a connection lost on the way, and "other". The
+// set of values is bounded.
+func ErrorKind(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, pglimit.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, pglimit.ErrReadOnly):
+		return "read_only"
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && isSQLState(pgErr.Code) {
+		return pgErr.Code
+	}
+	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
+		return "connect"
+	}
+	if _, ok := errors.AsType[net.Error](err); ok || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return "network"
+	}
+	return "other"
+}
+
+// isSQLState keeps the kind bounded even if a server sent junk.
+func isSQLState(code string) bool {
+	if len(code) != 5 {
+		return false
+	}
+	for i := range len(code) {
+		if c := code[i]; (c < '0' || c > '9') && (c < 'A' || c > 'Z') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,34 @@
+package pglimitotel_test
+
+import (
+	"context"
+	"log"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimitotel"
+)
+
+// A limiter measured through the global meter and tracer providers, which
+// the application's OpenTelemetry setup (an OTLP exporter, say) installs.
+func ExampleInstrument() {
+	pool, err := pgxpool.New(context.Background(), "postgres://app@127.0.0.1:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	lim, err := pglimit.New(pool, &pglimit.Config{Cooldown: 2 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	lim, err = pglimitotel.Instrument(lim, &pglimitotel.Options{
+		MeterProvider:  otel.GetMeterProvider(),
+		TracerProvider: otel.GetTracerProvider(),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = lim // decide with it as with any limiter
+}

@@ -1,0 +1,138 @@
+// Package pglimitotel measures a [pglimit.Limiter]'s decisions with
+// OpenTelemetry: metrics always, and a span per call when a tracer
+// provider is given.
+//
+// The metrics, each with the attributes pglimit.limiter (the limiter's
+// namespace) and pglimit.strategy:
+//
+//   - pglimit.decisions, a counter of decisions ({decision}), by
+//     pglimit.outcome: admitted, refused, error, invalid (a bad key or
+//     cost; nothing reached the database) or canceled (the caller gave up);
+//   - pglimit.decision.duration, a histogram of their durations (s), by
+//     pglimit.outcome, invalid ones left out;
+//   - pglimit.errors, a counter of failed calls ({error}), by error.type:
+//     a SQLSTATE, timeout, read_only, connect, network or other. Peek's
+//     errors count here; Peek itself is no decision.
+//
+// Every attribute takes a bounded set of values: keys, which are user
+// input, are never attributes. The spans are named "pglimit <method>"
+// ("pglimit Allow"), carry the same attributes, and record an error as
+// the span's status. A call's own statement runs under its span (where
+// pgx's tracer can see it); a statement that group commit shares among
+// callers runs under none of theirs.
+//
+// The package is a module of its own, so that importers of pglimit who do
+// not use OpenTelemetry never download it.
+package pglimitotel
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pglimit/cooldown/internal/observe"
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// scope names the instrumentation scope of the meter and the tracer.
+const scope = "github.com/pglimit/cooldown/pglimitotel"
+
+// DefaultBuckets are the duration histogram's bucket boundaries, in
+// seconds: a refusal read from a hot row (well under a millisecond), an
+// admission waiting for its WAL flush, row-lock queues under contention,
+// and the limiter's default 2 s timeout.
+var DefaultBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
+
+// Options configures [Instrument]. A nil *Options means defaults.
+type Options struct {
+	// MeterProvider gives the meter. Defaults to otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+
+	// TracerProvider, if set, gives a span to every call but Reset and
+	// Policy. Defaults to nil: no spans.
+	TracerProvider trace.TracerProvider
+
+	// Buckets are the duration histogram's boundaries, in seconds.
+	// Defaults to [DefaultBuckets].
+	Buckets []float64
+}
+
+// Instrument returns lim with its calls measured, and traced if
+// opts.TracerProvider is set. Decisions and errors pass through unchanged.
+func Instrument(lim pglimit.Limiter, opts *Options) (pglimit.Limiter, error) {
+	o := cmp.Or(opts, &Options{})
+	mp := o.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	buckets := o.Buckets
+	if len(buckets) == 0 {
+		buckets = DefaultBuckets
+	}
+	meter := mp.Meter(scope)
+	decisions, err := meter.Int64Counter("pglimit.decisions", metric.WithUnit("{decision}"),
+		metric.WithDescription("Limiter decisions, by limiter (namespace), strategy and outcome."))
+	if err != nil {
+		return nil, fmt.Errorf("pglimitotel: %w", err)
+	}
+	duration, err := meter.Float64Histogram("pglimit.decision.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time to decide, database round trips included, by limiter (namespace), strategy and outcome."),
+		metric.WithExplicitBucketBoundaries(buckets...))
+	if err != nil {
+		return nil, fmt.Errorf("pglimitotel: %w", err)
+	}
+	errs, err := meter.Int64Counter("pglimit.errors", metric.WithUnit("{error}"),
+		metric.WithDescription("Failed limiter calls (decisions and peeks), by limiter (namespace), strategy and error.type."))
+	if err != nil {
+		return nil, fmt.Errorf("pglimitotel: %w", err)
+	}
+	p := lim.Policy()
+	base := []attribute.KeyValue{
+		attribute.String("pglimit.limiter", p.Namespace),
+		attribute.String("pglimit.strategy", string(cmp.Or(p.Strategy, pglimit.Upsert))),
+	}
+	with := func(kv ...attribute.KeyValue) attribute.Set {
+		return attribute.NewSet(append(append(make([]attribute.KeyValue, 0, len(base)+len(kv)), base...), kv...)...)
+	}
+	var tracer trace.Tracer
+	if o.TracerProvider != nil {
+		tracer = o.TracerProvider.Tracer(scope)
+	}
+	record := func(ctx context.Context, c *observe.Call) {
+		if c.Outcome == observe.Error {
+			errs.Add(ctx, 1, metric.WithAttributeSet(with(attribute.String("error.type", observe.ErrorKind(c.Err)))))
+		}
+		if c.Peek() {
+			return
+		}
+		outcome := with(attribute.String("pglimit.outcome", c.Outcome))
+		decisions.Add(ctx, 1, metric.WithAttributeSet(outcome))
+		if c.Outcome != observe.Invalid {
+			duration.Record(ctx, c.Took.Seconds(), metric.WithAttributeSet(outcome))
+		}
+	}
+	return observe.Limiter(lim, func(ctx context.Context, op string) (context.Context, func(*observe.Call)) {
+		if tracer == nil {
+			return ctx, func(c *observe.Call) { record(ctx, c) }
+		}
+		ctx, span := tracer.Start(ctx, "pglimit "+op, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(base...))
+		return ctx, func(c *observe.Call) {
+			record(ctx, c)
+			span.SetAttributes(attribute.String("pglimit.outcome", c.Outcome))
+			if c.Outcome == observe.Refused {
+				span.SetAttributes(attribute.Float64("pglimit.retry_after", c.Decision.RetryAfter.Seconds()))
+			}
+			if c.Outcome == observe.Error {
+				span.SetAttributes(attribute.String("error.type", observe.ErrorKind(c.Err)))
+				span.SetStatus(codes.Error, c.Err.Error())
+			}
+			span.End()
+		}
+	}), nil
+}

@@ -1,0 +1,178 @@
+package pglimitotel_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+	"github.com/pglimit/cooldown/pglimitotel"
+)
+
+func TestMain(m *testing.M) { pglimittest.Main(m) }
+
+// instrumented returns a limiter of a 1 h cooldown in namespace ns,
+// measured into a real OpenTelemetry SDK: its metric reader and its spans.
+func instrumented(t *testing.T, ns string, traced bool) (pglimit.Limiter, *sdkmetric.ManualReader, *tracetest.SpanRecorder) {
+	t.Helper()
+	lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Schema: pglimittest.Schema(t), Namespace: ns, Cooldown: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := sdkmetric.NewManualReader()
+	opts := &pglimitotel.Options{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}
+	var spans *tracetest.SpanRecorder
+	if traced {
+		spans = tracetest.NewSpanRecorder()
+		opts.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	}
+	if lim, err = pglimitotel.Instrument(lim, opts); err != nil {
+		t.Fatal(err)
+	}
+	return lim, reader, spans
+}
+
+// points returns, by metric name and then by the value of attribute by,
+// the metric's sum (a counter) or count (a histogram).
+func points(t *testing.T, reader *sdkmetric.ManualReader, by map[string]attribute.Key) map[string]map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(t.Context(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			out[m.Name] = map[string]int64{}
+			value := func(attrs attribute.Set) string {
+				v, _ := attrs.Value(by[m.Name])
+				return v.AsString()
+			}
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					out[m.Name][value(p.Attributes)] += p.Value
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					out[m.Name][value(p.Attributes)] += int64(p.Count)
+				}
+			}
+		}
+	}
+	return out
+}
+
+var byOutcome = map[string]attribute.Key{
+	"pglimit.decisions": "pglimit.outcome", "pglimit.decision.duration": "pglimit.outcome", "pglimit.errors": "error.type",
+}
+
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	lim, reader, _ := instrumented(t, "metered", false)
+	for _, key := range []string{"a", "a", "a", "b", ""} { // admitted, refused twice, admitted, invalid
+		_, _ = lim.Allow(ctx, key)
+	}
+	if _, err := lim.Peek(ctx, "a", 1); err != nil {
+		t.Fatal(err)
+	}
+	got := points(t, reader, byOutcome)
+	want := map[string]map[string]int64{
+		"pglimit.decisions":         {"admitted": 2, "refused": 2, "invalid": 1},
+		"pglimit.decision.duration": {"admitted": 2, "refused": 2},
+	}
+	for name, w := range want {
+		for outcome, n := range w {
+			if got[name][outcome] != n {
+				t.Errorf("%s{%s} = %d, want %d (all: %v)", name, outcome, got[name][outcome], n, got[name])
+			}
+		}
+		if len(got[name]) != len(w) {
+			t.Errorf("%s: %v, want only %v", name, got[name], w)
+		}
+	}
+	if len(got["pglimit.errors"]) != 0 {
+		t.Errorf("errors counted without an error: %v", got["pglimit.errors"])
+	}
+}
+
+// A limiter whose pool is closed fails: its decisions and its peeks count
+// as errors, by error.type, and the span says so.
+func TestErrorsAndSpans(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglimittest.Pool(t)
+	lim, err := pglimit.New(pool, &pglimit.Config{Schema: pglimittest.Schema(t), Cooldown: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := sdkmetric.NewManualReader()
+	spans := tracetest.NewSpanRecorder()
+	lim, err = pglimitotel.Instrument(lim, &pglimitotel.Options{
+		MeterProvider:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("first decision: %+v, %v", d, err)
+	}
+	if _, err := lim.Allow(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	if _, err := lim.Allow(ctx, "k"); err == nil {
+		t.Fatal("a decision on a closed pool succeeded")
+	}
+	if _, err := lim.Peek(ctx, "k", 1); err == nil {
+		t.Fatal("a peek on a closed pool succeeded")
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, _ = lim.Allow(cctx, "k") // the caller gave up: no error of the limiter
+
+	got := points(t, reader, byOutcome)
+	if got["pglimit.errors"]["other"] != 2 || len(got["pglimit.errors"]) != 1 {
+		t.Errorf("errors %v, want 2 of type other (a closed pool)", got["pglimit.errors"])
+	}
+	if got["pglimit.decisions"]["error"] != 1 || got["pglimit.decisions"]["canceled"] != 1 {
+		t.Errorf("decisions %v, want one error and one canceled", got["pglimit.decisions"])
+	}
+
+	ended := spans.Ended()
+	if len(ended) != 5 {
+		t.Fatalf("%d spans, want 5", len(ended))
+	}
+	for i, want := range []struct {
+		name, outcome string
+		failed        bool
+	}{
+		{"pglimit Allow", "admitted", false},
+		{"pglimit Allow", "refused", false},
+		{"pglimit Allow", "error", true},
+		{"pglimit Peek", "error", true},
+		{"pglimit Allow", "canceled", false},
+	} {
+		s := ended[i]
+		attrs := attribute.NewSet(s.Attributes()...)
+		outcome, _ := attrs.Value("pglimit.outcome")
+		if s.Name() != want.name || outcome.AsString() != want.outcome || (s.Status().Code == codes.Error) != want.failed {
+			t.Errorf("span %d: %s, outcome %s, status %v; want %s, %s, failed %t", i, s.Name(), outcome.AsString(), s.Status(), want.name, want.outcome, want.failed)
+		}
+		for _, kv := range s.Attributes() {
+			if kv.Value.AsString() == "k" {
+				t.Errorf("span %d carries the key as %s", i, kv.Key)
+			}
+		}
+	}
+}
