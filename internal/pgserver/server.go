@@ -101,6 +101,7 @@ type Server struct {
 	restart   func(ctx context.Context, immediate bool) error
 	standby   func(ctx context.Context) (*Server, error)
 	kill      func()
+	freeze    func(on bool)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -225,6 +226,26 @@ func (s *Server) Kill() error {
 		return fmt.Errorf("pgserver: a %s server cannot be killed; only local clusters can", s.kind)
 	}
 	s.kill()
+	return nil
+}
+
+// Freeze stops every process of a local cluster (SIGSTOP), as a host that
+// stops answering, until Thaw: connections stay open, and nothing comes
+// back on them.
+func (s *Server) Freeze() error {
+	if s.freeze == nil {
+		return fmt.Errorf("pgserver: a %s server cannot be frozen; only local clusters can", s.kind)
+	}
+	s.freeze(true)
+	return nil
+}
+
+// Thaw lets a frozen local cluster go on (SIGCONT).
+func (s *Server) Thaw() error {
+	if s.freeze == nil {
+		return fmt.Errorf("pgserver: a %s server cannot be frozen; only local clusters can", s.kind)
+	}
+	s.freeze(false)
 	return nil
 }
 
@@ -483,6 +504,15 @@ func (c *localCluster) server(proc *serverProc, source string) *Server {
 			defer mu.Unlock()
 			proc.kill()
 		},
+		freeze: func(on bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			sig := syscall.SIGCONT
+			if on {
+				sig = syscall.SIGSTOP
+			}
+			proc.signalCluster(sig)
+		},
 		restart: func(ctx context.Context, immediate bool) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -542,6 +572,7 @@ type serverProc struct {
 	exited  chan struct{} // closed once cmd.Wait returns
 	waitErr error         // valid after exited is closed
 	logPath string
+	dataDir string // as /proc/<pid>/cwd names it: symbolic links resolved
 }
 
 func serverStartPostgres(ctx context.Context, bin serverLocalBin, cred *syscall.Credential, dir, dataDir, sockDir, logPath string, port int, durable bool) (*serverProc, error) {
@@ -570,7 +601,10 @@ func serverStartPostgres(ctx context.Context, bin serverLocalBin, cred *syscall.
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
-	p := &serverProc{cmd: cmd, exited: make(chan struct{}), logPath: logPath}
+	p := &serverProc{cmd: cmd, exited: make(chan struct{}), logPath: logPath, dataDir: dataDir}
+	if resolved, err := filepath.EvalSymlinks(dataDir); err == nil {
+		p.dataDir = resolved
+	}
 	go func() {
 		p.waitErr = cmd.Wait()
 		close(p.exited)
@@ -614,12 +648,13 @@ func (p *serverProc) waitReady(ctx context.Context, url string, logOffset int64)
 }
 
 // stop asks for a fast shutdown (SIGINT), which rolls back open transactions
-// and disconnects clients, then kills the whole group if that takes too long.
-// After kill, it kills what the postmaster left: its orphaned backends.
+// and disconnects clients, then kills the cluster's processes if that takes
+// too long. After kill, it kills what the postmaster left: its orphaned
+// backends.
 func (p *serverProc) stop(logf func(string, ...any)) error {
 	select {
 	case <-p.exited:
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		p.signalCluster(syscall.SIGKILL)
 		return nil
 	default:
 	}
@@ -633,7 +668,7 @@ func (p *serverProc) stop(logf func(string, ...any)) error {
 	case <-time.After(serverStopTimeout):
 	}
 	logf("postgres did not shut down within %s; killing it", serverStopTimeout)
-	_ = syscall.Kill(-pid, syscall.SIGKILL) // the group: postmaster and backends
+	p.signalCluster(syscall.SIGKILL)
 	<-p.exited
 	return nil
 }
@@ -653,10 +688,31 @@ func (p *serverProc) crash() {
 	select {
 	case <-p.exited:
 	case <-time.After(serverStopTimeout):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		p.signalCluster(syscall.SIGKILL)
 		<-p.exited
 	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	p.signalCluster(syscall.SIGKILL)
+}
+
+// signalCluster sends sig to the postmaster and to every process that
+// works in its data directory: its children, which PostgreSQL puts in
+// sessions of their own (no process group holds them all), and those
+// orphaned when it died alone.
+func (p *serverProc) signalCluster(sig syscall.Signal) {
+	_ = syscall.Kill(p.cmd.Process.Pid, sig)
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == p.cmd.Process.Pid {
+			continue
+		}
+		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && cwd == p.dataDir {
+			_ = syscall.Kill(pid, sig)
+		}
+	}
 }
 
 func (p *serverProc) logTail(offset int64) string {
