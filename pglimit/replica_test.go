@@ -439,3 +439,47 @@ func TestFailoverAsync(t *testing.T) {
 	}
 	t.Logf("early re-admissions %v; admissions lost with the old primary %v", early, lost)
 }
+
+// A decision whose commit waits for a synchronous standby that does not
+// answer fails with ErrTimeout once its Timeout has passed, and is no
+// admission. PostgreSQL ends a cancelled wait for the standby by reporting
+// the commit done, with a warning, though the standby may not have it: an
+// admission told to its caller then could be lost by a failover.
+func TestSyncWaitTimesOut(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	primary, standby := replicaPair(t)
+	pp := serverPool(t, primary.URL())
+	for _, stmt := range []string{"ALTER SYSTEM SET synchronous_standby_names = '*'", "SELECT pg_reload_conf()"} {
+		if _, err := pp.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "a synchronous standby", func() bool {
+		var state string
+		err := pp.QueryRow(ctx, "SELECT sync_state FROM pg_stat_replication").Scan(&state)
+		return err == nil && state == "sync"
+	})
+	const schema = "syncwait"
+	if err := pglimit.Migrate(ctx, pp, schema); err != nil {
+		t.Fatal(err)
+	}
+	lim, err := pglimit.New(pp, &pglimit.Config{Schema: schema, Cooldown: time.Hour, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := lim.Allow(ctx, "answered"); err != nil || !d.Allowed {
+		t.Fatalf("with the standby answering: %+v, %v", d, err)
+	}
+	if err := standby.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = standby.Thaw() })
+	d, err := lim.Allow(ctx, "unanswered")
+	switch {
+	case err == nil:
+		t.Errorf("admitted without the standby's acknowledgement: %+v", d)
+	case !errors.Is(err, pglimit.ErrTimeout):
+		t.Errorf("%v; want ErrTimeout", err)
+	}
+}
