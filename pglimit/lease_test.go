@@ -129,7 +129,11 @@ func TestLeaseAudit(t *testing.T) {
 					t.Errorf("no admission came from a lease")
 				}
 				if tc.bursts && given() == 0 {
-					t.Errorf("no lease gave units back between the bursts")
+					// A lease holds units past half of Burst*T only near the
+					// end of a full burst; TestLeaseGivesBack makes sure of
+					// one. A machine too slow to fill the bursts here
+					// audits leases without give-backs.
+					t.Logf("no lease gave units back in 10 s: the callers never filled a burst")
 				}
 			})
 		}
@@ -159,16 +163,28 @@ func takeLease(t *testing.T, lim pglimit.Limiter, key string) {
 
 // A lease that no call comes to gives its last run's units back: the
 // record's last write moves the key's TAT back by exactly those units.
+// Units are left to give back once the lease has waited half of Burst*T
+// only if they were leased near the end of a full burst: another instance
+// first fills the key's row to 90%, so that this holds however slowly the
+// machine runs.
 func TestLeaseGivesBack(t *testing.T) {
 	t.Parallel()
 	schema := pglimittest.Schema(t)
 	pool := pglimittest.Pool(t)
-	limit := pglimit.Limit{Rate: 4000, Period: time.Second, Burst: 400}
-	lim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Limits: []pglimit.Limit{limit}})
-	if err != nil {
-		t.Fatal(err)
+	limit := pglimit.Limit{Rate: 4000, Period: time.Second, Burst: 4000}
+	var lims [2]pglimit.Limiter
+	for i := range lims {
+		lim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Limits: []pglimit.Limit{limit}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lims[i] = lim
 	}
 	record := audit(t, pool, schema, pglimit.Upsert)
+	if d, err := lims[1].AllowN(t.Context(), "k", 3600); err != nil || !d.Allowed {
+		t.Fatalf("filling the row: %+v, %v", d, err)
+	}
+	lim := lims[0]
 	takeLease(t, lim, "k")
 	waitFor(t, "the lease's units given back", func() bool { return pglimit.GivenBack(lim) > 0 })
 	given := pglimit.GivenBack(lim)
