@@ -139,7 +139,7 @@ func TestStream(t *testing.T) {
 func TestClientHonoursRetryDelay(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	const cooldown = 300 * time.Millisecond
+	const cooldown = time.Second
 	schema := pglimittest.Schema(t)
 
 	c := serve(t, newLimiter(t, schema, pglimit.Config{Cooldown: cooldown}), nil)
