@@ -239,11 +239,14 @@ func soak(ctx context.Context, d time.Duration, logf func(string, ...any)) (*soa
 		return nil, err
 	}
 
-	run := &soakRun{duration: d, errors: map[string]int{}, kinds: kinds}
-	var mu sync.Mutex // guards run.errors and run.longest
-	start := time.Now()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
+	// Every instance's pool and limiters first, so that an error leaves no
+	// worker running.
+	type worker struct {
+		k    *soakKind
+		lim  pglimit.Limiter
+		seed uint64
+	}
+	var workers []worker
 	for inst := range 2 {
 		cfg, err := pgxpool.ParseConfig(proxied)
 		if err != nil {
@@ -261,36 +264,46 @@ func soak(ctx context.Context, d time.Duration, logf func(string, ...any)) (*soa
 				return nil, err
 			}
 			for w := range k.workers {
-				wg.Go(func() {
-					r := rand.New(rand.NewPCG(uint64(inst), uint64(w)))
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						key := k.key(r)
-						sent := time.Since(start)
-						dec, err := lim.Allow(ctx, key)
-						received := time.Since(start)
-						mu.Lock()
-						run.longest = max(run.longest, received-sent)
-						if err != nil {
-							run.errors[k.name+" "+pglimitprom.ErrorKind(err)]++
-						}
-						mu.Unlock()
-						if err != nil {
-							time.Sleep(10 * time.Millisecond) // no busy loop while no server answers
-							continue
-						}
-						k.note(key, sent, received, dec.Allowed)
-					}
-				})
+				workers = append(workers, worker{k: k, lim: lim, seed: uint64(inst)<<8 | uint64(w)})
 			}
 		}
 	}
 
-	run.faults, err = injectFaults(ctx, servers, d, start, logf)
+	run := &soakRun{duration: d, errors: map[string]int{}, kinds: kinds}
+	var mu sync.Mutex // guards run.errors and run.longest
+	start := time.Now()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(w.seed, 0))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := w.k.key(r)
+				sent := time.Since(start)
+				dec, err := w.lim.Allow(ctx, key)
+				received := time.Since(start)
+				mu.Lock()
+				run.longest = max(run.longest, received-sent)
+				if err != nil {
+					run.errors[w.k.name+" "+pglimitprom.ErrorKind(err)]++
+				}
+				mu.Unlock()
+				if err != nil {
+					time.Sleep(10 * time.Millisecond) // no busy loop while no server answers
+					continue
+				}
+				w.k.note(key, sent, received, dec.Allowed)
+			}
+		})
+	}
+
+	faults, err := injectFaults(ctx, servers, d, start, logf)
+	run.faults = faults
 	close(stop)
 	wg.Wait()
 	if err != nil {
