@@ -59,6 +59,22 @@ func serverPool(t *testing.T, url string) *pgxpool.Pool {
 	return pool
 }
 
+// makeSynchronous makes the standby of primary, the pool's server,
+// synchronous (synchronous_standby_names '*'), and waits until it is.
+func makeSynchronous(t *testing.T, primary *pgxpool.Pool) {
+	t.Helper()
+	for _, stmt := range []string{"ALTER SYSTEM SET synchronous_standby_names = '*'", "SELECT pg_reload_conf()"} {
+		if _, err := primary.Exec(t.Context(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "a synchronous standby", func() bool {
+		var state string
+		err := primary.QueryRow(t.Context(), "SELECT sync_state FROM pg_stat_replication").Scan(&state)
+		return err == nil && state == "sync"
+	})
+}
+
 // caughtUp waits until standby has replayed everything primary has
 // written so far.
 func caughtUp(t *testing.T, primary, standby *pgxpool.Pool) {
@@ -186,17 +202,7 @@ func failover(t *testing.T, synchronous bool, cooldown time.Duration, retry stri
 	primary, standby := replicaPair(t)
 	pp, sp := serverPool(t, primary.URL()), serverPool(t, standby.URL())
 	if synchronous {
-		if _, err := pp.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '*'"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pp.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, "a synchronous standby", func() bool {
-			var state string
-			err := pp.QueryRow(ctx, "SELECT sync_state FROM pg_stat_replication").Scan(&state)
-			return err == nil && state == "sync"
-		})
+		makeSynchronous(t, pp)
 	}
 	if retry != "" {
 		// How long the standby's startup process waits before it looks for
@@ -450,16 +456,7 @@ func TestSyncWaitTimesOut(t *testing.T) {
 	ctx := t.Context()
 	primary, standby := replicaPair(t)
 	pp := serverPool(t, primary.URL())
-	for _, stmt := range []string{"ALTER SYSTEM SET synchronous_standby_names = '*'", "SELECT pg_reload_conf()"} {
-		if _, err := pp.Exec(ctx, stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitFor(t, "a synchronous standby", func() bool {
-		var state string
-		err := pp.QueryRow(ctx, "SELECT sync_state FROM pg_stat_replication").Scan(&state)
-		return err == nil && state == "sync"
-	})
+	makeSynchronous(t, pp)
 	const schema = "syncwait"
 	if err := pglimit.Migrate(ctx, pp, schema); err != nil {
 		t.Fatal(err)
