@@ -2,8 +2,8 @@
 # Builds a throwaway module outside the repository that uses pglimit the way
 # an application would: it requires github.com/pglimit/cooldown (a replace
 # points at this checkout, as a published version would be fetched), imports
-# pglimit, pglimithttp and pglimitprom, and runs go mod tidy, go build and
-# go vet with an empty module cache. This is what breaks when the library's
+# pglimit, pglimithttp, pglimitprom and pglimitsql, and runs go mod tidy, go
+# build and go vet with an empty module cache. This is what breaks when the library's
 # go.mod drags in a dependency the module proxy cannot serve.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,23 +24,27 @@ replace github.com/pglimit/cooldown => $repo
 MOD
 cat >main.go <<'GO'
 // Command consumer is an application that rate-limits one route with
-// pglimit and exports its metrics.
+// pglimit's middleware and another inside a database/sql transaction, and
+// exports its metrics.
 package main
 
 import (
 	"context"
+	"database/sql"
 	"log"
 	"net/http"
 	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
 	"github.com/pglimit/cooldown/pglimit/pglimitprom"
+	"github.com/pglimit/cooldown/pglimit/pglimitsql"
 )
 
 func main() {
@@ -70,6 +74,28 @@ func main() {
 	mux.Handle("GET /export", limit(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})))
+	sqlDB, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	reports, err := pglimit.New(pglimitsql.DB(sqlDB), &pglimit.Config{Namespace: "report", Cooldown: time.Minute})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux.HandleFunc("POST /report", func(w http.ResponseWriter, r *http.Request) {
+		tx, err := sqlDB.BeginTx(r.Context(), nil)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		defer tx.Rollback()
+		d, err := reports.AllowTx(r.Context(), pglimitsql.Tx(tx), "team")
+		if err != nil || !d.Allowed || tx.Commit() != nil {
+			http.Error(w, "try later", http.StatusTooManyRequests)
+			return
+		}
+		w.Write([]byte("queued\n"))
+	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	log.Fatal(http.ListenAndServe("127.0.0.1:8080", mux))
 }
@@ -82,8 +108,8 @@ go build -o consumer .
 echo "consumer: go vet"
 go vet ./...
 graph=$(go list -m all)
-if grep -E "testcontainers|gonum.org/v1/plot|hdrhistogram|go-ansiterm" <<<"$graph"; then
-  echo "consumer: the module graph holds test or tool dependencies (above)"; exit 1
+if grep -E "testcontainers|gonum.org/v1/plot|hdrhistogram|go-ansiterm|gorm.io|jmoiron/sqlx|lib/pq" <<<"$graph"; then
+  echo "consumer: the module graph holds test, tool or ORM dependencies (above)"; exit 1
 fi
 # goose's go.mod names gRPC and OpenTelemetry, so they are in the graph;
 # their code must not be downloaded: it is pglimitgrpc's and pglimitotel's.

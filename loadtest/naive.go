@@ -94,15 +94,19 @@ func (l *naiveRange) AllowN(ctx context.Context, key string, n int) (pglimit.Dec
 	return l.refusal(ctx, l.pool, key)
 }
 
-func (l *naiveRange) AllowTx(ctx context.Context, tx pgx.Tx, key string) (pglimit.Decision, error) {
+func (l *naiveRange) AllowTx(ctx context.Context, tx pglimit.DB, key string) (pglimit.Decision, error) {
 	return l.AllowTxN(ctx, tx, key, 1)
 }
 
 // AllowTxN runs the INSERT in a savepoint, so that a violation does not
-// abort the caller's transaction.
-func (l *naiveRange) AllowTxN(ctx context.Context, tx pgx.Tx, key string, n int) (pglimit.Decision, error) {
+// abort the caller's transaction, which must be a pgx.Tx.
+func (l *naiveRange) AllowTxN(ctx context.Context, db pglimit.DB, key string, n int) (pglimit.Decision, error) {
 	if err := l.check(key, n); err != nil {
 		return pglimit.Decision{}, err
+	}
+	tx, ok := db.(pgx.Tx)
+	if !ok {
+		return pglimit.Decision{}, fmt.Errorf("%w: naive range: AllowTx in a %T, not a pgx.Tx", pglimit.ErrUnsupported, db)
 	}
 	ctx, cancel := context.WithTimeout(ctx, naiveTimeout)
 	defer cancel()

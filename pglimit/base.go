@@ -154,9 +154,15 @@ func (b *base) reset(ctx context.Context, query, key string) error {
 }
 
 // pgCode returns the SQLSTATE of err, or "" if it is not a server error.
+// It reads pgx's errors and those of any driver whose errors report their
+// SQLSTATE the same way (lib/pq's do), so that a caller's transaction on
+// database/sql is understood too.
 func pgCode(err error) string {
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
-		return pgErr.Code
+	if e, ok := errors.AsType[interface {
+		error
+		SQLState() string
+	}](err); ok {
+		return e.SQLState()
 	}
 	return ""
 }

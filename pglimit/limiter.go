@@ -2,8 +2,10 @@ package pglimit
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -198,7 +200,7 @@ func (l *stmtLimiter) scan(row pgx.Row, q query) (Decision, bool, error) {
 // noRowsAsUndecided turns "no row" into a nil error: the statement did not
 // decide.
 func noRowsAsUndecided(err error) error {
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, sql.ErrNoRows) {
 		return nil
 	}
 	return err
@@ -229,11 +231,11 @@ func (l *stmtLimiter) AllowN(ctx context.Context, key string, n int) (Decision, 
 	})
 }
 
-func (l *stmtLimiter) AllowTx(ctx context.Context, tx pgx.Tx, key string) (Decision, error) {
+func (l *stmtLimiter) AllowTx(ctx context.Context, tx DB, key string) (Decision, error) {
 	return l.AllowTxN(ctx, tx, key, 1)
 }
 
-func (l *stmtLimiter) AllowTxN(ctx context.Context, tx pgx.Tx, key string, n int) (Decision, error) {
+func (l *stmtLimiter) AllowTxN(ctx context.Context, tx DB, key string, n int) (Decision, error) {
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
@@ -349,7 +351,7 @@ func (l *stmtLimiter) run(ctx context.Context, q query) (Decision, error) {
 // the transaction. The wait is bounded on the server by lock_timeout, set
 // for the savepoint and restored after it: a client-side deadline would
 // make pgx close the caller's connection.
-func (l *stmtLimiter) runTx(ctx context.Context, tx pgx.Tx, q query) (Decision, error) {
+func (l *stmtLimiter) runTx(ctx context.Context, tx DB, q query) (Decision, error) {
 	if err := l.check(ctx, tx); err != nil {
 		return Decision{}, err
 	}
@@ -373,8 +375,7 @@ func (l *stmtLimiter) runTx(ctx context.Context, tx pgx.Tx, q query) (Decision, 
 	return l.lostRace(), nil
 }
 
-// savepointSQL and its companions wrap the statement in AllowTx. They go to
-// the server in one pipeline with it, so they cost no round trip. The
+// savepointSQL and its companions wrap the statement in AllowTx. The
 // caller's lock_timeout is kept in a placeholder setting and restored; a
 // rollback to the savepoint restores it too.
 const (
@@ -386,19 +387,36 @@ const (
 	rollbackSQL           = `ROLLBACK TO SAVEPOINT pglimit_decision; RELEASE SAVEPOINT pglimit_decision`
 )
 
-func (l *stmtLimiter) runInSavepoint(ctx context.Context, tx pgx.Tx, q query) (d Decision, decided bool, err error) {
+// batchSender is a transaction that pipelines statements: a pgx.Tx.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// runInSavepoint runs q in a savepoint of tx, under a lock_timeout of
+// Config.Timeout. On a pgx transaction the savepoint, the setting, the
+// statement and their undoing go to the server in one pipeline, so they
+// cost no round trip. Any other transaction (database/sql's, through
+// pglimitsql) takes three: the savepoint and setting, the statement, the
+// restore and release.
+func (l *stmtLimiter) runInSavepoint(ctx context.Context, tx DB, q query) (d Decision, decided bool, err error) {
 	ms := (l.cfg.Timeout + time.Millisecond - 1) / time.Millisecond // round up: 0 would disable it
-	var b pgx.Batch
-	b.Queue(savepointSQL)
-	b.Queue(setLockTimeoutSQL, fmt.Sprintf("%dms", ms))
-	b.Queue(l.sql(q, true), q.args...).QueryRow(func(row pgx.Row) error {
+	timeout := fmt.Sprintf("%dms", ms)
+	scan := func(row pgx.Row) error {
 		d, decided, err = l.scan(row, q)
 		return err
-	})
-	b.Queue(restoreLockTimeoutSQL)
-	b.Queue(releaseSQL)
-	if batchErr := tx.SendBatch(ctx, &b).Close(); err == nil {
-		err = batchErr
+	}
+	if bs, ok := tx.(batchSender); ok {
+		var b pgx.Batch
+		b.Queue(savepointSQL)
+		b.Queue(setLockTimeoutSQL, timeout)
+		b.Queue(l.sql(q, true), q.args...).QueryRow(scan)
+		b.Queue(restoreLockTimeoutSQL)
+		b.Queue(releaseSQL)
+		if batchErr := bs.SendBatch(ctx, &b).Close(); err == nil {
+			err = batchErr
+		}
+	} else {
+		err = l.runInSavepointSteps(ctx, tx, q, timeout, scan)
 	}
 	if pgCode(err) != "" {
 		// The server refused a statement: the savepoint is aborted, the
@@ -408,6 +426,21 @@ func (l *stmtLimiter) runInSavepoint(ctx context.Context, tx pgx.Tx, q query) (d
 		}
 	}
 	return d, decided, err
+}
+
+// runInSavepointSteps is runInSavepoint in three round trips. The setting
+// is written into the text of the first, which has no arguments, so that
+// it and the savepoint go in one simple-protocol message.
+func (l *stmtLimiter) runInSavepointSteps(ctx context.Context, tx DB, q query, timeout string, scan func(pgx.Row) error) error {
+	set := strings.Replace(setLockTimeoutSQL, "$1", "'"+timeout+"'", 1)
+	if _, err := tx.Exec(ctx, savepointSQL+"; "+set); err != nil {
+		return err
+	}
+	if err := scan(tx.QueryRow(ctx, l.sql(q, true), q.args...)); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, restoreLockTimeoutSQL+"; "+releaseSQL)
+	return err
 }
 
 // check finds out whether the table is distributed, and runs verify,

@@ -70,19 +70,21 @@ type Limiter interface {
 	AllowN(ctx context.Context, key string, n int) (Decision, error)
 
 	// AllowTx is AllowTxN with n = 1.
-	AllowTx(ctx context.Context, tx pgx.Tx, key string) (Decision, error)
+	AllowTx(ctx context.Context, tx DB, key string) (Decision, error)
 
-	// AllowTxN is AllowN inside the caller's transaction: the units are
-	// consumed only if tx commits, and the decision is dated from its
-	// write, not from the commit. While tx is open, other requests for the
+	// AllowTxN is AllowN inside the caller's transaction tx: a pgx.Tx, or
+	// a database/sql transaction (GORM's, sqlx's, ...) through
+	// pglimitsql.Tx. The units are consumed only if tx commits, and the
+	// decision is dated from its write, not from the commit. While tx is open, other requests for the
 	// same key wait for it, up to Config.Timeout (NoWait refuses them
 	// instead, except for a key tx admits for the first time, whose new row
 	// they wait on). AllowTxN never aborts tx: its statement runs in a
 	// savepoint, so a lost race (at any isolation level) is a refusal and a
 	// wait past Config.Timeout, bounded on the server by lock_timeout, is
 	// [ErrTimeout], and tx stays usable either way. Cancelling ctx while the
-	// statement runs does end tx, because pgx then closes the connection.
-	AllowTxN(ctx context.Context, tx pgx.Tx, key string, n int) (Decision, error)
+	// statement runs does end tx, because the driver then closes the
+	// connection.
+	AllowTxN(ctx context.Context, tx DB, key string, n int) (Decision, error)
 
 	// AllowAtMost admits as many of n units as every limit allows now, at
 	// least one, and reports how many in [Decision.Granted]; it refuses
@@ -133,7 +135,8 @@ func (p Policy) LongestWait() time.Duration {
 }
 
 // DB is what a limiter needs from PostgreSQL. *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx satisfy it.
+// pgx.Tx satisfy it; package pglimitsql adapts database/sql's *sql.DB and
+// transactions to it.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row

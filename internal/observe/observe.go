@@ -10,7 +10,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglimit/cooldown/pglimit"
@@ -81,11 +80,11 @@ func (l *observed) AllowN(ctx context.Context, key string, n int) (pglimit.Decis
 	return l.call(ctx, "AllowN", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.AllowN(ctx, key, n) })
 }
 
-func (l *observed) AllowTx(ctx context.Context, tx pgx.Tx, key string) (pglimit.Decision, error) {
+func (l *observed) AllowTx(ctx context.Context, tx pglimit.DB, key string) (pglimit.Decision, error) {
 	return l.call(ctx, "AllowTx", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.AllowTx(ctx, tx, key) })
 }
 
-func (l *observed) AllowTxN(ctx context.Context, tx pgx.Tx, key string, n int) (pglimit.Decision, error) {
+func (l *observed) AllowTxN(ctx context.Context, tx pglimit.DB, key string, n int) (pglimit.Decision, error) {
 	return l.call(ctx, "AllowTxN", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.AllowTxN(ctx, tx, key, n) })
 }
 
@@ -139,8 +138,12 @@ func ErrorKind(err error) string {
 	case errors.Is(err, pglimit.ErrReadOnly):
 		return "read_only"
 	}
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && isSQLState(pgErr.Code) {
-		return pgErr.Code
+	// pgx's errors and lib/pq's (from a caller's transaction) report it so.
+	if e, ok := errors.AsType[interface {
+		error
+		SQLState() string
+	}](err); ok && isSQLState(e.SQLState()) {
+		return e.SQLState()
 	}
 	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
 		return "connect"
