@@ -11,9 +11,10 @@
 // codes.Unavailable by default.
 //
 // A call's key comes from [Config.Key]: the peer's address by default
-// ([PeerAddress], which no metadata a client sends can change), a metadata
-// entry ([Metadata]), the method ([Method]), or any function of the call's
-// context, such as its authenticated identity. Methods can have limiters
+// ([PeerAddress], which no metadata a client sends can change), the
+// identity in its verified TLS client certificate ([PeerCertificate]), a
+// metadata entry ([Metadata]), the method ([Method]), or any function of
+// the call's context. Methods can have limiters
 // of their own ([Config.Methods]) or none ([Config.Exempt]).
 //
 // The package is a module of its own, so that importers of pglimit who do

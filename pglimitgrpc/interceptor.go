@@ -14,6 +14,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -89,6 +90,31 @@ func Metadata(name string) KeyFunc {
 		}
 		return v[0], nil
 	}
+}
+
+// PeerCertificate keys a call by the identity in the client's TLS
+// certificate, as the server verified it (a tls.Config whose ClientAuth is
+// VerifyClientCertIfGiven or RequireAndVerifyClientCert): the
+// certificate's first URI, such as a SPIFFE ID, or else its subject's
+// common name. A call without a verified certificate has no key, so it
+// fails with InvalidArgument.
+func PeerCertificate(ctx context.Context, _ string) (string, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", errors.New("the call has no peer")
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		return "", errors.New("the call has no verified client certificate")
+	}
+	c := info.State.VerifiedChains[0][0]
+	switch {
+	case len(c.URIs) > 0:
+		return c.URIs[0].String(), nil
+	case c.Subject.CommonName != "":
+		return c.Subject.CommonName, nil
+	}
+	return "", errors.New("the client certificate names no URI and no common name")
 }
 
 // Method keys a call by its method: one budget per method, shared by every

@@ -46,6 +46,13 @@ func newLimiter(t *testing.T, schema string, cfg pglimit.Config) pglimit.Limiter
 // of lim and cfg, and returns a client of it.
 func serve(t *testing.T, lim pglimit.Limiter, cfg *pglimitgrpc.Config, dial ...grpc.DialOption) healthpb.HealthClient {
 	t.Helper()
+	return serveWith(t, lim, cfg, nil, dial...)
+}
+
+// serveWith is serve with server options, and dial options that may
+// replace the client's insecure credentials.
+func serveWith(t *testing.T, lim pglimit.Limiter, cfg *pglimitgrpc.Config, opts []grpc.ServerOption, dial ...grpc.DialOption) healthpb.HealthClient {
+	t.Helper()
 	unary, err := pglimitgrpc.UnaryServerInterceptor(lim, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +61,7 @@ func serve(t *testing.T, lim pglimit.Limiter, cfg *pglimitgrpc.Config, dial ...g
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream))
+	srv := grpc.NewServer(append(opts, grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream))...)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
