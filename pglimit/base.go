@@ -74,7 +74,16 @@ func (b *base) checkCost(n int) error {
 // usePreblock is false), bounds ctx by the limiter's timeout and runs fn.
 // Only decisions made outside a caller's transaction (inTx false) feed the
 // pre-block: a caller's transaction may still roll back what it saw.
-func (b *base) decide(ctx context.Context, key string, inTx, usePreblock bool, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+func (b *base) decide(ctx context.Context, key string, n int, inTx, usePreblock bool, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+	d, err := b.enforce(ctx, key, inTx, usePreblock, fn)
+	if err == nil && !d.Allowed && b.cfg.Shadow {
+		return d.shadowed(n), nil
+	}
+	return d, err
+}
+
+// enforce is decide without shadow mode.
+func (b *base) enforce(ctx context.Context, key string, inTx, usePreblock bool, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
 	if err := ValidateKey(key); err != nil {
 		return Decision{}, err
 	}

@@ -90,6 +90,14 @@ type Config struct {
 	// the decision fails with [ErrTimeout]. Defaults to 2s.
 	Timeout time.Duration
 
+	// Shadow runs the limits without enforcing them, to roll a new limit
+	// out safely: every decision the limits refuse is returned admitted,
+	// with [Decision.Shadow] set and its Violated, RetryAfter and
+	// ResetAfter telling what enforcing would have said. Such a request
+	// consumes nothing, so the key's state is what enforcement would have
+	// left, and turning Shadow off enforces from the state observed.
+	Shadow bool
+
 	// AsyncCommit commits the limiter's own writes with synchronous_commit
 	// off, so an admission does not wait for its WAL flush (+40% admissions
 	// in the README's benchmark on a disk that flushes in 19µs; more where

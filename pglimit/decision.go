@@ -38,6 +38,11 @@ type Decision struct {
 	// longest wait.
 	Limit Limit
 
+	// Shadow reports a refusal that [Config.Shadow] let through: Allowed
+	// is true and Granted is the units asked for, but nothing was
+	// consumed; the other fields are the refusal's.
+	Shadow bool
+
 	violated uint16  // bit i: the policy's limit i refused
 	policy   *Policy // the limiter's, for Violated
 	next     time.Duration
@@ -58,6 +63,12 @@ func (d Decision) Violated() []Limit {
 		}
 	}
 	return out
+}
+
+// shadowed is d, a refusal of n units, let through by shadow mode.
+func (d Decision) shadowed(n int) Decision {
+	d.Allowed, d.Granted, d.Shadow, d.Delay, d.next = true, n, true, 0, 0
+	return d
 }
 
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }

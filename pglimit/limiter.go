@@ -214,7 +214,7 @@ func (l *stmtLimiter) AllowN(ctx context.Context, key string, n int) (Decision, 
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
-	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, key, n, false, true, func(ctx context.Context) (Decision, error) {
 		q := l.allowQuery(key, n)
 		if l.batch != nil && l.dist.Load() == nil {
 			// The batcher merges concurrent calls on one key itself. A
@@ -239,7 +239,7 @@ func (l *stmtLimiter) AllowTxN(ctx context.Context, tx DB, key string, n int) (D
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
-	return l.decide(ctx, key, true, false, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, key, n, true, false, func(ctx context.Context) (Decision, error) {
 		return l.runTx(ctx, tx, l.allowQuery(key, n))
 	})
 }
@@ -248,7 +248,7 @@ func (l *stmtLimiter) AllowAtMost(ctx context.Context, key string, n int) (Decis
 	if n <= 0 {
 		return Decision{}, fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
 	}
-	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, key, n, false, true, func(ctx context.Context) (Decision, error) {
 		if l.plain.general == nil { // Range: a cooldown grants one unit at a time
 			return l.run(ctx, l.allowQuery(key, 1))
 		}
@@ -263,7 +263,7 @@ func (l *stmtLimiter) Reserve(ctx context.Context, key string, n int, maxDelay t
 	if err := l.checkReserve(n, maxDelay); err != nil {
 		return Decision{}, err
 	}
-	return l.decide(ctx, key, false, false, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, key, n, false, false, func(ctx context.Context) (Decision, error) {
 		return l.run(ctx, l.generalQuery(key, n, modeReserve, maxDelay))
 	})
 }
@@ -292,7 +292,7 @@ func (l *stmtLimiter) Peek(ctx context.Context, key string, n int) (Decision, er
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
-	return l.decide(ctx, key, false, true, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, key, n, false, true, func(ctx context.Context) (Decision, error) {
 		if err := l.check(ctx, l.db); err != nil {
 			return Decision{}, err
 		}

@@ -125,7 +125,7 @@ func Instrument(lim pglimit.Limiter, opts *Options) (pglimit.Limiter, error) {
 		return ctx, func(c *observe.Call) {
 			record(ctx, c)
 			span.SetAttributes(attribute.String("pglimit.outcome", c.Outcome))
-			if c.Outcome == observe.Refused {
+			if c.Outcome == observe.Refused || c.Outcome == observe.Shadowed {
 				span.SetAttributes(attribute.Float64("pglimit.retry_after", c.Decision.RetryAfter.Seconds()))
 			}
 			if c.Outcome == observe.Error {

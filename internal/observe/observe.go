@@ -26,6 +26,10 @@ const (
 	// came back, as when an HTTP client disconnects. The caller gave up;
 	// the limiter did not fail, so it is no error.
 	Canceled = "canceled"
+
+	// Shadowed: a refusal that shadow mode let through
+	// (pglimit.Config.Shadow). It consumed nothing.
+	Shadowed = "shadowed"
 )
 
 // Call is one call of an observed limiter, as it ended.
@@ -115,6 +119,8 @@ func outcome(ctx context.Context, d pglimit.Decision, err error) string {
 		return Canceled
 	case err != nil:
 		return Error
+	case d.Shadow:
+		return Shadowed
 	case d.Allowed:
 		return Admitted
 	}

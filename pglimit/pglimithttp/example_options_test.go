@@ -20,6 +20,11 @@ import (
 // exampleLimiter is a cooldown limiter on the test server, which stands for
 // the application's database; the key is reset when the example ends.
 func exampleLimiter(namespace string, cooldown time.Duration) (lim pglimit.Limiter, done func()) {
+	return exampleLimiterOf(pglimit.Config{Namespace: namespace, Cooldown: cooldown})
+}
+
+// exampleLimiterOf is exampleLimiter of any configuration.
+func exampleLimiterOf(cfg pglimit.Config) (lim pglimit.Limiter, done func()) {
 	ctx := context.Background()
 	url, err := pglimittest.ServerURL()
 	if err != nil {
@@ -32,7 +37,7 @@ func exampleLimiter(namespace string, cooldown time.Duration) (lim pglimit.Limit
 	if err := pglimit.Migrate(ctx, pool, ""); err != nil {
 		panic(err)
 	}
-	lim, err = pglimit.New(pool, &pglimit.Config{Namespace: namespace, Cooldown: cooldown})
+	lim, err = pglimit.New(pool, &cfg)
 	if err != nil {
 		panic(err)
 	}
@@ -105,6 +110,34 @@ func ExampleConfig_onRefused() {
 	fmt.Print(rec.Code, " ", rec.Body)
 	// Output:
 	// 429 <p>One export per minute. Try again in 60 seconds.</p>
+}
+
+// A new limit rolled out in shadow mode: every request reaches the
+// handler, and OnDecision sees which ones enforcing it would refuse.
+func ExampleConfig_shadow() {
+	lim, done := exampleLimiterOf(pglimit.Config{Namespace: "example-shadow", Cooldown: time.Minute, Shadow: true})
+	defer done()
+	limit, err := pglimithttp.Middleware(lim, &pglimithttp.Config{
+		KeyFunc: pglimithttp.FromPathValue("user"),
+		OnDecision: func(r *http.Request, ev pglimithttp.Event) {
+			fmt.Println(ev.Outcome, "would wait", ev.Decision.RetryAfter.Round(time.Minute))
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /export/{user}", limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+
+	for range 2 {
+		rec := serve(mux, httptest.NewRequest("GET", "/export/user-42", nil))
+		fmt.Println(rec.Code)
+	}
+	// Output:
+	// admitted would wait 0s
+	// 200
+	// shadowed would wait 1m0s
+	// 200
 }
 
 // Failures are logged to slog.Default unless a Logger is given, at most

@@ -61,6 +61,7 @@ const (
 	OutcomeFailClosed  Outcome = "fail_closed" // limiter failed; 429
 	OutcomeUnavailable Outcome = "unavailable" // limiter failed; 503
 	OutcomeExempt      Outcome = "exempt"      // Exempt or ExemptKeys: passed to the handler, no decision
+	OutcomeShadowed    Outcome = "shadowed"    // a refusal the limiter's shadow mode let through to the handler
 
 	// OutcomeCanceled: the request's context was cancelled while the
 	// limiter decided, as when the client disconnects. The client gave up;
@@ -276,7 +277,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	case err != nil:
 		m.fail(w, r, next, key, cost, err)
 	case d.Allowed:
-		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeAdmitted, Decision: d})
+		outcome := OutcomeAdmitted
+		if d.Shadow {
+			outcome = OutcomeShadowed
+		}
+		m.report(r, Event{Key: key, Cost: cost, Outcome: outcome, Decision: d})
 		h.Set("RateLimit-Policy", m.policy)
 		h.Set("RateLimit", formatRateLimit(m.binding(d.Limit), d.Remaining, ceilSeconds(d.ResetAfter)))
 		next.ServeHTTP(w, withDecision(r, d))

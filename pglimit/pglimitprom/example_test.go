@@ -52,7 +52,7 @@ func ExampleMetrics_Instrument() {
 	n, err := testutil.GatherAndCount(reg, "pglimit_decisions_total", "pglimit_pool_max_connections")
 	fmt.Println("series:", n, err)
 	// Output:
-	// series: 5 <nil>
+	// series: 6 <nil>
 }
 
 func ExampleNewCleanerCollector() {

@@ -22,6 +22,10 @@ const (
 	// decision came back, as when an HTTP client disconnects. The caller
 	// gave up; the limiter did not fail, so it is no error.
 	OutcomeCanceled = observe.Canceled
+
+	// OutcomeShadowed: a refusal that shadow mode let through
+	// ([pglimit.Config.Shadow]); it consumed nothing.
+	OutcomeShadowed = observe.Shadowed
 )
 
 // OtherKey is the key label of keys past [Options.MaxKeys].
@@ -126,7 +130,7 @@ func (m *Metrics) Instrument(lim pglimit.Limiter) pglimit.Limiter {
 	}
 	// Present from the start, so rates and ratios have a series to read
 	// before the first refusal or error.
-	for _, o := range []string{OutcomeAdmitted, OutcomeRefused, OutcomeError, OutcomeCanceled} {
+	for _, o := range []string{OutcomeAdmitted, OutcomeRefused, OutcomeError, OutcomeCanceled, OutcomeShadowed} {
 		m.decisions.WithLabelValues(label(o)...)
 		m.duration.WithLabelValues(label(o)...)
 	}

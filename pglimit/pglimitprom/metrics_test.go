@@ -387,3 +387,20 @@ func TestPoolCollector(t *testing.T) {
 		t.Error(sb.String())
 	}
 }
+
+// A refusal that shadow mode lets through is its own outcome.
+func TestShadowOutcome(t *testing.T) {
+	b := setup(t, nil)
+	ctx := context.Background()
+	lim := b.limiter(t, pglimit.Config{Cooldown: time.Minute, Shadow: true})
+	for range 3 {
+		if d, err := lim.Allow(ctx, "alice"); err != nil || !d.Allowed {
+			t.Fatalf("Allow in shadow mode: %+v, %v", d, err)
+		}
+	}
+	for outcome, want := range map[string]float64{"admitted": 1, "refused": 0, "shadowed": 2} {
+		if got := value(t, b.reg, "pglimit_decisions_total", "outcome", outcome); got != want {
+			t.Errorf("decisions %s = %v, want %v", outcome, got, want)
+		}
+	}
+}
