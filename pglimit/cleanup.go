@@ -28,8 +28,9 @@ type CleanerConfig struct {
 
 	// Tables lists the tables to clean, by plain name in Schema. Each must
 	// have the shape the migrations create: an expires_at timestamptz column
-	// (Upsert, NoWait) or a during tstzrange column (Range). Defaults to
-	// "pglimit_upsert", "pglimit_nowait" and "pglimit_range". A table with
+	// (Upsert, NoWait, a [Semaphore]'s slots) or a during tstzrange column
+	// (Range). Defaults to "pglimit_upsert", "pglimit_nowait",
+	// "pglimit_range" and "pglimit_slots". A table with
 	// no index on expires_at (the unlogged ones) is swept by ranges of
 	// blocks: each batch reads BatchSize/16 blocks, each run the table once.
 	Tables []string
@@ -185,7 +186,7 @@ func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
 		return out, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
 	}
 	if len(out.Tables) == 0 {
-		out.Tables = []string{defaultTables[Upsert], defaultTables[NoWait], defaultTables[Range]}
+		out.Tables = []string{defaultTables[Upsert], defaultTables[NoWait], defaultTables[Range], slotsTable}
 	}
 	out.Tables = slices.Clone(out.Tables)
 	for i, t := range out.Tables {

@@ -157,5 +157,6 @@ func Example_application() {
 	// pglimit_decisions_total{limiter="exports",outcome="canceled",strategy="upsert"} 0
 	// pglimit_decisions_total{limiter="exports",outcome="error",strategy="upsert"} 0
 	// pglimit_decisions_total{limiter="exports",outcome="refused",strategy="upsert"} 1
+	// pglimit_decisions_total{limiter="exports",outcome="shadowed",strategy="upsert"} 0
 	// stopped: <nil>
 }

@@ -392,51 +392,63 @@ type batchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// runInSavepoint runs q in a savepoint of tx, under a lock_timeout of
-// Config.Timeout. On a pgx transaction the savepoint, the setting, the
-// statement and their undoing go to the server in one pipeline, so they
-// cost no round trip. Any other transaction (database/sql's, through
-// pglimitsql) takes three: the savepoint and setting, the statement, the
-// restore and release.
+// runInSavepoint runs q in a savepoint of tx: see inSavepoint.
 func (l *stmtLimiter) runInSavepoint(ctx context.Context, tx DB, q query) (d Decision, decided bool, err error) {
-	ms := (l.cfg.Timeout + time.Millisecond - 1) / time.Millisecond // round up: 0 would disable it
-	timeout := fmt.Sprintf("%dms", ms)
-	scan := func(row pgx.Row) error {
+	err = inSavepoint(ctx, tx, l.cfg.Timeout, l.sql(q, true), q.args, func(row pgx.Row) error {
 		d, decided, err = l.scan(row, q)
 		return err
-	}
+	})
+	return d, decided, err
+}
+
+// inSavepoint runs the statement sql in a savepoint of the caller's
+// transaction tx, under a lock_timeout of timeout, and hands its row to
+// scan. On a pgx transaction the savepoint, the setting, the statement
+// and their undoing go to the server in one pipeline, so they cost no
+// round trip. Any other transaction (database/sql's, through pglimitsql)
+// takes three: the savepoint and setting, the statement, the restore and
+// release. When the server refuses a statement, the savepoint is rolled
+// back and tx stays usable.
+func inSavepoint(ctx context.Context, tx DB, timeout time.Duration, sql string, args []any, scan func(pgx.Row) error) (err error) {
+	ms := (timeout + time.Millisecond - 1) / time.Millisecond // round up: 0 would disable it
+	lockTimeout := fmt.Sprintf("%dms", ms)
 	if bs, ok := tx.(batchSender); ok {
+		var scanErr error
 		var b pgx.Batch
 		b.Queue(savepointSQL)
-		b.Queue(setLockTimeoutSQL, timeout)
-		b.Queue(l.sql(q, true), q.args...).QueryRow(scan)
+		b.Queue(setLockTimeoutSQL, lockTimeout)
+		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+			scanErr = scan(row)
+			return scanErr
+		})
 		b.Queue(restoreLockTimeoutSQL)
 		b.Queue(releaseSQL)
-		if batchErr := bs.SendBatch(ctx, &b).Close(); err == nil {
-			err = batchErr
+		err = bs.SendBatch(ctx, &b).Close() // runs scan
+		if scanErr != nil {
+			err = scanErr
 		}
 	} else {
-		err = l.runInSavepointSteps(ctx, tx, q, timeout, scan)
+		err = inSavepointSteps(ctx, tx, lockTimeout, sql, args, scan)
 	}
 	if pgCode(err) != "" {
 		// The server refused a statement: the savepoint is aborted, the
 		// connection is fine. Anything else has lost the connection.
 		if _, rerr := tx.Exec(ctx, rollbackSQL); rerr != nil {
-			return Decision{}, false, errors.Join(err, fmt.Errorf("roll back to savepoint: %w", rerr))
+			return errors.Join(err, fmt.Errorf("roll back to savepoint: %w", rerr))
 		}
 	}
-	return d, decided, err
+	return err
 }
 
-// runInSavepointSteps is runInSavepoint in three round trips. The setting
-// is written into the text of the first, which has no arguments, so that
-// it and the savepoint go in one simple-protocol message.
-func (l *stmtLimiter) runInSavepointSteps(ctx context.Context, tx DB, q query, timeout string, scan func(pgx.Row) error) error {
-	set := strings.Replace(setLockTimeoutSQL, "$1", "'"+timeout+"'", 1)
+// inSavepointSteps is inSavepoint in three round trips. The setting is
+// written into the text of the first, which has no arguments, so that it
+// and the savepoint go in one simple-protocol message.
+func inSavepointSteps(ctx context.Context, tx DB, lockTimeout, sql string, args []any, scan func(pgx.Row) error) error {
+	set := strings.Replace(setLockTimeoutSQL, "$1", "'"+lockTimeout+"'", 1)
 	if _, err := tx.Exec(ctx, savepointSQL+"; "+set); err != nil {
 		return err
 	}
-	if err := scan(tx.QueryRow(ctx, l.sql(q, true), q.args...)); err != nil {
+	if err := scan(tx.QueryRow(ctx, sql, args...)); err != nil {
 		return err
 	}
 	_, err := tx.Exec(ctx, restoreLockTimeoutSQL+"; "+releaseSQL)

@@ -1,0 +1,311 @@
+package pglimit
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrSlotLost reports a [Slot] that is no longer held when its holder
+// releases or extends it: it was released already, or its lease ended
+// (and another caller may hold it now), or it was never acquired.
+// Releasing such a slot changes nothing.
+var ErrSlotLost = errors.New("pglimit: the slot is not held")
+
+// SemaphoreConfig configures a [Semaphore]. Limit is required; every other
+// zero field takes its default.
+type SemaphoreConfig struct {
+	// Schema holds the slots table (pglimit_slots, which [Migrate]
+	// creates). Defaults to "public".
+	Schema string
+
+	// Namespace separates semaphores that share the table. Same rules as
+	// a key. Defaults to "default".
+	Namespace string
+
+	// Limit is the most slots of a key held at once: at most Limit
+	// requests of a key in flight. From 1 to 10,000.
+	Limit int
+
+	// TTL is a slot's lease: a slot whose holder neither releases nor
+	// extends it within TTL returns by itself, so that a holder that died
+	// (a killed process, a lost connection) does not keep it. From 1s to
+	// 366 days. Defaults to 1 minute.
+	TTL time.Duration
+
+	// Timeout bounds each call on top of the caller's context; past it the
+	// call fails with [ErrTimeout]. Defaults to 2s.
+	Timeout time.Duration
+}
+
+// Semaphore limits how many requests of a key are in flight at once, across
+// every instance of the application: at most Limit slots of a key are held
+// at a time. A caller acquires a slot before the work and releases it
+// after; a slot that is not released returns when its lease ends. It is
+// for work whose cost is its duration, such as "at most 2 exports running
+// per user", where a rate or cooldown says too little.
+//
+// A slot is a row of pglimit_slots. Acquiring takes a free one, or a new
+// slot number below Limit, in one statement that skips slots other
+// acquirers hold locked, so that N+k concurrent acquirers of a key with no
+// slot held get exactly N. A refusal writes nothing.
+type Semaphore struct {
+	db  DB
+	cfg SemaphoreConfig
+	ttl int64 // µs
+	// lockSeed seeds the hash of a slot's advisory lock, one per table.
+	lockSeed int64
+	stmts    struct{ acquire, extend, release string }
+}
+
+// Slot is the outcome of an acquisition. The holder passes it back to
+// [Semaphore.Release] and [Semaphore.Extend].
+type Slot struct {
+	// Acquired reports whether the slot was acquired.
+	Acquired bool
+
+	// Held is how many slots of the key were held right after the call,
+	// counting this one when it was acquired.
+	Held int
+
+	// RetryAfter is, for a refusal, the time until the first of the
+	// held slots' leases ends: an upper bound on the wait, since a holder
+	// may release its slot sooner. Zero when Acquired.
+	RetryAfter time.Duration
+
+	// ExpiresIn is, for an acquired slot, the time until its lease ends
+	// unless it is extended or released.
+	ExpiresIn time.Duration
+
+	key    string
+	slot   int32
+	holder string // a uuid, as text
+}
+
+// NewSemaphore returns a semaphore of cfg over db.
+func NewSemaphore(db DB, cfg *SemaphoreConfig) (*Semaphore, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
+	}
+	if cfg == nil {
+		return nil, fmt.Errorf("%w: SemaphoreConfig is nil; Limit is required", ErrInvalidConfig)
+	}
+	c := *cfg
+	c.Schema = cmp.Or(c.Schema, defaultSchema)
+	if err := ValidateIdentifier(c.Schema); err != nil {
+		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	c.Namespace = cmp.Or(c.Namespace, defaultNamespace)
+	if err := ValidateKey(c.Namespace); err != nil {
+		return nil, fmt.Errorf("%w: Namespace: %w", ErrInvalidConfig, err)
+	}
+	if c.Limit < 1 || c.Limit > maxSlots {
+		return nil, fmt.Errorf("%w: Limit must be from 1 to %d, got %d", ErrInvalidConfig, maxSlots, c.Limit)
+	}
+	c.TTL = cmp.Or(c.TTL, defaultSlotTTL)
+	if c.TTL < time.Second || c.TTL > maxPeriod {
+		return nil, fmt.Errorf("%w: TTL must be from 1s to %s, got %s", ErrInvalidConfig, maxPeriod, c.TTL)
+	}
+	if c.Timeout < 0 {
+		return nil, fmt.Errorf("%w: Timeout must not be negative, got %s", ErrInvalidConfig, c.Timeout)
+	}
+	c.Timeout = cmp.Or(c.Timeout, defaultTimeout)
+	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds()}
+	table := pgx.Identifier{c.Schema, slotsTable}.Sanitize()
+	s.lockSeed = lockID[int64](table)
+	s.stmts.acquire = fmt.Sprintf(acquireSlotSQL, table)
+	s.stmts.extend = fmt.Sprintf(extendSlotSQL, table)
+	s.stmts.release = fmt.Sprintf(releaseSlotSQL, table)
+	return s, nil
+}
+
+const (
+	slotsTable     = "pglimit_slots"
+	maxSlots       = 10_000
+	defaultSlotTTL = time.Minute
+)
+
+// acquireSlotSQL takes a slot of key $2 in namespace $1 below $3 for $4 µs:
+// the lowest whose lease ended, skipping those another acquirer has
+// locked, or else the lowest slot number that has no row and that no
+// acquirer in flight is inserting (each inserter holds a transaction
+// advisory lock on its slot number, $5 seeding the hash), so that an
+// acquirer never waits for another. It returns the slot taken (NULL for
+// none), its holder and lease end, then how many slots it saw held and
+// when the first of their leases ends, and the time. The counts come from
+// the statement's snapshot, which sees neither its own write nor
+// acquisitions in flight: a refusal that saw fewer than $3 held lost a
+// race, and is tried again.
+const acquireSlotSQL = `
+WITH free AS (
+    SELECT slot FROM %[1]s
+    WHERE namespace = $1 AND key = $2 AND slot < $3 AND expires_at <= now()
+    ORDER BY slot
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), reused AS (
+    UPDATE %[1]s AS s
+    SET holder = gen_random_uuid(), expires_at = now() + $4 * interval '1 microsecond'
+    FROM free
+    WHERE s.namespace = $1 AND s.key = $2 AND s.slot = free.slot
+    RETURNING s.slot, s.holder, s.expires_at
+), added AS (
+    INSERT INTO %[1]s (namespace, key, slot, holder, expires_at)
+    SELECT $1, $2, g, gen_random_uuid(), now() + $4 * interval '1 microsecond'
+    FROM (SELECT g FROM generate_series(0, $3 - 1) AS g
+          WHERE CASE WHEN EXISTS (SELECT FROM reused)
+                       OR EXISTS (SELECT FROM %[1]s AS o WHERE o.namespace = $1 AND o.key = $2 AND o.slot = g)
+                     THEN false
+                     ELSE pg_try_advisory_xact_lock(hashtextextended($1 || '/' || $2 || '/' || g, $5))
+                END
+          LIMIT 1) AS candidate
+    ON CONFLICT DO NOTHING
+    RETURNING slot, holder, expires_at
+), taken AS (
+    SELECT * FROM reused UNION ALL SELECT * FROM added
+), held AS (
+    SELECT count(*) AS n, min(expires_at) AS first_end FROM %[1]s
+    WHERE namespace = $1 AND key = $2 AND slot < $3 AND expires_at > now()
+)
+SELECT taken.slot, taken.holder::text, (extract(epoch FROM taken.expires_at) * 1000000)::int8,
+       held.n, (extract(epoch FROM held.first_end) * 1000000)::int8,
+       (extract(epoch FROM now()) * 1000000)::int8
+FROM held LEFT JOIN taken ON true`
+
+// extendSlotSQL renews a held slot's lease; releaseSlotSQL frees it. Both
+// touch the slot only while its holder ($4) still holds it.
+const (
+	extendSlotSQL = `
+UPDATE %[1]s SET expires_at = now() + $5 * interval '1 microsecond'
+WHERE namespace = $1 AND key = $2 AND slot = $3 AND holder = $4::uuid AND expires_at > now()
+RETURNING ((extract(epoch FROM expires_at) - extract(epoch FROM now())) * 1000000)::int8`
+
+	releaseSlotSQL = `
+DELETE FROM %[1]s
+WHERE namespace = $1 AND key = $2 AND slot = $3 AND holder = $4::uuid AND expires_at > now()`
+)
+
+// Acquire takes a slot of key if fewer than Limit are held, for TTL. A
+// refusal writes nothing; its Slot says how many are held and when the
+// first lease ends.
+func (s *Semaphore) Acquire(ctx context.Context, key string) (Slot, error) {
+	return s.acquire(ctx, key, func(ctx context.Context, scan func(pgx.Row) error) error {
+		return scan(s.db.QueryRow(ctx, s.stmts.acquire, s.args(key)...))
+	})
+}
+
+// AcquireTx is Acquire inside the caller's transaction tx (a pgx.Tx, or a
+// database/sql one through pglimitsql.Tx): the slot is taken only if tx
+// commits, and other acquirers skip it while tx is open. Like AllowTx, it
+// runs in a savepoint and never aborts tx: a lost race is a refusal.
+// Release the slot after the work, in tx or later.
+func (s *Semaphore) AcquireTx(ctx context.Context, tx DB, key string) (Slot, error) {
+	return s.acquire(ctx, key, func(ctx context.Context, scan func(pgx.Row) error) error {
+		return inSavepoint(ctx, tx, s.cfg.Timeout, s.stmts.acquire, s.args(key), scan)
+	})
+}
+
+func (s *Semaphore) args(key string) []any {
+	return []any{s.cfg.Namespace, key, s.cfg.Limit, s.ttl, s.lockSeed}
+}
+
+func (s *Semaphore) acquire(ctx context.Context, key string, run func(context.Context, func(pgx.Row) error) error) (Slot, error) {
+	if err := ValidateKey(key); err != nil {
+		return Slot{}, err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, ErrTimeout)
+	defer cancel()
+	// An attempt that finds no slot but fewer than Limit held either met
+	// acquisitions in flight, which will hold the rest, or tried a slot
+	// number that an acquisition committed after its snapshot; the next
+	// attempt sees that one. Past the attempts, the slots it could not
+	// see are counted held.
+	out := Slot{Held: s.cfg.Limit, RetryAfter: s.cfg.TTL}
+	for range min(s.cfg.Limit, 16) + maxAttempts {
+		var (
+			slot          *int32
+			holder        *string
+			end, firstEnd *int64
+			held          int64
+			now           int64
+		)
+		err := run(ctx, func(row pgx.Row) error {
+			return row.Scan(&slot, &holder, &end, &held, &firstEnd, &now)
+		})
+		switch code := pgCode(err); {
+		case code == codeSerializationFailure:
+			// At REPEATABLE READ or above in a caller's transaction, a
+			// slot changed after its snapshot: another acquirer won it.
+			return Slot{Held: s.cfg.Limit, RetryAfter: s.cfg.TTL}, nil
+		case code == codeLockNotAvailable:
+			return Slot{}, fmt.Errorf("%w (semaphore, lock_timeout %s): %w", ErrTimeout, s.cfg.Timeout, err)
+		case err != nil:
+			return Slot{}, s.wrap(ctx, err)
+		case slot != nil:
+			return Slot{Acquired: true, Held: int(held) + 1, ExpiresIn: micros(*end - now), key: key, slot: *slot, holder: *holder}, nil
+		}
+		if int(held) >= s.cfg.Limit {
+			return Slot{Held: int(held), RetryAfter: micros(*firstEnd - now)}, nil
+		}
+	}
+	return out, nil
+}
+
+// Extend renews the lease of a slot the caller holds, for another TTL
+// from now, and returns the slot with its new ExpiresIn. It fails with
+// [ErrSlotLost] if the slot is no longer held.
+func (s *Semaphore) Extend(ctx context.Context, slot Slot) (Slot, error) {
+	if !slot.Acquired {
+		return slot, fmt.Errorf("%w: it was never acquired", ErrSlotLost)
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, ErrTimeout)
+	defer cancel()
+	var left int64
+	err := s.db.QueryRow(ctx, s.stmts.extend, s.cfg.Namespace, slot.key, slot.slot, slot.holder, s.ttl).Scan(&left)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return slot, fmt.Errorf("%w: its lease ended, or it was released", ErrSlotLost)
+	case err != nil:
+		return slot, s.wrap(ctx, err)
+	}
+	slot.ExpiresIn = micros(left)
+	return slot, nil
+}
+
+// Release frees a slot the caller holds. Releasing a slot twice, or after
+// its lease ended, changes nothing and reports [ErrSlotLost]: the slot is
+// never counted free twice, nor taken from a caller who acquired it since.
+func (s *Semaphore) Release(ctx context.Context, slot Slot) error {
+	if !slot.Acquired {
+		return fmt.Errorf("%w: it was never acquired", ErrSlotLost)
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, ErrTimeout)
+	defer cancel()
+	tag, err := s.db.Exec(ctx, s.stmts.release, s.cfg.Namespace, slot.key, slot.slot, slot.holder)
+	switch {
+	case err != nil:
+		return s.wrap(ctx, err)
+	case tag.RowsAffected() == 0:
+		return fmt.Errorf("%w: its lease ended, or it was released already", ErrSlotLost)
+	}
+	return nil
+}
+
+// Limit returns how many slots of a key may be held at once.
+func (s *Semaphore) Limit() int { return s.cfg.Limit }
+
+// wrap adds ErrTimeout when the semaphore's own timeout fired, and
+// ErrReadOnly when the server could not write.
+func (s *Semaphore) wrap(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout):
+		return fmt.Errorf("%w (semaphore, after %s): %w", ErrTimeout, s.cfg.Timeout, err)
+	case readOnly(err):
+		return fmt.Errorf("%w (semaphore): %w", ErrReadOnly, err)
+	}
+	return fmt.Errorf("pglimit: semaphore: %w", err)
+}

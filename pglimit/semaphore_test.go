@@ -1,0 +1,407 @@
+package pglimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+func newSemaphore(t *testing.T, db pglimit.DB, cfg pglimit.SemaphoreConfig) *pglimit.Semaphore {
+	t.Helper()
+	s, err := pglimit.NewSemaphore(db, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// heldSlots counts the live slots of key in schema.
+func heldSlots(t *testing.T, db pglimit.DB, schema, key string) int {
+	t.Helper()
+	var n int
+	q := fmt.Sprintf("SELECT count(*) FROM %s WHERE key = $1 AND expires_at > now()", pgx.Identifier{schema, "pglimit_slots"}.Sanitize())
+	if err := db.QueryRow(context.Background(), q, key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// N+k acquirers of two instances at once: exactly N get a slot, each
+// refusal knows the slots are held, and after the N release the next
+// round gets exactly N again.
+func TestSemaphoreContention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pglimittest.Schema(t)
+	cfg := pglimit.SemaphoreConfig{Schema: schema, Limit: 3, TTL: time.Minute}
+	sems := []*pglimit.Semaphore{newSemaphore(t, pglimittest.Pool(t), cfg), newSemaphore(t, pglimittest.Pool(t), cfg)}
+	for round := range 3 {
+		const acquirers = 12
+		slots := make([]pglimit.Slot, acquirers)
+		var wg sync.WaitGroup
+		for i := range acquirers {
+			wg.Go(func() {
+				s, err := sems[i%2].Acquire(ctx, "user-1")
+				if err != nil {
+					t.Error(err)
+				}
+				slots[i] = s
+			})
+		}
+		wg.Wait()
+		got := 0
+		for _, s := range slots {
+			switch {
+			case s.Acquired:
+				got++
+				if s.ExpiresIn <= 0 || s.ExpiresIn > time.Minute {
+					t.Errorf("acquired slot expires in %s, want within the minute's TTL", s.ExpiresIn)
+				}
+			case s.Held != 3 || s.RetryAfter <= 0 || s.RetryAfter > time.Minute:
+				t.Errorf("refusal %+v: want 3 held and a wait within the TTL", s)
+			}
+		}
+		if got != 3 {
+			t.Fatalf("round %d: %d of %d acquirers got a slot, want 3", round, got, acquirers)
+		}
+		if n := heldSlots(t, pglimittest.Pool(t), schema, "user-1"); n != 3 {
+			t.Fatalf("round %d: %d slots held in the table, want 3", round, n)
+		}
+		for i, s := range slots {
+			if s.Acquired {
+				if err := sems[i%2].Release(ctx, s); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+}
+
+// Acquisitions in callers' transactions race at the isolation levels an
+// application may use: exactly N are held once they commit, and every
+// transaction stays usable.
+func TestSemaphoreAcquireTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pools := []*pgxpool.Pool{pglimittest.Pool(t), pglimittest.Pool(t)}
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead} {
+		t.Run(string(iso), func(t *testing.T) {
+			t.Parallel()
+			schema := pglimittest.Schema(t)
+			sem := newSemaphore(t, pools[0], pglimit.SemaphoreConfig{Schema: schema, Limit: 2, TTL: time.Minute, Timeout: 5 * time.Second})
+			const n = 8
+			txs := make([]pgx.Tx, n)
+			for i := range txs {
+				tx, err := pools[i%2].BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback(ctx)
+				if _, err := tx.Exec(ctx, "SELECT 1"); err != nil { // take the snapshot
+					t.Fatal(err)
+				}
+				txs[i] = tx
+			}
+			acquired := make([]bool, n)
+			var wg sync.WaitGroup
+			for i, tx := range txs {
+				wg.Go(func() {
+					s, err := sem.AcquireTx(ctx, tx, "user-1")
+					if err != nil {
+						t.Error(err)
+					}
+					acquired[i] = s.Acquired
+				})
+			}
+			wg.Wait()
+			got := 0
+			for i, tx := range txs {
+				if err := tx.Commit(ctx); err != nil {
+					t.Fatalf("commit %d: %v", i, err)
+				}
+				if acquired[i] {
+					got++
+				}
+			}
+			if got != 2 {
+				t.Fatalf("%d AcquireTx at %s: %d acquired, want 2", n, iso, got)
+			}
+			if h := heldSlots(t, pools[0], schema, "user-1"); h != 2 {
+				t.Fatalf("%d slots held after the commits, want 2", h)
+			}
+		})
+	}
+}
+
+// A slot acquired in a transaction that rolls back was never taken.
+func TestSemaphoreAcquireTxRollback(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pglimittest.Pool(t)
+	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: pglimittest.Schema(t), Limit: 1})
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := sem.AcquireTx(ctx, tx, "k"); err != nil || !s.Acquired {
+		t.Fatalf("AcquireTx: %+v, %v", s, err)
+	}
+	if s, err := sem.Acquire(ctx, "k"); err != nil || s.Acquired || s.Held != 1 {
+		t.Fatalf("Acquire while the transaction holds the slot: %+v, %v; want refused, 1 held", s, err)
+	}
+	// A refusal writes nothing: the refused transaction has no id.
+	other, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx)
+	if s, err := sem.AcquireTx(ctx, other, "k"); err != nil || s.Acquired {
+		t.Fatalf("AcquireTx while another transaction holds the slot: %+v, %v; want refused", s, err)
+	}
+	var xid *int64
+	if err := other.QueryRow(ctx, "SELECT pg_current_xact_id_if_assigned()::text::bigint").Scan(&xid); err != nil || xid != nil {
+		t.Fatalf("the refused transaction's id: %v, %v; want none (nothing written)", xid, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := sem.Acquire(ctx, "k"); err != nil || !s.Acquired {
+		t.Fatalf("Acquire after the rollback: %+v, %v; want acquired", s, err)
+	}
+}
+
+// A holder whose connection dies keeps its slot until the lease ends,
+// not a moment less, and then the slot returns by itself.
+func TestSemaphoreDeadHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pglimittest.Schema(t)
+	const ttl = 3 * time.Second
+	cfg := pglimit.SemaphoreConfig{Schema: schema, Limit: 1, TTL: ttl}
+	holder, err := pgx.Connect(ctx, pglimittest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	start := time.Now()
+	s, err := newSemaphore(t, holder, cfg).Acquire(ctx, "k")
+	if err != nil || !s.Acquired {
+		t.Fatalf("Acquire: %+v, %v", s, err)
+	}
+	// The holder dies: its session ends.
+	if _, err := pglimittest.Pool(t).Exec(ctx, "SELECT pg_terminate_backend($1)", holder.PgConn().PID()); err != nil {
+		t.Fatal(err)
+	}
+
+	other := newSemaphore(t, pglimittest.Pool(t), cfg)
+	for {
+		s, err := other.Acquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Acquired {
+			if took := time.Since(start); took < ttl {
+				t.Fatalf("the dead holder's slot came back after %s, before its %s lease ended", took, ttl)
+			}
+			return
+		}
+		if time.Since(start) > ttl+30*time.Second {
+			t.Fatalf("the dead holder's slot never came back: %+v", s)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Release frees a slot once: twice, or after the lease ended and another
+// caller took the slot, it reports ErrSlotLost and frees nothing.
+func TestSemaphoreRelease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pglimittest.Pool(t)
+	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: pglimittest.Schema(t), Limit: 1, TTL: time.Second})
+	a, err := sem.Acquire(ctx, "k")
+	if err != nil || !a.Acquired {
+		t.Fatalf("Acquire: %+v, %v", a, err)
+	}
+	if err := sem.Release(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := sem.Release(ctx, a); !errors.Is(err, pglimit.ErrSlotLost) {
+		t.Fatalf("second Release: %v, want ErrSlotLost", err)
+	}
+	if err := sem.Release(ctx, pglimit.Slot{}); !errors.Is(err, pglimit.ErrSlotLost) {
+		t.Fatalf("Release of a slot never acquired: %v, want ErrSlotLost", err)
+	}
+
+	a, err = sem.Acquire(ctx, "k")
+	if err != nil || !a.Acquired {
+		t.Fatalf("Acquire: %+v, %v", a, err)
+	}
+	time.Sleep(a.ExpiresIn + 50*time.Millisecond)
+	b, err := sem.Acquire(ctx, "k")
+	if err != nil || !b.Acquired {
+		t.Fatalf("Acquire after the lease ended: %+v, %v", b, err)
+	}
+	if err := sem.Release(ctx, a); !errors.Is(err, pglimit.ErrSlotLost) {
+		t.Fatalf("Release after the lease ended: %v, want ErrSlotLost", err)
+	}
+	if _, err := sem.Extend(ctx, a); !errors.Is(err, pglimit.ErrSlotLost) {
+		t.Fatalf("Extend after the lease ended: %v, want ErrSlotLost", err)
+	}
+	if c, err := sem.Acquire(ctx, "k"); err != nil || c.Acquired {
+		t.Fatalf("Acquire while b holds the slot: %+v, %v; want refused (a's release freed nothing)", c, err)
+	}
+}
+
+// A holder that extends its lease keeps the slot past its TTL while
+// others keep trying, and loses it to them once it stops.
+func TestSemaphoreExtend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pglimittest.Schema(t)
+	cfg := pglimit.SemaphoreConfig{Schema: schema, Limit: 1, TTL: time.Second}
+	sem := newSemaphore(t, pglimittest.Pool(t), cfg)
+	held, err := sem.Acquire(ctx, "k")
+	if err != nil || !held.Acquired {
+		t.Fatalf("Acquire: %+v, %v", held, err)
+	}
+	var stolen atomic.Int32
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		// The others' slots last: one of them, once it has the slot, keeps
+		// it from the rest.
+		long := cfg
+		long.TTL = time.Minute
+		other := newSemaphore(t, pglimittest.Pool(t), long)
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if s, err := other.Acquire(ctx, "k"); err == nil && s.Acquired {
+					stolen.Add(1)
+					return
+				}
+			}
+		})
+	}
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		time.Sleep(held.ExpiresIn / 4)
+		if held, err = sem.Extend(ctx, held); err != nil {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("Extend: %v (after %d acquisitions by others)", err, stolen.Load())
+		}
+	}
+	if n := stolen.Load(); n != 0 {
+		t.Fatalf("others acquired the slot %d times while its holder extended it", n)
+	}
+	if err := sem.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); stolen.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("nobody acquired the released slot")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if n := stolen.Load(); n != 1 {
+		t.Fatalf("after the release, %d others acquired the slot, want 1", n)
+	}
+}
+
+// Bad configuration and keys are refused with typed errors, and write
+// nothing.
+func TestSemaphoreBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pglimittest.Pool(t)
+	schema := pglimittest.Schema(t)
+	for name, cfg := range map[string]*pglimit.SemaphoreConfig{
+		"nil":             nil,
+		"no limit":        {Schema: schema},
+		"limit too high":  {Schema: schema, Limit: 10_001},
+		"ttl too short":   {Schema: schema, Limit: 1, TTL: time.Millisecond},
+		"negative ttl":    {Schema: schema, Limit: 1, TTL: -time.Second},
+		"bad namespace":   {Schema: schema, Limit: 1, Namespace: "a\x00b"},
+		"bad schema":      {Schema: `x"; DROP TABLE y; --`, Limit: 1},
+		"negative timout": {Schema: schema, Limit: 1, Timeout: -1},
+	} {
+		if _, err := pglimit.NewSemaphore(pool, cfg); !errors.Is(err, pglimit.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	if _, err := pglimit.NewSemaphore(nil, &pglimit.SemaphoreConfig{Limit: 1}); !errors.Is(err, pglimit.ErrInvalidConfig) {
+		t.Errorf("nil db: %v, want ErrInvalidConfig", err)
+	}
+	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: schema, Limit: 1})
+	for _, key := range []string{"", strings.Repeat("k", pglimit.MaxKeyLength+1), "\xff", "a\x00b"} {
+		if s, err := sem.Acquire(ctx, key); !errors.Is(err, pglimit.ErrInvalidKey) || s.Acquired {
+			t.Errorf("Acquire(%q): %+v, %v; want ErrInvalidKey", key, s, err)
+		}
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "pglimit_slots"}.Sanitize()).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("%d rows after bad input, %v; want none", rows, err)
+	}
+}
+
+// The cleaner deletes slots whose lease ended, and leaves held ones.
+func TestCleanerDeletesEndedSlots(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pglimittest.Pool(t)
+	schema := pglimittest.Schema(t)
+	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: schema, Limit: 5, TTL: time.Second})
+	long := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: schema, Namespace: "long", Limit: 1, TTL: time.Hour})
+	for i := range 5 {
+		if s, err := sem.Acquire(ctx, fmt.Sprint("k", i)); err != nil || !s.Acquired {
+			t.Fatalf("Acquire: %+v, %v", s, err)
+		}
+	}
+	if s, err := long.Acquire(ctx, "k"); err != nil || !s.Acquired {
+		t.Fatalf("Acquire: %+v, %v", s, err)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	c, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{Schema: schema, Tables: []string{"pglimit_slots"}, Interval: 20 * time.Millisecond, Retention: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop(ctx)
+	table := pgx.Identifier{schema, "pglimit_slots"}.Sanitize()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var rows int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		if rows == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d slot rows left, want the one held", rows)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := heldSlots(t, pool, schema, "k"); n != 1 {
+		t.Fatalf("%d held slots, want long's", n)
+	}
+}
