@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +41,7 @@ type app struct {
 	metrics *httpMetrics
 	limit   func(http.Handler) http.Handler // GET /items/{user}: the cooldown
 	create  http.Handler                    // POST /items past decoding: the item limits, then the store
+	export  http.Handler                    // GET /exports/{user}: a slot of the user's, then the export
 }
 
 func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
@@ -101,6 +103,23 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.create = limitCreate(http.HandlerFunc(a.storeItem))
+
+	exports, err := pglimit.NewSemaphore(pool, &pglimit.SemaphoreConfig{
+		Schema: cfg.schema, Namespace: "exports", Limit: cfg.exportsAtOnce, TTL: 30 * time.Second,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("export slots: %w", err)
+	}
+	holdSlot, err := pglimithttp.Concurrency(exports, &pglimithttp.Config{
+		KeyFunc:    pglimithttp.FromPathValue("user"),
+		OnError:    cfg.onError,
+		OnDecision: a.logDecision,
+		Logger:     logger.With("semaphore", "exports"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.export = holdSlot(http.HandlerFunc(a.exportItems))
 	return a, nil
 }
 
@@ -131,6 +150,7 @@ func (a *app) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /items", a.createItem)
 	mux.Handle("GET /items/{user}", a.limit(http.HandlerFunc(a.listItems)))
+	mux.Handle("GET /exports/{user}", a.export)
 	mux.HandleFunc("GET /healthz", a.healthz)
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{
@@ -143,6 +163,8 @@ func (a *app) logDecision(r *http.Request, ev pglimithttp.Event) {
 	switch ev.Outcome {
 	case pglimithttp.OutcomeRefused:
 		a.log.Debug("refused", "user", ev.Key, "retry_after", ev.Decision.RetryAfter)
+	case pglimithttp.OutcomeBusy:
+		a.log.Debug("every export slot held", "user", ev.Key)
 	case pglimithttp.OutcomeBadKey:
 		a.log.Info("bad key", "path", r.URL.Path, "err", ev.Err)
 	case pglimithttp.OutcomeCanceled:
@@ -166,6 +188,30 @@ func (a *app) createItem(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.create.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), itemKey{}, in)))
+}
+
+// exportItems is a heavy job: it works for the configured export time,
+// then writes the user's items as CSV. At most exportsAtOnce run at once
+// per user.
+func (a *app) exportItems(w http.ResponseWriter, r *http.Request) {
+	select {
+	case <-time.After(a.cfg.exportTime):
+	case <-r.Context().Done():
+		return
+	}
+	user := r.PathValue("user")
+	items, err := a.items.list(r.Context(), user)
+	if err != nil {
+		a.serverError(w, r, "export items", err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+	cw := csv.NewWriter(w)
+	_ = cw.Write([]string{"id", "user", "name", "created_at"})
+	for _, it := range items {
+		_ = cw.Write([]string{strconv.FormatInt(it.ID, 10), it.User, it.Name, it.CreatedAt.UTC().Format(time.RFC3339)})
+	}
+	cw.Flush()
 }
 
 // storeItem creates the item the limits admitted.

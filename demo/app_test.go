@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,6 +46,7 @@ func setup(t *testing.T, pool *pgxpool.Pool, edit func(*config)) *testBundle {
 		maxUsers: 10,
 
 		itemsPerMinute: 5, itemsBurst: 3, itemsPerDay: 20,
+		exportsAtOnce: 2,
 	}
 	if pool == nil {
 		pool = pglimittest.Pool(t)
@@ -98,6 +100,46 @@ func (r response) json(t *testing.T) map[string]any {
 		t.Fatalf("status %d body %q: %v", r.code, r.body, err)
 	}
 	return v
+}
+
+// Two exports of a user run at once; a third is refused while they run,
+// and another user's runs.
+func TestExportsAtOnce(t *testing.T) {
+	b := setup(t, nil, func(c *config) { c.exportTime = 2 * time.Second })
+	if r := b.do(t, "POST", "/items", `{"user": "alice", "name": "first"}`); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.body)
+	}
+	codes := make(chan int, 4)
+	var wg sync.WaitGroup
+	get := func(user string) {
+		wg.Go(func() {
+			resp, err := b.srv.Client().Get(b.srv.URL + "/exports/" + user)
+			if err != nil {
+				t.Error(err)
+				codes <- 0
+				return
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK && !strings.Contains(string(body), ",alice,first,") && user == "alice" {
+				t.Errorf("alice's export: %q, want her item", body)
+			}
+			codes <- resp.StatusCode
+		})
+	}
+	get("alice")
+	get("alice")
+	get("alice")
+	get("bob")
+	wg.Wait()
+	close(codes)
+	got := map[int]int{}
+	for c := range codes {
+		got[c]++
+	}
+	if got[http.StatusOK] != 3 || got[http.StatusTooManyRequests] != 1 {
+		t.Fatalf("three exports of alice and one of bob at once: %v, want three 200 and one 429", got)
+	}
 }
 
 func TestCreateListAndCooldown(t *testing.T) {

@@ -2,7 +2,9 @@
 // application: POST /items creates an item for a user and is limited per
 // user by two limits at once (a rate with a burst, and a daily quota),
 // GET /items/{user} lists them and is limited to one call per cooldown per
-// user, every limit shared by every instance through PostgreSQL.
+// user, and GET /exports/{user}, a slow CSV export, runs at most twice at
+// once per user (a concurrency limit); every limit is shared by every
+// instance through PostgreSQL.
 //
 // With no database URL it starts a throwaway PostgreSQL from local binaries
 // (or Docker) and deletes it on exit, so `go run ./demo` needs no setup.
@@ -16,6 +18,8 @@
 //	-items-per-minute   PGLIMIT_ITEMS_PER_MINUTE   POST /items per user per minute, GCRA (5)
 //	-items-burst        PGLIMIT_ITEMS_BURST        of which at once (3)
 //	-items-per-day      PGLIMIT_ITEMS_PER_DAY      POST /items per user per day, a fixed window (20)
+//	-exports-at-once    PGLIMIT_EXPORTS_AT_ONCE    GET /exports/{user} running at once per user (2)
+//	-export-time        PGLIMIT_EXPORT_TIME        how long an export works (3s)
 //	-migrate            PGLIMIT_MIGRATE            apply pglimit's and the demo's schema at start (true)
 //	-schema             PGLIMIT_SCHEMA             schema of every table (public)
 //	-on-error           PGLIMIT_ON_ERROR           unavailable, fail-open or fail-closed (unavailable)
@@ -70,6 +74,9 @@ type config struct {
 
 	itemsPerMinute, itemsBurst, itemsPerDay int
 
+	exportsAtOnce int
+	exportTime    time.Duration
+
 	schema   string
 	onError  pglimithttp.ErrorPolicy
 	instance string
@@ -101,6 +108,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	c := config{
 		cooldown: 2 * time.Second, migrate: true, maxUsers: 100,
 		itemsPerMinute: 5, itemsBurst: 3, itemsPerDay: 20,
+		exportsAtOnce: 2, exportTime: 3 * time.Second,
 		// Shorter than the library's defaults, so that the dashboard's
 		// cleanup panels move within minutes of trying the demo.
 		cleanup: true, cleanupInterval: 30 * time.Second, cleanupRetention: time.Minute,
@@ -109,6 +117,8 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	envAs("PGLIMIT_ITEMS_PER_MINUTE", func(v string) (err error) { c.itemsPerMinute, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_ITEMS_BURST", func(v string) (err error) { c.itemsBurst, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_ITEMS_PER_DAY", func(v string) (err error) { c.itemsPerDay, err = strconv.Atoi(v); return err })
+	envAs("PGLIMIT_EXPORTS_AT_ONCE", func(v string) (err error) { c.exportsAtOnce, err = strconv.Atoi(v); return err })
+	envAs("PGLIMIT_EXPORT_TIME", func(v string) (err error) { c.exportTime, err = time.ParseDuration(v); return err })
 	envAs("PGLIMIT_MIGRATE", func(v string) (err error) { c.migrate, err = strconv.ParseBool(v); return err })
 	envAs("PGLIMIT_DEMO_MAX_USERS", func(v string) (err error) { c.maxUsers, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_CLEANUP", func(v string) (err error) { c.cleanup, err = strconv.ParseBool(v); return err })
@@ -129,6 +139,8 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.IntVar(&c.itemsPerMinute, "items-per-minute", c.itemsPerMinute, "POST /items per user per minute, GCRA (env PGLIMIT_ITEMS_PER_MINUTE)")
 	fs.IntVar(&c.itemsBurst, "items-burst", c.itemsBurst, "POST /items per user at once, within the per-minute rate (env PGLIMIT_ITEMS_BURST)")
 	fs.IntVar(&c.itemsPerDay, "items-per-day", c.itemsPerDay, "POST /items per user per day, a fixed window (env PGLIMIT_ITEMS_PER_DAY)")
+	fs.IntVar(&c.exportsAtOnce, "exports-at-once", c.exportsAtOnce, "GET /exports/{user} running at once per user (env PGLIMIT_EXPORTS_AT_ONCE)")
+	fs.DurationVar(&c.exportTime, "export-time", c.exportTime, "how long an export works (env PGLIMIT_EXPORT_TIME)")
 	fs.BoolVar(&c.migrate, "migrate", c.migrate, "apply pglimit's and the demo's schema at start (env PGLIMIT_MIGRATE)")
 	fs.StringVar(&c.schema, "schema", env("PGLIMIT_SCHEMA", "public"), "schema of every table (env PGLIMIT_SCHEMA)")
 	fs.StringVar(&onError, "on-error", env("PGLIMIT_ON_ERROR", "unavailable"), "when the database fails: unavailable (503), fail-open or fail-closed (429) (env PGLIMIT_ON_ERROR)")
@@ -168,6 +180,10 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 		return config{}, fmt.Errorf("-items-burst: must be positive, got %d", c.itemsBurst)
 	case c.itemsPerDay <= 0:
 		return config{}, fmt.Errorf("-items-per-day: must be positive, got %d", c.itemsPerDay)
+	case c.exportsAtOnce <= 0:
+		return config{}, fmt.Errorf("-exports-at-once: must be positive, got %d", c.exportsAtOnce)
+	case c.exportTime < 0 || c.exportTime > time.Minute:
+		return config{}, fmt.Errorf("-export-time: must be from 0 to 1m, got %s", c.exportTime)
 	}
 	if err := pglimit.ValidateIdentifier(c.schema); err != nil {
 		return config{}, fmt.Errorf("-schema: %w", err)

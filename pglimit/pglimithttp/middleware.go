@@ -151,25 +151,9 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 	if lim == nil {
 		return nil, fmt.Errorf("%w: limiter is nil", ErrInvalidConfig)
 	}
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.KeyFunc == nil {
-		c.KeyFunc, _ = RemoteIP(nil) // the defaults are valid
-	}
-	if c.LogInterval < 0 {
-		return nil, fmt.Errorf("%w: LogInterval: must not be negative, got %s", ErrInvalidConfig, c.LogInterval)
-	}
-	exemptKeys := make(map[string]bool, len(c.ExemptKeys))
-	for i, k := range c.ExemptKeys {
-		if err := pglimit.ValidateKey(k); err != nil {
-			return nil, fmt.Errorf("%w: ExemptKeys[%d]: %w", ErrInvalidConfig, i, err)
-		}
-		exemptKeys[k] = true
-	}
-	if !c.OnError.Valid() {
-		return nil, fmt.Errorf("%w: OnError: unknown %s", ErrInvalidConfig, c.OnError)
+	g, err := newGate(cfg)
+	if err != nil {
+		return nil, err
 	}
 	p := lim.Policy()
 	if len(p.Limits) == 0 {
@@ -182,10 +166,7 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 			return nil, fmt.Errorf("%w: limiter's Limits[%d].Name: %w", ErrInvalidConfig, i, err)
 		}
 	}
-	m := &middleware{
-		lim: lim, cfg: c, exemptKeys: exemptKeys, limits: p.Limits, policy: formatPolicy(p.Limits), longest: p.LongestWait(),
-		failures: &onerror.Log{Logger: c.Logger, Interval: cmp.Or(c.LogInterval, 10*time.Second), Message: "pglimithttp: limiter failed"},
-	}
+	m := &middleware{gate: g, lim: lim, limits: p.Limits, policy: formatPolicy(p.Limits), longest: p.LongestWait()}
 	m.longestName = p.Limits[0].Name
 	m.unavailable = p.Limits[0].Period / time.Duration(p.Limits[0].Rate)
 	for _, l := range p.Limits {
@@ -205,17 +186,15 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 }
 
 type middleware struct {
-	lim        pglimit.Limiter
-	cfg        Config
-	exemptKeys map[string]bool
-	limits     []pglimit.Limit
-	policy     string // the RateLimit-Policy field value, the same on every response
+	gate
+	lim    pglimit.Limiter
+	limits []pglimit.Limit
+	policy string // the RateLimit-Policy field value, the same on every response
 	// longest is the longest any limit makes a key wait, longestName the
 	// first limit that does: a fail-closed refusal's.
 	longest     time.Duration
 	longestName string
 	unavailable time.Duration // Retry-After of a 503
-	failures    *onerror.Log
 }
 
 type decisionKey struct{}
@@ -234,29 +213,11 @@ func withDecision(r *http.Request, d pglimit.Decision) *http.Request {
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	if m.cfg.Exempt != nil && m.cfg.Exempt(r) {
-		m.report(r, Event{Outcome: OutcomeExempt})
-		next.ServeHTTP(w, r)
+	key, ok := m.keyOf(w, r, next)
+	if !ok {
 		return
 	}
-	key, err := m.cfg.KeyFunc(r)
-	if err == nil {
-		// Checked here so that a bad key is a 400, never a database error.
-		err = pglimit.ValidateKey(key)
-	}
-	if err != nil {
-		m.report(r, Event{Key: key, Outcome: OutcomeBadKey, Err: err})
-		writeProblem(w, http.StatusBadRequest, problem{
-			Title:  "Bad Request",
-			Detail: "no valid rate limit key in the request: " + err.Error(),
-		})
-		return
-	}
-	if m.exemptKeys[key] {
-		m.report(r, Event{Key: key, Outcome: OutcomeExempt})
-		next.ServeHTTP(w, r)
-		return
-	}
+	var err error
 	cost := 1
 	if m.cfg.CostFunc != nil {
 		if cost, err = m.cfg.CostFunc(r); err != nil {
@@ -325,13 +286,7 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Hand
 		m.refuse(w, r, m.longestName, 0, m.longest, m.longest, []string{m.longestName})
 	default:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeUnavailable, Err: err})
-		// The cause stays in the server's logs (OnDecision): it names
-		// hosts and SQL states a client has no business seeing.
-		w.Header().Set("Retry-After", formatSeconds(retryAfterSeconds(m.unavailable)))
-		writeProblem(w, http.StatusServiceUnavailable, problem{
-			Title:  "Service Unavailable",
-			Detail: "the rate limiter cannot decide right now; try again later",
-		})
+		m.serviceUnavailable(w, m.unavailable)
 	}
 }
 
@@ -358,8 +313,86 @@ func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, binding stri
 	})
 }
 
-func (m *middleware) report(r *http.Request, ev Event) {
-	if m.cfg.OnDecision != nil {
-		m.cfg.OnDecision(r, ev)
+// gate is what the rate and concurrency middlewares share: the
+// configuration, the exempt keys and the failure log.
+type gate struct {
+	cfg        Config
+	exemptKeys map[string]bool
+	failures   *onerror.Log
+}
+
+// newGate validates the fields of cfg that both middlewares use, and
+// fills in their defaults.
+func newGate(cfg *Config) (gate, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.KeyFunc == nil {
+		c.KeyFunc, _ = RemoteIP(nil) // the defaults are valid
+	}
+	if c.LogInterval < 0 {
+		return gate{}, fmt.Errorf("%w: LogInterval: must not be negative, got %s", ErrInvalidConfig, c.LogInterval)
+	}
+	exemptKeys := make(map[string]bool, len(c.ExemptKeys))
+	for i, k := range c.ExemptKeys {
+		if err := pglimit.ValidateKey(k); err != nil {
+			return gate{}, fmt.Errorf("%w: ExemptKeys[%d]: %w", ErrInvalidConfig, i, err)
+		}
+		exemptKeys[k] = true
+	}
+	if !c.OnError.Valid() {
+		return gate{}, fmt.Errorf("%w: OnError: unknown %s", ErrInvalidConfig, c.OnError)
+	}
+	return gate{
+		cfg: c, exemptKeys: exemptKeys,
+		failures: &onerror.Log{Logger: c.Logger, Interval: cmp.Or(c.LogInterval, 10*time.Second), Message: "pglimithttp: limiter failed"},
+	}, nil
+}
+
+// keyOf returns the request's key. It reports false when it has answered
+// the request itself: served an exempt one, or refused one with no valid
+// key.
+func (g *gate) keyOf(w http.ResponseWriter, r *http.Request, next http.Handler) (string, bool) {
+	if g.cfg.Exempt != nil && g.cfg.Exempt(r) {
+		g.report(r, Event{Outcome: OutcomeExempt})
+		next.ServeHTTP(w, r)
+		return "", false
+	}
+	key, err := g.cfg.KeyFunc(r)
+	if err == nil {
+		// Checked here so that a bad key is a 400, never a database error.
+		err = pglimit.ValidateKey(key)
+	}
+	if err != nil {
+		g.report(r, Event{Key: key, Outcome: OutcomeBadKey, Err: err})
+		writeProblem(w, http.StatusBadRequest, problem{
+			Title:  "Bad Request",
+			Detail: "no valid rate limit key in the request: " + err.Error(),
+		})
+		return "", false
+	}
+	if g.exemptKeys[key] {
+		g.report(r, Event{Key: key, Outcome: OutcomeExempt})
+		next.ServeHTTP(w, r)
+		return "", false
+	}
+	return key, true
+}
+
+// serviceUnavailable answers 503: the limiter cannot decide.
+func (g *gate) serviceUnavailable(w http.ResponseWriter, retryAfter time.Duration) {
+	// The cause stays in the server's logs (OnDecision): it names
+	// hosts and SQL states a client has no business seeing.
+	w.Header().Set("Retry-After", formatSeconds(retryAfterSeconds(retryAfter)))
+	writeProblem(w, http.StatusServiceUnavailable, problem{
+		Title:  "Service Unavailable",
+		Detail: "the rate limiter cannot decide right now; try again later",
+	})
+}
+
+func (g *gate) report(r *http.Request, ev Event) {
+	if g.cfg.OnDecision != nil {
+		g.cfg.OnDecision(r, ev)
 	}
 }

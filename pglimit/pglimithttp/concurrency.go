@@ -1,0 +1,134 @@
+package pglimithttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// OutcomeBusy is the [Event.Outcome] of a request [Concurrency] refused:
+// every slot of its key was held.
+const OutcomeBusy Outcome = "busy"
+
+// Concurrency returns a middleware that holds one of sem's slots for the
+// request's key while the handler runs, so that at most sem.Limit()
+// requests of a key are served at once across every instance. A request
+// that finds them all held is refused with 429 and a Retry-After of the
+// first held slot's lease end. The slot's lease is extended every third
+// of its TTL while the handler runs, and the slot is released when the
+// handler returns.
+//
+// Of cfg it uses KeyFunc, Exempt, ExemptKeys, OnRefused, Logger,
+// LogInterval, OnError and OnDecision; a CostFunc is an error. The
+// admitted request's [Event.Decision] is zero.
+func Concurrency(sem *pglimit.Semaphore, cfg *Config) (func(http.Handler) http.Handler, error) {
+	if sem == nil {
+		return nil, fmt.Errorf("%w: semaphore is nil", ErrInvalidConfig)
+	}
+	if cfg != nil && cfg.CostFunc != nil {
+		return nil, fmt.Errorf("%w: CostFunc: a request holds one slot", ErrInvalidConfig)
+	}
+	g, err := newGate(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c := &concurrency{gate: g, sem: sem}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			c.serve(w, r, next)
+		})
+	}, nil
+}
+
+type concurrency struct {
+	gate
+	sem *pglimit.Semaphore
+}
+
+func (c *concurrency) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	key, ok := c.keyOf(w, r, next)
+	if !ok {
+		return
+	}
+	slot, err := c.sem.Acquire(r.Context(), key)
+	switch {
+	case err != nil && errors.Is(err, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled):
+		c.report(r, Event{Key: key, Outcome: OutcomeCanceled, Err: err})
+		w.WriteHeader(statusClientClosedRequest)
+	case err != nil:
+		c.failures.Record(time.Now(), "key", key, "on_error", c.cfg.OnError, "err", err)
+		switch c.cfg.OnError {
+		case FailOpen:
+			c.report(r, Event{Key: key, Outcome: OutcomeFailOpen, Err: err})
+			next.ServeHTTP(w, r)
+		case FailClosed:
+			c.report(r, Event{Key: key, Outcome: OutcomeFailClosed, Err: err})
+			c.busy(w, r, time.Second)
+		default:
+			c.report(r, Event{Key: key, Outcome: OutcomeUnavailable, Err: err})
+			c.serviceUnavailable(w, time.Second)
+		}
+	case !slot.Acquired:
+		c.report(r, Event{Key: key, Outcome: OutcomeBusy})
+		c.busy(w, r, slot.RetryAfter)
+	default:
+		c.report(r, Event{Key: key, Cost: 1, Outcome: OutcomeAdmitted})
+		c.hold(r, key, slot, func() { next.ServeHTTP(w, r) })
+	}
+}
+
+// hold runs serve while it keeps slot, extending its lease, and releases
+// it afterwards, even if serve panics.
+func (c *concurrency) hold(r *http.Request, key string, slot pglimit.Slot, serve func()) {
+	done := make(chan struct{})
+	extended := make(chan struct{})
+	go func() {
+		defer close(extended)
+		// A third of the lease: two extensions may fail before it ends.
+		t := time.NewTicker(max(slot.ExpiresIn/3, 100*time.Millisecond))
+		defer t.Stop()
+		ctx := context.WithoutCancel(r.Context())
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				var err error
+				if slot, err = c.sem.Extend(ctx, slot); err != nil {
+					c.failures.Record(time.Now(), "key", key, "err", fmt.Errorf("extend the slot: %w", err))
+					if errors.Is(err, pglimit.ErrSlotLost) {
+						return
+					}
+				}
+			}
+		}
+	}()
+	defer func() {
+		close(done)
+		<-extended
+		// The client may be gone; the slot still goes back.
+		if err := c.sem.Release(context.WithoutCancel(r.Context()), slot); err != nil {
+			c.failures.Record(time.Now(), "key", key, "err", fmt.Errorf("release the slot: %w", err))
+		}
+	}()
+	serve()
+}
+
+// busy writes the 429 of a key whose slots are all held, or hands r to
+// OnRefused with Retry-After set.
+func (c *concurrency) busy(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+	secs := retryAfterSeconds(wait)
+	w.Header().Set("Retry-After", formatSeconds(secs))
+	if c.cfg.OnRefused != nil {
+		c.cfg.OnRefused.ServeHTTP(w, r)
+		return
+	}
+	writeProblem(w, http.StatusTooManyRequests, problem{
+		Title:  "Too Many Requests",
+		Detail: fmt.Sprintf("at most %d requests of this caller at once; retry in %d s", c.sem.Limit(), secs),
+	})
+}
