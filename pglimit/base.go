@@ -15,6 +15,7 @@ type base struct {
 	cfg      Config
 	policy   *Policy   // shared by every Decision, through Decision.Violated
 	preblock *preblock // nil when off
+	fallback *fallback // nil when off
 	flights  *flights  // a single GCRA limit's, where the batcher does not serve it
 
 	// worst is the longest any limit can make a key wait: the RetryAfter

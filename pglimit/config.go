@@ -98,6 +98,12 @@ type Config struct {
 	// left, and turning Shadow off enforces from the state observed.
 	Shadow bool
 
+	// Fallback, when set, makes Allow and AllowN decide in process while
+	// the database is unavailable, instead of failing. Defaults to nil:
+	// such calls fail, and the caller's policy (pglimithttp.Config.OnError)
+	// applies.
+	Fallback *Fallback
+
 	// AsyncCommit commits the limiter's own writes with synchronous_commit
 	// off, so an admission does not wait for its WAL flush (+40% admissions
 	// in the README's benchmark on a disk that flushes in 19µs; more where

@@ -43,6 +43,11 @@ type Decision struct {
 	// consumed; the other fields are the refusal's.
 	Shadow bool
 
+	// Fallback reports a decision made in process by [Config.Fallback]
+	// while the database was unavailable. Limit and Violated name the
+	// fallback's limits.
+	Fallback bool
+
 	violated uint16  // bit i: the policy's limit i refused
 	policy   *Policy // the limiter's, for Violated
 	next     time.Duration

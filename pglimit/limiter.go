@@ -214,6 +214,11 @@ func (l *stmtLimiter) AllowN(ctx context.Context, key string, n int) (Decision, 
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
+	return l.withFallback(ctx, key, n, func() (Decision, error) { return l.allowN(ctx, key, n) })
+}
+
+// allowN is AllowN on the database.
+func (l *stmtLimiter) allowN(ctx context.Context, key string, n int) (Decision, error) {
 	return l.decide(ctx, key, n, false, true, func(ctx context.Context) (Decision, error) {
 		q := l.allowQuery(key, n)
 		if l.batch != nil && l.dist.Load() == nil {

@@ -156,6 +156,11 @@ func New(db DB, cfg *Config) (Limiter, error) {
 	// travel as parameters.
 	table := pgx.Identifier{c.Schema, c.Table}.Sanitize()
 	b := newBase(db, c, table)
+	if c.Fallback != nil {
+		if b.fallback, err = newFallback(c.Fallback, c.Namespace); err != nil {
+			return nil, err
+		}
+	}
 	switch c.Strategy {
 	case NoWait:
 		return newNoWait(b, table), nil

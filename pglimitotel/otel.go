@@ -112,6 +112,9 @@ func Instrument(lim pglimit.Limiter, opts *Options) (pglimit.Limiter, error) {
 			return
 		}
 		outcome := with(attribute.String("pglimit.outcome", c.Outcome))
+		if c.Decision.Fallback {
+			outcome = with(attribute.String("pglimit.outcome", c.Outcome), attribute.Bool("pglimit.fallback", true))
+		}
 		decisions.Add(ctx, 1, metric.WithAttributeSet(outcome))
 		if c.Outcome != observe.Invalid {
 			duration.Record(ctx, c.Took.Seconds(), metric.WithAttributeSet(outcome))

@@ -56,6 +56,7 @@ type Metrics struct {
 	decisions    *prometheus.CounterVec
 	duration     *prometheus.HistogramVec
 	errors       *prometheus.CounterVec
+	fallback     *prometheus.CounterVec
 	keyDecisions *prometheus.CounterVec // nil unless Options.MaxKeys > 0
 	keys         *CappedLabel
 }
@@ -80,7 +81,7 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pglimit_decisions_total",
-			Help: "Limiter decisions, by limiter (namespace), strategy and outcome (admitted, refused, error, invalid, canceled).",
+			Help: "Limiter decisions, by limiter (namespace), strategy and outcome (admitted, refused, error, invalid, canceled, shadowed).",
 		}, []string{"limiter", "strategy", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "pglimit_decision_duration_seconds",
@@ -91,8 +92,12 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 			Name: "pglimit_errors_total",
 			Help: "Failed limiter calls (decisions and peeks) by limiter (namespace), strategy and kind: a SQLSTATE, or timeout, connect, network, other. Callers that gave up are not counted.",
 		}, []string{"limiter", "strategy", "kind"}),
+		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pglimit_fallback_decisions_total",
+			Help: "Decisions made in process while the database was unavailable (pglimit.Config.Fallback), by limiter (namespace), strategy and outcome; pglimit_decisions_total counts them too.",
+		}, []string{"limiter", "strategy", "outcome"}),
 	}
-	cs := []prometheus.Collector{m.decisions, m.duration, m.errors}
+	cs := []prometheus.Collector{m.decisions, m.duration, m.errors, m.fallback}
 	if o.MaxKeys > 0 {
 		m.keys = NewCappedLabel(o.MaxKeys)
 		m.keyDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -148,6 +153,9 @@ func (m *Metrics) Instrument(lim pglimit.Limiter) pglimit.Limiter {
 		default:
 			m.decisions.WithLabelValues(label(c.Outcome)...).Inc()
 			m.duration.WithLabelValues(label(c.Outcome)...).Observe(c.Took.Seconds())
+			if c.Decision.Fallback {
+				m.fallback.WithLabelValues(label(c.Outcome)...).Inc()
+			}
 			if m.keyDecisions != nil {
 				m.keyDecisions.WithLabelValues(label(m.keys.Value(c.Key), c.Outcome)...).Inc()
 			}

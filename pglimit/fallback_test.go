@@ -1,0 +1,185 @@
+package pglimit_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// fallbackConfig is a limiter of a generous database limit whose fallback
+// allows 5 per key.
+func fallbackConfig(schema string, logs *syncBuffer) pglimit.Config {
+	return pglimit.Config{
+		Schema:  schema,
+		Limits:  []pglimit.Limit{{Name: "shared", Rate: 1, Period: time.Hour, Burst: 100}},
+		Timeout: 300 * time.Millisecond,
+		Fallback: &pglimit.Fallback{
+			Limits: []pglimit.Limit{{Name: "local", Rate: 1, Period: time.Hour, Burst: 5}},
+			Retry:  100 * time.Millisecond,
+			Logger: slog.New(slog.NewTextHandler(logs, nil)),
+		},
+	}
+}
+
+// waitForDatabase calls Allow on fresh keys until the database decides one.
+func waitForDatabase(t *testing.T, lim pglimit.Limiter) {
+	t.Helper()
+	for i, deadline := 0, time.Now().Add(30*time.Second); ; i++ {
+		d, err := lim.Allow(context.Background(), fmt.Sprint("probe-", i))
+		if err != nil {
+			t.Fatalf("Allow while the database comes back: %v; want a decision", err)
+		}
+		if !d.Fallback {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("still deciding in process 30s after the database came back")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A database that stops answering (a stalled connection): calls decide in
+// process with the fallback's limits, exactly, without each waiting for
+// the timeout, and go back to the database once it answers.
+func TestFallbackStalledDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	proxy, pcfg := newStallProxy(t)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var logs syncBuffer
+	lim := newLimiterOn(t, pool, fallbackConfig(pglimittest.Schema(t), &logs))
+	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed || d.Fallback {
+		t.Fatalf("Allow with the database up: %+v, %v", d, err)
+	}
+
+	proxy.stall()
+	const calls = 20
+	admitted, waited := 0, 0
+	for range calls {
+		start := time.Now()
+		d, err := lim.Allow(ctx, "k")
+		if err != nil || !d.Fallback {
+			t.Fatalf("Allow with the database stalled: %+v, %v; want an in-process decision", d, err)
+		}
+		if d.Allowed {
+			admitted++
+		} else if d.RetryAfter <= 0 || d.Violated()[0].Name != "local" {
+			t.Fatalf("an in-process refusal: %+v, violated %v; want the local limit's wait", d, d.Violated())
+		}
+		if time.Since(start) >= 250*time.Millisecond {
+			waited++
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("%d calls in process: %d admitted, want the fallback's burst, 5", calls, admitted)
+	}
+	if waited > calls/2 {
+		t.Fatalf("%d of %d calls waited for the timeout; only the retries should", waited, calls)
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := lim.Allow(done, "k"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Allow with a cancelled context during the fallback: %v, want context.Canceled", err)
+	}
+	if _, err := lim.Allow(ctx, ""); !errors.Is(err, pglimit.ErrInvalidKey) {
+		t.Fatalf("a bad key during the fallback: %v, want ErrInvalidKey", err)
+	}
+
+	proxy.unstall()
+	waitForDatabase(t, lim)
+	out := logs.String()
+	if !strings.Contains(out, "deciding in process") || !strings.Contains(out, "answers again") || !strings.Contains(out, "fallback_decisions=") {
+		t.Fatalf("logs: %s\nwant the fallback's start and end, with its count", out)
+	}
+}
+
+// A server stopped and started again (a crash and recovery): every call
+// gets a decision meanwhile, some of them in process, and the database
+// decides again afterwards.
+func TestFallbackServerRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := pglimittest.OwnServer(t)
+	pool := pglimittest.ServerPool(t, srv, 4)
+	if err := pglimit.Migrate(ctx, pool, "public"); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	lim := newLimiterOn(t, pool, fallbackConfig("public", &logs))
+
+	restarted := make(chan error, 1)
+	go func() { restarted <- srv.Restart(ctx, true) }()
+	local := 0
+	for i := 0; ; i++ {
+		d, err := lim.Allow(ctx, fmt.Sprint("k", i%50))
+		if err != nil {
+			t.Fatalf("Allow during the restart: %v; want a decision", err)
+		}
+		if d.Fallback {
+			local++
+		}
+		select {
+		case err := <-restarted:
+			if err != nil {
+				t.Fatal(err)
+			}
+			if local == 0 {
+				t.Fatal("no decision was made in process while the server was down")
+			}
+			waitForDatabase(t, lim)
+			return
+		default:
+		}
+	}
+}
+
+// Fallback limits are checked like any other; only GCRA runs in process.
+func TestFallbackConfig(t *testing.T) {
+	t.Parallel()
+	pool := pglimittest.Pool(t)
+	for name, f := range map[string]*pglimit.Fallback{
+		"no limits":     {},
+		"a window":      {Limits: []pglimit.Limit{{Rate: 10, Period: time.Minute, Algorithm: pglimit.FixedWindow}}},
+		"a bad limit":   {Limits: []pglimit.Limit{{Rate: 0, Period: time.Minute}}},
+		"negative keys": {Limits: []pglimit.Limit{{Rate: 1, Period: time.Minute}}, MaxKeys: -1},
+	} {
+		_, err := pglimit.New(pool, &pglimit.Config{Cooldown: time.Minute, Fallback: f})
+		if !errors.Is(err, pglimit.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
+	}
+}
