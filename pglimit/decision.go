@@ -87,6 +87,9 @@ func (l Limit) longestWait() time.Duration {
 	case SlidingWindow:
 		return 2 * l.Period
 	}
+	if l.Calendar != "" {
+		return calendarUnits[l.Calendar].slack // longer than any of its windows
+	}
 	return l.Period
 }
 

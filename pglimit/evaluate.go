@@ -44,9 +44,14 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 			}
 			s.cap = (now + BT - s.a) / T
 		case FixedWindow:
-			s.a = now
-			if !fresh && now < state[3*i]+P {
-				s.a, s.b = state[3*i], state[3*i+1]
+			s.a, s.c = now, now+P // the window's start and end
+			switch {
+			case l.Calendar != "" && !fresh && now < state[3*i+2]:
+				s.a, s.b, s.c = state[3*i], state[3*i+1], state[3*i+2]
+			case l.Calendar != "":
+				s.a, s.c = l.window(now)
+			case !fresh && now < state[3*i]+P:
+				s.a, s.b, s.c = state[3*i], state[3*i+1], state[3*i]+P
 			}
 			s.cap = R - s.b
 		case SlidingWindow:
@@ -85,7 +90,7 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 				w -= maxDelay
 			}
 		case FixedWindow:
-			w = s.a + P - now
+			w = s.c - now
 		case SlidingWindow:
 			elapsed := now - s.a
 			switch {
@@ -127,7 +132,7 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 			b := s.b + g
 			r = R - b
 			if b > 0 {
-				rs = s.a + P - now
+				rs = s.c - now
 			}
 		case SlidingWindow:
 			c := s.c + g

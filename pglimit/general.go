@@ -136,7 +136,8 @@ func allGCRA(limits []Limit) bool {
 //
 // A single GCRA limit keeps its TAT in expires_at (tat) and no state.
 // State written for other limits has three integers per limit, in the
-// order of limits: GCRA [tat, 0, 0], FixedWindow [window start, count, 0],
+// order of limits: GCRA [tat, 0, 0], FixedWindow [window start, count, 0]
+// or, aligned to a calendar, [window start, count, window end],
 // SlidingWindow [window start, previous count, current count].
 //
 // The expressions are written out in full, with no subqueries to name
@@ -160,6 +161,19 @@ func decision(limits []Limit, mode int, state, tat, now string) (admits, newStat
 			next = append(next, fmt.Sprintf("%s + {u} * %d", a, T), "0", "0")
 			expires = append(expires, fmt.Sprintf("%s + {u} * %d", a, T))
 		case FixedWindow:
+			if l.Calendar != "" {
+				// The window's end is kept in the state: the zone's rules
+				// decide it once, when the window opens.
+				live := fmt.Sprintf("%s < %s", now, s(3))
+				start, end := l.windowSQL(now)
+				a = fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(1), start)
+				b = fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", live, s(2))
+				e := fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(3), end)
+				capacity = fmt.Sprintf("%d - %s", R, b)
+				next = append(next, a, b+" + {u}", e)
+				expires = append(expires, e)
+				break
+			}
 			live := fmt.Sprintf("%s < %s + %d", now, s(1), P)
 			a = fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(1), now)
 			b = fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", live, s(2))

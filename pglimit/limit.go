@@ -1,6 +1,7 @@
 package pglimit
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
@@ -64,6 +65,23 @@ type Limit struct {
 
 	// Algorithm says how the limit counts. Defaults to [GCRA].
 	Algorithm Algorithm
+
+	// Calendar, for a FixedWindow, aligns its windows to the calendar of
+	// TimeZone: "minute", "hour", "day", "week" (from Monday), "month" or
+	// "year", so that "20 a day" means per calendar day. A day lasts 23 or
+	// 25 hours when the clocks change, a month 28 to 31 days. Period must
+	// then be zero; it becomes the unit's nominal length (a month's is 30
+	// days), which the RateLimit-Policy header reports, while RetryAfter
+	// and ResetAfter are the time to the real end of the window. Defaults
+	// to "": a window starts at the key's first request.
+	Calendar string
+
+	// TimeZone is the IANA name of the zone whose calendar a Calendar
+	// window follows, such as "Europe/Paris". The database's time zone
+	// data decides; Go's must know the zone too. Defaults to "UTC".
+	TimeZone string
+
+	loc *time.Location // TimeZone's, for a Calendar window
 }
 
 // PerSecond returns a GCRA limit of n per second, with a burst of n.
@@ -124,6 +142,14 @@ func (l Limit) capacity() int {
 // withDefaults validates l, the i-th limit, and fills its defaults.
 func (l Limit) withDefaults(i int) (Limit, error) {
 	field := func(name string) string { return fmt.Sprintf("Limits[%d].%s", i, name) }
+	if l.Calendar != "" {
+		var err error
+		if l, err = l.withCalendar(field); err != nil {
+			return l, err
+		}
+	} else if l.TimeZone != "" {
+		return l, fmt.Errorf("%w: %s applies to a Calendar window only", ErrInvalidConfig, field("TimeZone"))
+	}
 	switch {
 	case l.Algorithm < GCRA || l.Algorithm > SlidingWindow:
 		return l, fmt.Errorf("%w: %s is %s, not one of GCRA, FixedWindow, SlidingWindow", ErrInvalidConfig, field("Algorithm"), l.Algorithm)
@@ -147,7 +173,7 @@ func (l Limit) withDefaults(i int) (Limit, error) {
 		return l, fmt.Errorf("%w: %s: a burst of %d at %d per %s takes more than %s to replenish", ErrInvalidConfig, field("Burst"), l.Burst, l.Rate, l.Period, maxPeriod)
 	}
 	if l.Name == "" {
-		l.Name = fmt.Sprintf("%d-per-%s", l.Rate, l.Period)
+		l.Name = fmt.Sprintf("%d-per-%s", l.Rate, cmp.Or(l.Calendar, l.Period.String()))
 	}
 	if err := validToken(l.Name); err != nil {
 		return l, fmt.Errorf("%w: %s: %w", ErrInvalidConfig, field("Name"), err)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -468,6 +469,11 @@ func (l *stmtLimiter) check(ctx context.Context, db DB) error {
 	}
 	if err := l.detectDistributed(ctx, db); err != nil {
 		return err
+	}
+	if l.dist.Load() != nil && slices.ContainsFunc(l.cfg.Limits, func(l Limit) bool { return l.Calendar != "" }) {
+		// The distributed statements decide in PL/pgSQL, which knows
+		// windows of a fixed length only.
+		return fmt.Errorf("%w: calendar windows on a Citus distributed table", ErrUnsupported)
 	}
 	if l.verify != nil {
 		if err := l.verify(ctx, db); err != nil {
