@@ -46,7 +46,7 @@ func newBase(db DB, c Config, table string) base {
 			register(c.Invalidator, keyLockClass(table, c.Namespace), b.preblock)
 		}
 	}
-	if len(c.Limits) == 1 && c.Limits[0].Algorithm == GCRA {
+	if len(c.Limits) == 1 && c.Limits[0].Algorithm == GCRA && !c.Overrides {
 		b.flights = newFlights()
 	}
 	return b

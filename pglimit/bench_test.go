@@ -83,3 +83,46 @@ func benchAllow(b *testing.B, lim pglimit.Limiter, key func(int) string) {
 		}
 	}
 }
+
+// BenchmarkOverrides measures what reading a key's own limits costs a
+// decision of two limits (a rate and a daily quota) on Upsert: the same
+// limiter without Overrides, with Overrides and no row for the key, and
+// with a row. Every decision is an admission of a new key, one at a time.
+//
+//	go test -run '^$' -bench Overrides -benchtime 3000x ./pglimit
+func BenchmarkOverrides(b *testing.B) {
+	ctx := context.Background()
+	limits := []pglimit.Limit{
+		{Name: "per-minute", Rate: 100, Period: time.Minute, Burst: 10},
+		{Name: "daily", Rate: 1000, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+	}
+	for _, v := range []struct {
+		name           string
+		overrides, row bool
+	}{{"plain", false, false}, {"overrides-none", true, false}, {"overrides-row", true, true}} {
+		b.Run(v.name, func(b *testing.B) {
+			pool := pglimittest.Pool(b)
+			cfg := pglimit.Config{Schema: pglimittest.Schema(b), Limits: limits, Overrides: v.overrides}
+			lim, err := pglimit.New(pool, &cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys := make([]string, b.N)
+			for i := range keys {
+				keys[i] = "k" + strconv.Itoa(i)
+				if v.row {
+					if err := pglimit.SetKeyLimits(ctx, pool, &cfg, keys[i], pglimit.Limit{Name: "per-minute", Rate: 200, Burst: 20}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if d, err := lim.Allow(ctx, keys[i]); err != nil || !d.Allowed {
+					b.Fatalf("%+v, %v", d, err)
+				}
+			}
+		})
+	}
+}

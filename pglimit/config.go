@@ -98,6 +98,15 @@ type Config struct {
 	// left, and turning Shadow off enforces from the state observed.
 	Shadow bool
 
+	// Overrides makes the limiter read per-key limits from
+	// pglimit_overrides on every decision: a key with a row there gets its
+	// own rate and burst for the limits the row names ([SetKeyLimits], or
+	// plain SQL), the others the limiter's. A change takes effect at the
+	// next decision on every instance; nothing caches it. Upsert and NoWait
+	// only, without PreBlockSize; the key's statement is the general one,
+	// neither batched nor leased (docs/limits.md).
+	Overrides bool
+
 	// Fallback, when set, makes Allow and AllowN decide in process while
 	// the database is unavailable, instead of failing. Defaults to nil:
 	// such calls fail, and the caller's policy (pglimithttp.Config.OnError)
@@ -188,6 +197,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.Invalidator != nil && out.PreBlockSize == 0 && !out.leases() {
 		return Config{}, fmt.Errorf("%w: Invalidator applies only with a pre-block (PreBlockSize) or to a limit that leases (docs/limits.md)", ErrInvalidConfig)
+	}
+	if out.Overrides && (out.Strategy == Range || out.PreBlockSize > 0) {
+		return Config{}, fmt.Errorf("%w: Overrides needs Upsert or NoWait, and no PreBlockSize", ErrInvalidConfig)
 	}
 	if out.Strategy == Range && !isCooldown(out.Limits) {
 		return Config{}, fmt.Errorf("%w: Range supports only a cooldown (one GCRA limit with Burst 1); use Upsert or NoWait for other limits", ErrInvalidConfig)

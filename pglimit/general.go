@@ -2,6 +2,7 @@ package pglimit
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -100,8 +101,8 @@ func newGeneralStatements(limits []Limit, table, column, lock string) generalSta
 		if mode == modeReserve && !allGCRA(limits) {
 			continue
 		}
-		admits, state, expires := decision(limits, mode, "x.state", "x.tat", "x.now")
-		guard, _, _ := decision(limits, mode, "c.state", "c.tat", "c.now")
+		admits, state, expires := decision(limits, mode, "x.state", "x.tat", "x.now", nil)
+		guard, _, _ := decision(limits, mode, "c.state", "c.tat", "c.now", nil)
 		stmt := func(column string) string {
 			return fmt.Sprintf(generalAllowSQL, table, column, lock, admits, state, expires, guard, shaped(limits, "t.state"))
 		}
@@ -109,6 +110,22 @@ func newGeneralStatements(limits []Limit, table, column, lock string) generalSta
 	}
 	g.peek = fmt.Sprintf(generalPeekSQL, table)
 	return g
+}
+
+// limitParams names, for each limit, the SQL of its rate, emission
+// interval and burst span, where they are not the limit's own constants:
+// a per-key override's columns (overrides.go), read from the row alias
+// the names are prefixed with. nil means the constants.
+type limitParams func(i int) (rate, t, burstT string)
+
+// of returns limit l's (the i-th) rate, emission interval T and burst span
+// Burst*T as SQL: p's columns, or l's constants.
+func (p limitParams) of(l Limit, i int) (rate, t, burstT string) {
+	if p != nil {
+		return p(i)
+	}
+	_, R, T, BT := l.micros()
+	return strconv.FormatInt(R, 10), strconv.FormatInt(T, 10), strconv.FormatInt(BT, 10)
 }
 
 // shaped is the state column col if it has the shape of limits' state,
@@ -144,11 +161,12 @@ func allGCRA(limits []Limit) bool {
 // their parts: PostgreSQL prepares every node and expression of a plan each
 // time it runs it, evaluated or not, and a subquery costs more to prepare
 // than the few expressions it would save.
-func decision(limits []Limit, mode int, state, tat, now string) (admits, newState, newExpires string) {
-	single := len(limits) == 1 && limits[0].Algorithm == GCRA
+func decision(limits []Limit, mode int, state, tat, now string, params limitParams) (admits, newState, newExpires string) {
+	single := len(limits) == 1 && limits[0].Algorithm == GCRA && params == nil
 	var caps, oks, next, expires []string
 	for i, l := range limits {
-		P, R, T, BT := l.micros()
+		P := l.Period.Microseconds()
+		R, T, BT := params.of(l, i)
 		s := func(o int) string { return fmt.Sprintf("%s[%d]", state, 3*i+o) }
 		var a, b, c, capacity string // the state rolled forward to now; the units admitted now
 		switch l.Algorithm {
@@ -157,9 +175,9 @@ func decision(limits []Limit, mode int, state, tat, now string) (admits, newStat
 				tat = s(1)
 			}
 			a = fmt.Sprintf("greatest(%s, %s)", tat, now)
-			capacity = fmt.Sprintf("(%s + %d - %s) / %d", now, BT, a, T)
-			next = append(next, fmt.Sprintf("%s + {u} * %d", a, T), "0", "0")
-			expires = append(expires, fmt.Sprintf("%s + {u} * %d", a, T))
+			capacity = fmt.Sprintf("(%s + %s - %s) / %s", now, BT, a, T)
+			next = append(next, fmt.Sprintf("%s + {u} * %s", a, T), "0", "0")
+			expires = append(expires, fmt.Sprintf("%s + {u} * %s", a, T))
 		case FixedWindow:
 			if l.Calendar != "" {
 				// The window's end is kept in the state: the zone's rules
@@ -169,7 +187,7 @@ func decision(limits []Limit, mode int, state, tat, now string) (admits, newStat
 				a = fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(1), start)
 				b = fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", live, s(2))
 				e := fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(3), end)
-				capacity = fmt.Sprintf("%d - %s", R, b)
+				capacity = fmt.Sprintf("%s - %s", R, b)
 				next = append(next, a, b+" + {u}", e)
 				expires = append(expires, e)
 				break
@@ -177,7 +195,7 @@ func decision(limits []Limit, mode int, state, tat, now string) (admits, newStat
 			live := fmt.Sprintf("%s < %s + %d", now, s(1), P)
 			a = fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(1), now)
 			b = fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", live, s(2))
-			capacity = fmt.Sprintf("%d - %s", R, b)
+			capacity = fmt.Sprintf("%s - %s", R, b)
 			next = append(next, a, b+" + {u}", "0")
 			expires = append(expires, fmt.Sprintf("%s + %d", a, P))
 		case SlidingWindow:
@@ -186,14 +204,14 @@ func decision(limits []Limit, mode int, state, tat, now string) (admits, newStat
 			c = fmt.Sprintf("CASE WHEN %s = %s THEN %s ELSE 0 END", s(1), a, s(3))
 			// The previous window's count weighs by its overlap with the
 			// sliding window that ends now.
-			capacity = fmt.Sprintf("%d - %s - ceil((%s)::numeric * (%d - %s %% %d) / %d)::bigint", R, c, b, P, now, P, P)
+			capacity = fmt.Sprintf("%s - %s - ceil((%s)::numeric * (%d - %s %% %d) / %d)::bigint", R, c, b, P, now, P, P)
 			next = append(next, a, b, c+" + {u}")
 			expires = append(expires, fmt.Sprintf("%s + %d", a, 2*P)) // this window's count weighs until then
 		}
 		caps = append(caps, capacity)
 		switch mode {
 		case modeReserve: // GCRA only
-			oks = append(oks, fmt.Sprintf("%s + $4::bigint * %d - %s - %d <= $5::bigint", a, T, now, BT))
+			oks = append(oks, fmt.Sprintf("%s + $4::bigint * %s - %s - %s <= $5::bigint", a, T, now, BT))
 		case modeAtMost: // any units at all
 			oks = append(oks, fmt.Sprintf("(%s) >= 1", capacity))
 		default:
@@ -219,15 +237,27 @@ func decision(limits []Limit, mode int, state, tat, now string) (admits, newStat
 // first column is NULL.
 func (b *base) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decision, decided bool, err error) {
 	var r struct {
-		admitted *bool
-		state    []int64
-		tat      *int64
-		now      int64
+		admitted      *bool
+		state         []int64
+		tat           *int64
+		now           int64
+		rates, bursts []int64
 	}
-	if err = row.Scan(&r.admitted, &r.state, &r.tat, &r.now, nil); err != nil {
+	dest := []any{&r.admitted, &r.state, &r.tat, &r.now, nil}
+	if b.cfg.Overrides {
+		dest = append(dest, &r.rates, &r.bursts)
+	}
+	if err = row.Scan(dest...); err != nil {
 		return Decision{}, false, noRowsAsUndecided(err)
 	}
-	e := evaluate(b.cfg.Limits, r.state, r.tat, r.now, int64(n), mode, maxDelay)
+	limits, policy := b.cfg.Limits, b.policy
+	if b.cfg.Overrides {
+		if limits, err = effective(limits, r.rates, r.bursts); err != nil {
+			return Decision{}, false, err
+		}
+		policy = &Policy{Namespace: policy.Namespace, Strategy: policy.Strategy, Limits: limits}
+	}
+	e := evaluate(limits, r.state, r.tat, r.now, int64(n), mode, maxDelay)
 	if r.admitted != nil && *r.admitted != e.allowed {
 		return Decision{}, false, fmt.Errorf("the database's decision (admitted %t) differs from the library's on the same state: a bug; please report it", *r.admitted)
 	}
@@ -238,9 +268,9 @@ func (b *base) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decision
 		RetryAfter: micros(e.retry),
 		ResetAfter: micros(e.reset),
 		Delay:      micros(e.delay),
-		Limit:      b.cfg.Limits[e.binding],
+		Limit:      limits[e.binding],
 		violated:   e.violated,
-		policy:     b.policy,
+		policy:     policy,
 		at:         r.now,
 	}
 	if !e.allowed && (n == 1 || mode == modeAtMost) && mode != modeReserve {

@@ -122,7 +122,7 @@ func newLeases(t, burstT int64) *leases {
 // leases reports whether a limiter of c leases: a single GCRA limit on
 // Upsert or NoWait for which newLeases returns leases.
 func (c *Config) leases() bool {
-	if c.Strategy == Range || len(c.Limits) != 1 || c.Limits[0].Algorithm != GCRA {
+	if c.Strategy == Range || c.Overrides || len(c.Limits) != 1 || c.Limits[0].Algorithm != GCRA {
 		return false
 	}
 	_, _, t, burstT := c.Limits[0].micros()

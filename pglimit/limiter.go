@@ -108,7 +108,7 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 	}
 	l := &stmtLimiter{
 		base:   b,
-		single: len(b.cfg.Limits) == 1 && b.cfg.Limits[0].Algorithm == GCRA,
+		single: len(b.cfg.Limits) == 1 && b.cfg.Limits[0].Algorithm == GCRA && !b.cfg.Overrides,
 		plain: statements{
 			fast:   fmt.Sprintf(template, table, column),
 			fastTx: fmt.Sprintf(template, table, noSettingColumn),
@@ -117,7 +117,12 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 		rangeArgs: lock == "",
 		contended: contended,
 	}
-	if lock != "" {
+	switch {
+	case lock != "" && b.cfg.Overrides:
+		overrides := pgx.Identifier{b.cfg.Schema, overridesTable}.Sanitize()
+		g := newOverrideStatements(b.cfg.Limits, table, overrides, column, lock)
+		l.plain.general, l.plain.peek = &g, g.peek
+	case lock != "":
 		g := newGeneralStatements(b.cfg.Limits, table, column, lock)
 		l.plain.general, l.plain.peek = &g, g.peek
 	}
@@ -470,10 +475,10 @@ func (l *stmtLimiter) check(ctx context.Context, db DB) error {
 	if err := l.detectDistributed(ctx, db); err != nil {
 		return err
 	}
-	if l.dist.Load() != nil && slices.ContainsFunc(l.cfg.Limits, func(l Limit) bool { return l.Calendar != "" }) {
-		// The distributed statements decide in PL/pgSQL, which knows
-		// windows of a fixed length only.
-		return fmt.Errorf("%w: calendar windows on a Citus distributed table", ErrUnsupported)
+	if l.dist.Load() != nil && (l.cfg.Overrides || slices.ContainsFunc(l.cfg.Limits, func(l Limit) bool { return l.Calendar != "" })) {
+		// The distributed statements decide in PL/pgSQL, which knows the
+		// limiter's own limits and windows of a fixed length only.
+		return fmt.Errorf("%w: calendar windows and per-key limits on a Citus distributed table", ErrUnsupported)
 	}
 	if l.verify != nil {
 		if err := l.verify(ctx, db); err != nil {

@@ -1,0 +1,205 @@
+package pglimit
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// overridesTable holds per-key limits (migration 00008).
+const overridesTable = "pglimit_overrides"
+
+// overrideAllowSQL is generalAllowSQL for a limiter with Config.Overrides:
+// eff is the key's limits, its override's rate and burst where it has one,
+// the limiter's elsewhere; every decision reads them as columns (r<i>,
+// t<i>, bt<i>: rate, emission interval and burst span) in place of the
+// limits' constants, and the statement returns the rates and bursts it
+// decided with. The slots are generalAllowSQL's, and %[9]s the overrides
+// table, %[10]s the raw rate and burst of each limit, %[11]s the columns
+// derived from them, %[12]s the rates and bursts returned.
+const overrideAllowSQL = `
+WITH eff AS (
+    SELECT %[11]s FROM (
+        SELECT %[10]s FROM (SELECT) AS one
+        LEFT JOIN %[9]s AS o ON o.namespace = $1 AND o.key = $2) AS raw
+), locked AS (
+    SELECT t.state, t.expires_at FROM %[1]s AS t
+    WHERE t.namespace = $1 AND t.key = $2
+      AND (SELECT %[7]s FROM (SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+               (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, eff.* FROM eff) AS c)
+    %[3]s
+), current AS (
+    SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, eff.*
+    FROM %[1]s AS t, eff WHERE t.namespace = $1 AND t.key = $2
+), first AS (
+    SELECT pg_advisory_xact_lock($3::integer, hashtext($2))
+    WHERE NOT EXISTS (SELECT FROM current)
+), stamp AS (
+    SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS new, eff.* FROM locked AS t, eff
+    UNION ALL
+    SELECT NULL, NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true, eff.* FROM first, eff
+), decided AS (
+    SELECT x.*, %[4]s AS admits, %[5]s AS new_state, %[6]s AS new_expires FROM stamp AS x
+), updated AS (
+    UPDATE %[1]s AS t
+    SET state = d.new_state, expires_at = timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
+    FROM decided AS d
+    WHERE t.namespace = $1 AND t.key = $2 AND d.admits AND NOT d.new
+    RETURNING 1
+), inserted AS (
+    INSERT INTO %[1]s (namespace, key, state, expires_at)
+    SELECT $1, $2, d.new_state, timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
+    FROM decided AS d WHERE d.admits AND d.new
+    ON CONFLICT (namespace, key) DO NOTHING
+    RETURNING 1
+)
+SELECT true, x.state, x.tat, x.now, %[2]s, %[12]s FROM decided AS x
+WHERE CASE WHEN x.new THEN EXISTS (SELECT FROM inserted) ELSE EXISTS (SELECT FROM updated) END
+UNION ALL
+SELECT false, x.state, x.tat, x.now, NULL::text, %[12]s FROM current AS x WHERE NOT %[4]s AND NOT EXISTS (SELECT FROM updated)`
+
+// overridePeekSQL is generalPeekSQL with the key's limits.
+const overridePeekSQL = `
+WITH eff AS (
+    SELECT %[3]s FROM (
+        SELECT %[2]s FROM (SELECT) AS one
+        LEFT JOIN %[4]s AS o ON o.namespace = $1 AND o.key = $2) AS raw
+)
+SELECT NULL::boolean, t.state, (extract(epoch FROM t.expires_at) * 1000000)::bigint,
+    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, NULL::text, %[5]s
+FROM eff AS x LEFT JOIN %[1]s AS t ON t.namespace = $1 AND t.key = $2`
+
+// newOverrideStatements is newGeneralStatements for a limiter whose keys
+// may have limits of their own, in overrides, a table in the same schema.
+func newOverrideStatements(limits []Limit, table, overrides, column, lock string) generalStatements {
+	var raw, derived, rates, bursts []string
+	for i, l := range limits {
+		name := "'" + strings.ReplaceAll(l.Name, "'", "''") + "'"
+		raw = append(raw,
+			fmt.Sprintf("coalesce((o.limits -> %s ->> 'rate')::bigint, %d) AS r%d", name, l.Rate, i),
+			fmt.Sprintf("coalesce((o.limits -> %s ->> 'burst')::bigint, %d) AS b%d", name, l.Burst, i))
+		// T rounds up, as Limit.emission does; a burst is cut to what
+		// replenishes within the longest period, as Limit's check keeps it.
+		P := l.Period.Microseconds()
+		t := fmt.Sprintf("((%d + r%d - 1) / r%d)", P, i, i)
+		b := fmt.Sprintf("least(b%d, %d / %s)", i, maxPeriod.Microseconds(), t)
+		derived = append(derived, fmt.Sprintf("r%d, %s AS b%d, %s AS t%d, %s * %s AS bt%d", i, b, i, t, i, b, t, i))
+		rates = append(rates, fmt.Sprintf("x.r%d", i))
+		bursts = append(bursts, fmt.Sprintf("x.b%d", i))
+	}
+	out := fmt.Sprintf("ARRAY[%s]::bigint[], ARRAY[%s]::bigint[]", strings.Join(rates, ", "), strings.Join(bursts, ", "))
+	params := func(prefix string) limitParams {
+		return func(i int) (string, string, string) {
+			n := strconv.Itoa(i)
+			return prefix + "r" + n, prefix + "t" + n, prefix + "bt" + n
+		}
+	}
+	var g generalStatements
+	for mode := range modes {
+		if mode == modeReserve && !allGCRA(limits) {
+			continue
+		}
+		admits, state, expires := decision(limits, mode, "x.state", "x.tat", "x.now", params("x."))
+		guard, _, _ := decision(limits, mode, "c.state", "c.tat", "c.now", params("c."))
+		stmt := func(column string) string {
+			return fmt.Sprintf(overrideAllowSQL, table, column, lock, admits, state, expires, guard, shaped(limits, "t.state"),
+				overrides, strings.Join(raw, ", "), strings.Join(derived, ", "), out)
+		}
+		g.own[mode], g.tx[mode] = stmt(column), stmt(noSettingColumn)
+	}
+	g.peek = fmt.Sprintf(overridePeekSQL, table, strings.Join(raw, ", "), strings.Join(derived, ", "), overrides, out)
+	return g
+}
+
+// effective returns limits with the rates and bursts a statement decided
+// with, as it returned them: the key's own limits.
+func effective(limits []Limit, rates, bursts []int64) ([]Limit, error) {
+	if len(rates) != len(limits) || len(bursts) != len(limits) {
+		return nil, fmt.Errorf("the statement returned %d rates and %d bursts for %d limits", len(rates), len(bursts), len(limits))
+	}
+	out := make([]Limit, len(limits))
+	for i, l := range limits {
+		l.Rate = int(rates[i])
+		if l.Algorithm == GCRA {
+			l.Burst = int(bursts[i])
+		}
+		out[i] = l
+	}
+	return out, nil
+}
+
+// SetKeyLimits gives key its own rates and bursts for some of the limits
+// of the limiter cfg configures (with [Config.Overrides] set), or, with no
+// limits, takes them away. Each of limits names one of cfg's by Name and
+// gives its Rate, its Burst, or both; its other fields must be zero, as a
+// key's limit differs from the limiter's in rate and burst only. The next decision on the key, on every
+// instance, uses them; the key keeps what it has consumed (docs/limits.md).
+// The same can be done with plain SQL on pglimit_overrides. A limit name
+// the configuration does not have, or a rate or burst it would refuse, is
+// [ErrInvalidConfig], and nothing is written.
+func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ...Limit) error {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	if !c.Overrides {
+		return fmt.Errorf("%w: SetKeyLimits: the configuration does not set Overrides", ErrInvalidConfig)
+	}
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	table := pgx.Identifier{c.Schema, overridesTable}.Sanitize()
+	if len(limits) == 0 {
+		_, err := db.Exec(ctx, "DELETE FROM "+table+" WHERE namespace = $1 AND key = $2", c.Namespace, key)
+		return err
+	}
+	doc := map[string]map[string]int{}
+	for i, kl := range limits {
+		j := -1
+		for k, l := range c.Limits {
+			if l.Name == kl.Name {
+				j = k
+			}
+		}
+		if j < 0 {
+			return fmt.Errorf("%w: SetKeyLimits: limits[%d]: the limiter has no limit named %q", ErrInvalidConfig, i, kl.Name)
+		}
+		if _, dup := doc[kl.Name]; dup {
+			return fmt.Errorf("%w: SetKeyLimits: limits[%d]: %q is given twice", ErrInvalidConfig, i, kl.Name)
+		}
+		l := c.Limits[j]
+		switch {
+		case kl.Period != 0 || kl.Algorithm != GCRA || kl.Calendar != "" || kl.TimeZone != "":
+			return fmt.Errorf("%w: SetKeyLimits: limits[%d]: only Name, Rate and Burst may be set", ErrInvalidConfig, i)
+		case kl.Rate < 0 || kl.Burst < 0 || (kl.Burst > 0 && l.Algorithm != GCRA) || kl.Rate == 0 && kl.Burst == 0:
+			return fmt.Errorf("%w: SetKeyLimits: limits[%d]: rate %d, burst %d", ErrInvalidConfig, i, kl.Rate, kl.Burst)
+		}
+		fields := map[string]int{}
+		if kl.Rate > 0 {
+			l.Rate, fields["rate"] = kl.Rate, kl.Rate
+		}
+		if kl.Burst > 0 {
+			l.Burst, fields["burst"] = kl.Burst, kl.Burst
+		}
+		if l.Calendar != "" {
+			l.Period = 0 // the calendar's, filled in again
+		}
+		if _, err := l.withDefaults(j); err != nil {
+			return fmt.Errorf("SetKeyLimits: %w", err)
+		}
+		doc[kl.Name] = fields
+	}
+	js, err := json.Marshal(doc)
+	if err != nil {
+		return err
+	}
+	_, err = db.Exec(ctx, "INSERT INTO "+table+` (namespace, key, limits) VALUES ($1, $2, $3)
+ON CONFLICT (namespace, key) DO UPDATE SET limits = excluded.limits, updated_at = now()`, c.Namespace, key, string(js))
+	return err
+}
