@@ -260,3 +260,36 @@ func TestTxOutsideTransaction(t *testing.T) {
 		t.Fatalf("Allow after the failed AllowTx: %+v, %v; want admitted (nothing was counted)", d, err)
 	}
 }
+
+// A Semaphore's slot acquired in a database/sql transaction is taken only
+// if the transaction commits.
+func TestAcquireTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqlDB(t)
+	sem, err := pglimit.NewSemaphore(pglimitsql.DB(db), &pglimit.SemaphoreConfig{Schema: pglimittest.Schema(t), Limit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, commit := range []bool{false, true} {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := sem.AcquireTx(ctx, pglimitsql.Tx(tx), "k")
+		if err != nil || !s.Acquired {
+			t.Fatalf("AcquireTx (commit %t): %+v, %v", commit, s, err)
+		}
+		if commit {
+			err = tx.Commit()
+		} else {
+			err = tx.Rollback()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s, err := sem.Acquire(ctx, "k"); err != nil || s.Acquired || s.Held != 1 {
+		t.Fatalf("Acquire after one committed AcquireTx: %+v, %v; want refused, 1 held", s, err)
+	}
+}
