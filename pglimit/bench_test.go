@@ -2,9 +2,12 @@ package pglimit_test
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
@@ -125,4 +128,78 @@ func BenchmarkOverrides(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkFeatures measures what the features of docs/limits.md cost,
+// one call at a time, each beside what it is weighed against:
+//
+//   - fixed-window, calendar-day: an admission of a new key under a daily
+//     quota, a window from the first request against a calendar day in
+//     Europe/Paris, whose bounds the statement computes in the zone.
+//
+//   - semaphore: Acquire and Release of a slot, two round trips.
+//
+//   - fallback: a decision made in process while the database is
+//     unreachable (no server listens at the pool's address).
+//
+//     go test -run '^$' -bench Features -benchtime 3000x ./pglimit
+func BenchmarkFeatures(b *testing.B) {
+	ctx := context.Background()
+	windows := map[string]pglimit.Limit{
+		"fixed-window": {Name: "daily", Rate: 1000, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+		"calendar-day": {Name: "daily", Rate: 1000, Algorithm: pglimit.FixedWindow, Calendar: "day", TimeZone: "Europe/Paris"},
+	}
+	for _, name := range []string{"fixed-window", "calendar-day"} {
+		b.Run(name, func(b *testing.B) {
+			lim, err := pglimit.New(pglimittest.Pool(b), &pglimit.Config{Schema: pglimittest.Schema(b), Limits: []pglimit.Limit{windows[name]}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if d, err := lim.Allow(ctx, "k"+strconv.Itoa(i)); err != nil || !d.Allowed {
+					b.Fatalf("%+v, %v", d, err)
+				}
+			}
+		})
+	}
+	b.Run("semaphore", func(b *testing.B) {
+		sem, err := pglimit.NewSemaphore(pglimittest.Pool(b), &pglimit.SemaphoreConfig{Schema: pglimittest.Schema(b), Limit: 2})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			s, err := sem.Acquire(ctx, "k"+strconv.Itoa(i%100))
+			if err != nil || !s.Acquired {
+				b.Fatalf("%+v, %v", s, err)
+			}
+			if err := sem.Release(ctx, s); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("fallback", func(b *testing.B) {
+		pool, err := pgxpool.New(ctx, "postgres://app@127.0.0.1:1/app")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pool.Close()
+		lim, err := pglimit.New(pool, &pglimit.Config{Cooldown: time.Hour, Fallback: &pglimit.Fallback{
+			Limits: []pglimit.Limit{{Rate: 1000, Period: time.Second, Burst: 1000}}, Retry: time.Hour,
+			Logger: slog.New(slog.DiscardHandler),
+		}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if d, err := lim.Allow(ctx, "k"); err != nil || !d.Fallback {
+			b.Fatalf("the first call: %+v, %v; want the fallback's", d, err)
+		}
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			if _, err := lim.Allow(ctx, "k"+strconv.Itoa(i%1000)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
