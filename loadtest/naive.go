@@ -139,6 +139,10 @@ func (l *naiveRange) Reserve(context.Context, string, int, time.Duration) (pglim
 	return pglimit.Decision{}, fmt.Errorf("%w: Reserve on the naive Range", pglimit.ErrUnsupported)
 }
 
+func (l *naiveRange) Refund(context.Context, pglimit.Decision, int) (bool, error) {
+	return false, fmt.Errorf("%w: Refund on the naive Range", pglimit.ErrUnsupported)
+}
+
 func (l *naiveRange) Peek(ctx context.Context, key string, n int) (pglimit.Decision, error) {
 	if err := l.check(key, n); err != nil {
 		return pglimit.Decision{}, err

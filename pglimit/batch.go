@@ -580,7 +580,8 @@ func (b *batcher) query(ctx context.Context, sql string, bt []*entry) (skipped [
 		nT := int64(e.n) * b.l.emission
 		for j, c := range e.calls {
 			if j < granted {
-				c.d = b.l.gcraDecision(true, tat-int64(granted-1-j)*nT, now, e.n)
+				at := tat - int64(granted-1-j)*nT
+				c.d = b.l.withTicket(b.l.gcraDecision(true, at, now, e.n), e.key, b.l.cfg.Limits, []int64{at})
 			} else {
 				c.d = b.l.gcraDecision(false, e.row, now, e.n)
 			}

@@ -51,8 +51,9 @@ type Decision struct {
 	violated uint16  // bit i: the policy's limit i refused
 	policy   *Policy // the limiter's, for Violated
 	next     time.Duration
-	at       int64 // the database time the decision used, µs since the epoch; 0 if none
-	leased   bool  // handed out from a lease: at is an upper estimate
+	at       int64         // the database time the decision used, µs since the epoch; 0 if none
+	leased   bool          // handed out from a lease: at is an upper estimate
+	refund   *refundTicket // an admission's, for Refund; nil otherwise
 }
 
 // Violated returns the limits that refused the request, in the limiter's

@@ -13,6 +13,9 @@ type evaluation struct {
 	retry, reset, delay int64
 	binding             int    // index of the binding limit
 	violated            uint16 // bit i: limit i refused
+	// anchors are, for an admission, where it left each limit: a GCRA
+	// limit's TAT, a window's start. A refund finds its units by them.
+	anchors []int64
 }
 
 // evaluate decides a request of n units (mode: modeAllow, modeAtMost or
@@ -117,9 +120,18 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 	// limit is back to full; admitted, the binding limit is the one with
 	// the fewest units left.
 	g := e.granted
+	if e.allowed {
+		e.anchors = make([]int64, k)
+	}
 	for i, l := range limits {
 		P, R, T, BT := l.micros()
 		s := st[i]
+		if e.allowed {
+			e.anchors[i] = s.a
+			if l.Algorithm == GCRA {
+				e.anchors[i] = s.a + g*T
+			}
+		}
 		var r, rs int64
 		switch l.Algorithm {
 		case GCRA:

@@ -162,7 +162,7 @@ func allGCRA(limits []Limit) bool {
 // time it runs it, evaluated or not, and a subquery costs more to prepare
 // than the few expressions it would save.
 func decision(limits []Limit, mode int, state, tat, now string, params limitParams) (admits, newState, newExpires string) {
-	single := len(limits) == 1 && limits[0].Algorithm == GCRA && params == nil
+	single := len(limits) == 1 && limits[0].Algorithm == GCRA
 	var caps, oks, next, expires []string
 	for i, l := range limits {
 		P := l.Period.Microseconds()
@@ -275,6 +275,9 @@ func (b *base) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decision
 	}
 	if !e.allowed && (n == 1 || mode == modeAtMost) && mode != modeReserve {
 		d.next = d.RetryAfter // the wait for one unit
+	}
+	if r.admitted != nil { // a decision, not a Peek: the caller sets the key
+		d = b.withTicket(d, "", limits, e.anchors)
 	}
 	return d, true, nil
 }

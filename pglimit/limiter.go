@@ -31,7 +31,8 @@ type stmtLimiter struct {
 	single    bool       // the limits are one GCRA limit: the fast statement decides
 	plain     statements // on a table of one server
 	resetSQL  string
-	rangeArgs bool // the fast statement takes no tau ($5)
+	refundSQL string // "" where Refund is not supported (Range)
+	rangeArgs bool   // the fast statement takes no tau ($5)
 
 	// dist, once check has found the table distributed by Citus, holds the
 	// statements that replace plain there (citus.go).
@@ -126,6 +127,9 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 		g := newGeneralStatements(b.cfg.Limits, table, column, lock)
 		l.plain.general, l.plain.peek = &g, g.peek
 	}
+	if lock != "" {
+		l.refundSQL = refundStatement(b.cfg.Limits, table)
+	}
 	if l.single {
 		lim := b.cfg.Limits[0]
 		_, _, l.emission, l.burstT = lim.micros()
@@ -190,8 +194,13 @@ func (l *stmtLimiter) generalQuery(key string, n, mode int, maxDelay time.Durati
 }
 
 func (l *stmtLimiter) scan(row pgx.Row, q query) (Decision, bool, error) {
+	key := q.args[1].(string)
 	if q.general {
-		return l.scanGeneral(row, q.n, q.mode, q.maxDelay)
+		d, decided, err := l.scanGeneral(row, q.n, q.mode, q.maxDelay)
+		if d.refund != nil {
+			d.refund.key = key
+		}
+		return d, decided, err
 	}
 	var r struct {
 		ok       bool
@@ -200,7 +209,8 @@ func (l *stmtLimiter) scan(row pgx.Row, q query) (Decision, bool, error) {
 	if err := row.Scan(&r.ok, &r.tat, &r.now, nil); err != nil {
 		return Decision{}, false, noRowsAsUndecided(err)
 	}
-	return l.gcraDecision(r.ok, r.tat, r.now, q.n), true, nil
+	d := l.gcraDecision(r.ok, r.tat, r.now, q.n)
+	return l.withTicket(d, key, l.cfg.Limits, []int64{r.tat}), true, nil
 }
 
 // noRowsAsUndecided turns "no row" into a nil error: the statement did not

@@ -100,6 +100,21 @@ type Limiter interface {
 	// [ErrUnsupported] for window limits and for the Range strategy.
 	Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error)
 
+	// Refund gives back n of the units the admission d took, because the
+	// work they paid for did not happen: a failed export that should not
+	// count. It never gives back more than d took, and never leaves the
+	// key better off than if those units had not been asked for: each
+	// limit takes them back only while the admission still weighs on it
+	// as it left it. A GCRA limit, only if nothing admitted since still
+	// counts (its TAT is the one d left); a window, only within the window
+	// d counted in. It reports whether every limit took them back; false
+	// means some could not, which is no error. Inside the caller's
+	// transaction, a rollback gives the units back by itself: Refund is
+	// for work that fails after its decision committed. [ErrUnsupported]
+	// on Range and for units served from a lease; [ErrInvalidCost] for a
+	// refusal, another limiter's decision, or more units than are left.
+	Refund(ctx context.Context, d Decision, n int) (bool, error)
+
 	// Peek returns the decision AllowN(ctx, key, n) would make now, and
 	// consumes nothing: it takes no lock and writes nothing.
 	Peek(ctx context.Context, key string, n int) (Decision, error)

@@ -106,6 +106,11 @@ func (l *observed) Peek(ctx context.Context, key string, n int) (pglimit.Decisio
 
 func (l *observed) Reset(ctx context.Context, key string) error { return l.lim.Reset(ctx, key) }
 
+// Refund is no decision: it passes through uncounted, as Reset does.
+func (l *observed) Refund(ctx context.Context, d pglimit.Decision, n int) (bool, error) {
+	return l.lim.Refund(ctx, d, n)
+}
+
 func (l *observed) Policy() pglimit.Policy { return l.lim.Policy() }
 
 // outcome names how a call ended.

@@ -1,0 +1,220 @@
+package pglimit_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+// decided returns a function that fails t on a call's error, and returns
+// its decision otherwise: must := decided(t); d := must(lim.Allow(ctx, k)).
+func decided(t *testing.T) func(pglimit.Decision, error) pglimit.Decision {
+	return func(d pglimit.Decision, err error) pglimit.Decision {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+}
+
+// A GCRA limit takes units back exactly while nothing admitted since still
+// counts, and never otherwise; a refund never gives back more than was
+// taken, nor units of a refusal or of another limiter.
+func TestRefundGCRA(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pglimittest.Schema(t)
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			must := decided(t)
+			cfg := pglimit.Config{Schema: schema, Namespace: string(s), Strategy: s, Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 2}}}
+			lim := newLimiterOn(t, pglimittest.Pool(t), cfg)
+			d1 := must(lim.Allow(ctx, "k"))
+			d2 := must(lim.Allow(ctx, "k"))
+			refused := must(lim.Allow(ctx, "k"))
+			if !d1.Allowed || !d2.Allowed || refused.Allowed {
+				t.Fatalf("a burst of 2: %v %v %v", d1.Allowed, d2.Allowed, refused.Allowed)
+			}
+			if _, err := lim.Refund(ctx, refused, 1); !errors.Is(err, pglimit.ErrInvalidCost) {
+				t.Fatalf("Refund of a refusal: %v, want ErrInvalidCost", err)
+			}
+			if _, err := lim.Refund(ctx, d2, 2); !errors.Is(err, pglimit.ErrInvalidCost) {
+				t.Fatalf("Refund of 2 units of an admission of 1: %v, want ErrInvalidCost", err)
+			}
+			other := newLimiterOn(t, pglimittest.Pool(t), cfg)
+			if _, err := other.Refund(ctx, d2, 1); !errors.Is(err, pglimit.ErrInvalidCost) {
+				t.Fatalf("Refund through another limiter: %v, want ErrInvalidCost", err)
+			}
+
+			// d2 was the last admission: exact.
+			if ok, err := lim.Refund(ctx, d2, 1); err != nil || !ok {
+				t.Fatalf("Refund of the last admission: %v, %v; want given back", ok, err)
+			}
+			if _, err := lim.Refund(ctx, d2, 1); !errors.Is(err, pglimit.ErrInvalidCost) {
+				t.Fatalf("a second Refund of the same unit: %v, want ErrInvalidCost", err)
+			}
+			if d := must(lim.Allow(ctx, "k")); !d.Allowed {
+				t.Fatalf("after the refund: %+v, want the unit back", d)
+			}
+			// d1 is followed by an admission that still counts: giving d1
+			// back could leave the key better off than without it.
+			if ok, err := lim.Refund(ctx, d1, 1); err != nil || ok {
+				t.Fatalf("Refund of an admission another followed: %v, %v; want not given back", ok, err)
+			}
+			if d := must(lim.Allow(ctx, "k")); d.Allowed {
+				t.Fatalf("after a refund that gave nothing back: %+v, want refused", d)
+			}
+		})
+	}
+}
+
+// Windows take units back within the window they were counted in,
+// whatever was admitted since; a decision of several limits reports
+// whether every one did.
+func TestRefundWindows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	must := decided(t)
+	lim := newLimiterOn(t, pglimittest.Pool(t), pglimit.Config{Schema: pglimittest.Schema(t), Limits: []pglimit.Limit{
+		{Name: "burst", Rate: 100, Period: time.Minute, Burst: 10},
+		{Name: "daily", Rate: 3, Algorithm: pglimit.FixedWindow, Calendar: "day"},
+		{Name: "hourly", Rate: 3, Period: time.Hour, Algorithm: pglimit.SlidingWindow},
+	}})
+	var ds []pglimit.Decision
+	for range 3 {
+		ds = append(ds, must(lim.Allow(ctx, "k")))
+	}
+	if d := must(lim.Allow(ctx, "k")); d.Allowed {
+		t.Fatalf("the fourth of a daily 3: %+v", d)
+	}
+	// The first admission is followed by two others: the GCRA limit keeps
+	// its units, the windows give them back.
+	if ok, err := lim.Refund(ctx, ds[0], 1); err != nil || ok {
+		t.Fatalf("Refund of the first: %v, %v; want false (GCRA keeps it)", ok, err)
+	}
+	d := must(lim.Allow(ctx, "k"))
+	if !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("after the windows gave a unit back: %+v, want admitted with none left", d)
+	}
+	if ok, err := lim.Refund(ctx, d, 1); err != nil || !ok {
+		t.Fatalf("Refund of the last admission: %v, %v; want every limit to take it back", ok, err)
+	}
+	// Peek's Remaining is what an admission would leave.
+	if p := must(lim.Peek(ctx, "k", 1)); !p.Allowed || p.Remaining != 0 {
+		t.Fatalf("Peek after the refunds: %+v, want one unit left", p)
+	}
+}
+
+// Two instances admit and refund on one key at once: the key's count is
+// always exactly the admissions not given back, never more than the
+// quota, and a GCRA limit's state exactly what they left.
+func TestRefundRaces(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pglimittest.Schema(t)
+	for name, l := range map[string]pglimit.Limit{
+		"window": {Name: "daily", Rate: 10, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+		"gcra":   {Name: "hourly", Rate: 1, Period: time.Hour, Burst: 10},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := pglimit.Config{Schema: schema, Namespace: name, Limits: []pglimit.Limit{l}}
+			lims := []pglimit.Limiter{newLimiterOn(t, pglimittest.Pool(t), cfg), newLimiterOn(t, pglimittest.Pool(t), cfg)}
+			var mu sync.Mutex
+			admitted, refunded := 0, 0
+			var wg sync.WaitGroup
+			for i := range 8 {
+				wg.Go(func() {
+					lim := lims[i%2]
+					rng := rand.New(rand.NewPCG(uint64(i), 7))
+					for range 30 {
+						d, err := lim.Allow(ctx, "k")
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if !d.Allowed {
+							continue
+						}
+						back := false
+						if rng.IntN(2) == 0 {
+							if back, err = lim.Refund(ctx, d, 1); err != nil {
+								t.Error(err)
+								return
+							}
+						}
+						mu.Lock()
+						admitted++
+						if back {
+							refunded++
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			must := decided(t)
+			held := admitted - refunded
+			if held > 10 {
+				t.Fatalf("%d admitted, %d given back: %d held, more than the quota of 10", admitted, refunded, held)
+			}
+			// Peek's Remaining is what one more admission would leave.
+			d := must(lims[0].Peek(ctx, "k", 1))
+			if (held < 10) != d.Allowed || (d.Allowed && d.Remaining != 9-held) {
+				t.Fatalf("%d admitted, %d given back: Peek %+v; want %d units left", admitted, refunded, d, 10-held)
+			}
+			if refunded == 0 {
+				t.Log("no refund took its units back")
+			}
+		})
+	}
+}
+
+// A decision made in a caller's transaction is refunded once it has
+// committed; one rolled back has nothing to give back. Range does not
+// refund.
+func TestRefundAfterTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	must := decided(t)
+	pool := pglimittest.Pool(t)
+	lim := newLimiterOn(t, pool, pglimit.Config{Schema: pglimittest.Schema(t), Cooldown: time.Hour})
+	for _, commit := range []bool{false, true} {
+		var d pglimit.Decision
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err = lim.AllowTx(ctx, tx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("AllowTx: %+v, %v", d, err)
+		}
+		if commit {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok, err := lim.Refund(ctx, d, 1)
+		if err != nil || ok != commit {
+			t.Fatalf("Refund after commit=%t: %v, %v; want %t", commit, ok, err, commit)
+		}
+	}
+	if d := must(lim.Allow(ctx, "k")); !d.Allowed {
+		t.Fatalf("after the committed admission was refunded: %+v, want admitted", d)
+	}
+	rng := newLimiterOn(t, pool, pglimit.Config{Schema: pglimittest.Schema(t), Strategy: pglimit.Range, Cooldown: time.Hour})
+	d := must(rng.Allow(ctx, "k"))
+	if _, err := rng.Refund(ctx, d, 1); !errors.Is(err, pglimit.ErrUnsupported) {
+		t.Fatalf("Refund on Range: %v, want ErrUnsupported", err)
+	}
+}
