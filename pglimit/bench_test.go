@@ -139,6 +139,9 @@ func BenchmarkOverrides(b *testing.B) {
 //
 //   - semaphore: Acquire and Release of a slot, two round trips.
 //
+//   - refund: an admission under a daily quota and its Refund, against
+//     the admission alone (fixed-window).
+//
 //   - fallback: a decision made in process while the database is
 //     unreachable (no server listens at the pool's address).
 //
@@ -163,6 +166,22 @@ func BenchmarkFeatures(b *testing.B) {
 			}
 		})
 	}
+	b.Run("refund", func(b *testing.B) {
+		lim, err := pglimit.New(pglimittest.Pool(b), &pglimit.Config{Schema: pglimittest.Schema(b), Limits: []pglimit.Limit{windows["fixed-window"]}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			d, err := lim.Allow(ctx, "k"+strconv.Itoa(i))
+			if err != nil || !d.Allowed {
+				b.Fatalf("%+v, %v", d, err)
+			}
+			if ok, err := lim.Refund(ctx, d, 1); err != nil || !ok {
+				b.Fatalf("Refund: %v, %v", ok, err)
+			}
+		}
+	})
 	b.Run("semaphore", func(b *testing.B) {
 		sem, err := pglimit.NewSemaphore(pglimittest.Pool(b), &pglimit.SemaphoreConfig{Schema: pglimittest.Schema(b), Limit: 2})
 		if err != nil {
