@@ -53,7 +53,15 @@ WITH locked AS (
     SELECT NULL, NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true FROM first
 ), decided AS (
     SELECT x.*, %[4]s AS admits, %[5]s AS new_state, %[6]s AS new_expires FROM stamp AS x
-), updated AS (
+)` + writeDecidedSQL + `
+SELECT true, state, tat, now, %[2]s FROM decided
+WHERE CASE WHEN new THEN EXISTS (SELECT FROM inserted) ELSE EXISTS (SELECT FROM updated) END
+UNION ALL
+SELECT false, x.state, x.tat, x.now, NULL::text FROM current AS x WHERE NOT %[4]s AND NOT EXISTS (SELECT FROM updated)`
+
+// writeDecidedSQL ends the general statements' CTEs: the decided row
+// written, by an UPDATE of the key's row or the INSERT of a new key.
+const writeDecidedSQL = `, updated AS (
     UPDATE %[1]s AS t
     SET state = d.new_state, expires_at = timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
     FROM decided AS d
@@ -65,11 +73,7 @@ WITH locked AS (
     FROM decided AS d WHERE d.admits AND d.new
     ON CONFLICT (namespace, key) DO NOTHING
     RETURNING 1
-)
-SELECT true, state, tat, now, %[2]s FROM decided
-WHERE CASE WHEN new THEN EXISTS (SELECT FROM inserted) ELSE EXISTS (SELECT FROM updated) END
-UNION ALL
-SELECT false, x.state, x.tat, x.now, NULL::text FROM current AS x WHERE NOT %[4]s AND NOT EXISTS (SELECT FROM updated)`
+)`
 
 // generalPeekSQL is the key's row as the snapshot sees it, and the time:
 // Peek decides on them without the database. $1 namespace, $2 key.

@@ -46,19 +46,7 @@ WITH eff AS (
     SELECT NULL, NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true, eff.* FROM first, eff
 ), decided AS (
     SELECT x.*, %[4]s AS admits, %[5]s AS new_state, %[6]s AS new_expires FROM stamp AS x
-), updated AS (
-    UPDATE %[1]s AS t
-    SET state = d.new_state, expires_at = timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
-    FROM decided AS d
-    WHERE t.namespace = $1 AND t.key = $2 AND d.admits AND NOT d.new
-    RETURNING 1
-), inserted AS (
-    INSERT INTO %[1]s (namespace, key, state, expires_at)
-    SELECT $1, $2, d.new_state, timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
-    FROM decided AS d WHERE d.admits AND d.new
-    ON CONFLICT (namespace, key) DO NOTHING
-    RETURNING 1
-)
+)` + writeDecidedSQL + `
 SELECT true, x.state, x.tat, x.now, %[2]s, %[12]s FROM decided AS x
 WHERE CASE WHEN x.new THEN EXISTS (SELECT FROM inserted) ELSE EXISTS (SELECT FROM updated) END
 UNION ALL
