@@ -81,7 +81,7 @@ func refundState(limits []Limit) (state, flags string) {
 	return "ARRAY[" + strings.Join(next, ", ") + "]", "ARRAY[" + strings.Join(ok, ", ") + "]"
 }
 
-// refundStatements are a limiter's refund statements: refundSingleSQL for
+// refundStatement is a limiter's refund statement: refundSingleSQL for
 // a single GCRA limit, refundGeneralSQL for others.
 func refundStatement(limits []Limit, table string) string {
 	if len(limits) == 1 && limits[0].Algorithm == GCRA {
