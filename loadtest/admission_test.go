@@ -161,7 +161,7 @@ func TestRecorderCatchesOverAdmission(t *testing.T) {
 
 func TestArrivals(t *testing.T) {
 	t.Parallel()
-	// The article's profile per instance: 900 + 4,950 + 24,000 requests.
+	// The seed scenario's profile per instance: 900 + 4,950 + 24,000 requests.
 	a := arrivals([]phase{
 		{Duration: 3 * time.Minute, From: 5, To: 5},
 		{Duration: 3 * time.Minute, From: 5, To: 50},

@@ -51,7 +51,7 @@ func writeCharts(dir string, rep *report) ([]string, error) {
 }
 
 // style draws a variant the same way in every chart, whichever variants
-// ran: one colour per strategy (and one for the article's plain INSERT and
+// ran: one colour per strategy (and one for the naive plain INSERT and
 // one for the peer), one dash pattern per option, so that upsert-async is
 // upsert's colour, dashed. The floors are black or grey and thin, each
 // with its own dashes; the peer, the limiter the strategies are measured
@@ -97,7 +97,7 @@ func style(name string) draw.LineStyle {
 }
 
 // Colours that stay apart for the colour-blind (Okabe and Ito's palette);
-// red is the article's failure mode's.
+// red is the naive Range's failure mode's.
 var (
 	strategyColors = map[pglimit.Strategy]color.Color{
 		pglimit.Upsert: color.RGBA{R: 0x00, G: 0x72, B: 0xb2, A: 0xff}, // blue
@@ -223,7 +223,7 @@ func (logTicks) Ticks(lo, hi float64) []plot.Tick {
 }
 
 // latencyTiles draws, per strategy, p50, p99 and max latency over time:
-// the article's Grafana panels, one tile per strategy on a shared scale.
+// the demo dashboard's panels, one tile per strategy on a shared scale.
 func latencyTiles(path string, s *scenarioReport, m *meta) error {
 	lo, hi := math.Inf(1), 0.0
 	for _, r := range s.Results {

@@ -13,7 +13,7 @@ import (
 	"github.com/pglimit/cooldown/pglimit"
 )
 
-// naiveRange is the Range strategy as the article wrote it: a plain INSERT
+// naiveRange is the Range strategy as one first writes it: a plain INSERT
 // into pglimit's Range table, where the exclusion violation (23P01) means
 // refused. Racing plain INSERTs on one key can deadlock (40P01), and the
 // deadlock victim may be the request that would have been admitted; the
@@ -52,7 +52,7 @@ LIMIT 1`
 	codeExclusionViolation = "23P01"
 )
 
-// newNaiveRange returns the article's Range on table, a Range table as
+// newNaiveRange returns the naive Range on table, a Range table as
 // pglimit's migrations create it.
 func newNaiveRange(pool *pgxpool.Pool, table pgx.Identifier, namespace string, cooldown time.Duration) (pglimit.Limiter, error) {
 	if err := pglimit.ValidateKey(namespace); err != nil {
@@ -208,7 +208,7 @@ func (l *naiveRange) insert(ctx context.Context, q querier, key string) (ends ti
 
 // refusal reads the wait of the live cooldown that refused the key. One
 // that ended between the two statements leaves a refusal with no wait, as
-// the article had it.
+// the naive Range has it.
 func (l *naiveRange) refusal(ctx context.Context, q querier, key string) (pglimit.Decision, error) {
 	wait, err := l.lookup(ctx, q, key)
 	if err != nil {

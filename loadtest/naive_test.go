@@ -12,7 +12,7 @@ import (
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-// The article's Range does not pass pglimit's conformance suite: racing
+// The naive Range does not pass pglimit's conformance suite: racing
 // plain INSERTs on one key can deadlock (40P01), and the deadlock victim
 // may be the request that would have been admitted. Without contention it
 // decides like Range.

@@ -256,8 +256,9 @@ type redisSession struct {
 func (s *redisSession) conns() int { return s.size }
 
 // deciders runs the Redis floor (PING) or the peer. The cooldown is GCRA
-// with an emission interval of one cooldown and a burst of 1 (see
-// DESIGN.md §10): redis_rate's Limit{Rate: 1, Period: cooldown, Burst: 1}.
+// with an emission interval of one cooldown and a burst of 1, as
+// pglimit's is (docs/limits.md): redis_rate's Limit{Rate: 1, Period:
+// cooldown, Burst: 1}.
 // Where the scenario gives the peer a limit, it is one GCRA limit, which
 // redis_rate takes as it is.
 func (s *redisSession) deciders(v variant, cooldown time.Duration, limits []pglimit.Limit) ([]decideFunc, error) {

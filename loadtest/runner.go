@@ -297,7 +297,7 @@ func (r *runner) databaseFigures(ctx context.Context, res *result, sc *scenario,
 }
 
 // failures returns why res fails the run: over-admission by any strategy
-// but range-naive (the article's failure mode, reported, not fatal) or by
+// but range-naive (the naive Range's failure mode, reported, not fatal) or by
 // the peer (a comparison with a limiter that over-admits would flatter it),
 // a deadlock in the default Range strategy, errors in the seed scenario.
 func failures(res *result, v variant) []string {

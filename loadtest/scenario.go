@@ -145,7 +145,7 @@ func buildScenarios(o *options) []scenario {
 	all := []scenario{
 		{
 			Name: scSeed,
-			About: "The original article's load: two app instances, one user, each instance sending " +
+			About: "The seed load: two app instances, one user, each instance sending " +
 				"5 req/s, then a ramp 5 → 50 req/s, then 100 req/s (3 : 3 : 4 of the time; open loop, " +
 				"both instances on the same schedule), cooldown 2 s. Pass: admitted ≤ allowed, no errors.",
 			Cooldown:  2 * time.Second,
@@ -178,7 +178,7 @@ func buildScenarios(o *options) []scenario {
 		{
 			Name: scNaive,
 			About: "One hot key whose short cooldown (250 ms) keeps expiring, 16 workers over two instances, " +
-				"so admissions race all the time: the case where the article's plain-INSERT Range deadlocked. " +
+				"so admissions race all the time: the case where the naive plain-INSERT Range deadlocks. " +
 				"Lost periods count whole cooldowns in which nobody was admitted although requests kept coming.",
 			Cooldown:  250 * time.Millisecond,
 			Levels:    []int{16},

@@ -22,7 +22,7 @@ import (
 type variant struct {
 	Name        string
 	Strategy    pglimit.Strategy
-	Naive       bool   // the article's plain-INSERT Range (naive.go), not a pglimit option
+	Naive       bool   // the naive plain-INSERT Range (naive.go), not a pglimit option
 	AsyncCommit bool   // pglimit.Config.AsyncCommit
 	PreBlock    int    // pglimit.Config.PreBlockSize
 	Table       string // pglimit.Config.Table; "" for the strategy's default
@@ -66,11 +66,11 @@ var (
 	peerAlways   = variant{Name: peerName + "-aof-always", Redis: true, Fsync: "always"}
 )
 
-// naive is the Range strategy with the article's plain INSERT.
+// naive is the Range strategy with a plain INSERT (naive.go).
 var naive = variant{Name: "range-naive", Strategy: pglimit.Range, Naive: true}
 
 // allVariants lists what a run can compare, in report order: the peer, the
-// strategies as they are by default, the article's Range, then each
+// strategies as they are by default, the naive Range, then each
 // strategy with asynchronous commit and with the local pre-block, then
 // Upsert with the library's other levers.
 func allVariants() []variant {

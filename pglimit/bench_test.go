@@ -25,7 +25,7 @@ import (
 //
 // The test server runs with fsync off, so these figures show CPU and round
 // trips, not the cost of durable commits; `go run ./loadtest` measures
-// that, under concurrency, beside the article's plain-INSERT Range
+// that, under concurrency, beside the naive plain-INSERT Range
 // (range-naive), which lives with it.
 //
 //	go test -run '^$' -bench Allow -benchtime 2000x ./pglimit

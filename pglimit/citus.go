@@ -61,8 +61,8 @@ const (
 )
 
 // The function templates: %[1]s is the table, %[2]s the function, %[3]s
-// the schema's pglimit_decide. epochUS turns a timestamptz into
-// microseconds since the epoch, as the plain statements do.
+// the schema's pglimit_decide. They turn a timestamptz into microseconds
+// since the epoch as the plain statements do.
 const (
 	rowAllowFunc = `
 CREATE OR REPLACE FUNCTION %[2]s(

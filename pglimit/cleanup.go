@@ -417,8 +417,8 @@ func (c *Cleaner) sweep(ctx context.Context, deleted *int64) error {
 }
 
 // sweepBlocks cleans a table without an index on expires_at, which keeps
-// its updates HOT, in batches of sweepSpan blocks: a batch reads those
-// blocks only, and one run reads the table once. A batch that deletes
+// its updates HOT, in batches of BatchSize/sweepRowsPerBlock blocks: a
+// batch reads those blocks only, and one run reads the table once. A batch that deletes
 // BatchSize rows is run again on the same blocks.
 func (c *Cleaner) sweepBlocks(ctx context.Context, t cleanup.Table, deleted *int64) error {
 	span := int64(max(c.cfg.BatchSize/sweepRowsPerBlock, 1))

@@ -114,10 +114,9 @@ type Config struct {
 	Fallback *Fallback
 
 	// AsyncCommit commits the limiter's own writes with synchronous_commit
-	// off, so an admission does not wait for its WAL flush (+40% admissions
-	// in the README's benchmark on a disk that flushes in 19µs; more where
-	// flushes are slow). The setting is local to
-	// the limiter's statement (never the session, never the application's
+	// off, so an admission does not wait for its WAL flush: it pays most
+	// where flushes are slow (docs/throughput.md measures it). The setting
+	// is local to the limiter's statement (never the session, never the application's
 	// other queries on a shared pool) and is not applied by AllowTx, where
 	// the caller's commit decides. The cost: a database crash may lose the
 	// last fraction of a second of admissions, so a key admitted just

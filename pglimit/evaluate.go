@@ -22,7 +22,8 @@ type evaluation struct {
 // modeReserve within maxDelay µs) on a key's row as a statement saw it at
 // now (µs since the epoch): its state column and its expires_at in µs
 // (both nil for a key with no row). It is the definition of docs/limits.md,
-// the same as decisionSQL's, which decides in the database; evaluate
+// the same as the general statement's (decision in general.go), which
+// decides in the database; evaluate
 // computes what the statement does not return (remaining units, waits,
 // the binding limit) from the state it decided on, and decides Peek.
 func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int, maxDelay int64) evaluation {

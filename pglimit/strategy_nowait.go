@@ -9,8 +9,8 @@ import "time"
 // that holds the row (AllowTx). A lock not granted by then raises
 // lock_not_available (55P03), and the request is refused.
 //
-// The article this strategy comes from ran SELECT, UPDATE or INSERT and
-// COMMIT as separate round trips, and locked with FOR UPDATE NOWAIT, which
+// This strategy's first form ran SELECT, UPDATE or INSERT and COMMIT as
+// separate round trips, and locked with FOR UPDATE NOWAIT, which
 // refused most requests that fitted a busy key's limit: another admission
 // of it held the row for a few hundred microseconds (docs/throughput.md).
 // Here it is one statement. The lock is taken only on a row that fits the
