@@ -94,10 +94,13 @@ func TestSemaphoreContention(t *testing.T) {
 func TestSemaphoreAcquireTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pools := []*pgxpool.Pool{pglimittest.Pool(t), pglimittest.Pool(t)}
 	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead} {
 		t.Run(string(iso), func(t *testing.T) {
 			t.Parallel()
+			// Pools of the subtest's own: its 8 transactions hold every
+			// connection of both, and a subtest running beside it on the
+			// same pools would wait for them while holding some itself.
+			pools := []*pgxpool.Pool{pglimittest.Pool(t), pglimittest.Pool(t)}
 			schema := pglimittest.Schema(t)
 			sem := newSemaphore(t, pools[0], pglimit.SemaphoreConfig{Schema: schema, Limit: 2, TTL: time.Minute, Timeout: 5 * time.Second})
 			const n = 8
