@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // Citus splits the one-statement CTEs of a plain table into subplans, a
@@ -60,223 +62,6 @@ const (
 	decideArgs     = "(bigint[],bigint,bigint,bigint,integer,bigint,bigint[])"
 )
 
-// The function templates: %[1]s is the table, %[2]s the function, %[3]s
-// the schema's pglimit_decide. They turn a timestamptz into microseconds
-// since the epoch as the plain statements do.
-const (
-	rowAllowFunc = `
-CREATE OR REPLACE FUNCTION %[2]s(
-    p_namespace text, p_key text, p_step bigint, p_lock_class integer, p_tau bigint,
-    p_nowait boolean, p_async boolean, p_lock_timeout text)
-RETURNS TABLE (admitted boolean, tat_us bigint, now_us bigint, setting text)
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_saved text := current_setting('lock_timeout');
-    v_at    timestamptz;
-    v_now   timestamptz;
-BEGIN
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', p_lock_timeout, true);
-    END IF;
-    <<decide>>
-    BEGIN
-        SELECT t.expires_at INTO v_at FROM %[1]s AS t WHERE t.namespace = p_namespace AND t.key = p_key;
-        IF FOUND THEN
-            v_now := clock_timestamp();
-            IF v_at > v_now + p_tau * interval '1 microsecond' THEN
-                admitted := false;
-                EXIT decide;
-            END IF;
-            IF p_nowait THEN
-                SELECT t.expires_at INTO v_at FROM %[1]s AS t
-                WHERE t.namespace = p_namespace AND t.key = p_key FOR UPDATE NOWAIT;
-            ELSE
-                SELECT t.expires_at INTO v_at FROM %[1]s AS t
-                WHERE t.namespace = p_namespace AND t.key = p_key FOR UPDATE;
-            END IF;
-            IF NOT FOUND THEN
-                EXIT decide;
-            END IF;
-            v_now := clock_timestamp();
-            IF v_at > v_now + p_tau * interval '1 microsecond' THEN
-                EXIT decide;
-            END IF;
-            v_at := greatest(v_at, v_now) + p_step * interval '1 microsecond';
-            UPDATE %[1]s AS t SET expires_at = v_at WHERE t.namespace = p_namespace AND t.key = p_key;
-            admitted := true;
-        ELSE
-            PERFORM pg_advisory_xact_lock(p_lock_class, hashtext(p_key));
-            v_now := clock_timestamp();
-            v_at := v_now + p_step * interval '1 microsecond';
-            INSERT INTO %[1]s (namespace, key, expires_at) VALUES (p_namespace, p_key, v_at)
-            ON CONFLICT (namespace, key) DO NOTHING;
-            IF FOUND THEN
-                admitted := true;
-            END IF;
-        END IF;
-    END;
-` + cooldownFuncTail
-
-	rowDecideFunc = `
-CREATE OR REPLACE FUNCTION %[2]s(
-    p_namespace text, p_key text, p_lock_class integer, p_n bigint, p_mode integer,
-    p_max_delay bigint, p_spec bigint[], p_nowait boolean, p_async boolean, p_lock_timeout text)
-RETURNS TABLE (admitted boolean, state_read bigint[], tat_us bigint, now_us bigint, setting text)
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_saved text := current_setting('lock_timeout');
-    v_state bigint[];
-    v_at    timestamptz;
-    v_now   bigint;
-    d       record;
-BEGIN
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', p_lock_timeout, true);
-    END IF;
-    <<decide>>
-    BEGIN
-        SELECT t.state, t.expires_at INTO v_state, v_at FROM %[1]s AS t
-        WHERE t.namespace = p_namespace AND t.key = p_key;
-        IF FOUND THEN
-            v_now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
-            SELECT * INTO d FROM %[3]s(v_state, (extract(epoch FROM v_at) * 1000000)::bigint, v_now,
-                                       p_n, p_mode, p_max_delay, p_spec);
-            IF NOT d.allowed THEN
-                admitted := false;
-                EXIT decide;
-            END IF;
-            IF p_nowait THEN
-                SELECT t.state, t.expires_at INTO v_state, v_at FROM %[1]s AS t
-                WHERE t.namespace = p_namespace AND t.key = p_key FOR UPDATE NOWAIT;
-            ELSE
-                SELECT t.state, t.expires_at INTO v_state, v_at FROM %[1]s AS t
-                WHERE t.namespace = p_namespace AND t.key = p_key FOR UPDATE;
-            END IF;
-            IF NOT FOUND THEN
-                EXIT decide;
-            END IF;
-            v_now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
-            SELECT * INTO d FROM %[3]s(v_state, (extract(epoch FROM v_at) * 1000000)::bigint, v_now,
-                                       p_n, p_mode, p_max_delay, p_spec);
-            IF NOT d.allowed THEN
-                EXIT decide;
-            END IF;
-            UPDATE %[1]s AS t
-            SET state = d.new_state, expires_at = timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
-            WHERE t.namespace = p_namespace AND t.key = p_key;
-            admitted := true;
-        ELSE
-            PERFORM pg_advisory_xact_lock(p_lock_class, hashtext(p_key));
-            v_now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
-            SELECT * INTO d FROM %[3]s(NULL, NULL, v_now, p_n, p_mode, p_max_delay, p_spec);
-            IF d.allowed THEN
-                INSERT INTO %[1]s (namespace, key, state, expires_at)
-                VALUES (p_namespace, p_key, d.new_state, timestamptz 'epoch' + d.new_expires * interval '1 microsecond')
-                ON CONFLICT (namespace, key) DO NOTHING;
-                IF NOT FOUND THEN
-                    EXIT decide;
-                END IF;
-            END IF;
-            admitted := d.allowed;
-        END IF;
-    END;
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', v_saved, true);
-    END IF;
-    IF admitted IS NULL THEN
-        RETURN;
-    END IF;
-    state_read := v_state;
-    tat_us := (extract(epoch FROM v_at) * 1000000)::bigint;
-    now_us := v_now;
-    IF admitted AND p_async THEN
-        setting := set_config('synchronous_commit', 'off', true);
-    END IF;
-    RETURN NEXT;
-END
-$fn$`
-
-	// cooldownFuncTail ends the cooldown functions of both tables, once
-	// their decision is in admitted (NULL: the key changed, decide again),
-	// v_at and v_now: it restores the caller's lock_timeout and answers.
-	cooldownFuncTail = `
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', v_saved, true);
-    END IF;
-    IF admitted IS NULL THEN
-        RETURN;
-    END IF;
-    tat_us := (extract(epoch FROM v_at) * 1000000)::bigint;
-    now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
-    IF admitted AND p_async THEN
-        setting := set_config('synchronous_commit', 'off', true);
-    END IF;
-    RETURN NEXT;
-END
-$fn$`
-
-	rowPeekFunc = `
-CREATE OR REPLACE FUNCTION %[2]s(p_namespace text, p_key text)
-RETURNS TABLE (admitted boolean, state_read bigint[], tat_us bigint, now_us bigint, setting text)
-LANGUAGE plpgsql AS $fn$
-BEGIN
-    SELECT t.state, (extract(epoch FROM t.expires_at) * 1000000)::bigint INTO state_read, tat_us FROM %[1]s AS t
-    WHERE t.namespace = p_namespace AND t.key = p_key;
-    now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
-    RETURN NEXT;
-END
-$fn$`
-
-	rangeAllowFunc = `
-CREATE OR REPLACE FUNCTION %[2]s(
-    p_namespace text, p_key text, p_step bigint, p_lock_class integer, p_async boolean, p_lock_timeout text)
-RETURNS TABLE (admitted boolean, tat_us bigint, now_us bigint, setting text)
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_saved text := current_setting('lock_timeout');
-    v_at    timestamptz;
-    v_now   timestamptz;
-BEGIN
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', p_lock_timeout, true);
-    END IF;
-    <<decide>>
-    BEGIN
-        v_now := clock_timestamp();
-        SELECT upper(t.during) INTO v_at FROM %[1]s AS t
-        WHERE t.namespace = p_namespace AND t.key = p_key AND t.during && tstzrange(v_now, NULL)
-        ORDER BY upper(t.during) DESC
-        LIMIT 1;
-        IF FOUND THEN
-            admitted := false;
-            EXIT decide;
-        END IF;
-        PERFORM pg_advisory_xact_lock(p_lock_class, hashtext(p_key));
-        v_now := clock_timestamp();
-        v_at := v_now + p_step * interval '1 microsecond';
-        INSERT INTO %[1]s (namespace, key, during) VALUES (p_namespace, p_key, tstzrange(v_now, v_at))
-        ON CONFLICT DO NOTHING;
-        IF FOUND THEN
-            admitted := true;
-        END IF;
-    END;
-` + cooldownFuncTail
-
-	rangePeekFunc = `
-CREATE OR REPLACE FUNCTION %[2]s(p_namespace text, p_key text)
-RETURNS TABLE (tat_us bigint, now_us bigint)
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_now timestamptz := clock_timestamp();
-BEGIN
-    SELECT (extract(epoch FROM max(upper(t.during))) * 1000000)::bigint INTO tat_us FROM %[1]s AS t
-    WHERE t.namespace = p_namespace AND t.key = p_key AND t.during && tstzrange(v_now, NULL);
-    now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
-    RETURN NEXT;
-END
-$fn$`
-)
-
 // Distribute makes the limiter tables of schema ("" means "public"), which
 // [Migrate] created, Citus distributed tables sharded by key, all in one
 // colocation group, and installs the functions that decide in one hop on
@@ -298,14 +83,14 @@ func Distribute(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	}
 	defer conn.Close(context.Background())
 	var citus bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')").Scan(&citus); err != nil {
+	if err := conn.QueryRow(ctx, queries.Static("citus.installed_here")).Scan(&citus); err != nil {
 		return fmt.Errorf("pglimit: distribute: %w", err)
 	}
 	if !citus {
 		return fmt.Errorf("%w: distribute: the citus extension is not installed in this database (CREATE EXTENSION citus, on a Citus cluster's coordinator)", ErrUnsupported)
 	}
 	err = pollLock(ctx, func() (got bool, err error) {
-		err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", distributeLockID).Scan(&got)
+		err = conn.QueryRow(ctx, queries.Static("advisory.try_lock"), distributeLockID).Scan(&got)
 		return got, err
 	})
 	if err != nil {
@@ -319,16 +104,14 @@ func Distribute(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 
 func distribute(ctx context.Context, conn *pgx.Conn, schema string) error {
 	decide := pgx.Identifier{schema, "pglimit_decide"}.Sanitize()
-	if _, err := conn.Exec(ctx, "SELECT create_distributed_function($1)", decide+decideArgs); err != nil {
+	if _, err := conn.Exec(ctx, queries.Static("citus.distribute_decide"), decide+decideArgs); err != nil {
 		return fmt.Errorf("distribute pglimit_decide (run Migrate first): %w", err)
 	}
 	first := pgx.Identifier{schema, distributedTables[0]}.Sanitize()
 	for _, name := range distributedTables {
 		table := pgx.Identifier{schema, name}.Sanitize()
 		var exists, distributed bool
-		err := conn.QueryRow(ctx, `
-SELECT to_regclass($1) IS NOT NULL,
-       EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1))`, table).Scan(&exists, &distributed)
+		err := conn.QueryRow(ctx, queries.Static("citus.table_state"), table).Scan(&exists, &distributed)
 		switch {
 		case err != nil:
 			return err
@@ -339,19 +122,17 @@ SELECT to_regclass($1) IS NOT NULL,
 			if name == distributedTables[0] {
 				colocate = "default"
 			}
-			if _, err := conn.Exec(ctx, "SELECT create_distributed_table($1, 'key', colocate_with := $2)", table, colocate); err != nil {
+			if _, err := conn.Exec(ctx, queries.Static("citus.distribute_table"), table, colocate); err != nil {
 				return fmt.Errorf("distribute %s: %w", table, err)
 			}
 		}
 		for _, f := range tableFunctions(name) {
 			fn := pgx.Identifier{schema, name + f.suffix}.Sanitize()
-			if _, err := conn.Exec(ctx, fmt.Sprintf(f.template, table, fn, decide)); err != nil {
+			if _, err := conn.Exec(ctx, queries.Text(f.template, queries.Args{"table": table, "function": fn, "decide": decide})); err != nil {
 				return fmt.Errorf("create %s: %w", fn, err)
 			}
-			// The key ($2) routes each call to its shard's node; force
-			// delegation lets a call in a caller's transaction go there too.
-			if _, err := conn.Exec(ctx, `SELECT create_distributed_function($1, '$2', colocate_with := $2, force_delegation := true)`,
-				fn+f.args, table); err != nil {
+			// The key routes each call to its shard's node.
+			if _, err := conn.Exec(ctx, queries.Static("citus.delegate"), fn+f.args, table); err != nil {
 				return fmt.Errorf("distribute %s: %w", fn, err)
 			}
 		}
@@ -359,6 +140,8 @@ SELECT to_regclass($1) IS NOT NULL,
 	return nil
 }
 
+// tableFunction is a function Distribute installs: its name's suffix, its
+// signature, and its template in internal/queries.
 type tableFunction struct{ suffix, args, template string }
 
 // tableFunctions lists the functions of a table: Range's, or those of a
@@ -366,14 +149,14 @@ type tableFunction struct{ suffix, args, template string }
 func tableFunctions(table string) []tableFunction {
 	if table == rangeTable {
 		return []tableFunction{
-			{allowSuffix, rangeAllowArgs, rangeAllowFunc},
-			{peekSuffix, rangePeekArgs, rangePeekFunc},
+			{allowSuffix, rangeAllowArgs, "citus.range_allow"},
+			{peekSuffix, rangePeekArgs, "citus.range_peek"},
 		}
 	}
 	return []tableFunction{
-		{allowSuffix, rowAllowArgs, rowAllowFunc},
-		{decideSuffix, rowDecideArgs, rowDecideFunc},
-		{peekSuffix, rowPeekArgs, rowPeekFunc},
+		{allowSuffix, rowAllowArgs, "citus.row_allow"},
+		{decideSuffix, rowDecideArgs, "citus.row_decide"},
+		{peekSuffix, rowPeekArgs, "citus.row_peek"},
 	}
 }
 
@@ -387,29 +170,31 @@ func (l *stmtLimiter) distributedStatements() statements {
 	ms := (c.Timeout + time.Millisecond - 1) / time.Millisecond // rounded up: 0 would disable it
 	inTx := fmt.Sprintf("false, '%dms'", ms)
 	own := fmt.Sprintf("%t, NULL", c.AsyncCommit)
-	if l.plain.general == nil { // Range
-		return statements{
-			fast:   fmt.Sprintf("SELECT * FROM %s($1, $2, $3, $4, %s)", fn(allowSuffix), own),
-			fastTx: fmt.Sprintf("SELECT * FROM %s($1, $2, $3, $4, %s)", fn(allowSuffix), inTx),
-			peek:   fmt.Sprintf("SELECT * FROM %s($1, $2)", fn(peekSuffix)),
-		}
+	call := func(name, suffix string, args queries.Args) (plain, tx string) {
+		args["function"] = fn(suffix)
+		args["tail"] = own
+		plain = queries.Text(name, args)
+		args["tail"] = inTx
+		return plain, queries.Text(name, args)
 	}
-	nowait := c.Strategy == NoWait
-	g := &generalStatements{peek: fmt.Sprintf("SELECT * FROM %s($1, $2)", fn(peekSuffix))}
+	peek := queries.Text("citus.call.peek", queries.Args{"function": fn(peekSuffix)})
+	if l.plain.general == nil { // Range
+		fast, fastTx := call("citus.call.range_allow", allowSuffix, queries.Args{})
+		return statements{fast: fast, fastTx: fastTx, peek: peek}
+	}
+	nowait := strconv.FormatBool(c.Strategy == NoWait)
+	g := &generalStatements{peek: peek}
 	for mode := range modes {
 		maxDelay := "0"
 		if mode == modeReserve {
 			maxDelay = "$5"
 		}
-		call := fmt.Sprintf("SELECT * FROM %s($1, $2, $3, $4, %d, %s, %s, %t, ", fn(decideSuffix), mode, maxDelay, specArray(c.Limits), nowait)
-		g.own[mode], g.tx[mode] = call+own+")", call+inTx+")"
+		g.own[mode], g.tx[mode] = call("citus.call.decide", decideSuffix, queries.Args{
+			"mode": strconv.Itoa(mode), "max_delay": maxDelay, "spec": specArray(c.Limits), "nowait": nowait,
+		})
 	}
-	return statements{
-		fast:    fmt.Sprintf("SELECT * FROM %s($1, $2, $3, $4, $5, %t, %s)", fn(allowSuffix), nowait, own),
-		fastTx:  fmt.Sprintf("SELECT * FROM %s($1, $2, $3, $4, $5, %t, %s)", fn(allowSuffix), nowait, inTx),
-		general: g,
-		peek:    g.peek,
-	}
+	fast, fastTx := call("citus.call.row_allow", allowSuffix, queries.Args{"nowait": nowait})
+	return statements{fast: fast, fastTx: fastTx, general: g, peek: peek}
 }
 
 // specArray is limits as the migrations' pglimit_decide reads them, an
@@ -428,7 +213,7 @@ func specArray(limits []Limit) string {
 // plain PostgreSQL it costs one catalog lookup, once.
 func (l *stmtLimiter) detectDistributed(ctx context.Context, db DB) error {
 	var citus bool
-	if err := db.QueryRow(ctx, "SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL").Scan(&citus); err != nil {
+	if err := db.QueryRow(ctx, queries.Static("citus.present")).Scan(&citus); err != nil {
 		return err // the limiter's first statement: a connection error, mostly
 	}
 	if !citus {
@@ -441,11 +226,7 @@ func (l *stmtLimiter) detectDistributed(ctx context.Context, db DB) error {
 	}
 	fn := pgx.Identifier{l.cfg.Schema, l.cfg.Table + allowSuffix}.Sanitize() + args
 	var distributed, delegated bool
-	err := db.QueryRow(ctx, `
-SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1)),
-       EXISTS (SELECT FROM pg_catalog.pg_dist_object
-               WHERE classid = 'pg_catalog.pg_proc'::regclass AND objid = to_regprocedure($2)
-                 AND distribution_argument_index IS NOT NULL)`, table, fn).Scan(&distributed, &delegated)
+	err := db.QueryRow(ctx, queries.Static("citus.distributed"), table, fn).Scan(&distributed, &delegated)
 	switch {
 	case err != nil:
 		return fmt.Errorf("look up %s in Citus's metadata: %w", table, err)

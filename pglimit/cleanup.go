@@ -17,6 +17,7 @@ import (
 
 	"github.com/pglimit/cooldown/pglimit/internal/cleanup"
 	"github.com/pglimit/cooldown/pglimit/internal/leadership"
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // CleanerConfig configures a [Cleaner]. A nil or zero CleanerConfig means
@@ -324,7 +325,7 @@ func (c *Cleaner) acquire(ctx context.Context) (*pgx.Conn, error) {
 	}
 	conn := pc.Hijack()
 	ms := (c.cfg.BatchTimeout + time.Millisecond - 1) / time.Millisecond // round up: 0 would disable it
-	if _, err := conn.Exec(ctx, "SELECT set_config('statement_timeout', $1, false)", fmt.Sprintf("%dms", ms)); err != nil {
+	if _, err := conn.Exec(ctx, queries.Static("cleanup.statement_timeout"), fmt.Sprintf("%dms", ms)); err != nil {
 		_ = conn.Close(ctx)
 		return nil, err
 	}

@@ -6,81 +6,12 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
-// The general statement decides for any set of limits on the Upsert and
-// NoWait tables. Its shape is the cooldown's (keyRowTailSQL): the key's row
-// locked only if the request fits it, re-checked by the lock on the latest
-// row version, and decided once more at the clock read after the lock,
-// which is what the UPDATE writes; for a key with no row, an advisory lock
-// on the key before the clock is read, and the INSERT; else the row as the
-// snapshot sees it, which is the answer if it refuses (no lock, no write).
-// No row at all means the key changed after the snapshot, and the
-// statement is run again.
-//
-// The statement decides and writes; it returns the state it decided on and
-// the time, from which the limiter computes the rest of the Decision
-// (evaluate). The decision is SQL that decision writes for the limiter's
-// own limits, their periods and rates inlined as constants: plain
-// arithmetic, where a function call per evaluation (the PL/pgSQL
-// pglimit_decide of migration 00004, which computes the same) cost as much
-// as the rest of the statement.
-//
-// %[1]s is the table, %[2]s the setting column of the admitting branches,
-// %[3]s the lock clause (FOR UPDATE, or NoWait's noWaitLockSQL), %[4]s, %[5]s
-// and %[6]s whether x (state, tat, now) admits the request, its new state
-// and its new expires_at, %[7]s whether c (the same) does, %[8]s the state
-// column as the statement reads it (see shaped). $1 namespace, $2 key, $3
-// the key's lock class, $4 n, and for Reserve $5 the maximum delay in µs.
-const generalAllowSQL = `
-WITH locked AS (
-    SELECT t.state, t.expires_at FROM %[1]s AS t
-    WHERE t.namespace = $1 AND t.key = $2
-      AND (SELECT %[7]s FROM (SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
-               (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now) AS c)
-    %[3]s
-), current AS (
-    SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
-        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
-    FROM %[1]s AS t WHERE t.namespace = $1 AND t.key = $2
-), first AS (
-    SELECT pg_advisory_xact_lock($3::integer, hashtext($2))
-    WHERE NOT EXISTS (SELECT FROM current)
-), stamp AS (
-    SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
-        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS new FROM locked AS t
-    UNION ALL
-    SELECT NULL, NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true FROM first
-), decided AS (
-    SELECT x.*, %[4]s AS admits, %[5]s AS new_state, %[6]s AS new_expires FROM stamp AS x
-)` + writeDecidedSQL + `
-SELECT true, state, tat, now, %[2]s FROM decided
-WHERE CASE WHEN new THEN EXISTS (SELECT FROM inserted) ELSE EXISTS (SELECT FROM updated) END
-UNION ALL
-SELECT false, x.state, x.tat, x.now, NULL::text FROM current AS x WHERE NOT %[4]s AND NOT EXISTS (SELECT FROM updated)`
-
-// writeDecidedSQL ends the general statements' CTEs: the decided row
-// written, by an UPDATE of the key's row or the INSERT of a new key.
-const writeDecidedSQL = `, updated AS (
-    UPDATE %[1]s AS t
-    SET state = d.new_state, expires_at = timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
-    FROM decided AS d
-    WHERE t.namespace = $1 AND t.key = $2 AND d.admits AND NOT d.new
-    RETURNING 1
-), inserted AS (
-    INSERT INTO %[1]s (namespace, key, state, expires_at)
-    SELECT $1, $2, d.new_state, timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
-    FROM decided AS d WHERE d.admits AND d.new
-    ON CONFLICT (namespace, key) DO NOTHING
-    RETURNING 1
-)`
-
-// generalPeekSQL is the key's row as the snapshot sees it, and the time:
-// Peek decides on them without the database. $1 namespace, $2 key.
-const generalPeekSQL = `
-SELECT NULL::boolean, t.state, (extract(epoch FROM t.expires_at) * 1000000)::bigint,
-    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, NULL::text
-FROM (SELECT) AS one LEFT JOIN %[1]s AS t ON t.namespace = $1 AND t.key = $2`
+// The general statement (general.allow, in internal/queries) decides for
+// any set of limits on the Upsert and NoWait tables; general.peek is Peek's.
 
 // Modes of the general statement.
 const (
@@ -108,11 +39,14 @@ func newGeneralStatements(limits []Limit, table, column, lock string) generalSta
 		admits, state, expires := decision(limits, mode, "x.state", "x.tat", "x.now", nil)
 		guard, _, _ := decision(limits, mode, "c.state", "c.tat", "c.now", nil)
 		stmt := func(column string) string {
-			return fmt.Sprintf(generalAllowSQL, table, column, lock, admits, state, expires, guard, shaped(limits, "t.state"))
+			return queries.Text("general.allow", queries.Args{
+				"table": table, "setting": column, "lock": lock, "admits": admits, "new_state": state,
+				"new_expires": expires, "guard": guard, "state": shaped(limits, "t.state"),
+			})
 		}
 		g.own[mode], g.tx[mode] = stmt(column), stmt(noSettingColumn)
 	}
-	g.peek = fmt.Sprintf(generalPeekSQL, table)
+	g.peek = queries.Text("general.peek", queries.Args{"table": table})
 	return g
 }
 

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // invalidateChannel is the channel every Reset notifies, with the payload
@@ -150,7 +152,7 @@ func (v *Invalidator) session(ctx context.Context) (listened bool) {
 		conn.Close(closeCtx)
 	}()
 	sent := time.Now()
-	if _, err := conn.Exec(cctx, "LISTEN "+invalidateChannel); err != nil {
+	if _, err := conn.Exec(cctx, queries.Text("invalidator.listen", queries.Args{"channel": invalidateChannel})); err != nil {
 		return false
 	}
 	// Resets committed before LISTEN were not heard: start afresh.

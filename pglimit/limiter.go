@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // stmtLimiter is every strategy: each decides in one statement. The
@@ -57,14 +59,11 @@ type stmtLimiter struct {
 
 var _ Limiter = (*stmtLimiter)(nil)
 
-// Each statement template has %[1]s for the table and %[2]s for the value
-// of an extra column in its admitting branches, where asyncCommitColumn
-// sets synchronous_commit for the statement's own implicit transaction. A
-// set_config is evaluated only when a row is admitted, which is the only
-// time the statement writes.
-const (
-	asyncCommitColumn = `set_config('synchronous_commit', 'off', true)`
-	noSettingColumn   = `NULL::text`
+// The value of an extra column in a statement's admitting branches:
+// asynchronous commit's setting, or none (internal/queries, setting.*).
+var (
+	asyncCommitColumn = queries.Static("setting.async")
+	noSettingColumn   = queries.Static("setting.none")
 )
 
 // maxAttempts bounds how often a decision re-runs its statement: after a
@@ -100,9 +99,9 @@ func (l *stmtLimiter) stmts() *statements {
 	return &l.plain
 }
 
-// newStmtLimiter builds a limiter from a fast statement template; lock is
-// the general statement's lock clause, "" for a strategy without one.
-func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimiter {
+// newStmtLimiter builds a limiter from the fast statement named fast; lock
+// is the general statement's lock clause, "" for a strategy without one.
+func newStmtLimiter(b base, table, fast, lock, contended string) *stmtLimiter {
 	column := noSettingColumn
 	if b.cfg.AsyncCommit {
 		column = asyncCommitColumn
@@ -111,10 +110,10 @@ func newStmtLimiter(b base, table, template, lock, contended string) *stmtLimite
 		base:   b,
 		single: len(b.cfg.Limits) == 1 && b.cfg.Limits[0].Algorithm == GCRA && !b.cfg.Overrides,
 		plain: statements{
-			fast:   fmt.Sprintf(template, table, column),
-			fastTx: fmt.Sprintf(template, table, noSettingColumn),
+			fast:   queries.Text(fast, queries.Args{"table": table, "setting": column}),
+			fastTx: queries.Text(fast, queries.Args{"table": table, "setting": noSettingColumn}),
 		},
-		resetSQL:  fmt.Sprintf(deleteKeySQL, table),
+		resetSQL:  queries.Text("reset", queries.Args{"table": table, "channel": invalidateChannel}),
 		rangeArgs: lock == "",
 		contended: contended,
 	}
@@ -396,16 +395,14 @@ func (l *stmtLimiter) runTx(ctx context.Context, tx DB, q query) (Decision, erro
 	return l.lostRace(), nil
 }
 
-// savepointSQL and its companions wrap the statement in AllowTx. The
-// caller's lock_timeout is kept in a placeholder setting and restored; a
-// rollback to the savepoint restores it too.
-const (
-	savepointSQL      = `SAVEPOINT pglimit_decision`
-	setLockTimeoutSQL = `SELECT set_config('pglimit.saved_lock_timeout', current_setting('lock_timeout'), true),
-       set_config('lock_timeout', $1, true)`
-	restoreLockTimeoutSQL = `SELECT set_config('lock_timeout', current_setting('pglimit.saved_lock_timeout'), true)`
-	releaseSQL            = `RELEASE SAVEPOINT pglimit_decision`
-	rollbackSQL           = `ROLLBACK TO SAVEPOINT pglimit_decision; RELEASE SAVEPOINT pglimit_decision`
+// The statements around a decision in a caller's transaction
+// (internal/queries, savepoint.*).
+var (
+	savepointSQL          = queries.Static("savepoint")
+	setLockTimeoutSQL     = queries.Static("savepoint.set_lock_timeout")
+	restoreLockTimeoutSQL = queries.Static("savepoint.restore_lock_timeout")
+	releaseSQL            = queries.Static("savepoint.release")
+	rollbackSQL           = queries.Static("savepoint.rollback")
 )
 
 // batchSender is a transaction that pipelines statements: a pgx.Tx.

@@ -15,6 +15,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/pglimit/cooldown/migrations"
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // MigrationsTable is the goose version table pglimit keeps in the schema it
@@ -121,14 +122,14 @@ func prepareDatabase(ctx context.Context, connCfg *pgx.ConnConfig, schema string
 	// Closing the session releases the lock.
 	defer conn.Close(context.Background())
 	var ro bool
-	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool").Scan(&ro); err != nil {
+	if err := conn.QueryRow(ctx, queries.Static("migrate.read_only")).Scan(&ro); err != nil {
 		return fmt.Errorf("pglimit: migrate: %w", err)
 	}
 	if ro {
 		return fmt.Errorf("%w: migrate", ErrReadOnly)
 	}
 	err = pollLock(ctx, func() (got bool, err error) {
-		err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", setupLockID).Scan(&got)
+		err = conn.QueryRow(ctx, queries.Static("advisory.try_lock"), setupLockID).Scan(&got)
 		return got, err
 	})
 	if err != nil {
@@ -151,13 +152,13 @@ func prepareDatabase(ctx context.Context, connCfg *pgx.ConnConfig, schema string
 // least-privileged role given an existing schema may lack it.
 func createSchema(ctx context.Context, conn *pgx.Conn, schema string) error {
 	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists); err != nil {
+	if err := conn.QueryRow(ctx, queries.Static("migrate.schema_exists"), schema).Scan(&exists); err != nil {
 		return err
 	}
 	if exists {
 		return nil
 	}
-	_, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize())
+	_, err := conn.Exec(ctx, queries.Text("migrate.create_schema", queries.Args{"schema": pgx.Identifier{schema}.Sanitize()}))
 	return createdElsewhere(err)
 }
 
@@ -178,7 +179,7 @@ func createdElsewhere(err error) error {
 // wherever it lives.
 func createExtension(ctx context.Context, conn *pgx.Conn) error {
 	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'btree_gist')").Scan(&exists); err != nil {
+	if err := conn.QueryRow(ctx, queries.Static("migrate.has_btree_gist")).Scan(&exists); err != nil {
 		return err
 	}
 	if exists {
@@ -187,7 +188,7 @@ func createExtension(ctx context.Context, conn *pgx.Conn) error {
 	if err := createSchema(ctx, conn, ExtensionSchema); err != nil {
 		return err
 	}
-	_, err := conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS btree_gist SCHEMA "+pgx.Identifier{ExtensionSchema}.Sanitize())
+	_, err := conn.Exec(ctx, queries.Text("migrate.create_btree_gist", queries.Args{"schema": pgx.Identifier{ExtensionSchema}.Sanitize()}))
 	return createdElsewhere(err)
 }
 
@@ -199,23 +200,14 @@ func createExtension(ctx context.Context, conn *pgx.Conn) error {
 func repairRange(ctx context.Context, conn *pgx.Conn, schema string) error {
 	table := pgx.Identifier{schema, rangeTable}.Sanitize()
 	var missing bool
-	err := conn.QueryRow(ctx, `
-SELECT to_regclass($1) IS NOT NULL
-   AND NOT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2)`,
-		table, rangeConstraint).Scan(&missing)
+	err := conn.QueryRow(ctx, queries.Static("migrate.range_unconstrained"), table, rangeConstraint).Scan(&missing)
 	if err != nil || !missing {
 		return err
 	}
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		for _, q := range []string{
-			`LOCK TABLE %[1]s IN ACCESS EXCLUSIVE MODE`,
-			`DELETE FROM %[1]s AS a USING %[1]s AS b
-WHERE a.namespace = b.namespace AND a.key = b.key AND a.during && b.during
-  AND (lower(b.during), b.ctid) < (lower(a.during), a.ctid)`,
-			`ALTER TABLE %[1]s ADD CONSTRAINT %[2]s
-    EXCLUDE USING gist (namespace WITH =, key WITH =, during WITH &&)`,
-		} {
-			if _, err := tx.Exec(ctx, fmt.Sprintf(q, table, pgx.Identifier{rangeConstraint}.Sanitize())); err != nil {
+		args := queries.Args{"table": table, "constraint": pgx.Identifier{rangeConstraint}.Sanitize()}
+		for _, q := range []string{"migrate.range_lock", "migrate.range_dedupe", "migrate.range_constrain"} {
+			if _, err := tx.Exec(ctx, queries.Text(q, args)); err != nil {
 				return err
 			}
 		}
@@ -231,14 +223,14 @@ type sessionLocker struct{ id int64 }
 
 func (l sessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 	return pollLock(ctx, func() (got bool, err error) {
-		err = conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", l.id).Scan(&got)
+		err = conn.QueryRowContext(ctx, queries.Static("advisory.try_lock"), l.id).Scan(&got)
 		return got, err
 	})
 }
 
 func (l sessionLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
 	var held bool
-	if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.id).Scan(&held); err != nil {
+	if err := conn.QueryRowContext(ctx, queries.Static("advisory.unlock"), l.id).Scan(&held); err != nil {
 		return err
 	}
 	if !held {

@@ -8,60 +8,12 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // overridesTable holds per-key limits (migration 00008).
 const overridesTable = "pglimit_overrides"
-
-// overrideAllowSQL is generalAllowSQL for a limiter with Config.Overrides:
-// eff is the key's limits, its override's rate and burst where it has one,
-// the limiter's elsewhere; every decision reads them as columns (r<i>,
-// t<i>, bt<i>: rate, emission interval and burst span) in place of the
-// limits' constants, and the statement returns the rates and bursts it
-// decided with. The slots are generalAllowSQL's, and %[9]s the overrides
-// table, %[10]s the raw rate and burst of each limit, %[11]s the columns
-// derived from them, %[12]s the rates and bursts returned.
-const overrideAllowSQL = `
-WITH eff AS (
-    SELECT %[11]s FROM (
-        SELECT %[10]s FROM (SELECT) AS one
-        LEFT JOIN %[9]s AS o ON o.namespace = $1 AND o.key = $2) AS raw
-), locked AS (
-    SELECT t.state, t.expires_at FROM %[1]s AS t
-    WHERE t.namespace = $1 AND t.key = $2
-      AND (SELECT %[7]s FROM (SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
-               (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, eff.* FROM eff) AS c)
-    %[3]s
-), current AS (
-    SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
-        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, eff.*
-    FROM %[1]s AS t, eff WHERE t.namespace = $1 AND t.key = $2
-), first AS (
-    SELECT pg_advisory_xact_lock($3::integer, hashtext($2))
-    WHERE NOT EXISTS (SELECT FROM current)
-), stamp AS (
-    SELECT %[8]s AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
-        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS new, eff.* FROM locked AS t, eff
-    UNION ALL
-    SELECT NULL, NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true, eff.* FROM first, eff
-), decided AS (
-    SELECT x.*, %[4]s AS admits, %[5]s AS new_state, %[6]s AS new_expires FROM stamp AS x
-)` + writeDecidedSQL + `
-SELECT true, x.state, x.tat, x.now, %[2]s, %[12]s FROM decided AS x
-WHERE CASE WHEN x.new THEN EXISTS (SELECT FROM inserted) ELSE EXISTS (SELECT FROM updated) END
-UNION ALL
-SELECT false, x.state, x.tat, x.now, NULL::text, %[12]s FROM current AS x WHERE NOT %[4]s AND NOT EXISTS (SELECT FROM updated)`
-
-// overridePeekSQL is generalPeekSQL with the key's limits.
-const overridePeekSQL = `
-WITH eff AS (
-    SELECT %[3]s FROM (
-        SELECT %[2]s FROM (SELECT) AS one
-        LEFT JOIN %[4]s AS o ON o.namespace = $1 AND o.key = $2) AS raw
-)
-SELECT NULL::boolean, t.state, (extract(epoch FROM t.expires_at) * 1000000)::bigint,
-    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, NULL::text, %[5]s
-FROM eff AS x LEFT JOIN %[1]s AS t ON t.namespace = $1 AND t.key = $2`
 
 // newOverrideStatements is newGeneralStatements for a limiter whose keys
 // may have limits of their own, in overrides, a table in the same schema.
@@ -96,12 +48,17 @@ func newOverrideStatements(limits []Limit, table, overrides, column, lock string
 		admits, state, expires := decision(limits, mode, "x.state", "x.tat", "x.now", params("x."))
 		guard, _, _ := decision(limits, mode, "c.state", "c.tat", "c.now", params("c."))
 		stmt := func(column string) string {
-			return fmt.Sprintf(overrideAllowSQL, table, column, lock, admits, state, expires, guard, shaped(limits, "t.state"),
-				overrides, strings.Join(raw, ", "), strings.Join(derived, ", "), out)
+			return queries.Text("overrides.allow", queries.Args{
+				"table": table, "setting": column, "lock": lock, "admits": admits, "new_state": state,
+				"new_expires": expires, "guard": guard, "state": shaped(limits, "t.state"),
+				"overrides": overrides, "raw": strings.Join(raw, ", "), "derived": strings.Join(derived, ", "), "limits_out": out,
+			})
 		}
 		g.own[mode], g.tx[mode] = stmt(column), stmt(noSettingColumn)
 	}
-	g.peek = fmt.Sprintf(overridePeekSQL, table, strings.Join(raw, ", "), strings.Join(derived, ", "), overrides, out)
+	g.peek = queries.Text("overrides.peek", queries.Args{
+		"table": table, "overrides": overrides, "raw": strings.Join(raw, ", "), "derived": strings.Join(derived, ", "), "limits_out": out,
+	})
 	return g
 }
 
@@ -144,7 +101,7 @@ func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ..
 	}
 	table := pgx.Identifier{c.Schema, overridesTable}.Sanitize()
 	if len(limits) == 0 {
-		_, err := db.Exec(ctx, "DELETE FROM "+table+" WHERE namespace = $1 AND key = $2", c.Namespace, key)
+		_, err := db.Exec(ctx, queries.Text("overrides.delete", queries.Args{"overrides": table}), c.Namespace, key)
 		return err
 	}
 	doc := map[string]map[string]int{}
@@ -187,7 +144,6 @@ func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ..
 	if err != nil {
 		return err
 	}
-	_, err = db.Exec(ctx, "INSERT INTO "+table+` (namespace, key, limits) VALUES ($1, $2, $3)
-ON CONFLICT (namespace, key) DO UPDATE SET limits = excluded.limits, updated_at = now()`, c.Namespace, key, string(js))
+	_, err = db.Exec(ctx, queries.Text("overrides.set", queries.Args{"overrides": table}), c.Namespace, key, string(js))
 	return err
 }

@@ -3,8 +3,11 @@ package pglimit
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // refundTicket is what an admission leaves for a refund: which key, how
@@ -22,36 +25,7 @@ type refundTicket struct {
 	anchors  []int64
 }
 
-// refundSingleSQL gives back $4 µs of a single GCRA limit's TAT, if the
-// TAT is still $3, the one the admission left: then nothing was admitted
-// after it, or everything admitted after it was given back, and the key
-// is exactly as if the refunded units had never been asked for.
-const refundSingleSQL = `
-UPDATE %[1]s SET expires_at = expires_at - $4 * interval '1 microsecond'
-WHERE namespace = $1 AND key = $2 AND expires_at = timestamptz 'epoch' + $3 * interval '1 microsecond'
-RETURNING ARRAY[true]`
-
-// refundGeneralSQL gives back $4 units of each limit the admission still
-// weighs on, by the anchors $3 (one per limit) and, for GCRA, the
-// emission intervals $5: a GCRA limit whose TAT is still its anchor, a
-// fixed window still the one it counted in, a sliding window's current
-// or previous window. It returns which limits took the units back. %[2]s
-// is the new state, %[3]s the flags, both written by refundState, %[4]d
-// the state's length and %[5]d the number of limits.
-const refundGeneralSQL = `
-WITH old AS (
-    SELECT t.state FROM %[1]s AS t
-    WHERE t.namespace = $1 AND t.key = $2 AND cardinality(t.state) = %[4]d
-      AND cardinality($5::bigint[]) = %[5]d
-    FOR UPDATE
-), changed AS (
-    UPDATE %[1]s AS t SET state = %[2]s FROM old
-    WHERE t.namespace = $1 AND t.key = $2
-    RETURNING 1
-)
-SELECT %[3]s FROM old WHERE EXISTS (SELECT FROM changed)`
-
-// refundState writes refundGeneralSQL's new state and flags for limits.
+// refundState writes refund.general's new state and flags for limits.
 func refundState(limits []Limit) (state, flags string) {
 	var next, ok []string
 	for i, l := range limits {
@@ -81,14 +55,17 @@ func refundState(limits []Limit) (state, flags string) {
 	return "ARRAY[" + strings.Join(next, ", ") + "]", "ARRAY[" + strings.Join(ok, ", ") + "]"
 }
 
-// refundStatement is a limiter's refund statement: refundSingleSQL for
-// a single GCRA limit, refundGeneralSQL for others.
+// refundStatement is a limiter's refund statement: refund.single for a
+// single GCRA limit, refund.general for others.
 func refundStatement(limits []Limit, table string) string {
 	if len(limits) == 1 && limits[0].Algorithm == GCRA {
-		return fmt.Sprintf(refundSingleSQL, table)
+		return queries.Text("refund.single", queries.Args{"table": table})
 	}
 	state, flags := refundState(limits)
-	return fmt.Sprintf(refundGeneralSQL, table, state, flags, 3*len(limits), len(limits))
+	return queries.Text("refund.general", queries.Args{
+		"table": table, "new_state": state, "flags": flags,
+		"state_length": strconv.Itoa(3 * len(limits)), "limits": strconv.Itoa(len(limits)),
+	})
 }
 
 // Refund gives back n of the units admission d took, when the work they

@@ -1,6 +1,10 @@
 package pglimit
 
-import "time"
+import (
+	"time"
+
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
+)
 
 // NoWait locks the key's row, then updates it, or inserts it for a key
 // never seen. It waits for the row's lock at most noWaitPatience: long
@@ -13,33 +17,20 @@ import "time"
 // separate round trips, and locked with FOR UPDATE NOWAIT, which
 // refused most requests that fitted a busy key's limit: another admission
 // of it held the row for a few hundred microseconds (docs/throughput.md).
-// Here it is one statement. The lock is taken only on a row that fits the
-// request in the statement's snapshot (FOR UPDATE re-checks that against
-// the latest row version), so a refusal takes no lock and writes nothing.
-// The bounded wait is lock_timeout, set for the statement's transaction
-// by a condition the row must pass before it is locked; in a caller's
-// transaction (AllowTx) the caller's own lock_timeout is restored after
-// the statement. It differs from Upsert only in that wait, here and in the
-// general statement.
-const noWaitAllowSQL = `
-WITH locked AS (
-    SELECT t.expires_at FROM %[1]s AS t
-    WHERE t.namespace = $1 AND t.key = $2 AND t.expires_at <= clock_timestamp() + $5::bigint * interval '1 microsecond'
-    ` + noWaitLockSQL + `
-),` + keyRowTailSQL
+// Here it is one statement (nowait.allow). The lock is taken only on a row
+// that fits the request in the statement's snapshot (FOR UPDATE re-checks
+// that against the latest row version), so a refusal takes no lock and
+// writes nothing. The bounded wait is lock_timeout, set for the
+// statement's transaction by a condition the row must pass before it is
+// locked (nowait.lock); in a caller's transaction (AllowTx) the caller's
+// own lock_timeout is restored after the statement. It differs from Upsert
+// only in that wait, here and in the general statement.
 
 // noWaitPatience is how long NoWait waits for a row lock that another
-// decision holds; noWaitCondition says the same to the server.
+// decision holds; the statement nowait.condition says the same to the
+// server.
 const noWaitPatience = 20 * time.Millisecond
 
-// noWaitCondition sets lock_timeout to noWaitPatience for the statement's
-// transaction: a WHERE condition that is always true, evaluated on the row
-// before its lock is requested.
-const noWaitCondition = `set_config('lock_timeout', '20ms', true) IS NOT NULL`
-
-// noWaitLockSQL ends the WHERE clause of a NoWait lock.
-const noWaitLockSQL = "AND " + noWaitCondition + "\n    FOR UPDATE"
-
 func newNoWait(b base, table string) *stmtLimiter {
-	return newStmtLimiter(b, table, noWaitAllowSQL, noWaitLockSQL, codeLockNotAvailable)
+	return newStmtLimiter(b, table, "nowait.allow", queries.Static("nowait.lock"), codeLockNotAvailable)
 }

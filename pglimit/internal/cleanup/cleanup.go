@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // ErrNotLimiterTable reports a table that is missing or lacks a column that
@@ -51,74 +53,6 @@ var ends = []struct{ column, end string }{
 	{"during tstzrange", "upper(during)"},
 }
 
-// The inner SELECT picks at most $2 rows from the oldest end of the index,
-// skipping rows a request holds locked; its FOR UPDATE re-checks the
-// condition on a row updated since the statement's snapshot, so a key
-// readmitted meanwhile is not picked. The outer condition repeats the test
-// on the row the DELETE sees. A row is deleted only if its cooldown ended
-// more than $1 ago by the database clock, and a Range row whose upper bound
-// is infinite never is.
-const deleteSQL = `
-DELETE FROM %[1]s
-WHERE ctid = ANY (ARRAY(
-        SELECT ctid FROM %[1]s
-        WHERE %[2]s < now() - $1::interval
-        ORDER BY %[2]s
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED))
-  AND %[2]s < now() - $1::interval`
-
-// sweepSQL deletes, among the rows stored in blocks [$2, $3), at most $4
-// whose cooldown ended more than $1 ago, and returns how many, with the
-// table's size in blocks ($5 is its name). The block range makes it a TID
-// range scan (PostgreSQL 14+): each batch reads at most $3 - $2 blocks.
-const sweepSQL = `
-WITH deleted AS (
-    DELETE FROM %[1]s
-    WHERE ctid = ANY (ARRAY(
-            SELECT ctid FROM %[1]s
-            WHERE ctid >= format('(%%s,0)', $2::bigint)::tid AND ctid < format('(%%s,0)', $3::bigint)::tid
-              AND %[2]s < now() - $1::interval
-            LIMIT $4
-            FOR UPDATE SKIP LOCKED))
-      AND %[2]s < now() - $1::interval
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM deleted), pg_relation_size($5::regclass) / current_setting('block_size')::bigint`
-
-const describeSQL = `
-SELECT c.oid IS NOT NULL,
-       coalesce((SELECT array_agg(a.attname::text || ' ' || format_type(a.atttypid, a.atttypmod))
-                 FROM pg_attribute a
-                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-                   AND a.attname IN ('expires_at', 'during')), '{}'),
-       EXISTS (SELECT FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-               WHERE i.indrelid = c.oid AND i.indisvalid AND a.attname = 'expires_at')
-FROM (SELECT to_regclass($1) AS oid) c`
-
-// keysSQL picks the keys of at most $2 rows whose cooldown ended more than
-// $1 ago, oldest first; keyedDeleteSQL deletes the expired rows of those
-// keys ($2), and re-checks the condition on the row version it deletes, so
-// a key admitted again since it was picked is not deleted. Both run on
-// every shard; now() is the coordinator's, one value for all of them.
-const (
-	keysSQL = `
-SELECT coalesce(array_agg(DISTINCT k.key), '{}')
-FROM (SELECT key FROM %[1]s WHERE %[2]s < now() - $1::interval ORDER BY %[2]s LIMIT $2) AS k`
-
-	keyedDeleteSQL = `
-DELETE FROM %[1]s
-WHERE key = ANY ($2::text[])
-  AND %[2]s < now() - $1::interval`
-)
-
-// distributedSQL tells whether a table is a Citus distributed table, and
-// whether this session is on the coordinator, where the cleaners' leader
-// lock must be taken: an advisory lock is one node's.
-const distributedSQL = `
-SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1)),
-       citus_is_coordinator()`
-
 // Describe looks up schema.name, which the caller has validated, and tells
 // which column ends its cooldowns.
 func Describe(ctx context.Context, q Querier, schema, name string) (Table, error) {
@@ -127,7 +61,7 @@ func Describe(ctx context.Context, q Querier, schema, name string) (Table, error
 		exists, indexed bool
 		columns         []string
 	)
-	if err := q.QueryRow(ctx, describeSQL, qualified).Scan(&exists, &columns, &indexed); err != nil {
+	if err := q.QueryRow(ctx, queries.Static("cleanup.describe"), qualified).Scan(&exists, &columns, &indexed); err != nil {
 		return Table{}, fmt.Errorf("describe %s: %w", qualified, err)
 	}
 	if !exists {
@@ -140,8 +74,8 @@ func Describe(ctx context.Context, q Querier, schema, name string) (Table, error
 			}
 			t := Table{
 				Name: qualified, End: e.end, Sweep: e.end == "expires_at" && !indexed,
-				deleteSQL: fmt.Sprintf(deleteSQL, qualified, e.end),
-				sweepSQL:  fmt.Sprintf(sweepSQL, qualified, e.end),
+				deleteSQL: queries.Text("cleanup.delete", queries.Args{"table": qualified, "end": e.end}),
+				sweepSQL:  queries.Text("cleanup.sweep", queries.Args{"table": qualified, "end": e.end}),
 			}
 			return t, t.describeDistribution(ctx, q)
 		}
@@ -152,10 +86,10 @@ func Describe(ctx context.Context, q Querier, schema, name string) (Table, error
 // describeDistribution marks t distributed if Citus distributes it.
 func (t *Table) describeDistribution(ctx context.Context, q Querier) error {
 	var citus, coordinator bool
-	if err := q.QueryRow(ctx, "SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL").Scan(&citus); err != nil || !citus {
+	if err := q.QueryRow(ctx, queries.Static("citus.present")).Scan(&citus); err != nil || !citus {
 		return err
 	}
-	if err := q.QueryRow(ctx, distributedSQL, t.Name).Scan(&t.Distributed, &coordinator); err != nil {
+	if err := q.QueryRow(ctx, queries.Static("cleanup.distributed"), t.Name).Scan(&t.Distributed, &coordinator); err != nil {
 		return fmt.Errorf("describe %s: %w", t.Name, err)
 	}
 	if t.Distributed && !coordinator {
@@ -163,8 +97,8 @@ func (t *Table) describeDistribution(ctx context.Context, q Querier) error {
 	}
 	if t.Distributed {
 		t.Sweep = false
-		t.keysSQL = fmt.Sprintf(keysSQL, t.Name, t.End)
-		t.deleteSQL = fmt.Sprintf(keyedDeleteSQL, t.Name, t.End)
+		t.keysSQL = queries.Text("cleanup.keys", queries.Args{"table": t.Name, "end": t.End})
+		t.deleteSQL = queries.Text("cleanup.keyed_delete", queries.Args{"table": t.Name, "end": t.End})
 	}
 	return nil
 }

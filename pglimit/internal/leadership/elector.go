@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // ErrNotLeader is returned by [Elector.IsLeader] and [Elector.Do] while this
@@ -220,7 +222,7 @@ func (e *Elector) step(loopCtx context.Context) {
 	// Only asked while not leader on this session: the lock is re-entrant,
 	// and a second grant would need a second unlock.
 	var got bool
-	if err := e.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", e.cfg.Key).Scan(&got); err != nil {
+	if err := e.conn.QueryRow(ctx, queries.Static("advisory.try_lock"), e.cfg.Key).Scan(&got); err != nil {
 		if loopCtx.Err() == nil {
 			e.logFailure("try lock", err)
 		}
@@ -244,8 +246,7 @@ func (e *Elector) dial(ctx context.Context) (*pgx.Conn, error) {
 		return nil, err
 	}
 	idle := fmt.Sprintf("%dms", IdleTimeout(e.cfg.Interval).Milliseconds())
-	if _, err := conn.Exec(ctx, `SELECT set_config('idle_session_timeout', $1, false),
-       set_config('client_connection_check_interval', $2, false)`, idle, clientCheckInterval); err != nil {
+	if _, err := conn.Exec(ctx, queries.Static("leadership.session"), idle, clientCheckInterval); err != nil {
 		_ = conn.Close(ctx)
 		return nil, err
 	}

@@ -1,0 +1,60 @@
+-- overrides.allow is general.allow for a limiter with Config.Overrides:
+-- eff is the key's limits, its override's rate and burst where it has one,
+-- the limiter's elsewhere; every decision reads them as columns (r<i>,
+-- t<i>, bt<i>: rate, emission interval and burst span) in place of the
+-- limits' constants, and the statement returns the rates and bursts it
+-- decided with. Placeholders: general.allow's, and overrides, the
+-- overrides table; raw, the raw rate and burst of each limit; derived, the
+-- columns derived from them; limits_out, the rates and bursts returned.
+{{define "overrides.allow"}}
+WITH eff AS (
+    SELECT {{.derived}} FROM (
+        SELECT {{.raw}} FROM (SELECT) AS one
+        LEFT JOIN {{.overrides}} AS o ON o.namespace = $1 AND o.key = $2) AS raw
+), locked AS (
+    SELECT t.state, t.expires_at FROM {{.table}} AS t
+    WHERE t.namespace = $1 AND t.key = $2
+      AND (SELECT {{.guard}} FROM (SELECT {{.state}} AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+               (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, eff.* FROM eff) AS c)
+    {{.lock}}
+), current AS (
+    SELECT {{.state}} AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, eff.*
+    FROM {{.table}} AS t, eff WHERE t.namespace = $1 AND t.key = $2
+), first AS (
+    SELECT pg_advisory_xact_lock($3::integer, hashtext($2))
+    WHERE NOT EXISTS (SELECT FROM current)
+), stamp AS (
+    SELECT {{.state}} AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS new, eff.* FROM locked AS t, eff
+    UNION ALL
+    SELECT NULL, NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true, eff.* FROM first, eff
+), decided AS (
+    SELECT x.*, {{.admits}} AS admits, {{.new_state}} AS new_state, {{.new_expires}} AS new_expires FROM stamp AS x
+){{template "general.write_decided" .}}
+SELECT true, x.state, x.tat, x.now, {{.setting}}, {{.limits_out}} FROM decided AS x
+WHERE CASE WHEN x.new THEN EXISTS (SELECT FROM inserted) ELSE EXISTS (SELECT FROM updated) END
+UNION ALL
+SELECT false, x.state, x.tat, x.now, NULL::text, {{.limits_out}} FROM current AS x WHERE NOT {{.admits}} AND NOT EXISTS (SELECT FROM updated)
+{{end}}
+
+-- overrides.peek is general.peek with the key's limits.
+{{define "overrides.peek"}}
+WITH eff AS (
+    SELECT {{.derived}} FROM (
+        SELECT {{.raw}} FROM (SELECT) AS one
+        LEFT JOIN {{.overrides}} AS o ON o.namespace = $1 AND o.key = $2) AS raw
+)
+SELECT NULL::boolean, t.state, (extract(epoch FROM t.expires_at) * 1000000)::bigint,
+    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, NULL::text, {{.limits_out}}
+FROM eff AS x LEFT JOIN {{.table}} AS t ON t.namespace = $1 AND t.key = $2
+{{end}}
+
+-- overrides.delete and overrides.set remove and set a key's own limits
+-- (SetKeyLimits): $1 namespace, $2 key, $3 the limits as JSON. Placeholder:
+-- overrides, the table.
+{{define "overrides.delete"}}DELETE FROM {{.overrides}} WHERE namespace = $1 AND key = $2{{end}}
+{{define "overrides.set"}}
+INSERT INTO {{.overrides}} (namespace, key, limits) VALUES ($1, $2, $3)
+ON CONFLICT (namespace, key) DO UPDATE SET limits = excluded.limits, updated_at = now()
+{{end}}

@@ -1,0 +1,66 @@
+-- The statements of Semaphore. Placeholder: table, the slots table.
+--
+-- slots.acquire takes a slot of key $2 in namespace $1 below $3 for $4 µs:
+-- the lowest whose lease ended, skipping those another acquirer has
+-- locked, or else the lowest slot number that has no row and that no
+-- acquirer in flight is inserting (each inserter holds a transaction
+-- advisory lock on its slot number, $5 seeding the hash), so that an
+-- acquirer never waits for another. It returns the slot taken (NULL for
+-- none), its holder and lease end, then how many slots it saw held and
+-- when the first of their leases ends, and the time, read once from the
+-- clock (not the transaction's start, which in a caller's transaction may
+-- be long past). The counts come from
+-- the statement's snapshot, which sees neither its own write nor
+-- acquisitions in flight: a refusal that saw fewer than $3 held lost a
+-- race, and is tried again.
+{{define "slots.acquire"}}
+WITH clock AS (
+    SELECT clock_timestamp() AS now
+), free AS (
+    SELECT s.slot FROM {{.table}} AS s, clock
+    WHERE s.namespace = $1 AND s.key = $2 AND s.slot < $3 AND s.expires_at <= clock.now
+    ORDER BY s.slot
+    LIMIT 1
+    FOR UPDATE OF s SKIP LOCKED
+), reused AS (
+    UPDATE {{.table}} AS s
+    SET holder = gen_random_uuid(), expires_at = clock.now + $4 * interval '1 microsecond'
+    FROM free, clock
+    WHERE s.namespace = $1 AND s.key = $2 AND s.slot = free.slot
+    RETURNING s.slot, s.holder, s.expires_at
+), added AS (
+    INSERT INTO {{.table}} (namespace, key, slot, holder, expires_at)
+    SELECT $1, $2, g, gen_random_uuid(), clock.now + $4 * interval '1 microsecond'
+    FROM (SELECT g FROM generate_series(0, $3 - 1) AS g
+          WHERE CASE WHEN EXISTS (SELECT FROM reused)
+                       OR EXISTS (SELECT FROM {{.table}} AS o WHERE o.namespace = $1 AND o.key = $2 AND o.slot = g)
+                     THEN false
+                     ELSE pg_try_advisory_xact_lock(hashtextextended($1 || '/' || $2 || '/' || g, $5))
+                END
+          LIMIT 1) AS candidate, clock
+    ON CONFLICT DO NOTHING
+    RETURNING slot, holder, expires_at
+), taken AS (
+    SELECT * FROM reused UNION ALL SELECT * FROM added
+), held AS (
+    SELECT count(*) AS n, min(s.expires_at) AS first_end FROM {{.table}} AS s, clock
+    WHERE s.namespace = $1 AND s.key = $2 AND s.slot < $3 AND s.expires_at > clock.now
+)
+SELECT taken.slot, taken.holder::text, (extract(epoch FROM taken.expires_at) * 1000000)::int8,
+       held.n, (extract(epoch FROM held.first_end) * 1000000)::int8,
+       (extract(epoch FROM clock.now) * 1000000)::int8
+FROM held CROSS JOIN clock LEFT JOIN taken ON true
+{{end}}
+
+-- slots.extend renews a held slot's lease; slots.release frees it. Both
+-- touch the slot only while its holder ($4) still holds it.
+{{define "slots.extend"}}
+UPDATE {{.table}} SET expires_at = clock_timestamp() + $5 * interval '1 microsecond'
+WHERE namespace = $1 AND key = $2 AND slot = $3 AND holder = $4::uuid AND expires_at > clock_timestamp()
+RETURNING $5::bigint
+{{end}}
+
+{{define "slots.release"}}
+DELETE FROM {{.table}}
+WHERE namespace = $1 AND key = $2 AND slot = $3 AND holder = $4::uuid AND expires_at > clock_timestamp()
+{{end}}
