@@ -89,9 +89,9 @@ row() {
   got=$(grep -o 'tests run on PostgreSQL [0-9]*' "$out" | head -1 | awk '{print $NF}' || true)
   local major=${want:-${got:-?}}
   local line
-  # Shows where the suite ran: "pglimittest: tests run on PostgreSQL 15.18
+  # Shows where the suite ran: "testdb: tests run on PostgreSQL 15.18
   # (Debian ...) from testcontainers, docker image ...".
-  grep -o '"Output":"pglimittest: tests run on [^"]*' "$out" | head -1 | sed 's/"Output":"/  /; s/\\n$//' >&2 || true
+  grep -o '"Output":"testdb: tests run on [^"]*' "$out" | head -1 | sed 's/"Output":"/  /; s/\\n$//' >&2 || true
   if [ "$rc" = 0 ] && [ "$failed_n" = 0 ] && [ "$passed" -gt 0 ] && [ "$got" = "$major" ]; then
     line="PostgreSQL $major ($source): pass, $passed tests"
   else

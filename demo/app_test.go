@@ -19,12 +19,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-func TestMain(m *testing.M) { pglimittest.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(m) }
 
 type testBundle struct {
 	srv    *httptest.Server
@@ -49,8 +49,8 @@ func setup(t *testing.T, pool *pgxpool.Pool, edit func(*config)) *testBundle {
 		exportsAtOnce: 2,
 	}
 	if pool == nil {
-		pool = pglimittest.Pool(t)
-		cfg.schema = pglimittest.Schema(t)
+		pool = testdb.Pool(t)
+		cfg.schema = testdb.Schema(t)
 		if err := migrateDemo(context.Background(), pool, cfg.schema); err != nil {
 			t.Fatal(err)
 		}

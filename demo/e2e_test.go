@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
+	"github.com/pglimit/cooldown/internal/testdb"
 )
 
 // The end-to-end test runs what docker-compose.yml runs, minus Docker and
@@ -51,7 +51,7 @@ func lookPath(t *testing.T, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		pglimittest.Missing(t, "%s not found on PATH: apt-get install prometheus (Debian's package has prometheus and promtool)", name)
+		testdb.Missing(t, "%s not found on PATH: apt-get install prometheus (Debian's package has prometheus and promtool)", name)
 	}
 	return p
 }
@@ -78,8 +78,8 @@ func TestEndToEnd(t *testing.T) {
 	bin := buildDemo(t)
 	t.Logf("built the demo in %s", time.Since(start).Round(time.Millisecond))
 
-	dbURL := pglimittest.URL(t)
-	schema := pglimittest.Schema(t)
+	dbURL := testdb.URL(t)
+	schema := testdb.Schema(t)
 	var demos []*process
 	for i := 1; i <= 2; i++ {
 		demos = append(demos, startDemo(t, bin, fmt.Sprintf("e2e-%d", i), dbURL, schema))
@@ -573,7 +573,7 @@ func driveLoad(t *testing.T, demos []*process) *loadStats {
 // connection, depending on timing).
 func produceErrors(t *testing.T, demos []*process) {
 	t.Helper()
-	admin := pglimittest.Pool(t)
+	admin := testdb.Pool(t)
 	ctx := context.Background()
 	for _, d := range demos {
 		deadline := time.Now().Add(20 * time.Second)

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -131,8 +131,8 @@ func (s *syncBuffer) String() string {
 // it must start its own PostgreSQL, serve, and clean up on shutdown.
 func TestRunWithThrowawayPostgres(t *testing.T) {
 	t.Parallel()
-	if os.Getenv(pglimittest.EnvURL) != "" {
-		t.Skipf("%s is set: tests may have no local PostgreSQL to start", pglimittest.EnvURL)
+	if os.Getenv(testdb.EnvURL) != "" {
+		t.Skipf("%s is set: tests may have no local PostgreSQL to start", testdb.EnvURL)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
+	"github.com/pglimit/cooldown/internal/testdb"
 )
 
 // `make demo`, stopped with Ctrl-C as a terminal sends it (SIGINT to the
@@ -22,10 +22,10 @@ func TestMakeDemoCtrlC(t *testing.T) {
 	t.Parallel()
 	makeBin, err := exec.LookPath("make")
 	if err != nil {
-		pglimittest.Missing(t, "make not found on PATH: apt-get install make")
+		testdb.Missing(t, "make not found on PATH: apt-get install make")
 	}
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	u, err := url.Parse(pglimittest.URL(t))
+	u, err := url.Parse(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func TestMakeDemoCtrlC(t *testing.T) {
 	cmd := exec.Command(makeBin, "-C", "..", "demo", "GO="+goBin, "DEMO_BIN="+filepath.Join(t.TempDir(), "demo"))
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+u.String(),
-		"PGLIMIT_SCHEMA="+pglimittest.Schema(t),
+		"PGLIMIT_SCHEMA="+testdb.Schema(t),
 		"PGLIMIT_DEMO_ADDR=127.0.0.1:0",
 		"PGLIMIT_CLEANUP=false",
 	)

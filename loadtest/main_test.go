@@ -16,11 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-func TestMain(m *testing.M) { pglimittest.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(m) }
 
 // tiny runs every scenario in a few seconds.
 var tiny = []string{"-short", "-scale", "0.15", "-levels", "1,8", "-keys", "1000", "-rounds", "1", "-progress=false"}
@@ -152,7 +152,7 @@ var allCharts = []string{"seed-latency.png", "contention-throughput.png", "conte
 func needRedis(t *testing.T) {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		pglimittest.Missing(t, "%v", errNoRedis)
+		testdb.Missing(t, "%v", errNoRedis)
 	}
 }
 
@@ -166,7 +166,7 @@ func TestInProcess(t *testing.T) {
 		names = append(names, v.Name)
 	}
 	// The limit scenarios run beside, in TestLimits.
-	rep, out := runLoadtest(t, exitOK, append([]string{"-database-url", pglimittest.URL(t), "-strategies", strings.Join(names, ","),
+	rep, out := runLoadtest(t, exitOK, append([]string{"-database-url", testdb.URL(t), "-strategies", strings.Join(names, ","),
 		"-scenarios", strings.Join([]string{scSeed, scContention, scManyKeys, scNaive}, ",")}, tiny...)...)
 	fl := []string{floorName, writeFloorName, pingFloorName}
 	checkResults(t, rep, fl, names, map[string]int{scSeed: 1, scContention: 2, scManyKeys: 1, scNaive: 1})
@@ -207,7 +207,7 @@ func TestInProcess(t *testing.T) {
 // and every admission checked by the client.
 func TestBusyKey(t *testing.T) {
 	t.Parallel()
-	args := append([]string{"-database-url", pglimittest.URL(t), "-scenarios", scBusy, "-busy-levels", "8"}, tiny...)
+	args := append([]string{"-database-url", testdb.URL(t), "-scenarios", scBusy, "-busy-levels", "8"}, tiny...)
 	rep, _ := runLoadtest(t, exitOK, append(args, "-scale", "0.1")...)
 	checkResults(t, rep, nil, nil, map[string]int{scBusy: 1})
 	for _, r := range rep.Scenarios[0].Results {
@@ -235,7 +235,7 @@ func TestLimits(t *testing.T) {
 	// Shorter than tiny, and one of the two cost workloads (the other
 	// differs only in its keys), to keep CI's time: the bounds and the cost
 	// figures are measured at length by -short.
-	args := append([]string{"-database-url", pglimittest.URL(t), "-scenarios", scLimits + "," + scCostHot}, tiny...)
+	args := append([]string{"-database-url", testdb.URL(t), "-scenarios", scLimits + "," + scCostHot}, tiny...)
 	rep, out := runLoadtest(t, exitOK, append(args, "-scale", "0.1")...)
 	checkResults(t, rep, nil, nil, map[string]int{scLimits: 1, scCostHot: 1})
 	checkOutputs(t, out, rep, nil)
@@ -343,10 +343,10 @@ func demo(lim pglimit.Limiter) http.Handler {
 // demoInstances starts two demo stand-ins sharing one database, as in the
 // compose stack, and returns their URLs joined for -target.
 func demoInstances(t *testing.T) string {
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	var urls []string
 	for range 2 {
-		lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Schema: schema, Cooldown: time.Second})
+		lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: schema, Cooldown: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -369,7 +369,7 @@ func TestHTTPTarget(t *testing.T) {
 // given the database URL.
 func TestHTTPTargetDatabaseDeltas(t *testing.T) {
 	t.Parallel()
-	rep, _ := runLoadtest(t, exitOK, "-target", demoInstances(t), "-cooldown", "1s", "-database-url", pglimittest.URL(t),
+	rep, _ := runLoadtest(t, exitOK, "-target", demoInstances(t), "-cooldown", "1s", "-database-url", testdb.URL(t),
 		"-scenarios", "seed", "-short", "-scale", "0.1", "-progress=false")
 	for _, r := range rep.Scenarios[0].Results {
 		// Decisions reach the database (concurrent ones on one key share

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // The naive Range does not pass pglimit's conformance suite: racing
@@ -19,8 +19,8 @@ import (
 func TestNaiveRangeSequential(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pglimittest.Pool(t)
-	lim, err := newNaiveRange(pool, pgx.Identifier{pglimittest.Schema(t), "pglimit_range"}, "ns", time.Minute)
+	pool := testdb.Pool(t)
+	lim, err := newNaiveRange(pool, pgx.Identifier{testdb.Schema(t), "pglimit_range"}, "ns", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
+	"github.com/pglimit/cooldown/internal/testdb"
 )
 
 // A short soak: faults are injected, a failover among them, and the audit
@@ -15,7 +15,7 @@ func TestSoak(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	switch code := run(t.Context(), []string{"-soak", "12s"}, &stdout, &stderr); {
 	case code == exitError && strings.Contains(stderr.String(), "server binaries"):
-		pglimittest.Missing(t, "%s", stderr.String())
+		testdb.Missing(t, "%s", stderr.String())
 	case code != exitOK:
 		t.Fatalf("exit code %d\nstdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
 	}

@@ -13,15 +13,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // newBatchLimiter builds a limiter of strategy s over db in a schema of
 // its own.
 func newBatchLimiter(t *testing.T, db pglimit.DB, s pglimit.Strategy, edit func(*pglimit.Config)) (pglimit.Limiter, string) {
 	t.Helper()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	cfg := &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour}
 	if edit != nil {
 		edit(cfg)
@@ -80,7 +80,7 @@ func TestBatchCoalesces(t *testing.T) {
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
-			db := &heldDB{countingDB: countingDB{Pool: pglimittest.Pool(t)}}
+			db := &heldDB{countingDB: countingDB{Pool: testdb.Pool(t)}}
 			lim, _ := newBatchLimiter(t, db, s, nil)
 			keys := keysN("k", 64)
 			for round, admit := range []bool{true, false} {
@@ -188,7 +188,7 @@ func TestBatchRefusalWritesNothing(t *testing.T) {
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
-			db := &countingDB{Pool: pglimittest.Pool(t)}
+			db := &countingDB{Pool: testdb.Pool(t)}
 			lim, schema := newBatchLimiter(t, db, s, nil)
 			keys := keysN("k", 48)
 			if _, err := allowAll(ctx, lim, keys, 1); err != nil {
@@ -231,7 +231,7 @@ func TestBatchSameKeyNoOverAdmission(t *testing.T) {
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
-			lim, _ := newBatchLimiter(t, pglimittest.Pool(t), s, func(c *pglimit.Config) {
+			lim, _ := newBatchLimiter(t, testdb.Pool(t), s, func(c *pglimit.Config) {
 				c.Cooldown = 0
 				c.Limits = []pglimit.Limit{{Rate: 3, Period: time.Hour, Burst: 3}}
 			})
@@ -268,10 +268,10 @@ func TestBatchInstancesDoNotDeadlock(t *testing.T) {
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
-			schema := pglimittest.Schema(t)
+			schema := testdb.Schema(t)
 			var lims []pglimit.Limiter
 			for range 3 {
-				lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour})
+				lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -490,7 +490,7 @@ func TestBatchAllowTxIsNotBatched(t *testing.T) {
 	t.Parallel()
 	lim, db, _, held := heldBatcher(t, pglimit.Upsert, 64)
 	ctx := context.Background()
-	err := pgx.BeginFunc(ctx, pglimittest.Pool(t), func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, testdb.Pool(t), func(tx pgx.Tx) error {
 		d, err := lim.AllowTx(ctx, tx, "in-tx")
 		if err == nil && !d.Allowed {
 			err = fmt.Errorf("refused: %+v", d)
@@ -507,7 +507,7 @@ func TestBatchAllowTxIsNotBatched(t *testing.T) {
 // Other limits and Range bypass the batcher.
 func TestBatchBypassed(t *testing.T) {
 	t.Parallel()
-	pool := pglimittest.Pool(t)
+	pool := testdb.Pool(t)
 	for _, c := range []pglimit.Config{
 		{Strategy: pglimit.Range, Cooldown: time.Second},
 		{Limits: []pglimit.Limit{{Rate: 1, Period: time.Second}, {Rate: 5, Period: time.Minute}}},
@@ -607,11 +607,11 @@ func TestBatchAuditCooldown(t *testing.T) {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			const cooldown = 50 * time.Millisecond
-			schema := pglimittest.Schema(t)
-			record := audit(t, pglimittest.Pool(t), schema, s)
+			schema := testdb.Schema(t)
+			record := audit(t, testdb.Pool(t), schema, s)
 			var lims []pglimit.Limiter
 			for range 2 {
-				lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Cooldown: cooldown})
+				lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Cooldown: cooldown})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // BenchmarkAllow measures one decision at a time on one connection, with
@@ -32,7 +32,7 @@ import (
 func BenchmarkAllow(b *testing.B) {
 	ctx := context.Background()
 	b.Run("floor", func(b *testing.B) {
-		pool := pglimittest.Pool(b)
+		pool := testdb.Pool(b)
 		b.ReportAllocs()
 		for b.Loop() {
 			var one int
@@ -55,9 +55,9 @@ func BenchmarkAllow(b *testing.B) {
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
 			cfg := v.cfg
-			cfg.Schema = pglimittest.Schema(b)
+			cfg.Schema = testdb.Schema(b)
 			cfg.Cooldown = time.Hour
-			lim, err := pglimit.New(pglimittest.Pool(b), &cfg)
+			lim, err := pglimit.New(testdb.Pool(b), &cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -104,8 +104,8 @@ func BenchmarkOverrides(b *testing.B) {
 		overrides, row bool
 	}{{"plain", false, false}, {"overrides-none", true, false}, {"overrides-row", true, true}} {
 		b.Run(v.name, func(b *testing.B) {
-			pool := pglimittest.Pool(b)
-			cfg := pglimit.Config{Schema: pglimittest.Schema(b), Limits: limits, Overrides: v.overrides}
+			pool := testdb.Pool(b)
+			cfg := pglimit.Config{Schema: testdb.Schema(b), Limits: limits, Overrides: v.overrides}
 			lim, err := pglimit.New(pool, &cfg)
 			if err != nil {
 				b.Fatal(err)
@@ -154,7 +154,7 @@ func BenchmarkFeatures(b *testing.B) {
 	}
 	for _, name := range []string{"fixed-window", "calendar-day"} {
 		b.Run(name, func(b *testing.B) {
-			lim, err := pglimit.New(pglimittest.Pool(b), &pglimit.Config{Schema: pglimittest.Schema(b), Limits: []pglimit.Limit{windows[name]}})
+			lim, err := pglimit.New(testdb.Pool(b), &pglimit.Config{Schema: testdb.Schema(b), Limits: []pglimit.Limit{windows[name]}})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -167,7 +167,7 @@ func BenchmarkFeatures(b *testing.B) {
 		})
 	}
 	b.Run("refund", func(b *testing.B) {
-		lim, err := pglimit.New(pglimittest.Pool(b), &pglimit.Config{Schema: pglimittest.Schema(b), Limits: []pglimit.Limit{windows["fixed-window"]}})
+		lim, err := pglimit.New(testdb.Pool(b), &pglimit.Config{Schema: testdb.Schema(b), Limits: []pglimit.Limit{windows["fixed-window"]}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -183,7 +183,7 @@ func BenchmarkFeatures(b *testing.B) {
 		}
 	})
 	b.Run("semaphore", func(b *testing.B) {
-		sem, err := pglimit.NewSemaphore(pglimittest.Pool(b), &pglimit.SemaphoreConfig{Schema: pglimittest.Schema(b), Limit: 2})
+		sem, err := pglimit.NewSemaphore(testdb.Pool(b), &pglimit.SemaphoreConfig{Schema: testdb.Schema(b), Limit: 2})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // A limit at the edge of what validation accepts either is refused by New
@@ -19,7 +19,7 @@ import (
 func TestLimitsArithmeticBounds(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pglimittest.Pool(t), pglimittest.Schema(t)
+	pool, schema := testdb.Pool(t), testdb.Schema(t)
 	const year = 366 * 24 * time.Hour
 	huge := pglimit.Limit{Name: "huge", Rate: 1, Period: year, Burst: 1 << 30}
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {

@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // auditRow is one write to a limiter's row, as the audit trigger saw it.
@@ -72,10 +72,10 @@ func auditRecord(t *testing.T, pool *pgxpool.Pool, schema string) []auditRow {
 }
 
 // bigPool returns a pool of maxConns connections, closed when the test
-// ends, with the empty search_path of pglimittest.Pool.
+// ends, with the empty search_path of testdb.Pool.
 func bigPool(t *testing.T, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pglimittest.URL(t))
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,8 +342,8 @@ func TestConcurrencyBounds(t *testing.T) {
 		} {
 			t.Run(fmt.Sprintf("%s/%s", s, tc.name), func(t *testing.T) {
 				t.Parallel()
-				pools := []*pgxpool.Pool{pglimittest.Pool(t), pglimittest.Pool(t)}
-				schema := pglimittest.Schema(t)
+				pools := []*pgxpool.Pool{testdb.Pool(t), testdb.Pool(t)}
+				schema := testdb.Schema(t)
 				record := audit(t, pools[0], schema, s)
 				var lims []pglimit.Limiter
 				for _, p := range pools {
@@ -438,7 +438,7 @@ func TestConcurrentBurst(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			pools := []*pgxpool.Pool{bigPool(t, 20), bigPool(t, 20)}
-			schema := pglimittest.Schema(t)
+			schema := testdb.Schema(t)
 			// A key whose row is there, long replenished, and a key never seen.
 			table := pgx.Identifier{schema, "pglimit_" + string(s)}.Sanitize()
 			if _, err := pools[0].Exec(ctx, "INSERT INTO "+table+" (namespace, key, expires_at) VALUES ('default', 'seen', now() - interval '1 day')"); err != nil {

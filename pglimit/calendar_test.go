@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 func calendarConfig(unit, zone string, rate int) *pglimit.Config {
@@ -25,7 +25,7 @@ func calendarConfig(unit, zone string, rate int) *pglimit.Config {
 func TestCalendarWindows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pglimittest.Pool(t)
+	pool := testdb.Pool(t)
 	at := func(zone string, y int, m time.Month, d, h, min int) time.Time {
 		loc, err := time.LoadLocation(zone)
 		if err != nil {
@@ -92,13 +92,13 @@ func TestCalendarDecisions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			cfg := calendarConfig("day", "Europe/Paris", 5)
 			cfg.Schema, cfg.Strategy, cfg.Namespace = schema, s, string(s)
-			lims := []pglimit.Limiter{newLimiterOn(t, pglimittest.Pool(t), *cfg), newLimiterOn(t, pglimittest.Pool(t), *cfg)}
+			lims := []pglimit.Limiter{newLimiterOn(t, testdb.Pool(t), *cfg), newLimiterOn(t, testdb.Pool(t), *cfg)}
 			var mu sync.Mutex
 			var refusals []pglimit.Decision
 			admitted := 0
@@ -132,7 +132,7 @@ func TestCalendarDecisions(t *testing.T) {
 			}
 			// The day ends.
 			table := pgx.Identifier{schema, "pglimit_" + string(s)}.Sanitize()
-			if _, err := pglimittest.Pool(t).Exec(ctx, "UPDATE "+table+" SET state[3] = state[3] - 86400000000 * 2, state[1] = state[1] - 86400000000 * 2 WHERE namespace = $1", string(s)); err != nil {
+			if _, err := testdb.Pool(t).Exec(ctx, "UPDATE "+table+" SET state[3] = state[3] - 86400000000 * 2, state[1] = state[1] - 86400000000 * 2 WHERE namespace = $1", string(s)); err != nil {
 				t.Fatal(err)
 			}
 			d, err := lims[0].Allow(ctx, "k")
@@ -146,7 +146,7 @@ func TestCalendarDecisions(t *testing.T) {
 // Calendar windows take a known unit and zone, on a FixedWindow alone.
 func TestCalendarConfig(t *testing.T) {
 	t.Parallel()
-	pool := pglimittest.Pool(t)
+	pool := testdb.Pool(t)
 	for name, l := range map[string]pglimit.Limit{
 		"unknown unit":      {Rate: 1, Algorithm: pglimit.FixedWindow, Calendar: "fortnight"},
 		"unknown zone":      {Rate: 1, Algorithm: pglimit.FixedWindow, Calendar: "day", TimeZone: "Mars/Olympus_Mons"},

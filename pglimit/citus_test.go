@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
@@ -144,7 +145,7 @@ func TestCitusDistribute(t *testing.T) {
 func TestDistributeWithoutCitus(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pglimittest.Pool(t), pglimittest.Schema(t)
+	pool, schema := testdb.Pool(t), testdb.Schema(t)
 	if err := pglimit.Distribute(ctx, pool, schema); !errors.Is(err, pglimit.ErrUnsupported) {
 		t.Fatalf("Distribute: %v; want ErrUnsupported", err)
 	}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // A general-limit row is cleaned only once every limit in it is fully
@@ -18,7 +18,7 @@ import (
 func TestCleanerKeepsLiveLimitState(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pglimittest.Pool(t), pglimittest.Schema(t)
+	pool, schema := testdb.Pool(t), testdb.Schema(t)
 	const window = 5 * time.Second
 	lim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Limits: []pglimit.Limit{
 		{Name: "fast", Rate: 10, Period: 100 * time.Millisecond, Burst: 1},

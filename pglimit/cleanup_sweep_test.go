@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // A table without an index on expires_at (the Upsert and NoWait tables,
@@ -39,7 +39,7 @@ func TestCleanerSweepsTablesWithoutTheIndex(t *testing.T) {
 				}
 				f.w.poke()
 			}})
-			c, err := pglimit.NewCleaner(pglimittest.Pool(t), cfg)
+			c, err := pglimit.NewCleaner(testdb.Pool(t), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,7 +70,7 @@ func TestCleanerSweepsTablesWithoutTheIndex(t *testing.T) {
 func TestUnloggedAdmissionIsHOT(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	pool, schema := pglimittest.Pool(t), pglimittest.Schema(t)
+	pool, schema := testdb.Pool(t), testdb.Schema(t)
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 		table := "pglimit_" + string(s) + "_unlogged"
 		lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Table: table,

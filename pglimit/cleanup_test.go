@@ -17,8 +17,8 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // waitTimeout bounds every wait for a cleaner event; it is far above what
@@ -94,7 +94,7 @@ type leaderEvent struct {
 // newFleet starts n cleaners on a fresh schema; edit adjusts their config.
 func newFleet(t testing.TB, n int, edit func(*pglimit.CleanerConfig)) *fleet {
 	t.Helper()
-	f := &fleet{schema: pglimittest.Schema(t), admin: pglimittest.Pool(t), w: newWatch()}
+	f := &fleet{schema: testdb.Schema(t), admin: testdb.Pool(t), w: newWatch()}
 	for range n {
 		f.add(t, edit)
 	}
@@ -147,7 +147,7 @@ func (f *fleet) add(t testing.TB, edit func(*pglimit.CleanerConfig)) *pglimit.Cl
 			f.w.poke()
 		},
 	})
-	c, err := pglimit.NewCleaner(pglimittest.Pool(t), cfg)
+	c, err := pglimit.NewCleaner(testdb.Pool(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +401,7 @@ func TestCleanerLargeBacklog(t *testing.T) {
 	f.seedKeys(t, "pglimit_upsert", "live-", live, "1 hour")
 	f.seedKeys(t, "pglimit_nowait", "recent-", recent, "-10 seconds")
 
-	lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: pglimit.Range, Schema: f.schema, Namespace: "ns", Cooldown: time.Hour})
+	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Strategy: pglimit.Range, Schema: f.schema, Namespace: "ns", Cooldown: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,11 +512,11 @@ func TestCleanerStopWaitsForBatch(t *testing.T) {
 // Not parallel, so that goleak sees this test's goroutines only.
 func TestCleanerStopCancelsBatch(t *testing.T) {
 	ctx := context.Background()
-	schema := pglimittest.Schema(t)
-	admin := pglimittest.Pool(t)
+	schema := testdb.Schema(t)
+	admin := testdb.Pool(t)
 	ignore := goleak.IgnoreCurrent()
 
-	pool := pglimittest.Pool(t)
+	pool := testdb.Pool(t)
 	inBatch := make(chan struct{})
 	var once sync.Once
 	cfg := &pglimit.CleanerConfig{Schema: schema, Interval: 20 * time.Millisecond, Retention: time.Minute, BatchTimeout: time.Minute}
@@ -583,7 +583,7 @@ func TestCleanerStopCancelsBatch(t *testing.T) {
 // that waits for that connection gives up when Stop's grace runs out.
 func TestCleanerStopWithinCtxWhenLeaderStalls(t *testing.T) {
 	t.Parallel()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	proxy, poolCfg := newStallProxy(t)
 	waiting, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -642,7 +642,7 @@ func TestCleanerStopWithinCtxWhenLeaderStalls(t *testing.T) {
 
 func TestCleanerConfigErrors(t *testing.T) {
 	t.Parallel()
-	pool := pglimittest.Pool(t)
+	pool := testdb.Pool(t)
 	for _, tt := range []struct {
 		field string
 		cfg   pglimit.CleanerConfig
@@ -676,7 +676,7 @@ func TestCleanerConfigErrors(t *testing.T) {
 func TestCleanerStartChecksTables(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema, pool := pglimittest.Schema(t), pglimittest.Pool(t)
+	schema, pool := testdb.Schema(t), testdb.Pool(t)
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{schema, "other"}.Sanitize()+" (id int)"); err != nil {
 		t.Fatal(err)
 	}
@@ -710,7 +710,7 @@ func BenchmarkAllowDuringCleanup(b *testing.B) {
 			if _, err := f.admin.Exec(context.Background(), "VACUUM ANALYZE "+f.table("pglimit_range")); err != nil {
 				b.Fatal(err)
 			}
-			lim, err := pglimit.New(pglimittest.Pool(b), &pglimit.Config{Strategy: pglimit.Range, Schema: f.schema, Namespace: "ns", Cooldown: time.Hour})
+			lim, err := pglimit.New(testdb.Pool(b), &pglimit.Config{Strategy: pglimit.Range, Schema: f.schema, Namespace: "ns", Cooldown: time.Hour})
 			if err != nil {
 				b.Fatal(err)
 			}

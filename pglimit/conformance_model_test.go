@@ -17,8 +17,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // envModelSeed reruns TestModelConformance with the seed a failed run
@@ -57,8 +57,8 @@ func TestModelConformance(t *testing.T) {
 			// Sequences run side by side on two pools: a sequence is one
 			// caller at a time on its own key, so decisions never contend,
 			// and the sleeps between requests overlap.
-			pools := []*pgxpool.Pool{pglimittest.Pool(t), pglimittest.Pool(t)}
-			schema := pglimittest.Schema(t)
+			pools := []*pgxpool.Pool{testdb.Pool(t), testdb.Pool(t)}
+			schema := testdb.Schema(t)
 			var stats modelStats
 			var wg sync.WaitGroup
 			sem := make(chan struct{}, 8)

@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
@@ -81,7 +81,7 @@ func TestFallbackStalledDatabase(t *testing.T) {
 	}
 	defer pool.Close()
 	var logs syncBuffer
-	lim := newLimiterOn(t, pool, fallbackConfig(pglimittest.Schema(t), &logs))
+	lim := newLimiterOn(t, pool, fallbackConfig(testdb.Schema(t), &logs))
 	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed || d.Fallback {
 		t.Fatalf("Allow with the database up: %+v, %v", d, err)
 	}
@@ -133,8 +133,8 @@ func TestFallbackStalledDatabase(t *testing.T) {
 func TestFallbackServerRestart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := pglimittest.OwnServer(t)
-	pool := pglimittest.ServerPool(t, srv, 4)
+	srv := testdb.OwnServer(t)
+	pool := testdb.ServerPool(t, srv, 4)
 	if err := pglimit.Migrate(ctx, pool, "public"); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestFallbackServerRestart(t *testing.T) {
 // Fallback limits are checked like any other; only GCRA runs in process.
 func TestFallbackConfig(t *testing.T) {
 	t.Parallel()
-	pool := pglimittest.Pool(t)
+	pool := testdb.Pool(t)
 	for name, f := range map[string]*pglimit.Fallback{
 		"no limits":     {},
 		"a window":      {Limits: []pglimit.Limit{{Rate: 10, Period: time.Minute, Algorithm: pglimit.FixedWindow}}},

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // hangBound is how long a decision may take in a fault test before it
@@ -80,8 +80,8 @@ func waitHealthy(t *testing.T, lim pglimit.Limiter, within time.Duration) time.D
 // connection stuck in use.
 func TestRecoversFromOutages(t *testing.T) {
 	t.Parallel()
-	srv := pglimittest.OwnServer(t)
-	admin := pglimittest.ServerPool(t, srv, 2)
+	srv := testdb.OwnServer(t)
+	admin := testdb.ServerPool(t, srv, 2)
 	ctx := context.Background()
 	if err := pglimit.Migrate(ctx, admin, "public"); err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ func TestRecoversFromOutages(t *testing.T) {
 	}
 	for _, s := range pglimit.Strategies() {
 		for _, fault := range faults {
-			pool := pglimittest.ServerPool(t, srv, 4)
+			pool := testdb.ServerPool(t, srv, 4)
 			lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Namespace: string(s) + fault.name, Cooldown: time.Minute, Timeout: timeout})
 			if err != nil {
 				t.Fatal(err)
@@ -148,9 +148,9 @@ func TestTimeoutOnHeldKeyLeavesPoolHealthy(t *testing.T) {
 	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
-			schema := pglimittest.Schema(t)
-			holder := pglimittest.Pool(t)
-			pool := pglimittest.Pool(t)
+			schema := testdb.Schema(t)
+			holder := testdb.Pool(t)
+			pool := testdb.Pool(t)
 			// Range waits only on an overlapping range: a long cooldown.
 			cooldown := time.Millisecond
 			if s == pglimit.Range {
@@ -222,8 +222,8 @@ func TestTimeoutOnHeldKeyLeavesPoolHealthy(t *testing.T) {
 func TestPoolExhaustion(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pglimittest.Schema(t)
-	cfg, err := pgxpool.ParseConfig(pglimittest.URL(t))
+	schema := testdb.Schema(t)
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,15 +276,15 @@ func TestPoolExhaustion(t *testing.T) {
 // may be lost; the test reports how many.
 func TestCrashKeepsAcknowledgedAdmissions(t *testing.T) {
 	t.Parallel()
-	srv := pglimittest.OwnServer(t)
+	srv := testdb.OwnServer(t)
 	ctx := context.Background()
-	admin := pglimittest.ServerPool(t, srv, 2)
+	admin := testdb.ServerPool(t, srv, 2)
 	if err := pglimit.Migrate(ctx, admin, "public"); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range pglimit.Strategies() {
 		for _, async := range []bool{false, true} {
-			pool := pglimittest.ServerPool(t, srv, 8)
+			pool := testdb.ServerPool(t, srv, 8)
 			ns := fmt.Sprintf("%s-async-%t", s, async)
 			lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Namespace: ns, Cooldown: time.Hour, Timeout: time.Second, AsyncCommit: async})
 			if err != nil {

@@ -12,15 +12,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // startInvalidator starts an Invalidator on the test server whose session
 // carries name as its application_name, stopped when the test ends.
 func startInvalidator(t *testing.T, name string) *pglimit.Invalidator {
 	t.Helper()
-	cc, err := pgx.ParseConfig(pglimittest.URL(t))
+	cc, err := pgx.ParseConfig(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,12 +49,12 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // have them (their own pools, one schema), b's pre-block following inv.
 func twoInstances(t *testing.T, inv *pglimit.Invalidator) (a, b pglimit.Limiter) {
 	t.Helper()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	var err error
-	if a, err = pglimit.New(pglimittest.Pool(t), &pglimit.Config{Schema: schema, Cooldown: time.Hour}); err != nil {
+	if a, err = pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: schema, Cooldown: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	if b, err = pglimit.New(pglimittest.Pool(t), &pglimit.Config{Schema: schema, Cooldown: time.Hour, PreBlockSize: 100, Invalidator: inv}); err != nil {
+	if b, err = pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: schema, Cooldown: time.Hour, PreBlockSize: 100, Invalidator: inv}); err != nil {
 		t.Fatal(err)
 	}
 	return a, b
@@ -130,7 +130,7 @@ func TestInvalidatorFallsBackWhileDown(t *testing.T) {
 	admitAndBlock(t, b, "k")
 
 	// End the session from the server side.
-	admin := pglimittest.Pool(t)
+	admin := testdb.Pool(t)
 	kill := func() {
 		t.Helper()
 		if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, name); err != nil {
@@ -178,7 +178,7 @@ func TestInvalidatorConfig(t *testing.T) {
 		}
 	}
 	inv := startInvalidator(t, "pglimit-test-config")
-	_, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Cooldown: time.Second, Invalidator: inv})
+	_, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Cooldown: time.Second, Invalidator: inv})
 	if !errors.Is(err, pglimit.ErrInvalidConfig) {
 		t.Errorf("an Invalidator without a pre-block: %v, want ErrInvalidConfig", err)
 	}
@@ -189,7 +189,7 @@ func TestInvalidatorConfig(t *testing.T) {
 func TestResetNotifies(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pglimittest.URL(t))
+	conn, err := pgx.Connect(ctx, testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,13 +197,13 @@ func TestResetNotifies(t *testing.T) {
 	if _, err := conn.Exec(ctx, "LISTEN pglimit_reset"); err != nil {
 		t.Fatal(err)
 	}
-	lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Schema: pglimittest.Schema(t), Cooldown: time.Minute, Namespace: "ns"})
+	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Minute, Namespace: "ns"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The channel is every limiter's: tests running beside this one
 	// notify on it too, so wait for this test's own key.
-	key := "a:b:" + pglimittest.Schema(t)
+	key := "a:b:" + testdb.Schema(t)
 	if err := lim.Reset(ctx, key); err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // busyKey runs workers callers of key, spread over lims, for d, and
@@ -100,10 +100,10 @@ func TestLeaseAudit(t *testing.T) {
 		for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 			t.Run(fmt.Sprintf("%s/%s", tc.name, s), func(t *testing.T) {
 				t.Parallel()
-				schema := pglimittest.Schema(t)
+				schema := testdb.Schema(t)
 				var lims []pglimit.Limiter
 				for range 2 {
-					lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Limits: []pglimit.Limit{tc.limit}})
+					lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Limits: []pglimit.Limit{tc.limit}})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -169,8 +169,8 @@ func takeLease(t *testing.T, lim pglimit.Limiter, key string) {
 // machine runs.
 func TestLeaseGivesBack(t *testing.T) {
 	t.Parallel()
-	schema := pglimittest.Schema(t)
-	pool := pglimittest.Pool(t)
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
 	limit := pglimit.Limit{Rate: 4000, Period: time.Second, Burst: 4000}
 	var lims [2]pglimit.Limiter
 	for i := range lims {
@@ -209,10 +209,10 @@ func TestLeaseGivesBack(t *testing.T) {
 func TestLeaseReset(t *testing.T) {
 	t.Parallel()
 	inv := startInvalidator(t, "pglimit-test-lease-reset")
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	limit := []pglimit.Limit{{Rate: 1000, Period: time.Second, Burst: 1000}}
 	newLim := func(inv *pglimit.Invalidator) pglimit.Limiter {
-		lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Schema: schema, Limits: limit, Invalidator: inv})
+		lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: schema, Limits: limit, Invalidator: inv})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -256,11 +256,11 @@ func TestLeaseReset(t *testing.T) {
 // running, a commit on a 2-core machine can take longer than NoWait's
 // patience, and that refusal would be right.
 func TestNoWaitAdmitsWhatFits(t *testing.T) {
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	limit := pglimit.Limit{Rate: 900, Period: time.Second, Burst: 100_000}
 	var lims []pglimit.Limiter
 	for range 2 {
-		lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: pglimit.NoWait, Schema: schema, Limits: []pglimit.Limit{limit}})
+		lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Strategy: pglimit.NoWait, Schema: schema, Limits: []pglimit.Limit{limit}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // limitSets are the sets of limits the tests below run on each strategy
@@ -82,8 +82,8 @@ func TestRefusalWritesNothingGeneral(t *testing.T) {
 		t.Run(string(su.strategy)+"/"+su.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			pool := pglimittest.Pool(t)
-			cfg := pglimit.Config{Strategy: su.strategy, Schema: pglimittest.Schema(t), Limits: su.limits}
+			pool := testdb.Pool(t)
+			cfg := pglimit.Config{Strategy: su.strategy, Schema: testdb.Schema(t), Limits: su.limits}
 			lim, err := pglimit.New(pool, &cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -144,8 +144,8 @@ func TestConcurrentFirstRequests(t *testing.T) {
 			t.Run(string(s)+"/"+ls.name, func(t *testing.T) {
 				t.Parallel()
 				ctx := context.Background()
-				pools := []*pgxpool.Pool{pglimittest.Pool(t), pglimittest.Pool(t)}
-				schema := pglimittest.Schema(t)
+				pools := []*pgxpool.Pool{testdb.Pool(t), testdb.Pool(t)}
+				schema := testdb.Schema(t)
 				var lims []pglimit.Limiter
 				for _, p := range pools {
 					lim, err := pglimit.New(p, &pglimit.Config{Strategy: s, Schema: schema, Limits: ls.limits, Timeout: 30 * time.Second})
@@ -206,10 +206,10 @@ func TestNoDeadlock(t *testing.T) {
 			)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			schema := pglimittest.Schema(t)
+			schema := testdb.Schema(t)
 			var lims []pglimit.Limiter
 			for range pools {
-				lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Limits: limits, Timeout: 30 * time.Second})
+				lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Limits: limits, Timeout: 30 * time.Second})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -262,7 +262,7 @@ func TestNoDeadlock(t *testing.T) {
 func TestLimitsBadInput(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pglimittest.Pool(t), pglimittest.Schema(t)
+	pool, schema := testdb.Pool(t), testdb.Schema(t)
 	ok := pglimit.Limit{Rate: 5, Period: time.Second, Burst: 5}
 	nine := make([]pglimit.Limit, pglimit.MaxLimits+1)
 	for i := range nine {

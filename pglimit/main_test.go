@@ -3,7 +3,7 @@ package pglimit_test
 import (
 	"testing"
 
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
+	"github.com/pglimit/cooldown/internal/testdb"
 )
 
-func TestMain(m *testing.M) { pglimittest.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(m) }

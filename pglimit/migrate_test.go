@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 var databaseSeq atomic.Int64
@@ -25,7 +25,7 @@ var databaseSeq atomic.Int64
 func newDatabase(t *testing.T) *pgxpool.Config {
 	t.Helper()
 	ctx := context.Background()
-	admin := pglimittest.Pool(t)
+	admin := testdb.Pool(t)
 	name := fmt.Sprintf("pglimit_db_%d_%d", time.Now().UnixNano(), databaseSeq.Add(1))
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatal(err)
@@ -35,7 +35,7 @@ func newDatabase(t *testing.T) *pgxpool.Config {
 			t.Errorf("drop database %s: %v", name, err)
 		}
 	})
-	cfg, err := pgxpool.ParseConfig(pglimittest.URL(t))
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +324,7 @@ func TestMigrateLeastPrivilegedRoles(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			super := pglimittest.Pool(t)
+			super := testdb.Pool(t)
 			role := fmt.Sprintf("pglimit_role_%d_%d", time.Now().UnixNano(), databaseSeq.Add(1))
 			if _, err := super.Exec(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
 				t.Fatal(err)

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // allowUntilRefused calls Allow on key until a refusal, and returns how
@@ -37,7 +37,7 @@ func allowUntilRefused(t *testing.T, lim pglimit.Limiter, key string, max int) i
 func TestOverrides(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
@@ -45,8 +45,8 @@ func TestOverrides(t *testing.T) {
 				{Name: "per-minute", Rate: 2, Period: time.Minute, Burst: 2},
 				{Name: "daily", Rate: 5, Algorithm: pglimit.FixedWindow, Calendar: "day"},
 			}}
-			pool := pglimittest.Pool(t)
-			a, b := newLimiterOn(t, pool, cfg), newLimiterOn(t, pglimittest.Pool(t), cfg)
+			pool := testdb.Pool(t)
+			a, b := newLimiterOn(t, pool, cfg), newLimiterOn(t, testdb.Pool(t), cfg)
 
 			if got := allowUntilRefused(t, a, "free", 10); got != 2 {
 				t.Fatalf("a key without an override: %d admitted, want the limiter's burst, 2", got)
@@ -104,9 +104,9 @@ func TestOverrides(t *testing.T) {
 func TestOverridesUnderContention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg := pglimit.Config{Schema: pglimittest.Schema(t), Overrides: true,
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Overrides: true,
 		Limits: []pglimit.Limit{{Name: "per-hour", Rate: 1, Period: time.Hour, Burst: 1}}}
-	pools := []*pgxpool.Pool{pglimittest.Pool(t), pglimittest.Pool(t)}
+	pools := []*pgxpool.Pool{testdb.Pool(t), testdb.Pool(t)}
 	lims := []pglimit.Limiter{newLimiterOn(t, pools[0], cfg), newLimiterOn(t, pools[1], cfg)}
 	if err := pglimit.SetKeyLimits(ctx, pools[0], &cfg, "k", pglimit.Limit{Name: "per-hour", Burst: 7}); err != nil {
 		t.Fatal(err)
@@ -147,8 +147,8 @@ func TestOverridesUnderContention(t *testing.T) {
 func TestOverridesBadInput(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pglimittest.Pool(t)
-	cfg := pglimit.Config{Schema: pglimittest.Schema(t), Overrides: true,
+	pool := testdb.Pool(t)
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Overrides: true,
 		Limits: []pglimit.Limit{{Name: "per-minute", Rate: 5, Period: time.Minute}, {Name: "daily", Rate: 9, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow}}}
 	table := pgx.Identifier{cfg.Schema, "pglimit_overrides"}.Sanitize()
 	for _, doc := range []string{

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // A statement's plan is cached on each connection, and after five runs it
@@ -31,8 +31,8 @@ func TestPlansReachKeysByIndex(t *testing.T) {
 			t.Run(mode+"/"+string(s), func(t *testing.T) {
 				t.Parallel()
 				ctx := context.Background()
-				schema := pglimittest.Schema(t)
-				pool := pglimittest.Pool(t)
+				schema := testdb.Schema(t)
+				pool := testdb.Pool(t)
 				lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Limits: []pglimit.Limit{{Rate: 10, Period: time.Second, Burst: 5}}})
 				if err != nil {
 					t.Fatal(err)

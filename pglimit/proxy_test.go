@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
+	"github.com/pglimit/cooldown/internal/testdb"
 )
 
 // stallProxy forwards TCP connections to the test server on loopback and
@@ -33,7 +33,7 @@ type stallProxy struct {
 // configuration that dials through it. The proxy closes when the test ends.
 func newStallProxy(t *testing.T) (*stallProxy, *pgxpool.Config) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pglimittest.URL(t))
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // decided returns a function that fails t on a call's error, and returns
@@ -30,13 +30,13 @@ func decided(t *testing.T) func(pglimit.Decision, error) pglimit.Decision {
 func TestRefundGCRA(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			must := decided(t)
 			cfg := pglimit.Config{Schema: schema, Namespace: string(s), Strategy: s, Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 2}}}
-			lim := newLimiterOn(t, pglimittest.Pool(t), cfg)
+			lim := newLimiterOn(t, testdb.Pool(t), cfg)
 			d1 := must(lim.Allow(ctx, "k"))
 			d2 := must(lim.Allow(ctx, "k"))
 			refused := must(lim.Allow(ctx, "k"))
@@ -49,7 +49,7 @@ func TestRefundGCRA(t *testing.T) {
 			if _, err := lim.Refund(ctx, d2, 2); !errors.Is(err, pglimit.ErrInvalidCost) {
 				t.Fatalf("Refund of 2 units of an admission of 1: %v, want ErrInvalidCost", err)
 			}
-			other := newLimiterOn(t, pglimittest.Pool(t), cfg)
+			other := newLimiterOn(t, testdb.Pool(t), cfg)
 			if _, err := other.Refund(ctx, d2, 1); !errors.Is(err, pglimit.ErrInvalidCost) {
 				t.Fatalf("Refund through another limiter: %v, want ErrInvalidCost", err)
 			}
@@ -83,7 +83,7 @@ func TestRefundWindows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	must := decided(t)
-	lim := newLimiterOn(t, pglimittest.Pool(t), pglimit.Config{Schema: pglimittest.Schema(t), Limits: []pglimit.Limit{
+	lim := newLimiterOn(t, testdb.Pool(t), pglimit.Config{Schema: testdb.Schema(t), Limits: []pglimit.Limit{
 		{Name: "burst", Rate: 100, Period: time.Minute, Burst: 10},
 		{Name: "daily", Rate: 3, Algorithm: pglimit.FixedWindow, Calendar: "day"},
 		{Name: "hourly", Rate: 3, Period: time.Hour, Algorithm: pglimit.SlidingWindow},
@@ -119,7 +119,7 @@ func TestRefundWindows(t *testing.T) {
 func TestRefundRaces(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	for name, l := range map[string]pglimit.Limit{
 		"window": {Name: "daily", Rate: 10, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
 		"gcra":   {Name: "hourly", Rate: 1, Period: time.Hour, Burst: 10},
@@ -127,7 +127,7 @@ func TestRefundRaces(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			cfg := pglimit.Config{Schema: schema, Namespace: name, Limits: []pglimit.Limit{l}}
-			lims := []pglimit.Limiter{newLimiterOn(t, pglimittest.Pool(t), cfg), newLimiterOn(t, pglimittest.Pool(t), cfg)}
+			lims := []pglimit.Limiter{newLimiterOn(t, testdb.Pool(t), cfg), newLimiterOn(t, testdb.Pool(t), cfg)}
 			var mu sync.Mutex
 			admitted, refunded := 0, 0
 			var wg sync.WaitGroup
@@ -185,8 +185,8 @@ func TestRefundAfterTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	must := decided(t)
-	pool := pglimittest.Pool(t)
-	lim := newLimiterOn(t, pool, pglimit.Config{Schema: pglimittest.Schema(t), Cooldown: time.Hour})
+	pool := testdb.Pool(t)
+	lim := newLimiterOn(t, pool, pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Hour})
 	for _, commit := range []bool{false, true} {
 		var d pglimit.Decision
 		tx, err := pool.Begin(ctx)
@@ -212,7 +212,7 @@ func TestRefundAfterTransaction(t *testing.T) {
 	if d := must(lim.Allow(ctx, "k")); !d.Allowed {
 		t.Fatalf("after the committed admission was refunded: %+v, want admitted", d)
 	}
-	rng := newLimiterOn(t, pool, pglimit.Config{Schema: pglimittest.Schema(t), Strategy: pglimit.Range, Cooldown: time.Hour})
+	rng := newLimiterOn(t, pool, pglimit.Config{Schema: testdb.Schema(t), Strategy: pglimit.Range, Cooldown: time.Hour})
 	d := must(rng.Allow(ctx, "k"))
 	if _, err := rng.Refund(ctx, d, 1); !errors.Is(err, pglimit.ErrUnsupported) {
 		t.Fatalf("Refund on Range: %v, want ErrUnsupported", err)

@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/internal/pgserver"
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // replicaPair starts a durable local cluster and a streaming standby of
@@ -27,9 +27,9 @@ func replicaPair(t *testing.T) (primary, standby *pgserver.Server) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	primary, err := pgserver.Start(ctx, &pgserver.Config{Prefer: pgserver.KindLocal, BinDir: os.Getenv(pglimittest.EnvPGBin), Durable: true})
+	primary, err := pgserver.Start(ctx, &pgserver.Config{Prefer: pgserver.KindLocal, BinDir: os.Getenv(testdb.EnvPGBin), Durable: true})
 	if err != nil {
-		pglimittest.Missing(t, "a primary and a standby need PostgreSQL's server binaries (apt-get install postgresql): %v", err)
+		testdb.Missing(t, "a primary and a standby need PostgreSQL's server binaries (apt-get install postgresql): %v", err)
 	}
 	t.Cleanup(func() {
 		if err := primary.Close(); err != nil {

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 func newSemaphore(t *testing.T, db pglimit.DB, cfg pglimit.SemaphoreConfig) *pglimit.Semaphore {
@@ -43,9 +43,9 @@ func heldSlots(t *testing.T, db pglimit.DB, schema, key string) int {
 func TestSemaphoreContention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	cfg := pglimit.SemaphoreConfig{Schema: schema, Limit: 3, TTL: time.Minute}
-	sems := []*pglimit.Semaphore{newSemaphore(t, pglimittest.Pool(t), cfg), newSemaphore(t, pglimittest.Pool(t), cfg)}
+	sems := []*pglimit.Semaphore{newSemaphore(t, testdb.Pool(t), cfg), newSemaphore(t, testdb.Pool(t), cfg)}
 	for round := range 3 {
 		const acquirers = 12
 		slots := make([]pglimit.Slot, acquirers)
@@ -75,7 +75,7 @@ func TestSemaphoreContention(t *testing.T) {
 		if got != 3 {
 			t.Fatalf("round %d: %d of %d acquirers got a slot, want 3", round, got, acquirers)
 		}
-		if n := heldSlots(t, pglimittest.Pool(t), schema, "user-1"); n != 3 {
+		if n := heldSlots(t, testdb.Pool(t), schema, "user-1"); n != 3 {
 			t.Fatalf("round %d: %d slots held in the table, want 3", round, n)
 		}
 		for i, s := range slots {
@@ -100,8 +100,8 @@ func TestSemaphoreAcquireTx(t *testing.T) {
 			// Pools of the subtest's own: its 8 transactions hold every
 			// connection of both, and a subtest running beside it on the
 			// same pools would wait for them while holding some itself.
-			pools := []*pgxpool.Pool{pglimittest.Pool(t), pglimittest.Pool(t)}
-			schema := pglimittest.Schema(t)
+			pools := []*pgxpool.Pool{testdb.Pool(t), testdb.Pool(t)}
+			schema := testdb.Schema(t)
 			sem := newSemaphore(t, pools[0], pglimit.SemaphoreConfig{Schema: schema, Limit: 2, TTL: time.Minute, Timeout: 5 * time.Second})
 			const n = 8
 			txs := make([]pgx.Tx, n)
@@ -151,8 +151,8 @@ func TestSemaphoreAcquireTx(t *testing.T) {
 func TestSemaphoreAcquireTxRollback(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pglimittest.Pool(t)
-	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: pglimittest.Schema(t), Limit: 1})
+	pool := testdb.Pool(t)
+	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: testdb.Schema(t), Limit: 1})
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -189,10 +189,10 @@ func TestSemaphoreAcquireTxRollback(t *testing.T) {
 func TestSemaphoreDeadHolder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	const ttl = 3 * time.Second
 	cfg := pglimit.SemaphoreConfig{Schema: schema, Limit: 1, TTL: ttl}
-	holder, err := pgx.Connect(ctx, pglimittest.URL(t))
+	holder, err := pgx.Connect(ctx, testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,11 +203,11 @@ func TestSemaphoreDeadHolder(t *testing.T) {
 		t.Fatalf("Acquire: %+v, %v", s, err)
 	}
 	// The holder dies: its session ends.
-	if _, err := pglimittest.Pool(t).Exec(ctx, "SELECT pg_terminate_backend($1)", holder.PgConn().PID()); err != nil {
+	if _, err := testdb.Pool(t).Exec(ctx, "SELECT pg_terminate_backend($1)", holder.PgConn().PID()); err != nil {
 		t.Fatal(err)
 	}
 
-	other := newSemaphore(t, pglimittest.Pool(t), cfg)
+	other := newSemaphore(t, testdb.Pool(t), cfg)
 	for {
 		s, err := other.Acquire(ctx, "k")
 		if err != nil {
@@ -231,8 +231,8 @@ func TestSemaphoreDeadHolder(t *testing.T) {
 func TestSemaphoreRelease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pglimittest.Pool(t)
-	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: pglimittest.Schema(t), Limit: 1, TTL: time.Second})
+	pool := testdb.Pool(t)
+	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: testdb.Schema(t), Limit: 1, TTL: time.Second})
 	a, err := sem.Acquire(ctx, "k")
 	if err != nil || !a.Acquired {
 		t.Fatalf("Acquire: %+v, %v", a, err)
@@ -272,9 +272,9 @@ func TestSemaphoreRelease(t *testing.T) {
 func TestSemaphoreExtend(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	cfg := pglimit.SemaphoreConfig{Schema: schema, Limit: 1, TTL: time.Second}
-	sem := newSemaphore(t, pglimittest.Pool(t), cfg)
+	sem := newSemaphore(t, testdb.Pool(t), cfg)
 	held, err := sem.Acquire(ctx, "k")
 	if err != nil || !held.Acquired {
 		t.Fatalf("Acquire: %+v, %v", held, err)
@@ -287,7 +287,7 @@ func TestSemaphoreExtend(t *testing.T) {
 		// it from the rest.
 		long := cfg
 		long.TTL = time.Minute
-		other := newSemaphore(t, pglimittest.Pool(t), long)
+		other := newSemaphore(t, testdb.Pool(t), long)
 		wg.Go(func() {
 			for {
 				select {
@@ -334,8 +334,8 @@ func TestSemaphoreExtend(t *testing.T) {
 func TestSemaphoreBadInput(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pglimittest.Pool(t)
-	schema := pglimittest.Schema(t)
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
 	for name, cfg := range map[string]*pglimit.SemaphoreConfig{
 		"nil":             nil,
 		"no limit":        {Schema: schema},
@@ -369,8 +369,8 @@ func TestSemaphoreBadInput(t *testing.T) {
 func TestCleanerDeletesEndedSlots(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pglimittest.Pool(t)
-	schema := pglimittest.Schema(t)
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
 	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: schema, Limit: 5, TTL: time.Second})
 	long := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: schema, Namespace: "long", Limit: 1, TTL: time.Hour})
 	for i := range 5 {

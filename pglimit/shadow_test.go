@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // Two instances in shadow mode race on one key: every call is let through,
@@ -17,7 +17,7 @@ import (
 func TestShadowUnderContention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	limit := pglimit.Limit{Name: "hourly", Rate: 5, Period: time.Hour, Burst: 5}
 	for _, s := range pglimit.Strategies() {
 		if s == pglimit.Range {
@@ -26,7 +26,7 @@ func TestShadowUnderContention(t *testing.T) {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			cfg := pglimit.Config{Schema: schema, Namespace: string(s), Strategy: s, Limits: []pglimit.Limit{limit}, Shadow: true}
-			lims := []pglimit.Limiter{newLimiterOn(t, pglimittest.Pool(t), cfg), newLimiterOn(t, pglimittest.Pool(t), cfg)}
+			lims := []pglimit.Limiter{newLimiterOn(t, testdb.Pool(t), cfg), newLimiterOn(t, testdb.Pool(t), cfg)}
 			const calls = 40
 			ds := make([]pglimit.Decision, calls)
 			var wg sync.WaitGroup
@@ -55,7 +55,7 @@ func TestShadowUnderContention(t *testing.T) {
 				t.Fatalf("%d calls in shadow mode: %d admitted for real, want the burst, 5", calls, real)
 			}
 			cfg.Shadow = false
-			d, err := newLimiterOn(t, pglimittest.Pool(t), cfg).Allow(ctx, "k")
+			d, err := newLimiterOn(t, testdb.Pool(t), cfg).Allow(ctx, "k")
 			if err != nil || d.Allowed || d.RetryAfter > 12*time.Minute {
 				t.Fatalf("enforcing after the shadow run: %+v, %v; want refused for at most one emission interval, 12m", d, err)
 			}
@@ -69,8 +69,8 @@ func TestShadowUnderContention(t *testing.T) {
 func TestShadowInTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pglimittest.Pool(t)
-	schema := pglimittest.Schema(t)
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
 	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // gatedDB holds every statement until open is closed (or the statement's
@@ -25,7 +25,7 @@ type gatedDB struct {
 }
 
 func newGatedDB(t *testing.T) *gatedDB {
-	return &gatedDB{Pool: pglimittest.Pool(t), open: make(chan struct{}), entered: make(chan struct{}, 1000)}
+	return &gatedDB{Pool: testdb.Pool(t), open: make(chan struct{}), entered: make(chan struct{}, 1000)}
 }
 
 func (g *gatedDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
@@ -54,7 +54,7 @@ func TestSingleFlightSparesTheDatabase(t *testing.T) {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			db := newGatedDB(t)
-			lim, err := pglimit.New(db, &pglimit.Config{Strategy: s, Schema: pglimittest.Schema(t), Cooldown: time.Minute})
+			lim, err := pglimit.New(db, &pglimit.Config{Strategy: s, Schema: testdb.Schema(t), Cooldown: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -115,8 +115,8 @@ func TestSingleFlightSparesTheDatabase(t *testing.T) {
 func TestSingleFlightRoomIsNotRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{
-		Schema: pglimittest.Schema(t),
+	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{
+		Schema: testdb.Schema(t),
 		Limits: []pglimit.Limit{{Name: "burst", Rate: 1, Period: time.Hour, Burst: 3}},
 	})
 	if err != nil {
@@ -151,7 +151,7 @@ func TestSingleFlightContexts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := newGatedDB(t)
-	lim, err := pglimit.New(db, &pglimit.Config{Schema: pglimittest.Schema(t), Cooldown: time.Minute})
+	lim, err := pglimit.New(db, &pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

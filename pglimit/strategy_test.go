@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
@@ -57,8 +58,8 @@ func TestRefusalWritesNothing(t *testing.T) {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			pool := pglimittest.Pool(t)
-			lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: pglimittest.Schema(t), Cooldown: time.Minute})
+			pool := testdb.Pool(t)
+			lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: testdb.Schema(t), Cooldown: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -91,7 +92,7 @@ func TestRefusalWritesNothing(t *testing.T) {
 func TestAsyncCommitStaysInItsStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(pglimittest.URL(t))
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestAsyncCommitStaysInItsStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	for _, s := range pglimit.Strategies() {
 		lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Minute, AsyncCommit: true})
 		if err != nil {
@@ -140,8 +141,8 @@ func TestPreBlockSparesTheDatabase(t *testing.T) {
 	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
-			db := &countingDB{Pool: pglimittest.Pool(t)}
-			lim, err := pglimit.New(db, &pglimit.Config{Strategy: s, Schema: pglimittest.Schema(t), Cooldown: time.Minute, PreBlockSize: 10})
+			db := &countingDB{Pool: testdb.Pool(t)}
+			lim, err := pglimit.New(db, &pglimit.Config{Strategy: s, Schema: testdb.Schema(t), Cooldown: time.Minute, PreBlockSize: 10})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -180,7 +181,7 @@ func TestConformanceThroughPgBouncer(t *testing.T) {
 	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
-			pglimittest.Exercise(t, withStrategy(s, nil), pglimittest.WithPool(pglimittest.PgBouncerPool))
+			pglimittest.Exercise(t, withStrategy(s, nil), pglimittest.WithPool(testdb.PgBouncerPool))
 		})
 	}
 }
@@ -194,7 +195,7 @@ func TestPreBlockResetRace(t *testing.T) {
 	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
-			pool, schema := pglimittest.Pool(t), pglimittest.Schema(t)
+			pool, schema := testdb.Pool(t), testdb.Schema(t)
 			cfg := pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Minute}
 			other, err := pglimit.New(pool, &cfg)
 			if err != nil {
@@ -254,7 +255,7 @@ func TestPreBlockResetRace(t *testing.T) {
 func TestRangeRefusesTableWithoutConstraint(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pglimittest.Pool(t), pglimittest.Schema(t)
+	pool, schema := testdb.Pool(t), testdb.Schema(t)
 	table := pgx.Identifier{schema, "pglimit_range"}.Sanitize()
 	if _, err := pool.Exec(ctx, "ALTER TABLE "+table+" DROP CONSTRAINT pglimit_range_no_overlap"); err != nil {
 		t.Fatal(err)

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 func TestValidateKey(t *testing.T) {
@@ -87,10 +87,10 @@ func TestParseStrategy(t *testing.T) {
 	if _, err := pglimit.ParseStrategy("redis"); !errors.Is(err, pglimit.ErrInvalidConfig) {
 		t.Errorf("ParseStrategy(redis) = %v, want ErrInvalidConfig", err)
 	}
-	if _, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Strategy: "redis", Cooldown: time.Second}); !errors.Is(err, pglimit.ErrInvalidConfig) {
+	if _, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Strategy: "redis", Cooldown: time.Second}); !errors.Is(err, pglimit.ErrInvalidConfig) {
 		t.Errorf("New with an unknown strategy = %v, want ErrInvalidConfig", err)
 	}
-	if _, err := pglimit.New(pglimittest.Pool(t), nil); !errors.Is(err, pglimit.ErrInvalidConfig) {
+	if _, err := pglimit.New(testdb.Pool(t), nil); !errors.Is(err, pglimit.ErrInvalidConfig) {
 		t.Errorf("New with a nil Config = %v, want ErrInvalidConfig", err)
 	}
 }
@@ -137,7 +137,7 @@ func FuzzValidateIdentifier(f *testing.F) {
 func TestMigrateExplainsMissingExtension(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	admin := pglimittest.Pool(t)
+	admin := testdb.Pool(t)
 	name := fmt.Sprintf("pglimit_ext_%d", time.Now().UnixNano())
 	// A password, for servers that ask for one (a container's do).
 	for _, q := range []string{"CREATE ROLE " + name + " LOGIN PASSWORD 'pglimit'", "CREATE DATABASE " + name} {
@@ -155,7 +155,7 @@ func TestMigrateExplainsMissingExtension(t *testing.T) {
 
 	// In the new database the role may create tables in public, but not
 	// extensions, which need CREATE on the database.
-	cfg, err := pgxpool.ParseConfig(pglimittest.URL(t))
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}

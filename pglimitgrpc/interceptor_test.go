@@ -18,12 +18,12 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 	"github.com/pglimit/cooldown/pglimitgrpc"
 )
 
-func TestMain(m *testing.M) { pglimittest.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(m) }
 
 const (
 	check = "/grpc.health.v1.Health/Check"
@@ -35,7 +35,7 @@ const (
 func newLimiter(t *testing.T, schema string, cfg pglimit.Config) pglimit.Limiter {
 	t.Helper()
 	cfg.Schema = schema
-	lim, err := pglimit.New(pglimittest.Pool(t), &cfg)
+	lim, err := pglimit.New(testdb.Pool(t), &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func wantCode(t *testing.T, what string, err error, code codes.Code) *status.Sta
 func TestUnaryRefusal(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	c := serve(t, newLimiter(t, pglimittest.Schema(t), pglimit.Config{Cooldown: time.Hour}), nil)
+	c := serve(t, newLimiter(t, testdb.Schema(t), pglimit.Config{Cooldown: time.Hour}), nil)
 	if _, err := c.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("first call: %v", err)
 	}
@@ -120,7 +120,7 @@ func TestUnaryRefusal(t *testing.T) {
 // A stream is decided when it opens.
 func TestStream(t *testing.T) {
 	t.Parallel()
-	c := serve(t, newLimiter(t, pglimittest.Schema(t), pglimit.Config{Cooldown: time.Hour}), nil)
+	c := serve(t, newLimiter(t, testdb.Schema(t), pglimit.Config{Cooldown: time.Hour}), nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	first, err := c.Watch(ctx, &healthpb.HealthCheckRequest{})
@@ -147,7 +147,7 @@ func TestClientHonoursRetryDelay(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	const cooldown = time.Second
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 
 	c := serve(t, newLimiter(t, schema, pglimit.Config{Cooldown: cooldown}), nil)
 	if _, err := c.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
@@ -185,7 +185,7 @@ func TestPerMethodAndExempt(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	watches := newLimiter(t, schema, pglimit.Config{Cooldown: time.Hour, Namespace: "watch"})
 	c := serve(t, newLimiter(t, schema, pglimit.Config{Cooldown: time.Hour}), &pglimitgrpc.Config{
 		Methods: map[string]pglimit.Limiter{watch: watches},
@@ -217,7 +217,7 @@ func TestPerMethodAndExempt(t *testing.T) {
 // proxy's forwarding headers, changes nothing.
 func TestDefaultKeyIgnoresMetadata(t *testing.T) {
 	t.Parallel()
-	c := serve(t, newLimiter(t, pglimittest.Schema(t), pglimit.Config{Cooldown: time.Hour}), nil)
+	c := serve(t, newLimiter(t, testdb.Schema(t), pglimit.Config{Cooldown: time.Hour}), nil)
 	for i, ip := range []string{"10.0.0.1", "10.0.0.2"} {
 		ctx := metadata.AppendToOutgoingContext(t.Context(), "x-forwarded-for", ip, "x-real-ip", ip, "forwarded", "for="+ip)
 		_, err := c.Check(ctx, &healthpb.HealthCheckRequest{})
@@ -234,7 +234,7 @@ func TestDefaultKeyIgnoresMetadata(t *testing.T) {
 // InvalidArgument and consumes nothing.
 func TestMetadataKey(t *testing.T) {
 	t.Parallel()
-	lim := newLimiter(t, pglimittest.Schema(t), pglimit.Config{Cooldown: time.Hour})
+	lim := newLimiter(t, testdb.Schema(t), pglimit.Config{Cooldown: time.Hour})
 	c := serve(t, lim, &pglimitgrpc.Config{Key: pglimitgrpc.Metadata("X-API-Key")})
 	call := func(kv ...string) error {
 		_, err := c.Check(metadata.AppendToOutgoingContext(t.Context(), kv...), &healthpb.HealthCheckRequest{})
@@ -259,8 +259,8 @@ func TestMetadataKey(t *testing.T) {
 // FailClosed.
 func TestLimiterFailure(t *testing.T) {
 	t.Parallel()
-	pool := pglimittest.Pool(t)
-	lim, err := pglimit.New(pool, &pglimit.Config{Schema: pglimittest.Schema(t), Cooldown: time.Minute})
+	pool := testdb.Pool(t)
+	lim, err := pglimit.New(pool, &pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +301,7 @@ func TestLimiterFailure(t *testing.T) {
 
 func TestConfigErrors(t *testing.T) {
 	t.Parallel()
-	lim := newLimiter(t, pglimittest.Schema(t), pglimit.Config{Cooldown: time.Second})
+	lim := newLimiter(t, testdb.Schema(t), pglimit.Config{Cooldown: time.Second})
 	for name, cfg := range map[string]*pglimitgrpc.Config{
 		"method name":    {Methods: map[string]pglimit.Limiter{"Check": lim}},
 		"nil limiter":    {Methods: map[string]pglimit.Limiter{check: nil}},

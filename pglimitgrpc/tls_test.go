@@ -19,8 +19,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 	"github.com/pglimit/cooldown/pglimitgrpc"
 )
 
@@ -97,7 +97,7 @@ func TestPeerCertificateKey(t *testing.T) {
 		ClientAuth:   tls.VerifyClientCertIfGiven,
 		MinVersion:   tls.VersionTLS13,
 	})
-	lim := newLimiter(t, pglimittest.Schema(t), pglimit.Config{Cooldown: time.Hour})
+	lim := newLimiter(t, testdb.Schema(t), pglimit.Config{Cooldown: time.Hour})
 	clientAs := func(certs ...tls.Certificate) healthpb.HealthClient {
 		return serveWith(t, lim, &pglimitgrpc.Config{Key: pglimitgrpc.PeerCertificate}, []grpc.ServerOption{grpc.Creds(server)},
 			grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.pool, Certificates: certs, MinVersion: tls.VersionTLS13})))

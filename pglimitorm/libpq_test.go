@@ -11,9 +11,9 @@ import (
 
 	_ "github.com/lib/pq" // database/sql driver "postgres"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitsql"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // libpq opens a *sql.DB with lib/pq on the test server. lib/pq requires
@@ -21,7 +21,7 @@ import (
 // server is on loopback and has none.
 func libpq(t *testing.T) *sql.DB {
 	t.Helper()
-	u, err := url.Parse(pglimittest.URL(t))
+	u, err := url.Parse(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,12 +40,12 @@ func libpq(t *testing.T) *sql.DB {
 // newLimiter builds a limiter on a *sql.DB opened with pgx's driver.
 func newLimiter(t *testing.T, cfg pglimit.Config) pglimit.Limiter {
 	t.Helper()
-	db, err := sql.Open("pgx", pglimittest.URL(t))
+	db, err := sql.Open("pgx", testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	cfg.Schema = pglimittest.Schema(t)
+	cfg.Schema = testdb.Schema(t)
 	lim, err := pglimit.New(pglimitsql.DB(db), &cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +161,7 @@ func TestLibPQContention(t *testing.T) {
 // with ErrUnsupported, and says what to do.
 func TestLibPQLimiterUnsupported(t *testing.T) {
 	t.Parallel()
-	lim, err := pglimit.New(pglimitsql.DB(libpq(t)), &pglimit.Config{Schema: pglimittest.Schema(t), Cooldown: time.Hour})
+	lim, err := pglimit.New(pglimitsql.DB(libpq(t)), &pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,18 +12,18 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 	"github.com/pglimit/cooldown/pglimitotel"
 )
 
-func TestMain(m *testing.M) { pglimittest.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(m) }
 
 // instrumented returns a limiter of a 1 h cooldown in namespace ns,
 // measured into a real OpenTelemetry SDK: its metric reader and its spans.
 func instrumented(t *testing.T, ns string, traced bool) (pglimit.Limiter, *sdkmetric.ManualReader, *tracetest.SpanRecorder) {
 	t.Helper()
-	lim, err := pglimit.New(pglimittest.Pool(t), &pglimit.Config{Schema: pglimittest.Schema(t), Namespace: ns, Cooldown: time.Hour})
+	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: testdb.Schema(t), Namespace: ns, Cooldown: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,8 +110,8 @@ func TestMetrics(t *testing.T) {
 func TestErrorsAndSpans(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	pool := pglimittest.Pool(t)
-	lim, err := pglimit.New(pool, &pglimit.Config{Schema: pglimittest.Schema(t), Cooldown: time.Hour})
+	pool := testdb.Pool(t)
+	lim, err := pglimit.New(pool, &pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,14 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 func newSemaphore(t *testing.T, limit int, ttl time.Duration) *pglimit.Semaphore {
 	t.Helper()
-	sem, err := pglimit.NewSemaphore(pglimittest.Pool(t), &pglimit.SemaphoreConfig{Schema: pglimittest.Schema(t), Limit: limit, TTL: ttl})
+	sem, err := pglimit.NewSemaphore(testdb.Pool(t), &pglimit.SemaphoreConfig{Schema: testdb.Schema(t), Limit: limit, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,12 +20,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-func TestMain(m *testing.M) { pglimittest.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(m) }
 
 // countingLimiter counts the calls that reach the real limiter.
 type countingLimiter struct {
@@ -60,8 +60,8 @@ func (b *testBundle) lastEvent(t *testing.T) pglimithttp.Event {
 func setup(t *testing.T, db *pgxpool.Pool, cfg pglimithttp.Config, limCfg pglimit.Config) (http.Handler, *testBundle) {
 	t.Helper()
 	if db == nil {
-		db = pglimittest.Pool(t)
-		limCfg.Schema = pglimittest.Schema(t)
+		db = testdb.Pool(t)
+		limCfg.Schema = testdb.Schema(t)
 	}
 	lim, err := pglimit.New(db, &limCfg)
 	if err != nil {
@@ -360,7 +360,7 @@ func TestTerminatedBackend(t *testing.T) {
 	t.Parallel()
 	// The pool's only connection is killed by the server between two
 	// requests, as a failover or an administrator would.
-	cfg, err := pgxpool.ParseConfig(pglimittest.URL(t))
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,13 +371,13 @@ func TestTerminatedBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	schema := pglimittest.Schema(t)
+	schema := testdb.Schema(t)
 	h, b := setup(t, pool, pglimithttp.Config{}, pglimit.Config{Schema: schema, Cooldown: time.Minute})
 
 	if rec := get(t, h, "/items/alice"); rec.Code != 200 {
 		t.Fatalf("before: %d %s", rec.Code, rec.Body)
 	}
-	admin := pglimittest.Pool(t)
+	admin := testdb.Pool(t)
 	var n int
 	err = admin.QueryRow(context.Background(),
 		`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`,

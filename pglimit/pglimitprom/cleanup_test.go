@@ -11,9 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitprom"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 var cleanupMetrics = []string{
@@ -29,7 +29,7 @@ var cleanupMetrics = []string{
 func TestCleanerCollector(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema, pool := pglimittest.Schema(t), pglimittest.Pool(t)
+	schema, pool := testdb.Schema(t), testdb.Pool(t)
 	const expired = 5
 	_, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "pglimit_upsert"}.Sanitize()+` (namespace, key, expires_at)
 		SELECT 'ns', 'expired-' || i, now() - interval '1 hour' FROM generate_series(1, $1) i

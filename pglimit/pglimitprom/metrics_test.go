@@ -15,12 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitprom"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-func TestMain(m *testing.M) { pglimittest.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(m) }
 
 type testBundle struct {
 	reg    *prometheus.Registry
@@ -37,7 +37,7 @@ func setup(t *testing.T, opts *pglimitprom.Options) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testBundle{reg: reg, m: m, pool: pglimittest.Pool(t), schema: pglimittest.Schema(t)}
+	return &testBundle{reg: reg, m: m, pool: testdb.Pool(t), schema: testdb.Schema(t)}
 }
 
 func (b *testBundle) limiter(t *testing.T, cfg pglimit.Config) pglimit.Limiter {
@@ -359,7 +359,7 @@ func TestErrorKind(t *testing.T) {
 
 func TestPoolCollector(t *testing.T) {
 	t.Parallel()
-	pool := pglimittest.Pool(t)
+	pool := testdb.Pool(t)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
 	if err := pool.Ping(context.Background()); err != nil {

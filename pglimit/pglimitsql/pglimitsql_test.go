@@ -12,18 +12,19 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitsql"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-func TestMain(m *testing.M) { pglimittest.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(m) }
 
 // sqlDB opens a *sql.DB with pgx's driver on the shared test server, closed
 // when the test ends.
 func sqlDB(tb testing.TB) *sql.DB {
 	tb.Helper()
-	db, err := sql.Open("pgx", pglimittest.URL(tb))
+	db, err := sql.Open("pgx", testdb.URL(tb))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -35,7 +36,7 @@ func sqlDB(tb testing.TB) *sql.DB {
 func newLimiter(t *testing.T, db *sql.DB, cfg pglimit.Config) pglimit.Limiter {
 	t.Helper()
 	if cfg.Schema == "" {
-		cfg.Schema = pglimittest.Schema(t)
+		cfg.Schema = testdb.Schema(t)
 	}
 	lim, err := pglimit.New(pglimitsql.DB(db), &cfg)
 	if err != nil {
@@ -267,7 +268,7 @@ func TestAcquireTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := sqlDB(t)
-	sem, err := pglimit.NewSemaphore(pglimitsql.DB(db), &pglimit.SemaphoreConfig{Schema: pglimittest.Schema(t), Limit: 1})
+	sem, err := pglimit.NewSemaphore(pglimitsql.DB(db), &pglimit.SemaphoreConfig{Schema: testdb.Schema(t), Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

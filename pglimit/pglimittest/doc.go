@@ -1,32 +1,11 @@
 // Package pglimittest gives tests and examples a real PostgreSQL, and holds
 // the conformance suite every strategy passes.
 //
-// # Where the server comes from
-//
-// The shared server is, in order: an explicit URL ([EnvURL]), a
-// testcontainers-go PostgreSQL container when a Docker engine answers, or a
-// throwaway cluster from local PostgreSQL binaries (initdb and postgres, run
-// as an unprivileged user when the process is root). With none of these it
-// fails with a message saying how to provide one; it never skips. [EnvPrefer]
-// forces a source, [EnvPGBin] picks the local binaries (another major) and
-// [EnvDockerImage] the image. The log names the version and source used.
-//
-// The container is started by a small command of its own module
-// (internal/pgcontainer in the repository, run with go run), so that this
-// package, and every module that imports pglimit, needs no testcontainers.
-// That command removes the container when the tests end, with or without
-// testcontainers' reaper (TESTCONTAINERS_RYUK_DISABLED=true where the reaper
-// image cannot be pulled). On an engine that cannot program bridge networks,
-// set [EnvDockerNetwork] to "host": the container then shares the host's
-// network, listens on 127.0.0.1 on a free port, and the daemon host is taken
-// to be 127.0.0.1 (TESTCONTAINERS_HOST_OVERRIDE). A laptop's Docker needs
-// none of this.
-//
 // # Tests
 //
 // Call [Main] from TestMain. [Schema] gives each test its own migrated
-// schema and [Pool] its own pool, so tests run in parallel. [Exercise] is the
-// conformance suite:
+// schema and [Pool] its own pool, so tests run in parallel; [URL] and
+// [ServerURL] name the server. [Exercise] is the conformance suite:
 //
 //	func TestMyStrategy(t *testing.T) {
 //		pglimittest.Exercise(t, func(db pglimit.DB, cfg *pglimit.Config) (pglimit.Limiter, error) {
@@ -34,4 +13,21 @@
 //			return pglimit.New(db, cfg)
 //		})
 //	}
+//
+// [WithPool] runs it over pools of the test's choosing, and [OnServer]
+// against another server.
+//
+// # Where the server comes from
+//
+// The server is, in order: the one PGLIMIT_TEST_DATABASE_URL names (tests
+// create and drop their own schemas in its database), a testcontainers-go
+// PostgreSQL container when a Docker engine answers, or a throwaway cluster
+// from local PostgreSQL binaries. With none of these the tests fail with a
+// message saying how to provide one; they never skip.
+// PGLIMIT_TEST_POSTGRES set to "docker" or "local" forces a source,
+// PGLIMIT_TEST_PGBIN names a directory holding initdb and postgres (another
+// major), PGLIMIT_TEST_DOCKER_IMAGE an image that behaves like the official
+// postgres image, and PGLIMIT_TEST_DOCKER_NETWORK set to "host" runs the
+// container on the host's network, for engines that cannot program bridge
+// networks. The log names the version and source used.
 package pglimittest

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 )
 
@@ -31,7 +32,7 @@ type options struct {
 }
 
 // WithPool makes the suite's limiters and transactions use pools from
-// newPool, such as [PgBouncerPool], instead of [Pool].
+// newPool, such as pools through PgBouncer, instead of [Pool].
 func WithPool(newPool func(testing.TB) *pgxpool.Pool) Option {
 	return func(o *options) { o.pool = newPool }
 }
@@ -43,7 +44,7 @@ func WithPool(newPool func(testing.TB) *pgxpool.Pool) Option {
 func OnServer(url string, prepare func(ctx context.Context, pool *pgxpool.Pool, schema string) error) Option {
 	return func(o *options) {
 		o.url, o.prepare = url, prepare
-		o.pool = func(tb testing.TB) *pgxpool.Pool { return newPool(tb, url, pgx.QueryExecModeCacheStatement) }
+		o.pool = func(tb testing.TB) *pgxpool.Pool { return testdb.PoolOn(tb, url) }
 	}
 }
 
@@ -367,7 +368,7 @@ type suite struct {
 func (s *suite) setup(t *testing.T, cooldown time.Duration) (pglimit.Limiter, *bundle) {
 	t.Helper()
 	t.Parallel()
-	b := &bundle{schema: schemaOn(t, s.opts.serverURL(t), s.opts.prepare), pool: s.opts.pool(t)}
+	b := &bundle{schema: testdb.SchemaOn(t, s.opts.serverURL(t), s.opts.prepare), pool: s.opts.pool(t)}
 	return mustNew(t, s.newLimiter, b.pool, &pglimit.Config{Schema: b.schema, Cooldown: cooldown}), b
 }
 

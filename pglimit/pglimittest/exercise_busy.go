@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 )
 
@@ -22,7 +23,7 @@ var busyLimit = pglimit.Limit{Name: "busy", Rate: 2000, Period: time.Second, Bur
 func (s *suite) exerciseBusyKey(t *testing.T) {
 	t.Run("BusyKeyNeverOverAdmits", func(t *testing.T) {
 		t.Parallel()
-		b := &bundle{schema: schemaOn(t, s.opts.serverURL(t), s.opts.prepare), pool: s.opts.pool(t)}
+		b := &bundle{schema: testdb.SchemaOn(t, s.opts.serverURL(t), s.opts.prepare), pool: s.opts.pool(t)}
 		cfg := &pglimit.Config{Schema: b.schema, Limits: []pglimit.Limit{busyLimit}}
 		first, err := s.newLimiter(b.pool, cfg)
 		if errors.Is(err, pglimit.ErrInvalidConfig) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 )
 
@@ -66,7 +67,7 @@ func isolationPool(tb testing.TB, url, level string) *pgxpool.Pool {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(pool.Close)
-	warm(tb, pool)
+	testdb.Warm(tb, pool)
 	var got string
 	if err := pool.QueryRow(context.Background(), "SHOW default_transaction_isolation").Scan(&got); err != nil || got != level {
 		tb.Fatalf("pool's default isolation: %q, %v; want %q", got, err, level)

@@ -1,234 +1,36 @@
 package pglimittest
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
-	"fmt"
-	"os"
-	"sync"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
 
-	"github.com/pglimit/cooldown/internal/pgserver"
-	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/internal/testdb"
 )
-
-// Environment variables read by [Main] and the helpers.
-const (
-	// EnvURL names a server to use instead of starting one. Tests create
-	// and drop their own schemas in its database.
-	EnvURL = "PGLIMIT_TEST_DATABASE_URL"
-
-	// EnvPrefer forces a source: "docker" or "local".
-	EnvPrefer = "PGLIMIT_TEST_POSTGRES"
-
-	// EnvPGBin names a directory holding initdb and postgres, to test
-	// against another PostgreSQL major than the installed one.
-	EnvPGBin = "PGLIMIT_TEST_PGBIN"
-
-	// EnvDockerImage names the container image to use instead of the
-	// default; it must behave like the official postgres image.
-	EnvDockerImage = "PGLIMIT_TEST_DOCKER_IMAGE"
-
-	// EnvDockerNetwork set to "host" runs the container on the host's
-	// network, listening on 127.0.0.1 on a port of its own, for engines
-	// that cannot program bridge networks (see the package doc).
-	EnvDockerNetwork = "PGLIMIT_TEST_DOCKER_NETWORK"
-)
-
-// serverStartTimeout bounds a server start: a first container start
-// compiles the container launcher, or pulls an image.
-const serverStartTimeout = 5 * time.Minute
-
-// serverConfig maps the environment onto the launcher's configuration.
-func serverConfig() *pgserver.Config {
-	return &pgserver.Config{
-		Prefer:      os.Getenv(EnvPrefer),
-		BinDir:      os.Getenv(EnvPGBin),
-		Image:       os.Getenv(EnvDockerImage),
-		HostNetwork: os.Getenv(EnvDockerNetwork) == "host",
-	}
-}
-
-var shared struct {
-	sync.Mutex
-	inMain bool
-	srv    *pgserver.Server
-	err    error
-
-	bouncer    *pgserver.PgBouncer
-	bouncerErr error
-}
 
 // Main runs a package's tests with a shared PostgreSQL server, started on
-// first use and stopped afterwards, and then checks that no goroutine was
-// left behind. Call it from TestMain:
+// first use and stopped afterwards, and then fails the run if a goroutine
+// was left behind. Call it from TestMain:
 //
 //	func TestMain(m *testing.M) { pglimittest.Main(m) }
-func Main(m *testing.M) {
-	shared.Lock()
-	shared.inMain = true
-	shared.Unlock()
-
-	code := m.Run()
-
-	shared.Lock()
-	if shared.bouncer != nil {
-		if err := shared.bouncer.Close(); err != nil {
-			fmt.Fprintf(os.Stderr, "pglimittest: stopping PgBouncer: %v\n", err)
-			code = cmpCode(code)
-		}
-	}
-	if shared.srv != nil {
-		if err := shared.srv.Close(); err != nil {
-			fmt.Fprintf(os.Stderr, "pglimittest: stopping PostgreSQL: %v\n", err)
-			code = cmpCode(code)
-		}
-	}
-	shared.Unlock()
-
-	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
-			fmt.Fprintf(os.Stderr, "pglimittest: goroutines left behind: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-func cmpCode(code int) int {
-	if code == 0 {
-		return 1
-	}
-	return code
-}
+func Main(m *testing.M) { testdb.Main(m) }
 
 // URL returns the connection URL of the shared test server, starting it on
 // first use. The test fails with instructions when no server can be had.
 func URL(tb testing.TB) string {
 	tb.Helper()
-	url, err := ServerURL()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return url
+	return testdb.URL(tb)
 }
 
-// ServerURL is [URL] for code that has no testing.TB, such as examples.
-func ServerURL() (string, error) {
-	shared.Lock()
-	defer shared.Unlock()
-	if !shared.inMain {
-		return "", errors.New("pglimittest: call pglimittest.Main(m) from TestMain, so the shared PostgreSQL is stopped after the tests")
-	}
-	if shared.srv == nil && shared.err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), serverStartTimeout)
-		defer cancel()
-		cfg := serverConfig()
-		cfg.URL = os.Getenv(EnvURL)
-		cfg.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "pglimittest: "+format+"\n", args...) }
-		shared.srv, shared.err = pgserver.Start(ctx, cfg)
-		if shared.err == nil {
-			var version string
-			if version, shared.err = prepare(ctx, shared.srv.URL()); shared.err == nil {
-				// Names what the tests ran on, so a log shows it (make test-matrix reads it).
-				cfg.Logf("tests run on PostgreSQL %s from %s", version, shared.srv.Source())
-			}
-		}
-		if shared.err != nil {
-			shared.err = fmt.Errorf("pglimittest: no PostgreSQL for tests: %w", shared.err)
-		}
-	}
-	if shared.err != nil {
-		return "", shared.err
-	}
-	return shared.srv.URL(), nil
-}
-
-// prepare returns the server's version. It installs nothing: Migrate
-// creates btree_gist where it belongs, as it would for a user.
-func prepare(ctx context.Context, url string) (string, error) {
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close(ctx)
-	var version string
-	err = conn.QueryRow(ctx, "SHOW server_version").Scan(&version)
-	return version, err
-}
+// ServerURL is [URL] for code that has no testing.TB, such as examples: it
+// returns the error instead of failing a test.
+func ServerURL() (string, error) { return testdb.ServerURL() }
 
 // Pool returns a new pool to the shared server, closed when the test ends.
 // Its search_path is empty, so SQL that forgets to qualify a table fails.
 func Pool(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
-	return newPool(tb, URL(tb), pgx.QueryExecModeCacheStatement)
-}
-
-// PgBouncerPool returns a new pool that reaches the shared server through a
-// shared PgBouncer in transaction pooling mode, closed when the test ends.
-// It runs queries with pgx.QueryExecModeExec, since PgBouncer 1.18 (Debian
-// 12) cannot keep prepared statements in that mode. Without the pgbouncer
-// binary the test stops through [Missing].
-func PgBouncerPool(tb testing.TB) *pgxpool.Pool {
-	tb.Helper()
-	upstream := URL(tb)
-	shared.Lock()
-	if shared.bouncer == nil && shared.bouncerErr == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		shared.bouncer, shared.bouncerErr = pgserver.StartPgBouncer(ctx, upstream)
-		cancel()
-	}
-	b, err := shared.bouncer, shared.bouncerErr
-	shared.Unlock()
-	if err != nil {
-		Missing(tb, "%v", err)
-	}
-	return newPool(tb, b.URL(), pgx.QueryExecModeExec)
-}
-
-func newPool(tb testing.TB, url string, mode pgx.QueryExecMode) *pgxpool.Pool {
-	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		tb.Fatalf("pglimittest: %v", err)
-	}
-	cfg.ConnConfig.DefaultQueryExecMode = mode
-	cfg.MaxConns = 4
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		tb.Fatalf("pglimittest: %v", err)
-	}
-	tb.Cleanup(pool.Close)
-	warm(tb, pool)
-	return pool
-}
-
-// warm opens every connection of pool up front. Lazily dialled connections
-// trickle in and spread a burst of requests out in time, which would let a
-// race test pass by accident.
-func warm(tb testing.TB, pool *pgxpool.Pool) {
-	tb.Helper()
-	conns := make([]*pgxpool.Conn, 0, pool.Config().MaxConns)
-	defer func() {
-		for _, c := range conns {
-			c.Release()
-		}
-	}()
-	for range pool.Config().MaxConns {
-		c, err := pool.Acquire(context.Background())
-		if err != nil {
-			tb.Fatalf("pglimittest: %v", err)
-		}
-		conns = append(conns, c)
-	}
+	return testdb.Pool(tb)
 }
 
 // Schema creates a schema with pglimit's migrations applied, dropped when
@@ -236,107 +38,5 @@ func warm(tb testing.TB, pool *pgxpool.Pool) {
 // can run in parallel.
 func Schema(tb testing.TB) string {
 	tb.Helper()
-	return schemaOn(tb, URL(tb), nil)
-}
-
-// schemaOn is [Schema] on the server at url, with prepare, if not nil, run
-// on the schema after the migrations.
-func schemaOn(tb testing.TB, url string, prepare func(ctx context.Context, pool *pgxpool.Pool, schema string) error) string {
-	tb.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "pglimit_test_" + hex.EncodeToString(b[:])
-
-	pool := newPool(tb, url, pgx.QueryExecModeCacheStatement)
-	ctx := context.Background()
-	if err := pglimit.Migrate(ctx, pool, name); err != nil {
-		tb.Fatalf("pglimittest: migrate schema %s: %v", name, err)
-	}
-	if prepare != nil {
-		if err := prepare(ctx, pool, name); err != nil {
-			tb.Fatalf("pglimittest: prepare schema %s: %v", name, err)
-		}
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
-			tb.Errorf("pglimittest: drop schema %s: %v", name, err)
-		}
-	})
-	return name
-}
-
-// Server is a PostgreSQL server that one test owns ([OwnServer]).
-type Server struct{ srv *pgserver.Server }
-
-// URL returns a superuser connection URL to the "postgres" database. After
-// [Server.Restart] of a container, the port may have changed.
-func (s *Server) URL() string { return s.srv.URL() }
-
-// Restart stops the server and starts it again on the same data. With
-// immediate it stops the way a crash does (no checkpoint, recovery at
-// start); otherwise it does a fast shutdown. Open connections are cut
-// either way.
-func (s *Server) Restart(ctx context.Context, immediate bool) error {
-	return s.srv.Restart(ctx, immediate)
-}
-
-// OwnServer starts a server for the calling test alone, which it may
-// restart or crash ([Server.Restart]); it is closed when the test ends. It
-// never uses [EnvURL]: a borrowed server cannot be restarted.
-func OwnServer(tb testing.TB) *Server {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), serverStartTimeout)
-	defer cancel()
-	cfg := serverConfig()
-	cfg.Durable = true
-	srv, err := pgserver.Start(ctx, cfg)
-	if err != nil {
-		tb.Fatalf("pglimittest: a server of its own for this fault test: %v", err)
-	}
-	tb.Cleanup(func() {
-		if err := srv.Close(); err != nil {
-			tb.Errorf("pglimittest: %v", err)
-		}
-	})
-	return &Server{srv: srv}
-}
-
-// ServerPool returns a pool of maxConns connections to srv that follows its
-// URL across restarts, closed when the test ends.
-func ServerPool(tb testing.TB, srv *Server, maxConns int32) *pgxpool.Pool {
-	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(srv.URL())
-	if err != nil {
-		tb.Fatalf("pglimittest: %v", err)
-	}
-	cfg.MaxConns = maxConns
-	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
-		now, err := pgx.ParseConfig(srv.URL())
-		if err != nil {
-			return err
-		}
-		cc.Host, cc.Port = now.Host, now.Port
-		return nil
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		tb.Fatalf("pglimittest: %v", err)
-	}
-	tb.Cleanup(pool.Close)
-	return pool
-}
-
-// Missing stops a test that needs a component this machine lacks, with how
-// to provide it. In CI (the CI environment variable set, as CI services
-// and .ci/run do) the test fails, so nothing goes unproven quietly; on a
-// developer's machine it is skipped with the same message, so that
-// `make test` stays usable with Docker alone.
-func Missing(tb testing.TB, format string, args ...any) {
-	tb.Helper()
-	if os.Getenv("CI") != "" {
-		tb.Fatalf(format, args...)
-	}
-	tb.Skipf("SKIPPED, not in CI: "+format, args...)
+	return testdb.Schema(tb)
 }

@@ -3,16 +3,16 @@ package cleanup_test
 import (
 	"testing"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit/internal/cleanup"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-func TestMain(m *testing.M) { pglimittest.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(m) }
 
 // Only a table without an index on expires_at is swept by blocks.
 func TestDescribeSweep(t *testing.T) {
 	t.Parallel()
-	pool, schema := pglimittest.Pool(t), pglimittest.Schema(t)
+	pool, schema := testdb.Pool(t), testdb.Schema(t)
 	for table, want := range map[string]bool{
 		"pglimit_upsert":          true,
 		"pglimit_nowait":          true,

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit/internal/leadership"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // pollTimeout bounds every wait for the election to settle. It is far
@@ -67,7 +67,7 @@ type election struct {
 
 func newElection(t *testing.T, n int) *election {
 	t.Helper()
-	el := &election{key: newKey(), admin: pglimittest.Pool(t)}
+	el := &election{key: newKey(), admin: testdb.Pool(t)}
 	for range n {
 		el.add(t, interval)
 	}
@@ -78,7 +78,7 @@ func newElection(t *testing.T, n int) *election {
 // every, stopped when the test ends.
 func (el *election) add(t *testing.T, every time.Duration) *contender {
 	t.Helper()
-	pool := pglimittest.Pool(t)
+	pool := testdb.Pool(t)
 	c := &contender{}
 	c.Elector = leadership.New(leadership.Config{
 		Acquire: func(ctx context.Context) (*pgx.Conn, error) {
@@ -260,7 +260,7 @@ func TestStopReleases(t *testing.T) {
 	if idle := leadership.IdleTimeout(slow); idle <= pollTimeout {
 		t.Fatalf("the leader's idle_session_timeout %s would end its session within the wait of %s", idle, pollTimeout)
 	}
-	el := &election{key: newKey(), admin: pglimittest.Pool(t)}
+	el := &election{key: newKey(), admin: testdb.Pool(t)}
 	c := el.add(t, slow) // its first step, at once, wins the lock
 	el.settled(t, "first election")
 	el.add(t, interval)

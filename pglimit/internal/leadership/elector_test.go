@@ -9,16 +9,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit/internal/leadership"
-	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-func TestMain(m *testing.M) { pglimittest.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(m) }
 
 // newLeader starts an elector on a key of its own and waits until it leads.
 func newLeader(t *testing.T) *leadership.Elector {
 	t.Helper()
-	pool := pglimittest.Pool(t)
+	pool := testdb.Pool(t)
 	leader := make(chan struct{}, 1)
 	e := leadership.New(leadership.Config{
 		Acquire: func(ctx context.Context) (*pgx.Conn, error) {
