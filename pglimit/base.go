@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglimit/cooldown/pglimit/internal/lockid"
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 )
 
 // base holds what every strategy shares.
@@ -38,12 +41,12 @@ func newBase(db DB, c Config, table string) base {
 		b.minCapacity = min(b.minCapacity, l.capacity())
 		b.worst = max(b.worst, l.longestWait())
 	}
-	b.args.namespace, b.args.lockClass = c.Namespace, keyLockClass(table, c.Namespace)
+	b.args.namespace, b.args.lockClass = c.Namespace, lockid.KeyClass(table, c.Namespace)
 	if c.PreBlockSize > 0 {
 		b.preblock = newPreblock(c.PreBlockSize)
 		if c.Invalidator != nil {
 			b.preblock.inv = c.Invalidator
-			register(c.Invalidator, keyLockClass(table, c.Namespace), b.preblock)
+			register(c.Invalidator, lockid.KeyClass(table, c.Namespace), b.preblock)
 		}
 	}
 	if len(c.Limits) == 1 && c.Limits[0].Algorithm == GCRA && !c.Overrides {
@@ -136,7 +139,7 @@ func (b *base) wrap(ctx context.Context, err error) error {
 // not say so as ErrReadOnly yet: SQLSTATE 25006, or no read-write server
 // for a pool that asks for one.
 func readOnly(err error) bool {
-	return !errors.Is(err, ErrReadOnly) && (pgCode(err) == codeReadOnly || errors.Is(err, pgconn.ErrReadOnlyConnection))
+	return !errors.Is(err, ErrReadOnly) && (pgtx.Code(err) == pgtx.CodeReadOnly || errors.Is(err, pgconn.ErrReadOnlyConnection))
 }
 
 // lostRace is the refusal of a request that lost a race it could not see
@@ -161,18 +164,4 @@ func (b *base) reset(ctx context.Context, query, key string) error {
 	b.preblock.forget(key)
 	b.flights.forget(key)
 	return nil
-}
-
-// pgCode returns the SQLSTATE of err, or "" if it is not a server error.
-// It reads pgx's errors and those of any driver whose errors report their
-// SQLSTATE the same way (lib/pq's do), so that a caller's transaction on
-// database/sql is understood too.
-func pgCode(err error) string {
-	if e, ok := errors.AsType[interface {
-		error
-		SQLState() string
-	}](err); ok {
-		return e.SQLState()
-	}
-	return ""
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -476,7 +477,7 @@ func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 			var left []*entry
 			left, err = b.query(ctx, b.waitSQL, []*entry{e})
 			switch {
-			case pgCode(err) != "" && pgCode(err) == b.l.contended:
+			case pgtx.Code(err) != "" && pgtx.Code(err) == b.l.contended:
 				for _, c := range e.calls {
 					c.d = b.l.lostRace()
 				}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -90,7 +91,7 @@ func Distribute(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		return fmt.Errorf("%w: distribute: the citus extension is not installed in this database (CREATE EXTENSION citus, on a Citus cluster's coordinator)", ErrUnsupported)
 	}
 	err = pollLock(ctx, func() (got bool, err error) {
-		err = conn.QueryRow(ctx, queries.Static("advisory.try_lock"), distributeLockID).Scan(&got)
+		err = conn.QueryRow(ctx, queries.Static("advisory.try_lock"), lockid.Distribute).Scan(&got)
 		return got, err
 	})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pglimit/cooldown/pglimit/internal/cleanup"
 	"github.com/pglimit/cooldown/pglimit/internal/leadership"
+	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -165,7 +166,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
 	hooks := c.hooks
 	cl.elector = leadership.New(leadership.Config{
 		Acquire:  cl.acquire,
-		Key:      cleanupLockID(c.Schema, c.Tables),
+		Key:      lockid.Cleanup(c.Schema, c.Tables),
 		Interval: min(c.Interval, maxElectionInterval),
 		Logger:   c.Logger,
 		OnChange: func(leader bool) {

@@ -1,5 +1,7 @@
 package pglimit
 
+import "github.com/pglimit/cooldown/pglimit/internal/lockid"
+
 // CleanerHooks exposes the cleaner's test hooks to package pglimit_test.
 // Each runs synchronously on the cleaner's goroutines.
 type CleanerHooks struct {
@@ -19,7 +21,7 @@ func SetCleanerHooks(cfg *CleanerConfig, h CleanerHooks) {
 // tables (none: the default tables) compete for.
 func CleanerLockKey(schema string, tables ...string) int64 {
 	c, _ := (&CleanerConfig{Schema: schema, Tables: tables}).withDefaults()
-	return cleanupLockID(c.Schema, c.Tables)
+	return lockid.Cleanup(c.Schema, c.Tables)
 }
 
 // DecisionAt is the database time a decision used, in microseconds since

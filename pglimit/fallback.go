@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 )
 
 // Fallback makes a limiter decide Allow and AllowN in process while the
@@ -209,7 +211,7 @@ func outage(ctx context.Context, err error) bool {
 	if errors.Is(err, ErrTimeout) || errors.Is(err, ErrReadOnly) {
 		return true
 	}
-	if code := pgCode(err); code != "" {
+	if code := pgtx.Code(err); code != "" {
 		// connection_exception, operator_intervention (shutdown, crash,
 		// cannot connect now), too_many_connections.
 		return strings.HasPrefix(code, "08") || strings.HasPrefix(code, "57P") || code == "53300"

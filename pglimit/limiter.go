@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -72,14 +72,6 @@ var (
 // snapshot settles either at once unless the key keeps changing, and then
 // the request is refused: contention is a refusal, not an error.
 const maxAttempts = 3
-
-// SQLSTATE codes the strategies read.
-const (
-	codeLockNotAvailable     = "55P03"
-	codeExclusionViolation   = "23P01"
-	codeSerializationFailure = "40001"
-	codeReadOnly             = "25006" // read_only_sql_transaction: a standby, or read-only mode
-)
 
 // statements are a limiter's SQL, each with its answer's shape: the fast
 // statement of a single GCRA limit in its own transaction and in a
@@ -353,8 +345,8 @@ func (l *stmtLimiter) run(ctx context.Context, q query) (Decision, error) {
 	}
 	for range maxAttempts {
 		d, decided, err := l.scan(l.db.QueryRow(ctx, l.sql(q, false), q.args...), q)
-		switch code := pgCode(err); {
-		case code == codeSerializationFailure:
+		switch code := pgtx.Code(err); {
+		case code == pgtx.CodeSerializationFailure:
 			continue // the statement was its own transaction: run it afresh
 		case code != "" && code == l.contended:
 			return l.lostRace(), nil
@@ -377,14 +369,14 @@ func (l *stmtLimiter) runTx(ctx context.Context, tx DB, q query) (Decision, erro
 	}
 	for range maxAttempts {
 		d, decided, err := l.runInSavepoint(ctx, tx, q)
-		switch code := pgCode(err); {
+		switch code := pgtx.Code(err); {
 		case err == nil && !decided:
 			continue // in READ COMMITTED the next statement has a fresh snapshot
 		case code != "" && code == l.contended:
 			return l.lostRace(), nil
-		case code == codeLockNotAvailable:
+		case code == pgtx.CodeLockNotAvailable:
 			return Decision{}, fmt.Errorf("%w (%s, lock_timeout %s): %w", ErrTimeout, l.cfg.Strategy, l.cfg.Timeout, err)
-		case code == codeSerializationFailure:
+		case code == pgtx.CodeSerializationFailure:
 			// At REPEATABLE READ or above, a concurrent decision changed
 			// the key after the caller's snapshot: it won the race.
 			return l.lostRace(), nil
@@ -395,82 +387,13 @@ func (l *stmtLimiter) runTx(ctx context.Context, tx DB, q query) (Decision, erro
 	return l.lostRace(), nil
 }
 
-// The statements around a decision in a caller's transaction
-// (internal/queries, savepoint.*).
-var (
-	savepointSQL          = queries.Static("savepoint")
-	setLockTimeoutSQL     = queries.Static("savepoint.set_lock_timeout")
-	restoreLockTimeoutSQL = queries.Static("savepoint.restore_lock_timeout")
-	releaseSQL            = queries.Static("savepoint.release")
-	rollbackSQL           = queries.Static("savepoint.rollback")
-)
-
-// batchSender is a transaction that pipelines statements: a pgx.Tx.
-type batchSender interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
-// runInSavepoint runs q in a savepoint of tx: see inSavepoint.
+// runInSavepoint runs q in a savepoint of tx: see pgtx.InSavepoint.
 func (l *stmtLimiter) runInSavepoint(ctx context.Context, tx DB, q query) (d Decision, decided bool, err error) {
-	err = inSavepoint(ctx, tx, l.cfg.Timeout, l.sql(q, true), q.args, func(row pgx.Row) error {
+	err = pgtx.InSavepoint(ctx, tx, l.cfg.Timeout, l.sql(q, true), q.args, func(row pgx.Row) error {
 		d, decided, err = l.scan(row, q)
 		return err
 	})
 	return d, decided, err
-}
-
-// inSavepoint runs the statement sql in a savepoint of the caller's
-// transaction tx, under a lock_timeout of timeout, and hands its row to
-// scan. On a pgx transaction the savepoint, the setting, the statement
-// and their undoing go to the server in one pipeline, so they cost no
-// round trip. Any other transaction (database/sql's, through pglimitsql)
-// takes three: the savepoint and setting, the statement, the restore and
-// release. When the server refuses a statement, the savepoint is rolled
-// back and tx stays usable.
-func inSavepoint(ctx context.Context, tx DB, timeout time.Duration, sql string, args []any, scan func(pgx.Row) error) (err error) {
-	ms := (timeout + time.Millisecond - 1) / time.Millisecond // round up: 0 would disable it
-	lockTimeout := fmt.Sprintf("%dms", ms)
-	if bs, ok := tx.(batchSender); ok {
-		var scanErr error
-		var b pgx.Batch
-		b.Queue(savepointSQL)
-		b.Queue(setLockTimeoutSQL, lockTimeout)
-		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
-			scanErr = scan(row)
-			return scanErr
-		})
-		b.Queue(restoreLockTimeoutSQL)
-		b.Queue(releaseSQL)
-		err = bs.SendBatch(ctx, &b).Close() // runs scan
-		if scanErr != nil {
-			err = scanErr
-		}
-	} else {
-		err = inSavepointSteps(ctx, tx, lockTimeout, sql, args, scan)
-	}
-	if pgCode(err) != "" {
-		// The server refused a statement: the savepoint is aborted, the
-		// connection is fine. Anything else has lost the connection.
-		if _, rerr := tx.Exec(ctx, rollbackSQL); rerr != nil {
-			return errors.Join(err, fmt.Errorf("roll back to savepoint: %w", rerr))
-		}
-	}
-	return err
-}
-
-// inSavepointSteps is inSavepoint in three round trips. The setting is
-// written into the text of the first, which has no arguments, so that it
-// and the savepoint go in one simple-protocol message.
-func inSavepointSteps(ctx context.Context, tx DB, lockTimeout, sql string, args []any, scan func(pgx.Row) error) error {
-	set := strings.Replace(setLockTimeoutSQL, "$1", "'"+lockTimeout+"'", 1)
-	if _, err := tx.Exec(ctx, savepointSQL+"; "+set); err != nil {
-		return err
-	}
-	if err := scan(tx.QueryRow(ctx, sql, args...)); err != nil {
-		return err
-	}
-	_, err := tx.Exec(ctx, restoreLockTimeoutSQL+"; "+releaseSQL)
-	return err
 }
 
 // check finds out whether the table is distributed, and runs verify,

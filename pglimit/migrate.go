@@ -15,6 +15,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/pglimit/cooldown/migrations"
+	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -82,7 +83,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithTableName(MigrationsTable),
-		goose.WithSessionLocker(sessionLocker{id: migrationLockID(schema)}),
+		goose.WithSessionLocker(sessionLocker{id: lockid.Migration(schema)}),
 	)
 	if err != nil {
 		return fmt.Errorf("pglimit: migrate: %w", err)
@@ -129,7 +130,7 @@ func prepareDatabase(ctx context.Context, connCfg *pgx.ConnConfig, schema string
 		return fmt.Errorf("%w: migrate", ErrReadOnly)
 	}
 	err = pollLock(ctx, func() (got bool, err error) {
-		err = conn.QueryRow(ctx, queries.Static("advisory.try_lock"), setupLockID).Scan(&got)
+		err = conn.QueryRow(ctx, queries.Static("advisory.try_lock"), lockid.Setup).Scan(&got)
 		return got, err
 	})
 	if err != nil {

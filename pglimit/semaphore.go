@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/pglimit/internal/lockid"
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -118,7 +120,7 @@ func NewSemaphore(db DB, cfg *SemaphoreConfig) (*Semaphore, error) {
 	c.Timeout = cmp.Or(c.Timeout, defaultTimeout)
 	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds()}
 	table := pgx.Identifier{c.Schema, slotsTable}.Sanitize()
-	s.lockSeed = lockID[int64](table)
+	s.lockSeed = lockid.SlotSeed(table)
 	args := queries.Args{"table": table}
 	s.stmts.acquire = queries.Text("slots.acquire", args)
 	s.stmts.extend = queries.Text("slots.extend", args)
@@ -148,7 +150,7 @@ func (s *Semaphore) Acquire(ctx context.Context, key string) (Slot, error) {
 // Release the slot after the work, in tx or later.
 func (s *Semaphore) AcquireTx(ctx context.Context, tx DB, key string) (Slot, error) {
 	return s.acquire(ctx, key, func(ctx context.Context, scan func(pgx.Row) error) error {
-		return inSavepoint(ctx, tx, s.cfg.Timeout, s.stmts.acquire, s.args(key), scan)
+		return pgtx.InSavepoint(ctx, tx, s.cfg.Timeout, s.stmts.acquire, s.args(key), scan)
 	})
 }
 
@@ -179,12 +181,12 @@ func (s *Semaphore) acquire(ctx context.Context, key string, run func(context.Co
 		err := run(ctx, func(row pgx.Row) error {
 			return row.Scan(&slot, &holder, &end, &held, &firstEnd, &now)
 		})
-		switch code := pgCode(err); {
-		case code == codeSerializationFailure:
+		switch code := pgtx.Code(err); {
+		case code == pgtx.CodeSerializationFailure:
 			// At REPEATABLE READ or above in a caller's transaction, a
 			// slot changed after its snapshot: another acquirer won it.
 			return Slot{Held: s.cfg.Limit, RetryAfter: s.cfg.TTL}, nil
-		case code == codeLockNotAvailable:
+		case code == pgtx.CodeLockNotAvailable:
 			return Slot{}, fmt.Errorf("%w (semaphore, lock_timeout %s): %w", ErrTimeout, s.cfg.Timeout, err)
 		case err != nil:
 			return Slot{}, s.wrap(ctx, err)

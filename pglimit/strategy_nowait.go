@@ -3,6 +3,7 @@ package pglimit
 import (
 	"time"
 
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -32,5 +33,5 @@ import (
 const noWaitPatience = 20 * time.Millisecond
 
 func newNoWait(b base, table string) *stmtLimiter {
-	return newStmtLimiter(b, table, "nowait.allow", queries.Static("nowait.lock"), codeLockNotAvailable)
+	return newStmtLimiter(b, table, "nowait.allow", queries.Static("nowait.lock"), pgtx.CodeLockNotAvailable)
 }

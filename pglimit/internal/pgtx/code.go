@@ -1,0 +1,25 @@
+package pgtx
+
+import "errors"
+
+// SQLSTATE codes the library reads.
+const (
+	CodeLockNotAvailable     = "55P03"
+	CodeExclusionViolation   = "23P01"
+	CodeSerializationFailure = "40001"
+	CodeReadOnly             = "25006" // read_only_sql_transaction: a standby, or read-only mode
+)
+
+// Code returns the SQLSTATE of err, or "" if it is not a server error.
+// It reads pgx's errors and those of any driver whose errors report their
+// SQLSTATE the same way (lib/pq's do), so that a caller's transaction on
+// database/sql is understood too.
+func Code(err error) string {
+	if e, ok := errors.AsType[interface {
+		error
+		SQLState() string
+	}](err); ok {
+		return e.SQLState()
+	}
+	return ""
+}
