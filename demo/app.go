@@ -22,6 +22,7 @@ import (
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
 	"github.com/pglimit/cooldown/pglimit/pglimitprom"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
 // Input limits of POST /items.
@@ -104,7 +105,7 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 	}
 	a.create = limitCreate(http.HandlerFunc(a.storeItem))
 
-	exports, err := pglimit.NewSemaphore(pool, &pglimit.SemaphoreConfig{
+	exports, err := pglimitsem.New(pool, &pglimitsem.Config{
 		Schema: cfg.schema, Namespace: "exports", Limit: cfg.exportsAtOnce, TTL: 30 * time.Second,
 	})
 	if err != nil {

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 )
@@ -139,7 +137,7 @@ func (b *base) wrap(ctx context.Context, err error) error {
 // not say so as ErrReadOnly yet: SQLSTATE 25006, or no read-write server
 // for a pool that asks for one.
 func readOnly(err error) bool {
-	return !errors.Is(err, ErrReadOnly) && (pgtx.Code(err) == pgtx.CodeReadOnly || errors.Is(err, pgconn.ErrReadOnlyConnection))
+	return !errors.Is(err, ErrReadOnly) && pgtx.ReadOnly(err)
 }
 
 // lostRace is the refusal of a request that lost a race it could not see

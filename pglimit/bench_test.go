@@ -11,6 +11,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
 // BenchmarkAllow measures one decision at a time on one connection, with
@@ -183,7 +184,7 @@ func BenchmarkFeatures(b *testing.B) {
 		}
 	})
 	b.Run("semaphore", func(b *testing.B) {
-		sem, err := pglimit.NewSemaphore(testdb.Pool(b), &pglimit.SemaphoreConfig{Schema: testdb.Schema(b), Limit: 2})
+		sem, err := pglimitsem.New(testdb.Pool(b), &pglimitsem.Config{Schema: testdb.Schema(b), Limit: 2})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -188,7 +188,7 @@ func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
 		return out, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
 	}
 	if len(out.Tables) == 0 {
-		out.Tables = []string{defaultTables[Upsert], defaultTables[NoWait], defaultTables[Range], slotsTable}
+		out.Tables = []string{defaultTables[Upsert], defaultTables[NoWait], defaultTables[Range], "pglimit_slots"}
 	}
 	out.Tables = slices.Clone(out.Tables)
 	for i, t := range out.Tables {

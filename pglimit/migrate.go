@@ -19,26 +19,26 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
-// MigrationsTable is the goose version table pglimit keeps in the schema it
+// migrationsTable is the goose version table pglimit keeps in the schema it
 // migrates. It differs from goose's default so that an application that
 // runs its own goose migrations in the same schema never collides with ours.
-const MigrationsTable = "pglimit_goose_db_version"
+const migrationsTable = "pglimit_goose_db_version"
 
 // ErrExtension reports that the btree_gist extension, which the Range
 // strategy's exclusion constraint needs, could not be created.
 var ErrExtension = errors.New("pglimit: cannot create extension btree_gist, which the Range strategy needs; " +
 	"install PostgreSQL's contrib modules (Debian/Ubuntu: apt-get install postgresql-contrib) " +
-	"and run CREATE SCHEMA " + ExtensionSchema + "; CREATE EXTENSION btree_gist SCHEMA " + ExtensionSchema +
+	"and run CREATE SCHEMA " + extensionSchema + "; CREATE EXTENSION btree_gist SCHEMA " + extensionSchema +
 	" as a superuser or a role with CREATE on the database")
 
-// ExtensionSchema is the schema in which [Migrate] creates btree_gist when
+// extensionSchema is the schema in which [Migrate] creates btree_gist when
 // the database does not have it yet. A schema of its own, because a
 // database holds an extension once, in one schema, and dropping that schema
 // drops the extension and with it the exclusion constraint of every Range
 // table in the database: dropping a tenant's schema must not do that.
 // Migrate refuses to migrate it. Where btree_gist already exists, in any
 // schema, Migrate uses it where it is.
-const ExtensionSchema = "pglimit_ext"
+const extensionSchema = "pglimit_ext"
 
 // The Range table and the exclusion constraint migration 00002 gives it;
 // without the constraint the table admits everything.
@@ -48,7 +48,7 @@ const (
 )
 
 // Migrate creates or upgrades pglimit's tables in schema ("" means
-// "public"), creating the schema, and btree_gist in [ExtensionSchema], if
+// "public"), creating the schema, and btree_gist in pglimit_ext, if
 // needed. It is safe to run from every instance at start-up, on one schema
 // or many: creating schemas and the extension, which belong to the whole
 // database, is serialized by one advisory lock per database, and the
@@ -69,8 +69,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if err := ValidateIdentifier(schema); err != nil {
 		return fmt.Errorf("%w: schema: %w", ErrInvalidConfig, err)
 	}
-	if schema == ExtensionSchema {
-		return fmt.Errorf("%w: schema: %s is reserved for the btree_gist extension", ErrInvalidConfig, ExtensionSchema)
+	if schema == extensionSchema {
+		return fmt.Errorf("%w: schema: %s is reserved for the btree_gist extension", ErrInvalidConfig, extensionSchema)
 	}
 	connCfg := pool.Config().ConnConfig.Copy()
 	connCfg.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
@@ -82,7 +82,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	defer db.Close()
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
 		goose.WithDisableGlobalRegistry(true),
-		goose.WithTableName(MigrationsTable),
+		goose.WithTableName(migrationsTable),
 		goose.WithSessionLocker(sessionLocker{id: lockid.Migration(schema)}),
 	)
 	if err != nil {
@@ -174,7 +174,7 @@ func createdElsewhere(err error) error {
 	return err
 }
 
-// createExtension creates btree_gist in ExtensionSchema unless the database
+// createExtension creates btree_gist in extensionSchema unless the database
 // has it in some schema already. Its operator classes need not be on the
 // search_path: a gist index on text finds the default operator class
 // wherever it lives.
@@ -186,10 +186,10 @@ func createExtension(ctx context.Context, conn *pgx.Conn) error {
 	if exists {
 		return nil
 	}
-	if err := createSchema(ctx, conn, ExtensionSchema); err != nil {
+	if err := createSchema(ctx, conn, extensionSchema); err != nil {
 		return err
 	}
-	_, err := conn.Exec(ctx, queries.Text("migrate.create_btree_gist", queries.Args{"schema": pgx.Identifier{ExtensionSchema}.Sanitize()}))
+	_, err := conn.Exec(ctx, queries.Text("migrate.create_btree_gist", queries.Args{"schema": pgx.Identifier{extensionSchema}.Sanitize()}))
 	return createdElsewhere(err)
 }
 

@@ -99,8 +99,8 @@ func TestDroppingASchemaKeepsOtherRangeLimits(t *testing.T) {
 			t.Fatalf("Migrate %s: %v", s, err)
 		}
 	}
-	if got := extensionSchema(t, pool); got != pglimit.ExtensionSchema {
-		t.Errorf("btree_gist is in schema %s, want %s", got, pglimit.ExtensionSchema)
+	if got := extensionSchema(t, pool); got != "pglimit_ext" {
+		t.Errorf("btree_gist is in schema %s, want %s", got, "pglimit_ext")
 	}
 	if _, err := pool.Exec(ctx, "DROP SCHEMA tenant_a CASCADE"); err != nil {
 		t.Fatal(err)
@@ -128,8 +128,8 @@ func TestMigrateUsesExistingExtension(t *testing.T) {
 	if !rangeHolds(t, pool, "tenant", "k") {
 		t.Error("Range admits twice within its cooldown")
 	}
-	if err := pglimit.Migrate(ctx, pool, pglimit.ExtensionSchema); !errors.Is(err, pglimit.ErrInvalidConfig) {
-		t.Errorf("Migrate(%s) = %v, want ErrInvalidConfig", pglimit.ExtensionSchema, err)
+	if err := pglimit.Migrate(ctx, pool, "pglimit_ext"); !errors.Is(err, pglimit.ErrInvalidConfig) {
+		t.Errorf("Migrate(%s) = %v, want ErrInvalidConfig", "pglimit_ext", err)
 	}
 }
 
@@ -316,7 +316,7 @@ func TestMigrateLeastPrivilegedRoles(t *testing.T) {
 	}{
 		{"create on the database", func(role string) []string {
 			return []string{"GRANT CREATE ON DATABASE %s TO " + role}
-		}, pglimit.ExtensionSchema},
+		}, "pglimit_ext"},
 		{"own schema only, extension installed", func(role string) []string {
 			return []string{"CREATE EXTENSION btree_gist SCHEMA public", "CREATE SCHEMA tenant AUTHORIZATION " + role}
 		}, "public"},

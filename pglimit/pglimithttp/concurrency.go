@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
 // OutcomeBusy is the [Event.Outcome] of a request [Concurrency] refused:
@@ -25,7 +25,7 @@ const OutcomeBusy Outcome = "busy"
 // Of cfg it uses KeyFunc, Exempt, ExemptKeys, OnRefused, Logger,
 // LogInterval, OnError and OnDecision; a CostFunc is an error. The
 // admitted request's [Event.Decision] is zero.
-func Concurrency(sem *pglimit.Semaphore, cfg *Config) (func(http.Handler) http.Handler, error) {
+func Concurrency(sem *pglimitsem.Semaphore, cfg *Config) (func(http.Handler) http.Handler, error) {
 	if sem == nil {
 		return nil, fmt.Errorf("%w: semaphore is nil", ErrInvalidConfig)
 	}
@@ -46,7 +46,7 @@ func Concurrency(sem *pglimit.Semaphore, cfg *Config) (func(http.Handler) http.H
 
 type concurrency struct {
 	gate
-	sem *pglimit.Semaphore
+	sem *pglimitsem.Semaphore
 }
 
 func (c *concurrency) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -83,7 +83,7 @@ func (c *concurrency) serve(w http.ResponseWriter, r *http.Request, next http.Ha
 
 // hold runs serve while it keeps slot, extending its lease, and releases
 // it afterwards, even if serve panics.
-func (c *concurrency) hold(r *http.Request, key string, slot pglimit.Slot, serve func()) {
+func (c *concurrency) hold(r *http.Request, key string, slot pglimitsem.Slot, serve func()) {
 	done := make(chan struct{})
 	extended := make(chan struct{})
 	go func() {
@@ -100,7 +100,7 @@ func (c *concurrency) hold(r *http.Request, key string, slot pglimit.Slot, serve
 				var err error
 				if slot, err = c.sem.Extend(ctx, slot); err != nil {
 					c.failures.Record(time.Now(), "key", key, "err", fmt.Errorf("extend the slot: %w", err))
-					if errors.Is(err, pglimit.ErrSlotLost) {
+					if errors.Is(err, pglimitsem.ErrSlotLost) {
 						return
 					}
 				}

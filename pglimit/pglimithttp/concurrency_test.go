@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/pglimit/cooldown/internal/testdb"
-	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
-func newSemaphore(t *testing.T, limit int, ttl time.Duration) *pglimit.Semaphore {
+func newSemaphore(t *testing.T, limit int, ttl time.Duration) *pglimitsem.Semaphore {
 	t.Helper()
-	sem, err := pglimit.NewSemaphore(testdb.Pool(t), &pglimit.SemaphoreConfig{Schema: testdb.Schema(t), Limit: limit, TTL: ttl})
+	sem, err := pglimitsem.New(testdb.Pool(t), &pglimitsem.Config{Schema: testdb.Schema(t), Limit: limit, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +24,7 @@ func newSemaphore(t *testing.T, limit int, ttl time.Duration) *pglimit.Semaphore
 
 // concurrencyServer serves a handler that blocks until release is closed,
 // behind Concurrency, keyed by the X-User header.
-func concurrencyServer(t *testing.T, sem *pglimit.Semaphore, inside chan<- struct{}, release <-chan struct{}) *httptest.Server {
+func concurrencyServer(t *testing.T, sem *pglimitsem.Semaphore, inside chan<- struct{}, release <-chan struct{}) *httptest.Server {
 	t.Helper()
 	limit, err := pglimithttp.Concurrency(sem, &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User")})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 	"github.com/pglimit/cooldown/pglimit/pglimitsql"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
@@ -268,7 +269,7 @@ func TestAcquireTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := sqlDB(t)
-	sem, err := pglimit.NewSemaphore(pglimitsql.DB(db), &pglimit.SemaphoreConfig{Schema: testdb.Schema(t), Limit: 1})
+	sem, err := pglimitsem.New(pglimitsql.DB(db), &pglimitsem.Config{Schema: testdb.Schema(t), Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,10 @@
 package pgtx
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
 
 // SQLSTATE codes the library reads.
 const (
@@ -22,4 +26,10 @@ func Code(err error) string {
 		return e.SQLState()
 	}
 	return ""
+}
+
+// ReadOnly reports whether err says the server could not write: a standby,
+// read-only mode, or a connection that pgx knows to be read-only.
+func ReadOnly(err error) bool {
+	return Code(err) == CodeReadOnly || errors.Is(err, pgconn.ErrReadOnlyConnection)
 }

@@ -1,4 +1,4 @@
-package pglimit
+package pglimitsem
 
 import (
 	"cmp"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
@@ -18,12 +19,12 @@ import (
 // releases or extends it: it was released already, or its lease ended
 // (and another caller may hold it now), or it was never acquired.
 // Releasing such a slot changes nothing.
-var ErrSlotLost = errors.New("pglimit: the slot is not held")
+var ErrSlotLost = errors.New("pglimitsem: the slot is not held")
 
-// SemaphoreConfig configures a [Semaphore]. Limit is required; every other
+// Config configures a [Semaphore]. Limit is required; every other
 // zero field takes its default.
-type SemaphoreConfig struct {
-	// Schema holds the slots table (pglimit_slots, which [Migrate]
+type Config struct {
+	// Schema holds the slots table (pglimit_slots, which [pglimit.Migrate]
 	// creates). Defaults to "public".
 	Schema string
 
@@ -42,7 +43,7 @@ type SemaphoreConfig struct {
 	TTL time.Duration
 
 	// Timeout bounds each call on top of the caller's context; past it the
-	// call fails with [ErrTimeout]. Defaults to 2s.
+	// call fails with [pglimit.ErrTimeout]. Defaults to 2s.
 	Timeout time.Duration
 }
 
@@ -58,8 +59,8 @@ type SemaphoreConfig struct {
 // acquirers hold locked, so that N+k concurrent acquirers of a key with no
 // slot held get exactly N. A refusal writes nothing.
 type Semaphore struct {
-	db  DB
-	cfg SemaphoreConfig
+	db  pglimit.DB
+	cfg Config
 	ttl int64 // µs
 	// lockSeed seeds the hash of a slot's advisory lock, one per table.
 	lockSeed int64
@@ -90,32 +91,32 @@ type Slot struct {
 	holder string // a uuid, as text
 }
 
-// NewSemaphore returns a semaphore of cfg over db.
-func NewSemaphore(db DB, cfg *SemaphoreConfig) (*Semaphore, error) {
+// New returns a semaphore of cfg over db.
+func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: db is nil", pglimit.ErrInvalidConfig)
 	}
 	if cfg == nil {
-		return nil, fmt.Errorf("%w: SemaphoreConfig is nil; Limit is required", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: Config is nil; Limit is required", pglimit.ErrInvalidConfig)
 	}
 	c := *cfg
 	c.Schema = cmp.Or(c.Schema, defaultSchema)
-	if err := ValidateIdentifier(c.Schema); err != nil {
-		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	if err := pglimit.ValidateIdentifier(c.Schema); err != nil {
+		return nil, fmt.Errorf("%w: Schema: %w", pglimit.ErrInvalidConfig, err)
 	}
 	c.Namespace = cmp.Or(c.Namespace, defaultNamespace)
-	if err := ValidateKey(c.Namespace); err != nil {
-		return nil, fmt.Errorf("%w: Namespace: %w", ErrInvalidConfig, err)
+	if err := pglimit.ValidateKey(c.Namespace); err != nil {
+		return nil, fmt.Errorf("%w: Namespace: %w", pglimit.ErrInvalidConfig, err)
 	}
 	if c.Limit < 1 || c.Limit > maxSlots {
-		return nil, fmt.Errorf("%w: Limit must be from 1 to %d, got %d", ErrInvalidConfig, maxSlots, c.Limit)
+		return nil, fmt.Errorf("%w: Limit must be from 1 to %d, got %d", pglimit.ErrInvalidConfig, maxSlots, c.Limit)
 	}
 	c.TTL = cmp.Or(c.TTL, defaultSlotTTL)
-	if c.TTL < time.Second || c.TTL > maxPeriod {
-		return nil, fmt.Errorf("%w: TTL must be from 1s to %s, got %s", ErrInvalidConfig, maxPeriod, c.TTL)
+	if c.TTL < time.Second || c.TTL > maxTTL {
+		return nil, fmt.Errorf("%w: TTL must be from 1s to %s, got %s", pglimit.ErrInvalidConfig, maxTTL, c.TTL)
 	}
 	if c.Timeout < 0 {
-		return nil, fmt.Errorf("%w: Timeout must not be negative, got %s", ErrInvalidConfig, c.Timeout)
+		return nil, fmt.Errorf("%w: Timeout must not be negative, got %s", pglimit.ErrInvalidConfig, c.Timeout)
 	}
 	c.Timeout = cmp.Or(c.Timeout, defaultTimeout)
 	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds()}
@@ -132,6 +133,14 @@ const (
 	slotsTable     = "pglimit_slots"
 	maxSlots       = 10_000
 	defaultSlotTTL = time.Minute
+
+	// As a limiter's: the defaults of Config, the longest TTL (366 days),
+	// and the attempts after a lost race.
+	defaultSchema    = "public"
+	defaultNamespace = "default"
+	defaultTimeout   = 2 * time.Second
+	maxTTL           = 366 * 24 * time.Hour
+	maxAttempts      = 3
 )
 
 // Acquire takes a slot of key if fewer than Limit are held, for TTL. A
@@ -148,7 +157,7 @@ func (s *Semaphore) Acquire(ctx context.Context, key string) (Slot, error) {
 // commits, and other acquirers skip it while tx is open. Like AllowTx, it
 // runs in a savepoint and never aborts tx: a lost race is a refusal.
 // Release the slot after the work, in tx or later.
-func (s *Semaphore) AcquireTx(ctx context.Context, tx DB, key string) (Slot, error) {
+func (s *Semaphore) AcquireTx(ctx context.Context, tx pglimit.DB, key string) (Slot, error) {
 	return s.acquire(ctx, key, func(ctx context.Context, scan func(pgx.Row) error) error {
 		return pgtx.InSavepoint(ctx, tx, s.cfg.Timeout, s.stmts.acquire, s.args(key), scan)
 	})
@@ -159,10 +168,10 @@ func (s *Semaphore) args(key string) []any {
 }
 
 func (s *Semaphore) acquire(ctx context.Context, key string, run func(context.Context, func(pgx.Row) error) error) (Slot, error) {
-	if err := ValidateKey(key); err != nil {
+	if err := pglimit.ValidateKey(key); err != nil {
 		return Slot{}, err
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, ErrTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
 	defer cancel()
 	// An attempt that finds no slot but fewer than Limit held either met
 	// acquisitions in flight, which will hold the rest, or tried a slot
@@ -187,14 +196,14 @@ func (s *Semaphore) acquire(ctx context.Context, key string, run func(context.Co
 			// slot changed after its snapshot: another acquirer won it.
 			return Slot{Held: s.cfg.Limit, RetryAfter: s.cfg.TTL}, nil
 		case code == pgtx.CodeLockNotAvailable:
-			return Slot{}, fmt.Errorf("%w (semaphore, lock_timeout %s): %w", ErrTimeout, s.cfg.Timeout, err)
+			return Slot{}, fmt.Errorf("%w (semaphore, lock_timeout %s): %w", pglimit.ErrTimeout, s.cfg.Timeout, err)
 		case err != nil:
 			return Slot{}, s.wrap(ctx, err)
 		case slot != nil:
-			return Slot{Acquired: true, Held: int(held) + 1, ExpiresIn: micros(*end - now), key: key, slot: *slot, holder: *holder}, nil
+			return Slot{Acquired: true, Held: int(held) + 1, ExpiresIn: time.Duration(*end-now) * time.Microsecond, key: key, slot: *slot, holder: *holder}, nil
 		}
 		if int(held) >= s.cfg.Limit {
-			return Slot{Held: int(held), RetryAfter: micros(*firstEnd - now)}, nil
+			return Slot{Held: int(held), RetryAfter: time.Duration(*firstEnd-now) * time.Microsecond}, nil
 		}
 	}
 	return out, nil
@@ -207,7 +216,7 @@ func (s *Semaphore) Extend(ctx context.Context, slot Slot) (Slot, error) {
 	if !slot.Acquired {
 		return slot, fmt.Errorf("%w: it was never acquired", ErrSlotLost)
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, ErrTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
 	defer cancel()
 	var left int64
 	err := s.db.QueryRow(ctx, s.stmts.extend, s.cfg.Namespace, slot.key, slot.slot, slot.holder, s.ttl).Scan(&left)
@@ -217,7 +226,7 @@ func (s *Semaphore) Extend(ctx context.Context, slot Slot) (Slot, error) {
 	case err != nil:
 		return slot, s.wrap(ctx, err)
 	}
-	slot.ExpiresIn = micros(left)
+	slot.ExpiresIn = time.Duration(left) * time.Microsecond
 	return slot, nil
 }
 
@@ -228,7 +237,7 @@ func (s *Semaphore) Release(ctx context.Context, slot Slot) error {
 	if !slot.Acquired {
 		return fmt.Errorf("%w: it was never acquired", ErrSlotLost)
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, ErrTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
 	defer cancel()
 	tag, err := s.db.Exec(ctx, s.stmts.release, s.cfg.Namespace, slot.key, slot.slot, slot.holder)
 	switch {
@@ -243,14 +252,14 @@ func (s *Semaphore) Release(ctx context.Context, slot Slot) error {
 // Limit returns how many slots of a key may be held at once.
 func (s *Semaphore) Limit() int { return s.cfg.Limit }
 
-// wrap adds ErrTimeout when the semaphore's own timeout fired, and
-// ErrReadOnly when the server could not write.
+// wrap adds pglimit.ErrTimeout when the semaphore's own timeout fired, and
+// pglimit.ErrReadOnly when the server could not write.
 func (s *Semaphore) wrap(ctx context.Context, err error) error {
 	switch {
-	case errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout):
-		return fmt.Errorf("%w (semaphore, after %s): %w", ErrTimeout, s.cfg.Timeout, err)
-	case readOnly(err):
-		return fmt.Errorf("%w (semaphore): %w", ErrReadOnly, err)
+	case errors.Is(context.Cause(ctx), pglimit.ErrTimeout) && !errors.Is(err, pglimit.ErrTimeout):
+		return fmt.Errorf("%w (semaphore, after %s): %w", pglimit.ErrTimeout, s.cfg.Timeout, err)
+	case pgtx.ReadOnly(err):
+		return fmt.Errorf("%w (semaphore): %w", pglimit.ErrReadOnly, err)
 	}
 	return fmt.Errorf("pglimit: semaphore: %w", err)
 }

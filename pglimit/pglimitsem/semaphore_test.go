@@ -1,4 +1,4 @@
-package pglimit_test
+package pglimitsem_test
 
 import (
 	"context"
@@ -15,11 +15,12 @@ import (
 
 	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
-func newSemaphore(t *testing.T, db pglimit.DB, cfg pglimit.SemaphoreConfig) *pglimit.Semaphore {
+func newSemaphore(t *testing.T, db pglimit.DB, cfg pglimitsem.Config) *pglimitsem.Semaphore {
 	t.Helper()
-	s, err := pglimit.NewSemaphore(db, &cfg)
+	s, err := pglimitsem.New(db, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,11 +45,11 @@ func TestSemaphoreContention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
-	cfg := pglimit.SemaphoreConfig{Schema: schema, Limit: 3, TTL: time.Minute}
-	sems := []*pglimit.Semaphore{newSemaphore(t, testdb.Pool(t), cfg), newSemaphore(t, testdb.Pool(t), cfg)}
+	cfg := pglimitsem.Config{Schema: schema, Limit: 3, TTL: time.Minute}
+	sems := []*pglimitsem.Semaphore{newSemaphore(t, testdb.Pool(t), cfg), newSemaphore(t, testdb.Pool(t), cfg)}
 	for round := range 3 {
 		const acquirers = 12
-		slots := make([]pglimit.Slot, acquirers)
+		slots := make([]pglimitsem.Slot, acquirers)
 		var wg sync.WaitGroup
 		for i := range acquirers {
 			wg.Go(func() {
@@ -102,7 +103,7 @@ func TestSemaphoreAcquireTx(t *testing.T) {
 			// same pools would wait for them while holding some itself.
 			pools := []*pgxpool.Pool{testdb.Pool(t), testdb.Pool(t)}
 			schema := testdb.Schema(t)
-			sem := newSemaphore(t, pools[0], pglimit.SemaphoreConfig{Schema: schema, Limit: 2, TTL: time.Minute, Timeout: 5 * time.Second})
+			sem := newSemaphore(t, pools[0], pglimitsem.Config{Schema: schema, Limit: 2, TTL: time.Minute, Timeout: 5 * time.Second})
 			const n = 8
 			txs := make([]pgx.Tx, n)
 			for i := range txs {
@@ -152,7 +153,7 @@ func TestSemaphoreAcquireTxRollback(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: testdb.Schema(t), Limit: 1})
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: testdb.Schema(t), Limit: 1})
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -191,7 +192,7 @@ func TestSemaphoreDeadHolder(t *testing.T) {
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	const ttl = 3 * time.Second
-	cfg := pglimit.SemaphoreConfig{Schema: schema, Limit: 1, TTL: ttl}
+	cfg := pglimitsem.Config{Schema: schema, Limit: 1, TTL: ttl}
 	holder, err := pgx.Connect(ctx, testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -232,7 +233,7 @@ func TestSemaphoreRelease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: testdb.Schema(t), Limit: 1, TTL: time.Second})
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: testdb.Schema(t), Limit: 1, TTL: time.Second})
 	a, err := sem.Acquire(ctx, "k")
 	if err != nil || !a.Acquired {
 		t.Fatalf("Acquire: %+v, %v", a, err)
@@ -240,10 +241,10 @@ func TestSemaphoreRelease(t *testing.T) {
 	if err := sem.Release(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	if err := sem.Release(ctx, a); !errors.Is(err, pglimit.ErrSlotLost) {
+	if err := sem.Release(ctx, a); !errors.Is(err, pglimitsem.ErrSlotLost) {
 		t.Fatalf("second Release: %v, want ErrSlotLost", err)
 	}
-	if err := sem.Release(ctx, pglimit.Slot{}); !errors.Is(err, pglimit.ErrSlotLost) {
+	if err := sem.Release(ctx, pglimitsem.Slot{}); !errors.Is(err, pglimitsem.ErrSlotLost) {
 		t.Fatalf("Release of a slot never acquired: %v, want ErrSlotLost", err)
 	}
 
@@ -256,10 +257,10 @@ func TestSemaphoreRelease(t *testing.T) {
 	if err != nil || !b.Acquired {
 		t.Fatalf("Acquire after the lease ended: %+v, %v", b, err)
 	}
-	if err := sem.Release(ctx, a); !errors.Is(err, pglimit.ErrSlotLost) {
+	if err := sem.Release(ctx, a); !errors.Is(err, pglimitsem.ErrSlotLost) {
 		t.Fatalf("Release after the lease ended: %v, want ErrSlotLost", err)
 	}
-	if _, err := sem.Extend(ctx, a); !errors.Is(err, pglimit.ErrSlotLost) {
+	if _, err := sem.Extend(ctx, a); !errors.Is(err, pglimitsem.ErrSlotLost) {
 		t.Fatalf("Extend after the lease ended: %v, want ErrSlotLost", err)
 	}
 	if c, err := sem.Acquire(ctx, "k"); err != nil || c.Acquired {
@@ -273,7 +274,7 @@ func TestSemaphoreExtend(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
-	cfg := pglimit.SemaphoreConfig{Schema: schema, Limit: 1, TTL: time.Second}
+	cfg := pglimitsem.Config{Schema: schema, Limit: 1, TTL: time.Second}
 	sem := newSemaphore(t, testdb.Pool(t), cfg)
 	held, err := sem.Acquire(ctx, "k")
 	if err != nil || !held.Acquired {
@@ -336,7 +337,7 @@ func TestSemaphoreBadInput(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	schema := testdb.Schema(t)
-	for name, cfg := range map[string]*pglimit.SemaphoreConfig{
+	for name, cfg := range map[string]*pglimitsem.Config{
 		"nil":             nil,
 		"no limit":        {Schema: schema},
 		"limit too high":  {Schema: schema, Limit: 10_001},
@@ -346,14 +347,14 @@ func TestSemaphoreBadInput(t *testing.T) {
 		"bad schema":      {Schema: `x"; DROP TABLE y; --`, Limit: 1},
 		"negative timout": {Schema: schema, Limit: 1, Timeout: -1},
 	} {
-		if _, err := pglimit.NewSemaphore(pool, cfg); !errors.Is(err, pglimit.ErrInvalidConfig) {
+		if _, err := pglimitsem.New(pool, cfg); !errors.Is(err, pglimit.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	if _, err := pglimit.NewSemaphore(nil, &pglimit.SemaphoreConfig{Limit: 1}); !errors.Is(err, pglimit.ErrInvalidConfig) {
+	if _, err := pglimitsem.New(nil, &pglimitsem.Config{Limit: 1}); !errors.Is(err, pglimit.ErrInvalidConfig) {
 		t.Errorf("nil db: %v, want ErrInvalidConfig", err)
 	}
-	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: schema, Limit: 1})
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Limit: 1})
 	for _, key := range []string{"", strings.Repeat("k", pglimit.MaxKeyLength+1), "\xff", "a\x00b"} {
 		if s, err := sem.Acquire(ctx, key); !errors.Is(err, pglimit.ErrInvalidKey) || s.Acquired {
 			t.Errorf("Acquire(%q): %+v, %v; want ErrInvalidKey", key, s, err)
@@ -371,8 +372,8 @@ func TestCleanerDeletesEndedSlots(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	schema := testdb.Schema(t)
-	sem := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: schema, Limit: 5, TTL: time.Second})
-	long := newSemaphore(t, pool, pglimit.SemaphoreConfig{Schema: schema, Namespace: "long", Limit: 1, TTL: time.Hour})
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Limit: 5, TTL: time.Second})
+	long := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Namespace: "long", Limit: 1, TTL: time.Hour})
 	for i := range 5 {
 		if s, err := sem.Acquire(ctx, fmt.Sprint("k", i)); err != nil || !s.Acquired {
 			t.Fatalf("Acquire: %+v, %v", s, err)

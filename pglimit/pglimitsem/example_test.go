@@ -1,4 +1,4 @@
-package pglimit_test
+package pglimitsem_test
 
 import (
 	"context"
@@ -8,11 +8,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
 // At most two exports running per user, across every instance: a third
 // is refused while two run, and admitted once one is released.
-func ExampleSemaphore() {
+func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, databaseURL())
 	if err != nil {
@@ -22,7 +23,7 @@ func ExampleSemaphore() {
 	if err := pglimit.Migrate(ctx, pool, ""); err != nil {
 		panic(err)
 	}
-	exports, err := pglimit.NewSemaphore(pool, &pglimit.SemaphoreConfig{
+	exports, err := pglimitsem.New(pool, &pglimitsem.Config{
 		Namespace: "example-exports",
 		Limit:     2,
 		TTL:       time.Minute, // a crashed export's slot returns after a minute

@@ -1,0 +1,15 @@
+// Package pglimitsem limits how many requests of a key are in flight at
+// once, across every instance of an application: a concurrency limit, kept
+// in PostgreSQL like pglimit's rate limits.
+//
+// A rate or a cooldown says how often a key may start work; a semaphore
+// says how much of it may run at the same time, which is what matters for
+// work whose cost is its duration ("at most 2 exports running per user").
+// A caller acquires a slot before the work and releases it after; a slot
+// its holder never releases (a killed process, a lost connection) returns
+// by itself when its lease ends.
+//
+// The slots live in pglimit_slots, which [pglimit.Migrate] creates and
+// [pglimit.Cleaner] cleans. pglimithttp.Concurrency holds a slot for the
+// length of an HTTP request.
+package pglimitsem
