@@ -127,18 +127,36 @@ func distribute(ctx context.Context, conn *pgx.Conn, schema string) error {
 				return fmt.Errorf("distribute %s: %w", table, err)
 			}
 		}
-		for _, f := range tableFunctions(name) {
-			fn := pgx.Identifier{schema, name + f.suffix}.Sanitize()
-			if _, err := conn.Exec(ctx, queries.Text(f.template, queries.Args{"table": table, "function": fn, "decide": decide})); err != nil {
-				return fmt.Errorf("create %s: %w", fn, err)
-			}
+		fns, err := createFunctions(ctx, conn, schema, name)
+		if err != nil {
+			return err
+		}
+		for _, fn := range fns {
 			// The key routes each call to its shard's node.
-			if _, err := conn.Exec(ctx, queries.Static("citus.delegate"), fn+f.args, table); err != nil {
+			if _, err := conn.Exec(ctx, queries.Static("citus.delegate"), fn, table); err != nil {
 				return fmt.Errorf("distribute %s: %w", fn, err)
 			}
 		}
 	}
 	return nil
+}
+
+// createFunctions creates (or replaces) the functions of table name in
+// schema, and returns their signatures. They need no Citus: on plain
+// PostgreSQL the tests run the library's decisions through them, so that
+// their arithmetic is checked against the model wherever the tests run.
+func createFunctions(ctx context.Context, db DB, schema, name string) ([]string, error) {
+	table := pgx.Identifier{schema, name}.Sanitize()
+	decide := pgx.Identifier{schema, "pglimit_decide"}.Sanitize()
+	var signatures []string
+	for _, f := range tableFunctions(name) {
+		fn := pgx.Identifier{schema, name + f.suffix}.Sanitize()
+		if _, err := db.Exec(ctx, queries.Text(f.template, queries.Args{"table": table, "function": fn, "decide": decide})); err != nil {
+			return nil, fmt.Errorf("create %s: %w", fn, err)
+		}
+		signatures = append(signatures, fn+f.args)
+	}
+	return signatures, nil
 }
 
 // tableFunction is a function Distribute installs: its name's suffix, its

@@ -34,6 +34,10 @@ const envModelSeed = "PGLIMIT_MODEL_SEED"
 //
 // Range supports only a cooldown (one GCRA limit with Burst 1), so its
 // sequences use such limits, and Reserve must be ErrUnsupported there.
+//
+// The plpgsql runs decide through the PL/pgSQL functions that Distribute
+// installs on a Citus cluster, here on plain tables: the third copy of the
+// arithmetic is checked wherever the tests run, Citus or not.
 func TestModelConformance(t *testing.T) {
 	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
@@ -46,19 +50,36 @@ func TestModelConformance(t *testing.T) {
 	t.Logf("seed %d (rerun with %s=%d)", seed, envModelSeed, seed)
 	for i, run := range []struct {
 		strategy            pglimit.Strategy
+		functions           bool
 		sequences, requests int
 	}{
-		{pglimit.Upsert, 48, 100},
-		{pglimit.NoWait, 48, 100},
-		{pglimit.Range, 16, 80},
+		{pglimit.Upsert, false, 48, 100},
+		{pglimit.NoWait, false, 48, 100},
+		{pglimit.Range, false, 16, 80},
+		// The PL/pgSQL copy of the arithmetic (the functions Distribute
+		// installs on Citus, and migration 00004's pglimit_decide), on
+		// plain PostgreSQL.
+		{pglimit.Upsert, true, 24, 100},
+		{pglimit.NoWait, true, 24, 100},
+		{pglimit.Range, true, 8, 80},
 	} {
-		t.Run(string(run.strategy), func(t *testing.T) {
+		name := string(run.strategy)
+		if run.functions {
+			name += "/plpgsql"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			// Sequences run side by side on two pools: a sequence is one
 			// caller at a time on its own key, so decisions never contend,
 			// and the sleeps between requests overlap.
 			pools := []*pgxpool.Pool{testdb.Pool(t), testdb.Pool(t)}
 			schema := testdb.Schema(t)
+			if run.functions {
+				table := map[pglimit.Strategy]string{pglimit.Upsert: "pglimit_upsert", pglimit.NoWait: "pglimit_nowait", pglimit.Range: "pglimit_range"}[run.strategy]
+				if err := pglimit.CreateFunctions(context.Background(), pools[0], schema, table); err != nil {
+					t.Fatal(err)
+				}
+			}
 			var stats modelStats
 			var wg sync.WaitGroup
 			sem := make(chan struct{}, 8)
@@ -67,18 +88,19 @@ func TestModelConformance(t *testing.T) {
 					sem <- struct{}{}
 					defer func() { <-sem }()
 					s := &modelSequence{
-						t:        t,
-						rng:      rand.New(rand.NewPCG(seed, uint64(i)<<32|uint64(seq))),
-						pool:     pools[seq%len(pools)],
-						strategy: run.strategy,
-						schema:   schema,
-						name:     fmt.Sprintf("seed %d, %s sequence %d", seed, run.strategy, seq),
+						t:         t,
+						rng:       rand.New(rand.NewPCG(seed, uint64(i)<<32|uint64(seq))),
+						pool:      pools[seq%len(pools)],
+						strategy:  run.strategy,
+						functions: run.functions,
+						schema:    schema,
+						name:      fmt.Sprintf("seed %d, %s sequence %d", seed, name, seq),
 					}
 					s.run(run.requests, &stats)
 				})
 			}
 			wg.Wait()
-			t.Logf("%s: %d sequences × %d requests: %s", run.strategy, run.sequences, run.requests, stats.String())
+			t.Logf("%s: %d sequences × %d requests: %s", name, run.sequences, run.requests, stats.String())
 		})
 	}
 }
@@ -120,9 +142,12 @@ type modelSequence struct {
 	rng      *rand.Rand
 	pool     *pgxpool.Pool
 	strategy pglimit.Strategy
-	schema   string
-	name     string
-	history  []string
+	// functions decides through the PL/pgSQL functions of a distributed
+	// table, here on plain tables.
+	functions bool
+	schema    string
+	name      string
+	history   []string
 }
 
 // run makes requests requests, counted in stats; it stops at the first
@@ -150,6 +175,9 @@ func (s *modelSequence) run(requests int, stats *modelStats) {
 	if err != nil {
 		s.fail("New: %v", err)
 		return
+	}
+	if s.functions {
+		pglimit.UseFunctions(lim)
 	}
 	if got := lim.Policy().Limits; !slices.Equal(got, m.limits) {
 		s.fail("Policy().Limits = %+v, want %+v", got, m.limits)

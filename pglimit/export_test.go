@@ -1,6 +1,10 @@
 package pglimit
 
-import "github.com/pglimit/cooldown/pglimit/internal/lockid"
+import (
+	"context"
+
+	"github.com/pglimit/cooldown/pglimit/internal/lockid"
+)
 
 // CleanerHooks exposes the cleaner's test hooks to package pglimit_test.
 // Each runs synchronously on the cleaner's goroutines.
@@ -40,4 +44,19 @@ func CalendarWindow(cfg *Config, i int, now int64) (start, end int64, startSQL, 
 	start, end = l.window(now)
 	startSQL, endSQL = l.windowSQL("$1::bigint")
 	return start, end, startSQL, endSQL, nil
+}
+
+// CreateFunctions creates, on plain PostgreSQL, the PL/pgSQL functions
+// that Distribute installs for table in schema on a Citus cluster.
+func CreateFunctions(ctx context.Context, db DB, schema, table string) error {
+	_, err := createFunctions(ctx, db, schema, table)
+	return err
+}
+
+// UseFunctions switches lim to those functions, as a limiter does once it
+// finds its table distributed.
+func UseFunctions(lim Limiter) {
+	l := lim.(*stmtLimiter)
+	s := l.distributedStatements()
+	l.dist.Store(&s)
 }
