@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -52,6 +51,17 @@ func lookPath(t *testing.T, name string) string {
 	p, err := exec.LookPath(name)
 	if err != nil {
 		testdb.Missing(t, "%s not found on PATH: apt-get install prometheus (Debian's package has prometheus and promtool)", name)
+	}
+	return p
+}
+
+// goCommand is the go command running the tests: go test puts its
+// GOROOT/bin first on the PATH of the test binary.
+func goCommand(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("go not found on PATH, which go test prepends with its GOROOT/bin: %v", err)
 	}
 	return p
 }
@@ -133,10 +143,7 @@ func TestEndToEnd(t *testing.T) {
 
 func buildDemo(t *testing.T) string {
 	t.Helper()
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = lookPath(t, "go")
-	}
+	goBin := goCommand(t)
 	bin := filepath.Join(t.TempDir(), "demo")
 	args := []string{"build", "-o", bin}
 	// Built like this test binary, the demo reuses its compiled packages

@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,7 +23,7 @@ func TestMakeDemoCtrlC(t *testing.T) {
 	if err != nil {
 		testdb.Missing(t, "make not found on PATH: apt-get install make")
 	}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	goBin := goCommand(t)
 	u, err := url.Parse(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)

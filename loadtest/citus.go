@@ -115,11 +115,12 @@ func runCitus(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(&b, "\nCommand: %s\n", o.command)
 	fmt.Fprint(stdout, b.String())
-	if err := os.MkdirAll(o.out, 0o755); err == nil {
-		err = os.WriteFile(filepath.Join(o.out, "citus.md"), []byte(b.String()), 0o644)
+	werr := os.MkdirAll(o.out, 0o755)
+	if werr == nil {
+		werr = os.WriteFile(filepath.Join(o.out, "citus.md"), []byte(b.String()), 0o644)
 	}
-	if err != nil {
-		logf("citus: %v", err)
+	if werr != nil {
+		logf("citus: %v", werr)
 		return exitError
 	}
 	if len(failures) > 0 {

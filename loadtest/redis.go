@@ -209,7 +209,7 @@ func (s *redisServer) persist(ctx context.Context, fsync string) error {
 	}
 	for i := 0; i < len(settings); i += 2 {
 		if err := s.admin.ConfigSet(ctx, settings[i], settings[i+1]).Err(); err != nil {
-			return fmt.Errorf("Redis CONFIG SET %s %s: %w", settings[i], settings[i+1], err)
+			return fmt.Errorf("redis CONFIG SET %s %s: %w", settings[i], settings[i+1], err)
 		}
 	}
 	return nil

@@ -77,8 +77,8 @@ type soakCheck struct {
 	c    admissionCheck
 }
 
-func (r *soakRun) ok() bool {
-	return !slices.ContainsFunc(r.checks, func(c soakCheck) bool { return !c.c.ok() })
+func (run *soakRun) ok() bool {
+	return !slices.ContainsFunc(run.checks, func(c soakCheck) bool { return !c.c.ok() })
 }
 
 func runSoak(ctx context.Context, o *options, stdout, stderr io.Writer) int {

@@ -186,7 +186,7 @@ func forwardedForHops(r *http.Request, visit func(hop) bool) error {
 			}
 			a, err := parseAddr(entry)
 			if err != nil {
-				return fmt.Errorf("X-Forwarded-For: %q: %w", truncate(entry), err)
+				return fmt.Errorf("header X-Forwarded-For: %q: %w", truncate(entry), err)
 			}
 			if !visit(hop{a}) {
 				return nil
@@ -209,7 +209,7 @@ func forwardedHops(r *http.Request, visit func(hop) bool) error {
 	for i := len(lines) - 1; i >= 0; i-- {
 		elems, err := splitElements(lines[i])
 		if err != nil {
-			return fmt.Errorf("Forwarded: %w", err)
+			return fmt.Errorf("header Forwarded: %w", err)
 		}
 		for j := len(elems) - 1; j >= 0; j-- {
 			if strings.TrimSpace(elems[j]) == "" {
@@ -217,7 +217,7 @@ func forwardedHops(r *http.Request, visit func(hop) bool) error {
 			}
 			h, err := parseForwardedElement(elems[j])
 			if err != nil {
-				return fmt.Errorf("Forwarded: %q: %w", truncate(elems[j]), err)
+				return fmt.Errorf("header Forwarded: %q: %w", truncate(elems[j]), err)
 			}
 			if !visit(h) {
 				return nil
