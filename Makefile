@@ -21,6 +21,12 @@ demo:
 test:
 	@set -e; for m in $(MODULES); do echo "go test $$m"; $(GO) -C $$m test -race -shuffle=on -count=1 -timeout 30m ./...; done
 
+# The quick tier, for iterating: -short skips what restarts, crashes or
+# cuts off a server, fails over, drains a backlog or reruns a whole suite
+# in another setting (testdb.Slow), and -race is off. make test runs all.
+test-short:
+	@set -e; for m in $(MODULES); do echo "go test -short $$m"; $(GO) -C $$m test -short -shuffle=on -count=1 -timeout 10m ./...; done
+
 # The conformance suite against every supported PostgreSQL major, from local
 # binaries (and through testcontainers when a Docker engine answers).
 test-matrix:

@@ -82,6 +82,7 @@ func TestPrometheusFiles(t *testing.T) {
 }
 
 func TestEndToEnd(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	promBin := lookPath(t, "prometheus")
 	start := time.Now()

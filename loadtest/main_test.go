@@ -157,6 +157,7 @@ func needRedis(t *testing.T) {
 }
 
 func TestInProcess(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	needRedis(t)
 	// Every variant, so that CI checks the options for over-admission too,

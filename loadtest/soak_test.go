@@ -11,6 +11,7 @@ import (
 // A short soak: faults are injected, a failover among them, and the audit
 // passes. The figures of a long one are in docs/operations.md.
 func TestSoak(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
 	switch code := run(t.Context(), []string{"-soak", "12s"}, &stdout, &stderr); {

@@ -391,6 +391,7 @@ func TestCleanerTakeover(t *testing.T) {
 }
 
 func TestCleanerLargeBacklog(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	f := newFleet(t, 0, nil)
 	const expired, live, recent = 200_000, 1_000, 500

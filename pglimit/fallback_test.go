@@ -131,6 +131,7 @@ func TestFallbackStalledDatabase(t *testing.T) {
 // gets a decision meanwhile, some of them in process, and the database
 // decides again afterwards.
 func TestFallbackServerRestart(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	ctx := context.Background()
 	srv := testdb.OwnServer(t)

@@ -79,6 +79,7 @@ func waitHealthy(t *testing.T, lim pglimit.Limiter, within time.Duration) time.D
 // the outage, the limiter recovers by itself, and the pool is left with no
 // connection stuck in use.
 func TestRecoversFromOutages(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	srv := testdb.OwnServer(t)
 	admin := testdb.ServerPool(t, srv, 2)
@@ -275,6 +276,7 @@ func TestPoolExhaustion(t *testing.T) {
 // durable commits. With AsyncCommit, the last admissions before the crash
 // may be lost; the test reports how many.
 func TestCrashKeepsAcknowledgedAdmissions(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	srv := testdb.OwnServer(t)
 	ctx := context.Background()

@@ -192,6 +192,7 @@ WHERE conrelid = 'tenant.pglimit_range'::regclass AND conname = 'pglimit_range_n
 // its own. (The race on one schema is narrow here; the next test makes it
 // certain.) Not parallel with other tests: it needs many connections.
 func TestMigrateConcurrentFirstRuns(t *testing.T) {
+	testdb.Slow(t)
 	const n = 80
 	for _, tc := range []struct {
 		name   string

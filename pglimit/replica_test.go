@@ -96,6 +96,7 @@ func caughtUp(t *testing.T, primary, standby *pgxpool.Pool) {
 // the primary or never (then not ErrExtension either). No error names Citus, which these servers do not
 // have. Peek reads the replicated state.
 func TestReadOnlyServer(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	ctx := t.Context()
 	primary, standby := replicaPair(t)
@@ -416,6 +417,7 @@ func (run failoverRun) early(cooldown time.Duration) (early, lost, inRecord map[
 // by the record. The standby's wal_retrieve_retry_interval is 200 ms, as
 // docs/operations.md advises.
 func TestFailoverSync(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	const cooldown = 500 * time.Millisecond
 	run := failover(t, true, cooldown, "200ms")
@@ -431,6 +433,7 @@ func TestFailoverSync(t *testing.T) {
 // at most one for each, and the new primary's record is consistent. The
 // standby keeps PostgreSQL's defaults.
 func TestFailoverAsync(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	const cooldown = 500 * time.Millisecond
 	run := failover(t, false, cooldown, "")
@@ -452,6 +455,7 @@ func TestFailoverAsync(t *testing.T) {
 // the commit done, with a warning, though the standby may not have it: an
 // admission told to its caller then could be lost by a failover.
 func TestSyncWaitTimesOut(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	ctx := t.Context()
 	primary, standby := replicaPair(t)

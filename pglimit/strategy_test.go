@@ -38,6 +38,9 @@ func TestConformance(t *testing.T) {
 		for _, async := range []bool{false, true} {
 			for _, preblock := range []int{0, 1000} {
 				t.Run(fmt.Sprintf("%s/async=%t/preblock=%d", s, async, preblock), func(t *testing.T) {
+					if async != (preblock > 0) {
+						testdb.Slow(t) // the quick tier runs each strategy plain and with both levers
+					}
 					t.Parallel()
 					pglimittest.Exercise(t, withStrategy(s, func(c *pglimit.Config) {
 						c.AsyncCommit = async
@@ -177,6 +180,7 @@ func TestPreBlockSparesTheDatabase(t *testing.T) {
 // Behind PgBouncer in transaction pooling mode, with the exec mode it
 // needs, every strategy keeps every promise.
 func TestConformanceThroughPgBouncer(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {

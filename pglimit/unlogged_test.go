@@ -3,6 +3,7 @@ package pglimit_test
 import (
 	"testing"
 
+	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
@@ -10,6 +11,7 @@ import (
 // The unlogged tables keep every promise, for the strategies whose shape
 // they have.
 func TestConformanceUnlogged(t *testing.T) {
+	testdb.Slow(t)
 	t.Parallel()
 	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
 		t.Run(string(s), func(t *testing.T) {

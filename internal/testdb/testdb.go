@@ -346,3 +346,14 @@ func Missing(tb testing.TB, format string, args ...any) {
 	}
 	tb.Skipf("SKIPPED, not in CI: "+format, args...)
 }
+
+// Slow keeps t out of the quick tier: go test -short (make test-short)
+// skips it, make test runs it. For a test that restarts, crashes or cuts
+// off a server, fails over, drains a backlog, or runs a whole suite once
+// more in another setting.
+func Slow(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("slow: the quick tier (-short) skips it; make test runs it")
+	}
+}

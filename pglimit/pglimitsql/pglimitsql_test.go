@@ -52,6 +52,9 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	for _, s := range pglimit.Strategies() {
 		t.Run(string(s), func(t *testing.T) {
+			if s != pglimit.Upsert {
+				testdb.Slow(t) // the quick tier runs the suite on database/sql once
+			}
 			t.Parallel()
 			var mu sync.Mutex
 			dbs := map[*pgxpool.Pool]*sql.DB{}
