@@ -41,14 +41,14 @@ type CleanerConfig struct {
 	// leadership this often, but at least every 10s. Defaults to 1 minute.
 	Interval time.Duration
 
-	// Retention is how long after its cooldown ended a row is kept. An ended
-	// cooldown means the same as no row, so any value is safe; keeping rows
+	// Retention is how long after its limits ended a row is kept. A row whose
+	// limits ended means the same as no row, so any value is safe; keeping rows
 	// a while means the cleaner rarely touches a key that is still in use
 	// (a returning Upsert or NoWait key is then an update, not a delete and
 	// an insert, and NoWait, which refuses a key whose row is locked, seldom
 	// meets a row the cleaner is deleting) and the Range table doubles as a
 	// short admission log. Must not be negative; zero means the default, so
-	// use a nanosecond to delete as soon as cooldowns end. Defaults to 10
+	// use a nanosecond to delete as soon as rows end. Defaults to 10
 	// minutes.
 	Retention time.Duration
 
@@ -99,7 +99,7 @@ type CleanerStats struct {
 	Leader       bool          // whether this instance is the leader now
 }
 
-// Cleaner deletes limiter rows whose cooldown ended more than
+// Cleaner deletes limiter rows whose limits ended more than
 // [CleanerConfig.Retention] ago, every [CleanerConfig.Interval], in
 // batches. Run one in every instance of the application: they elect a
 // leader through a PostgreSQL session advisory lock, one per schema and

@@ -15,8 +15,8 @@ import (
 type Strategy string
 
 const (
-	// Upsert updates the key's row only when its cooldown has ended (an
-	// UPDATE with that guard), or inserts it for a key never seen. One round
+	// Upsert updates the key's row only when the request fits its limits
+	// (an UPDATE with that guard), or inserts it for a key never seen. One round
 	// trip, one row per key.
 	Upsert Strategy = "upsert"
 
@@ -65,7 +65,7 @@ type Config struct {
 	Limits []Limit
 
 	// Namespace separates limiters that share a table (one per endpoint or
-	// cooldown). Same rules as a key. Defaults to "default".
+	// limit). Same rules as a key. Defaults to "default".
 	Namespace string
 
 	// Schema holds the limiter's table. A plain identifier. Defaults to
@@ -141,7 +141,7 @@ type Config struct {
 	// from any instance, to its pre-block and its leases within
 	// milliseconds, and keeps the pre-block from answering while it is not
 	// listening (see [Invalidator]). Defaults to nil: Resets of other
-	// instances reach the pre-block when the cooldown ends, and a lease
+	// instances reach the pre-block when the time it remembers comes, and a lease
 	// when its units' time has passed (docs/limits.md, "Leases").
 	Invalidator *Invalidator
 }

@@ -56,7 +56,7 @@ func serve(ctx context.Context, databaseURL string, ln net.Listener) error {
 	reg.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
 
 	// Every instance runs a cleaner; they elect one leader, which alone
-	// deletes the rows of ended cooldowns.
+	// deletes the rows of ended limits.
 	cleaner, err := pglimit.NewCleaner(pool, nil)
 	if err != nil {
 		return err

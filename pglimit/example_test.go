@@ -62,7 +62,7 @@ func ExampleNewCleaner() {
 	defer pool.Close()
 
 	// In every instance: they elect one leader, which alone deletes rows
-	// whose cooldown ended more than Retention ago, every Interval.
+	// whose limits ended more than Retention ago, every Interval.
 	cleaner, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{
 		Interval:  time.Minute,
 		Retention: 10 * time.Minute,

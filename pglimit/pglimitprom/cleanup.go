@@ -39,7 +39,7 @@ func NewCleanerCollector(c interface{ Stats() pglimit.CleanerStats }, name strin
 		cleaner:      c,
 		runs:         desc("runs_total", "Cleanup runs this instance started as leader."),
 		batches:      desc("batches_total", "Cleanup DELETE batches that committed."),
-		rowsDeleted:  desc("rows_deleted_total", "Rows deleted by the cleanup, whose cooldown had ended more than the retention ago."),
+		rowsDeleted:  desc("rows_deleted_total", "Rows deleted by the cleanup, whose limits had ended more than the retention ago."),
 		errors:       desc("errors_total", "Cleanup batches that failed; a failure ends its run."),
 		lastSuccess:  desc("last_success_timestamp_seconds", "Unix time at which the last cleanup run without error ended; 0 before the first."),
 		lastDuration: desc("last_duration_seconds", "How long the last finished cleanup run took; 0 before the first."),

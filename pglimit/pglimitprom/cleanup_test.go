@@ -151,7 +151,7 @@ pglimit_cleanup_last_success_timestamp_seconds{cleaner="public"} 1.70000000025e+
 # HELP pglimit_cleanup_leader 1 while this instance leads the cleanup (only the leader deletes), else 0.
 # TYPE pglimit_cleanup_leader gauge
 pglimit_cleanup_leader{cleaner="public"} 1
-# HELP pglimit_cleanup_rows_deleted_total Rows deleted by the cleanup, whose cooldown had ended more than the retention ago.
+# HELP pglimit_cleanup_rows_deleted_total Rows deleted by the cleanup, whose limits had ended more than the retention ago.
 # TYPE pglimit_cleanup_rows_deleted_total counter
 pglimit_cleanup_rows_deleted_total{cleaner="public"} 4321
 # HELP pglimit_cleanup_runs_total Cleanup runs this instance started as leader.

@@ -1,4 +1,4 @@
-// Package cleanup holds the SQL that deletes limiter rows whose cooldown
+// Package cleanup holds the SQL that deletes limiter rows whose limits
 // ended long enough ago, one bounded batch at a time.
 package cleanup
 
@@ -15,7 +15,7 @@ import (
 )
 
 // ErrNotLimiterTable reports a table that is missing or lacks a column that
-// ends cooldowns.
+// ends its rows.
 var ErrNotLimiterTable = errors.New("not a limiter table")
 
 // Querier runs the statements; *pgx.Conn and *pgxpool.Pool satisfy it.
@@ -25,7 +25,7 @@ type Querier interface {
 }
 
 // Table is a limiter table and the expression that says when a row's
-// cooldown ends.
+// row ends.
 type Table struct {
 	// Name is the schema-qualified, quoted name.
 	Name string
@@ -47,14 +47,14 @@ type Table struct {
 	deleteSQL, sweepSQL, keysSQL string
 }
 
-// Which column ends a cooldown, by the type the migrations give it.
+// Which column ends a row, by the type the migrations give it.
 var ends = []struct{ column, end string }{
 	{"expires_at timestamp with time zone", "expires_at"},
 	{"during tstzrange", "upper(during)"},
 }
 
 // Describe looks up schema.name, which the caller has validated, and tells
-// which column ends its cooldowns.
+// which column ends its rows.
 func Describe(ctx context.Context, q Querier, schema, name string) (Table, error) {
 	qualified := pgx.Identifier{schema, name}.Sanitize()
 	var (
@@ -103,7 +103,7 @@ func (t *Table) describeDistribution(ctx context.Context, q Querier) error {
 	return nil
 }
 
-// DeleteBatch deletes at most limit rows of t whose cooldown ended more
+// DeleteBatch deletes at most limit rows of t whose limits ended more
 // than retention ago, and returns how many it deleted. Fewer than limit
 // means none were left, or the rest were locked. On a distributed table it
 // deletes the expired rows of at most limit keys (Range may hold several
@@ -136,7 +136,7 @@ func (t Table) deleteKeys(ctx context.Context, q Querier, retention time.Duratio
 }
 
 // DeleteBlocks deletes at most limit rows stored in blocks [from, to) of t
-// whose cooldown ended more than retention ago. It returns how many it
+// whose limits ended more than retention ago. It returns how many it
 // deleted, and the table's size in blocks.
 func (t Table) DeleteBlocks(ctx context.Context, q Querier, retention time.Duration, from, to int64, limit int) (deleted, blocks int64, err error) {
 	if err := q.QueryRow(ctx, t.sweepSQL, retention, from, to, limit, t.Name).Scan(&deleted, &blocks); err != nil {

@@ -58,7 +58,7 @@ BEGIN
             END IF;
         END IF;
     END;
-{{template "citus.cooldown_tail"}}
+{{template "citus.single_tail"}}
 {{end}}
 
 {{define "citus.row_decide"}}
@@ -141,10 +141,10 @@ END
 $fn$
 {{end}}
 
--- citus.cooldown_tail ends the cooldown functions of both tables, once
+-- citus.single_tail ends the functions of a single GCRA limit on both kinds of table, once
 -- their decision is in admitted (NULL: the key changed, decide again),
 -- v_at and v_now: it restores the caller's lock_timeout and answers.
-{{define "citus.cooldown_tail"}}
+{{define "citus.single_tail"}}
     IF p_lock_timeout IS NOT NULL THEN
         PERFORM set_config('lock_timeout', v_saved, true);
     END IF;
@@ -206,7 +206,7 @@ BEGIN
             admitted := true;
         END IF;
     END;
-{{template "citus.cooldown_tail"}}
+{{template "citus.single_tail"}}
 {{end}}
 
 {{define "citus.range_peek"}}

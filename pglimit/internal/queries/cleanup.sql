@@ -4,7 +4,7 @@
 -- skipping rows a request holds locked; its FOR UPDATE re-checks the
 -- condition on a row updated since the statement's snapshot, so a key
 -- readmitted meanwhile is not picked. The outer condition repeats the test
--- on the row the DELETE sees. A row is deleted only if its cooldown ended
+-- on the row the DELETE sees. A row is deleted only if its limits ended
 -- more than $1 ago by the database clock, and a Range row whose upper bound
 -- is infinite never is.
 {{define "cleanup.delete"}}
@@ -19,7 +19,7 @@ WHERE ctid = ANY (ARRAY(
 {{end}}
 
 -- cleanup.sweep deletes, among the rows stored in blocks [$2, $3), at most $4
--- whose cooldown ended more than $1 ago, and returns how many, with the
+-- whose limits ended more than $1 ago, and returns how many, with the
 -- table's size in blocks ($5 is its name). The block range makes it a TID
 -- range scan (PostgreSQL 14+): each batch reads at most $3 - $2 blocks.
 {{define "cleanup.sweep"}}

@@ -1,5 +1,5 @@
 -- The general statement decides for any set of limits on the Upsert and
--- NoWait tables. Its shape is the cooldown's (key_row_tail): the key's row
+-- NoWait tables. Its shape is a single GCRA limit's (key_row_tail): the key's row
 -- locked only if the request fits it, re-checked by the lock on the latest
 -- row version, and decided once more at the clock read after the lock,
 -- which is what the UPDATE writes; for a key with no row, an advisory lock
