@@ -38,7 +38,7 @@ import (
 // ends with its statement, so there is nothing to close, and a batch whose
 // callers have all returned still ends within Config.Timeout.
 type batcher struct {
-	l       *stmtLimiter
+	l       *limiter
 	sql     string  // batch.allow, skipping rows locked by concurrent decisions
 	waitSQL string  // batch.allow for one key, waiting for its row's lock
 	backSQL string  // batch.give_back
@@ -102,7 +102,7 @@ type call struct {
 // newBatcher returns l's batcher, or nil when l does not batch: l is not a
 // single GCRA limit on Upsert or NoWait. table and column fill batch.allow
 // as they fill the single-key statements.
-func newBatcher(l *stmtLimiter, table, column string) *batcher {
+func newBatcher(l *limiter, table, column string) *batcher {
 	if !l.single || l.cfg.Strategy == Range {
 		return nil
 	}

@@ -183,7 +183,7 @@ func tableFunctions(table string) []tableFunction {
 // table: calls of its functions, with the same parameters and answers as
 // the plain statements. A call in a caller's transaction passes the
 // limiter's Timeout as the function's lock_timeout.
-func (l *stmtLimiter) distributedStatements() statements {
+func (l *limiter) distributedStatements() statements {
 	c := l.cfg
 	fn := func(suffix string) string { return pgx.Identifier{c.Schema, c.Table + suffix}.Sanitize() }
 	ms := (c.Timeout + time.Millisecond - 1) / time.Millisecond // rounded up: 0 would disable it
@@ -230,7 +230,7 @@ func specArray(limits []Limit) string {
 // detectDistributed finds out whether the limiter's table is a Citus
 // distributed table and, if so, switches the limiter to its functions. On
 // plain PostgreSQL it costs one catalog lookup, once.
-func (l *stmtLimiter) detectDistributed(ctx context.Context, db DB) error {
+func (l *limiter) detectDistributed(ctx context.Context, db DB) error {
 	var citus bool
 	if err := db.QueryRow(ctx, queries.Static("citus.present")).Scan(&citus); err != nil {
 		return err // the limiter's first statement: a connection error, mostly

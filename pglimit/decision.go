@@ -98,17 +98,17 @@ func (l Limit) longestWait() time.Duration {
 // statement returned: whether it admitted n units, the key's theoretical
 // arrival time after the decision (or, for a refusal, as it stood) and the
 // database time, both in µs since the epoch.
-func (b *base) gcraDecision(admitted bool, tat, now int64, n int) Decision {
-	l := b.cfg.Limits[0]
-	t := l.emission()
-	burst := int64(l.Burst) * t
+func (l *limiter) gcraDecision(admitted bool, tat, now int64, n int) Decision {
+	lim := l.cfg.Limits[0]
+	t := lim.emission()
+	burst := int64(lim.Burst) * t
 	base := max(tat, now)
 	d := Decision{
 		Allowed:    admitted,
 		Remaining:  int(max((now+burst-base)/t, 0)),
 		ResetAfter: micros(max(tat-now, 0)),
-		Limit:      l,
-		policy:     b.policy,
+		Limit:      lim,
+		policy:     l.policy,
 		at:         now,
 	}
 	if admitted {

@@ -5,13 +5,13 @@ import "time"
 // PreBlocks reports whether lim's pre-block refuses key now, without a
 // round trip.
 func PreBlocks(lim Limiter, key string) bool {
-	return lim.(*stmtLimiter).preblock.remaining(key, time.Now()) > 0
+	return lim.(*limiter).preblock.remaining(key, time.Now()) > 0
 }
 
 // BatchFailures is how many of lim's batch statements failed; -1 when lim
 // does not batch.
 func BatchFailures(lim Limiter) int64 {
-	l, ok := lim.(*stmtLimiter)
+	l, ok := lim.(*limiter)
 	if !ok || l.batch == nil {
 		return -1
 	}
@@ -22,7 +22,7 @@ func BatchFailures(lim Limiter) int64 {
 
 // BatchPending is how many calls wait in lim's open batch.
 func BatchPending(lim Limiter) int {
-	b := lim.(*stmtLimiter).batch
+	b := lim.(*limiter).batch
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := 0
@@ -35,7 +35,7 @@ func BatchPending(lim Limiter) int {
 // SetBatchSize sets how many keys fill lim's batch, so that a test decides
 // when a batch is sent.
 func SetBatchSize(lim Limiter, size int) {
-	lim.(*stmtLimiter).batch.size = size
+	lim.(*limiter).batch.size = size
 }
 
 // InFlightLimit is how many statements a limiter runs at once before calls
@@ -48,7 +48,7 @@ const InFlightLimit = inFlightLimit
 // "batchwait" (one key, waiting for its lock) and "giveback" (a lease's
 // tail).
 func Statements(lim Limiter) map[string]string {
-	l := lim.(*stmtLimiter)
+	l := lim.(*limiter)
 	s := map[string]string{"allow": l.plain.fast, "peek": l.plain.peek, "reset": l.resetSQL}
 	if l.plain.general != nil {
 		s["general"] = l.plain.general.own[modeAllow]
@@ -64,7 +64,7 @@ func DecisionLeased(d Decision) bool { return d.leased }
 
 // LeaseUnits is how many units of key lim's lease holds now.
 func LeaseUnits(lim Limiter, key string) int64 {
-	b := lim.(*stmtLimiter).batch
+	b := lim.(*limiter).batch
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.leases == nil || b.leases.keys[key] == nil {
@@ -75,7 +75,7 @@ func LeaseUnits(lim Limiter, key string) int64 {
 
 // GivenBack is how many units of its leases lim has given back.
 func GivenBack(lim Limiter) int64 {
-	b := lim.(*stmtLimiter).batch
+	b := lim.(*limiter).batch
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.givenBack

@@ -56,7 +56,7 @@ func CreateFunctions(ctx context.Context, db DB, schema, table string) error {
 // UseFunctions switches lim to those functions, as a limiter does once it
 // finds its table distributed.
 func UseFunctions(lim Limiter) {
-	l := lim.(*stmtLimiter)
+	l := lim.(*limiter)
 	s := l.distributedStatements()
 	l.dist.Store(&s)
 }

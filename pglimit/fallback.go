@@ -227,8 +227,8 @@ func outage(ctx context.Context, err error) bool {
 
 // withFallback decides with db, or in process while the database is
 // unavailable, when the limiter has a fallback.
-func (b *base) withFallback(ctx context.Context, key string, n int, db func() (Decision, error)) (Decision, error) {
-	f := b.fallback
+func (l *limiter) withFallback(ctx context.Context, key string, n int, db func() (Decision, error)) (Decision, error) {
+	f := l.fallback
 	if f == nil {
 		return db()
 	}
@@ -240,7 +240,7 @@ func (b *base) withFallback(ctx context.Context, key string, n int, db func() (D
 			return Decision{}, err // the caller gave up
 		}
 		d := f.decide(key, n)
-		if b.cfg.Shadow && !d.Allowed {
+		if l.cfg.Shadow && !d.Allowed {
 			d = d.shadowed(n)
 		}
 		return d, nil
@@ -251,10 +251,10 @@ func (b *base) withFallback(ctx context.Context, key string, n int, db func() (D
 	d, err := db()
 	switch {
 	case err == nil:
-		f.answered(b.cfg.Namespace)
+		f.answered(l.cfg.Namespace)
 		return d, nil
 	case outage(ctx, err):
-		f.fail(b.cfg.Namespace, err)
+		f.fail(l.cfg.Namespace, err)
 		return local()
 	}
 	return d, err

@@ -173,7 +173,7 @@ func decision(limits []Limit, mode int, state, tat, now string, params limitPara
 // row's state and expires_at (µs) it decided on, and the time; the rest of
 // the Decision is computed from them. For Peek, which decides here, the
 // first column is NULL.
-func (b *base) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decision, decided bool, err error) {
+func (l *limiter) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decision, decided bool, err error) {
 	var r struct {
 		admitted      *bool
 		state         []int64
@@ -182,14 +182,14 @@ func (b *base) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decision
 		rates, bursts []int64
 	}
 	dest := []any{&r.admitted, &r.state, &r.tat, &r.now, nil}
-	if b.cfg.Overrides {
+	if l.cfg.Overrides {
 		dest = append(dest, &r.rates, &r.bursts)
 	}
 	if err = row.Scan(dest...); err != nil {
 		return Decision{}, false, noRowsAsUndecided(err)
 	}
-	limits, policy := b.cfg.Limits, b.policy
-	if b.cfg.Overrides {
+	limits, policy := l.cfg.Limits, l.policy
+	if l.cfg.Overrides {
 		if limits, err = effective(limits, r.rates, r.bursts); err != nil {
 			return Decision{}, false, err
 		}
@@ -215,7 +215,7 @@ func (b *base) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decision
 		d.next = d.RetryAfter // the wait for one unit
 	}
 	if r.admitted != nil { // a decision, not a Peek: the caller sets the key
-		d = b.withTicket(d, "", limits, e.anchors)
+		d = l.withTicket(d, "", limits, e.anchors)
 	}
 	return d, true, nil
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
-// stmtLimiter is every strategy: each decides in one statement. The
+// limiter is every strategy: each decides in one statement. The
 // strategies differ only in their SQL and in which error means "someone
 // else is deciding" (see strategy_*.go).
 //
@@ -28,8 +28,26 @@ import (
 // changed the key after the statement's snapshot was taken, so the
 // statement cannot tell whether it would be admitted. It is run again on a
 // fresh snapshot.
-type stmtLimiter struct {
-	base
+type limiter struct {
+	db       DB
+	cfg      Config
+	policy   *Policy   // shared by every Decision, through Decision.Violated
+	preblock *preblock // nil when off
+	fallback *fallback // nil when off
+	flights  *flights  // a single GCRA limit's, where the batcher does not serve it
+
+	// worst is the longest any limit can make a key wait: the RetryAfter
+	// of a refusal whose wait the statement could not read.
+	worst time.Duration
+
+	// minCapacity is the largest n AllowN accepts: what the tightest limit
+	// admits at once.
+	minCapacity int
+
+	// args holds the statement parameters that never change, boxed once
+	// instead of at every decision.
+	args struct{ namespace, lockClass any }
+
 	single    bool       // the limits are one GCRA limit: the fast statement decides
 	plain     statements // on a table of one server
 	resetSQL  string
@@ -57,7 +75,7 @@ type stmtLimiter struct {
 	emission, burstT int64 // µs: T, and Burst*T
 }
 
-var _ Limiter = (*stmtLimiter)(nil)
+var _ Limiter = (*limiter)(nil)
 
 // The value of an extra column in a statement's admitting branches:
 // asynchronous commit's setting, or none (internal/queries, setting.*).
@@ -84,7 +102,7 @@ type statements struct {
 }
 
 // stmts returns the statements for the limiter's table.
-func (l *stmtLimiter) stmts() *statements {
+func (l *limiter) stmts() *statements {
 	if d := l.dist.Load(); d != nil {
 		return d
 	}
@@ -93,42 +111,39 @@ func (l *stmtLimiter) stmts() *statements {
 
 // newStmtLimiter builds a limiter from the fast statement named fast; lock
 // is the general statement's lock clause, "" for a strategy without one.
-func newStmtLimiter(b base, table, fast, lock, contended string) *stmtLimiter {
+func newStmtLimiter(l *limiter, table, fast, lock, contended string) *limiter {
 	column := noSettingColumn
-	if b.cfg.AsyncCommit {
+	if l.cfg.AsyncCommit {
 		column = asyncCommitColumn
 	}
-	l := &stmtLimiter{
-		base:   b,
-		single: len(b.cfg.Limits) == 1 && b.cfg.Limits[0].Algorithm == GCRA && !b.cfg.Overrides,
-		plain: statements{
-			fast:   queries.Text(fast, queries.Args{"table": table, "setting": column}),
-			fastTx: queries.Text(fast, queries.Args{"table": table, "setting": noSettingColumn}),
-		},
-		resetSQL:  queries.Text("reset", queries.Args{"table": table, "channel": invalidateChannel}),
-		rangeArgs: lock == "",
-		contended: contended,
+	l.single = len(l.cfg.Limits) == 1 && l.cfg.Limits[0].Algorithm == GCRA && !l.cfg.Overrides
+	l.plain = statements{
+		fast:   queries.Text(fast, queries.Args{"table": table, "setting": column}),
+		fastTx: queries.Text(fast, queries.Args{"table": table, "setting": noSettingColumn}),
 	}
+	l.resetSQL = queries.Text("reset", queries.Args{"table": table, "channel": invalidateChannel})
+	l.rangeArgs = lock == ""
+	l.contended = contended
 	switch {
-	case lock != "" && b.cfg.Overrides:
-		overrides := pgx.Identifier{b.cfg.Schema, overridesTable}.Sanitize()
-		g := newOverrideStatements(b.cfg.Limits, table, overrides, column, lock)
+	case lock != "" && l.cfg.Overrides:
+		overrides := pgx.Identifier{l.cfg.Schema, overridesTable}.Sanitize()
+		g := newOverrideStatements(l.cfg.Limits, table, overrides, column, lock)
 		l.plain.general, l.plain.peek = &g, g.peek
 	case lock != "":
-		g := newGeneralStatements(b.cfg.Limits, table, column, lock)
+		g := newGeneralStatements(l.cfg.Limits, table, column, lock)
 		l.plain.general, l.plain.peek = &g, g.peek
 	}
 	if lock != "" {
-		l.refundSQL = refundStatement(b.cfg.Limits, table)
+		l.refundSQL = refundStatement(l.cfg.Limits, table)
 	}
 	if l.single {
-		lim := b.cfg.Limits[0]
+		lim := l.cfg.Limits[0]
 		_, _, l.emission, l.burstT = lim.micros()
 		l.oneT, l.oneTau = l.emission, l.burstT-l.emission
 	}
 	l.batch = newBatcher(l, table, column)
-	if l.batch != nil && l.batch.leases != nil && b.cfg.Invalidator != nil {
-		register(b.cfg.Invalidator, b.args.lockClass.(int32), l.batch)
+	if l.batch != nil && l.batch.leases != nil && l.cfg.Invalidator != nil {
+		register(l.cfg.Invalidator, l.args.lockClass.(int32), l.batch)
 	}
 	return l
 }
@@ -143,7 +158,7 @@ type query struct {
 }
 
 // sql is q's statement text, in its own transaction or in a caller's.
-func (l *stmtLimiter) sql(q query, inTx bool) string {
+func (l *limiter) sql(q query, inTx bool) string {
 	s := l.stmts()
 	switch {
 	case q.general && inTx:
@@ -157,7 +172,7 @@ func (l *stmtLimiter) sql(q query, inTx bool) string {
 }
 
 // allowQuery is the query of AllowN.
-func (l *stmtLimiter) allowQuery(key string, n int) query {
+func (l *limiter) allowQuery(key string, n int) query {
 	if !l.single {
 		return l.generalQuery(key, n, modeAllow, 0)
 	}
@@ -173,7 +188,7 @@ func (l *stmtLimiter) allowQuery(key string, n int) query {
 	return q
 }
 
-func (l *stmtLimiter) generalQuery(key string, n, mode int, maxDelay time.Duration) query {
+func (l *limiter) generalQuery(key string, n, mode int, maxDelay time.Duration) query {
 	q := query{
 		n: n, mode: mode, maxDelay: maxDelay.Microseconds(), general: true,
 		args: []any{l.args.namespace, key, l.args.lockClass, n},
@@ -184,7 +199,7 @@ func (l *stmtLimiter) generalQuery(key string, n, mode int, maxDelay time.Durati
 	return q
 }
 
-func (l *stmtLimiter) scan(row pgx.Row, q query) (Decision, bool, error) {
+func (l *limiter) scan(row pgx.Row, q query) (Decision, bool, error) {
 	key := q.args[1].(string)
 	if q.general {
 		d, decided, err := l.scanGeneral(row, q.n, q.mode, q.maxDelay)
@@ -213,11 +228,11 @@ func noRowsAsUndecided(err error) error {
 	return err
 }
 
-func (l *stmtLimiter) Allow(ctx context.Context, key string) (Decision, error) {
+func (l *limiter) Allow(ctx context.Context, key string) (Decision, error) {
 	return l.AllowN(ctx, key, 1)
 }
 
-func (l *stmtLimiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
+func (l *limiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
@@ -225,7 +240,7 @@ func (l *stmtLimiter) AllowN(ctx context.Context, key string, n int) (Decision, 
 }
 
 // allowN is AllowN on the database.
-func (l *stmtLimiter) allowN(ctx context.Context, key string, n int) (Decision, error) {
+func (l *limiter) allowN(ctx context.Context, key string, n int) (Decision, error) {
 	return l.decide(ctx, key, n, false, true, func(ctx context.Context) (Decision, error) {
 		q := l.allowQuery(key, n)
 		if l.batch != nil && l.dist.Load() == nil {
@@ -243,11 +258,11 @@ func (l *stmtLimiter) allowN(ctx context.Context, key string, n int) (Decision, 
 	})
 }
 
-func (l *stmtLimiter) AllowTx(ctx context.Context, tx DB, key string) (Decision, error) {
+func (l *limiter) AllowTx(ctx context.Context, tx DB, key string) (Decision, error) {
 	return l.AllowTxN(ctx, tx, key, 1)
 }
 
-func (l *stmtLimiter) AllowTxN(ctx context.Context, tx DB, key string, n int) (Decision, error) {
+func (l *limiter) AllowTxN(ctx context.Context, tx DB, key string, n int) (Decision, error) {
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
@@ -256,7 +271,7 @@ func (l *stmtLimiter) AllowTxN(ctx context.Context, tx DB, key string, n int) (D
 	})
 }
 
-func (l *stmtLimiter) AllowAtMost(ctx context.Context, key string, n int) (Decision, error) {
+func (l *limiter) AllowAtMost(ctx context.Context, key string, n int) (Decision, error) {
 	if n <= 0 {
 		return Decision{}, fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
 	}
@@ -268,7 +283,7 @@ func (l *stmtLimiter) AllowAtMost(ctx context.Context, key string, n int) (Decis
 	})
 }
 
-func (l *stmtLimiter) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error) {
+func (l *limiter) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error) {
 	if l.plain.general == nil {
 		return Decision{}, fmt.Errorf("%w: Reserve on the %s strategy", ErrUnsupported, l.cfg.Strategy)
 	}
@@ -282,7 +297,7 @@ func (l *stmtLimiter) Reserve(ctx context.Context, key string, n int, maxDelay t
 
 // checkReserve validates Reserve's arguments: GCRA limits only, a maximum
 // delay that is not negative, and n units that could fit within it.
-func (l *stmtLimiter) checkReserve(n int, maxDelay time.Duration) error {
+func (l *limiter) checkReserve(n int, maxDelay time.Duration) error {
 	if maxDelay < 0 {
 		return fmt.Errorf("%w: maxDelay must not be negative, got %s", ErrInvalidCost, maxDelay)
 	}
@@ -300,7 +315,7 @@ func (l *stmtLimiter) checkReserve(n int, maxDelay time.Duration) error {
 	return nil
 }
 
-func (l *stmtLimiter) Peek(ctx context.Context, key string, n int) (Decision, error) {
+func (l *limiter) Peek(ctx context.Context, key string, n int) (Decision, error) {
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
@@ -318,7 +333,7 @@ func (l *stmtLimiter) Peek(ctx context.Context, key string, n int) (Decision, er
 }
 
 // peekRange is Peek for Range, whose live cooldown is its TAT.
-func (l *stmtLimiter) peekRange(ctx context.Context, key string, n int) (Decision, error) {
+func (l *limiter) peekRange(ctx context.Context, key string, n int) (Decision, error) {
 	var tat *int64
 	var now int64
 	if err := l.db.QueryRow(ctx, l.stmts().peek, l.args.namespace, key).Scan(&tat, &now); err != nil {
@@ -339,7 +354,7 @@ func derefOr(p *int64, or int64) int64 {
 }
 
 // run decides on the limiter's own db, in the statement's own transaction.
-func (l *stmtLimiter) run(ctx context.Context, q query) (Decision, error) {
+func (l *limiter) run(ctx context.Context, q query) (Decision, error) {
 	if err := l.check(ctx, l.db); err != nil {
 		return Decision{}, err
 	}
@@ -363,7 +378,7 @@ func (l *stmtLimiter) run(ctx context.Context, q query) (Decision, error) {
 // the transaction. The wait is bounded on the server by lock_timeout, set
 // for the savepoint and restored after it: a client-side deadline would
 // make pgx close the caller's connection.
-func (l *stmtLimiter) runTx(ctx context.Context, tx DB, q query) (Decision, error) {
+func (l *limiter) runTx(ctx context.Context, tx DB, q query) (Decision, error) {
 	if err := l.check(ctx, tx); err != nil {
 		return Decision{}, err
 	}
@@ -388,7 +403,7 @@ func (l *stmtLimiter) runTx(ctx context.Context, tx DB, q query) (Decision, erro
 }
 
 // runInSavepoint runs q in a savepoint of tx: see pgtx.InSavepoint.
-func (l *stmtLimiter) runInSavepoint(ctx context.Context, tx DB, q query) (d Decision, decided bool, err error) {
+func (l *limiter) runInSavepoint(ctx context.Context, tx DB, q query) (d Decision, decided bool, err error) {
 	err = pgtx.InSavepoint(ctx, tx, l.cfg.Timeout, l.sql(q, true), q.args, func(row pgx.Row) error {
 		d, decided, err = l.scan(row, q)
 		return err
@@ -398,7 +413,7 @@ func (l *stmtLimiter) runInSavepoint(ctx context.Context, tx DB, q query) (d Dec
 
 // check finds out whether the table is distributed, and runs verify,
 // until both have passed once.
-func (l *stmtLimiter) check(ctx context.Context, db DB) error {
+func (l *limiter) check(ctx context.Context, db DB) error {
 	if l.verified.Load() {
 		return nil
 	}
@@ -419,7 +434,7 @@ func (l *stmtLimiter) check(ctx context.Context, db DB) error {
 	return nil
 }
 
-func (l *stmtLimiter) Reset(ctx context.Context, key string) error {
+func (l *limiter) Reset(ctx context.Context, key string) error {
 	if err := l.reset(ctx, l.resetSQL, key); err != nil {
 		return err
 	}

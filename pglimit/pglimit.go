@@ -170,18 +170,18 @@ func New(db DB, cfg *Config) (Limiter, error) {
 	// ValidateIdentifier and quoted by Sanitize. Keys and namespaces always
 	// travel as parameters.
 	table := pgx.Identifier{c.Schema, c.Table}.Sanitize()
-	b := newBase(db, c, table)
+	l := newLimiter(db, c, table)
 	if c.Fallback != nil {
-		if b.fallback, err = newFallback(c.Fallback, c.Namespace); err != nil {
+		if l.fallback, err = newFallback(c.Fallback, c.Namespace); err != nil {
 			return nil, err
 		}
 	}
 	switch c.Strategy {
 	case NoWait:
-		return newNoWait(b, table), nil
+		return newNoWait(l, table), nil
 	case Range:
-		return newRange(b, table), nil
+		return newRange(l, table), nil
 	default:
-		return newUpsert(b, table), nil
+		return newUpsert(l, table), nil
 	}
 }

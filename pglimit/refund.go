@@ -15,7 +15,7 @@ import (
 // limits it was decided with. Copies of a Decision share it, so that its
 // units are given back at most once.
 type refundTicket struct {
-	owner  *base
+	owner  *limiter
 	key    string
 	limits []Limit
 
@@ -70,7 +70,7 @@ func refundStatement(limits []Limit, table string) string {
 
 // Refund gives back n of the units admission d took, when the work they
 // paid for did not happen (see [Limiter.Refund]).
-func (l *stmtLimiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
+func (l *limiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
 	t := d.refund
 	switch {
 	case l.refundSQL == "":
@@ -81,7 +81,7 @@ func (l *stmtLimiter) Refund(ctx context.Context, d Decision, n int) (bool, erro
 		return false, fmt.Errorf("%w: Refund of units served from a lease", ErrUnsupported)
 	case t == nil || !d.Allowed || d.Shadow || d.Fallback:
 		return false, fmt.Errorf("%w: Refund: the decision took no units from the database", ErrInvalidCost)
-	case t.owner != &l.base:
+	case t.owner != l:
 		return false, fmt.Errorf("%w: Refund: the decision is another limiter's", ErrInvalidCost)
 	case n <= 0:
 		return false, fmt.Errorf("%w: Refund: n must be positive, got %d", ErrInvalidCost, n)
@@ -125,9 +125,9 @@ func (l *stmtLimiter) Refund(ctx context.Context, d Decision, n int) (bool, erro
 
 // withTicket is d, if it is an admission, with the refund ticket of its
 // units of key, decided with limits and left at anchors.
-func (b *base) withTicket(d Decision, key string, limits []Limit, anchors []int64) Decision {
+func (l *limiter) withTicket(d Decision, key string, limits []Limit, anchors []int64) Decision {
 	if d.Allowed && d.Granted > 0 {
-		d.refund = &refundTicket{owner: b, key: key, limits: limits, granted: d.Granted, anchors: anchors}
+		d.refund = &refundTicket{owner: l, key: key, limits: limits, granted: d.Granted, anchors: anchors}
 	}
 	return d
 }

@@ -108,13 +108,13 @@ func (f *flights) forget(key string) {
 // elapsed after its leader was sent: a refusal if n units still do not fit,
 // else false. A decision that did not come from the database (a lost race,
 // whose wait is an upper bound) is never shared.
-func (b *base) followGCRA(d Decision, n int, elapsed time.Duration) (Decision, bool) {
+func (l *limiter) followGCRA(d Decision, n int, elapsed time.Duration) (Decision, bool) {
 	if d.at == 0 {
 		return Decision{}, false
 	}
 	tat := d.at + d.ResetAfter.Microseconds()
 	now := d.at + elapsed.Microseconds()
-	out := b.gcraDecision(false, tat, now, n)
+	out := l.gcraDecision(false, tat, now, n)
 	if out.RetryAfter <= 0 {
 		return Decision{}, false
 	}

@@ -32,6 +32,6 @@ import (
 // server.
 const noWaitPatience = 20 * time.Millisecond
 
-func newNoWait(b base, table string) *stmtLimiter {
-	return newStmtLimiter(b, table, "nowait.allow", queries.Static("nowait.lock"), pgtx.CodeLockNotAvailable)
+func newNoWait(l *limiter, table string) *limiter {
+	return newStmtLimiter(l, table, "nowait.allow", queries.Static("nowait.lock"), pgtx.CodeLockNotAvailable)
 }

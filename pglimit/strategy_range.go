@@ -9,8 +9,8 @@ import (
 
 // Range inserts [now, now+cooldown) into a table whose exclusion
 // constraint forbids two overlapping ranges for one key (range.allow).
-func newRange(b base, table string) Limiter {
-	l := newStmtLimiter(b, table, "range.allow", "", "")
+func newRange(l *limiter, table string) Limiter {
+	newStmtLimiter(l, table, "range.allow", "", "")
 	l.plain.peek = queries.Text("range.peek", queries.Args{"table": table})
 	l.verify = func(ctx context.Context, db DB) error { return verifyExclusion(ctx, db, table) }
 	return l

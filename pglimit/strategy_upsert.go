@@ -7,6 +7,6 @@ import "github.com/pglimit/cooldown/pglimit/internal/queries"
 // internal/queries, says how). This is the statement of a single GCRA
 // limit, of which a cooldown is one; other limits use the general
 // statement.
-func newUpsert(b base, table string) *stmtLimiter {
-	return newStmtLimiter(b, table, "upsert.allow", queries.Static("upsert.lock"), "")
+func newUpsert(l *limiter, table string) *limiter {
+	return newStmtLimiter(l, table, "upsert.allow", queries.Static("upsert.lock"), "")
 }

@@ -1,0 +1,145 @@
+package pglimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pglimit/cooldown/pglimit/internal/lockid"
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
+)
+
+// newLimiter returns a limiter of c over db on table, with what every
+// strategy shares set; the strategy's constructor adds its statements.
+func newLimiter(db DB, c Config, table string) *limiter {
+	l := &limiter{db: db, cfg: c, policy: &Policy{Namespace: c.Namespace, Strategy: c.Strategy, Limits: c.Limits}}
+	l.minCapacity = c.Limits[0].capacity()
+	for _, lim := range c.Limits {
+		l.minCapacity = min(l.minCapacity, lim.capacity())
+		l.worst = max(l.worst, lim.longestWait())
+	}
+	l.args.namespace, l.args.lockClass = c.Namespace, lockid.KeyClass(table, c.Namespace)
+	if c.PreBlockSize > 0 {
+		l.preblock = newPreblock(c.PreBlockSize)
+		if c.Invalidator != nil {
+			l.preblock.inv = c.Invalidator
+			register(c.Invalidator, lockid.KeyClass(table, c.Namespace), l.preblock)
+		}
+	}
+	if len(c.Limits) == 1 && c.Limits[0].Algorithm == GCRA && !c.Overrides {
+		l.flights = newFlights()
+	}
+	return l
+}
+
+// Policy returns what the limiter enforces.
+func (l *limiter) Policy() Policy {
+	p := *l.policy
+	p.Limits = append([]Limit(nil), p.Limits...)
+	return p
+}
+
+// checkCost validates n for AllowN: positive, and no more than every limit
+// admits at once.
+func (l *limiter) checkCost(n int) error {
+	if n <= 0 {
+		return fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
+	}
+	if n > l.minCapacity {
+		return fmt.Errorf("%w: n = %d is more than the limits admit at once (%d)", ErrInvalidCost, n, l.minCapacity)
+	}
+	return nil
+}
+
+// decide validates key, answers from the pre-block when it can (unless
+// usePreblock is false), bounds ctx by the limiter's timeout and runs fn.
+// Only decisions made outside a caller's transaction (inTx false) feed the
+// pre-block: a caller's transaction may still roll back what it saw.
+func (l *limiter) decide(ctx context.Context, key string, n int, inTx, usePreblock bool, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+	d, err := l.enforce(ctx, key, inTx, usePreblock, fn)
+	if err == nil && !d.Allowed && l.cfg.Shadow {
+		return d.shadowed(n), nil
+	}
+	return d, err
+}
+
+// enforce is decide without shadow mode.
+func (l *limiter) enforce(ctx context.Context, key string, inTx, usePreblock bool, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+	if err := ValidateKey(key); err != nil {
+		return Decision{}, err
+	}
+	sent := time.Now()
+	if usePreblock {
+		if wait := l.preblock.remaining(key, sent); wait > 0 {
+			return Decision{RetryAfter: wait, ResetAfter: wait, Limit: l.cfg.Limits[0], violated: 1, policy: l.policy}, nil
+		}
+	}
+	gen := l.preblock.generation()
+	bound := l.cfg.Timeout
+	if inTx {
+		// The server bounds the wait (lock_timeout) and keeps the caller's
+		// connection; this deadline only catches a server gone silent.
+		bound += txClientTimeoutMargin
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, bound, ErrTimeout)
+	defer cancel()
+	d, err := fn(ctx)
+	if err != nil {
+		return Decision{}, l.wrap(ctx, err)
+	}
+	if !inTx && d.next > 0 {
+		// The statement ran after sent, so sent+next is no later than
+		// when the database will admit the key's next unit.
+		l.preblock.block(key, sent.Add(d.next), gen)
+	}
+	return d, nil
+}
+
+// txClientTimeoutMargin is how much longer than Timeout AllowTx waits for
+// the server before giving up on the connection.
+const txClientTimeoutMargin = time.Second
+
+// wrap adds the strategy name and, when the limiter's own timeout fired,
+// ErrTimeout (the pgx error then only says the context was cancelled), or
+// ErrReadOnly when the server could not write.
+func (l *limiter) wrap(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout):
+		return fmt.Errorf("%w (%s, after %s): %w", ErrTimeout, l.cfg.Strategy, l.cfg.Timeout, err)
+	case readOnly(err):
+		return fmt.Errorf("%w (%s): %w", ErrReadOnly, l.cfg.Strategy, err)
+	}
+	return fmt.Errorf("pglimit: %s: %w", l.cfg.Strategy, err)
+}
+
+// readOnly reports whether err says that the server cannot write, and does
+// not say so as ErrReadOnly yet: SQLSTATE 25006, or no read-write server
+// for a pool that asks for one.
+func readOnly(err error) bool {
+	return !errors.Is(err, ErrReadOnly) && pgtx.ReadOnly(err)
+}
+
+// lostRace is the refusal of a request that lost a race it could not see
+// the end of (a concurrent decision, or one that kept changing the key):
+// the longest wait any limit can impose, an upper bound, which the
+// pre-block does not trust.
+func (l *limiter) lostRace() Decision {
+	violated := uint16(1)<<len(l.cfg.Limits) - 1
+	return Decision{RetryAfter: l.worst, ResetAfter: l.worst, Limit: l.cfg.Limits[0], violated: violated, policy: l.policy}
+}
+
+// reset deletes every row of key in the limiter's namespace.
+func (l *limiter) reset(ctx context.Context, query, key string) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
+	defer cancel()
+	if _, err := l.db.Exec(ctx, query, l.args.namespace, key, l.args.lockClass); err != nil {
+		return l.wrap(ctx, fmt.Errorf("reset: %w", err))
+	}
+	l.preblock.forget(key)
+	l.flights.forget(key)
+	return nil
+}
