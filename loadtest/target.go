@@ -270,22 +270,22 @@ const invalidatorWait = 10 * time.Second
 // invalidator starts an Invalidator on p's database, stopped by close, and
 // waits until it listens, so that the run measures the pre-block at work.
 func (s *poolSession) invalidator(p *pgxpool.Pool) (*pglimit.Invalidator, error) {
-	inv, err := pglimit.StartInvalidator(&pglimit.InvalidatorConfig{ConnConfig: p.Config().ConnConfig})
+	inv, err := pglimit.NewInvalidator(&pglimit.InvalidatorConfig{ConnConfig: p.Config().ConnConfig})
 	if err != nil {
 		return nil, err
 	}
-	s.invalidators = append(s.invalidators, inv)
-	for deadline := time.Now().Add(invalidatorWait); !inv.Listening(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("the invalidator did not listen within %s", invalidatorWait)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), invalidatorWait)
+	defer cancel()
+	if err := inv.Start(ctx); err != nil {
+		return nil, err
 	}
+	s.invalidators = append(s.invalidators, inv)
 	return inv, nil
 }
 
 func (s *poolSession) close() {
 	for _, inv := range s.invalidators {
-		inv.Stop()
+		_ = inv.Stop(context.Background())
 	}
 	for _, p := range s.pools {
 		p.Close()

@@ -19,6 +19,7 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/leadership"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
+	"github.com/pglimit/cooldown/pglimit/internal/service"
 )
 
 // CleanerConfig configures a [Cleaner]. A nil or zero CleanerConfig means
@@ -123,33 +124,21 @@ type Cleaner struct {
 	cfg     CleanerConfig
 	elector *leadership.Elector
 
-	// mu orders Start and Stop. Start sets sched, tables and cancelRun
-	// under it, before the loop starts; they never change after.
-	mu        sync.Mutex
-	state     cleanerState
-	sched     gocron.Scheduler
-	tables    []cleanup.Table
-	cancelRun context.CancelFunc // cancels the loop's batch when Stop's grace runs out
+	// mu orders Start and Stop: Start sets sched under it once the loop
+	// runs, and Stop reads it under it.
+	mu    sync.Mutex
+	sched gocron.Scheduler
 
-	// All the work runs on one goroutine, loop: gocron keeps time and asks
-	// the elector, and its job only offers the loop a tick, never waiting
-	// for it. So runs never overlap, Stop has one goroutine to wait for,
-	// and once Stop has closed stop no batch begins.
-	tick chan struct{} // gocron's job to the loop; dropped while a run is on
-	stop chan struct{} // closed when Stop begins
-	done chan struct{} // closed when the loop has returned
+	// All the work runs on one goroutine, the service's loop: gocron keeps
+	// time and asks the elector, and its job only offers the loop a tick,
+	// never waiting for it. So runs never overlap, Stop has one goroutine
+	// to wait for, and once Stop has begun no batch begins.
+	svc  service.Service // Graceful: a running batch may finish
+	tick chan struct{}   // gocron's job to the loop; dropped while a run is on
 
 	runs, batches, rowsDeleted, errs atomic.Uint64
 	lastSuccess, lastDuration        atomic.Int64 // UnixNano; nanoseconds
 }
-
-type cleanerState int
-
-const (
-	cleanerNew cleanerState = iota
-	cleanerStarted
-	cleanerStopped
-)
 
 // NewCleaner returns a cleaner for pool's database. It does no I/O; call
 // [Cleaner.Start] to begin.
@@ -162,7 +151,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
 		return nil, err
 	}
 	c.Logger = c.Logger.With("schema", c.Schema)
-	cl := &Cleaner{pool: pool, cfg: c, tick: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	cl := &Cleaner{pool: pool, cfg: c, svc: service.Service{Graceful: true}, tick: make(chan struct{})}
 	hooks := c.hooks
 	cl.elector = leadership.New(leadership.Config{
 		Acquire:  cl.acquire,
@@ -227,8 +216,8 @@ func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
 func (c *Cleaner) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.state != cleanerNew {
-		return errors.New("pglimit: cleaner: Start called twice, or after Stop")
+	if c.sched != nil {
+		return fmt.Errorf("pglimit: cleaner: %w", service.ErrStarted)
 	}
 	tables := make([]cleanup.Table, 0, len(c.cfg.Tables))
 	for _, name := range c.cfg.Tables {
@@ -251,11 +240,11 @@ func (c *Cleaner) Start(ctx context.Context) error {
 		_ = sched.Shutdown()
 		return fmt.Errorf("pglimit: cleaner: %w", err)
 	}
-	c.tables, c.sched = tables, sched
-	c.state = cleanerStarted
-	runCtx, cancel := context.WithCancel(context.Background())
-	c.cancelRun = cancel
-	go c.loop(runCtx)
+	if err := c.svc.Start(func(ctx context.Context) { c.loop(ctx, tables) }); err != nil {
+		_ = sched.Shutdown()
+		return fmt.Errorf("pglimit: cleaner: %w", err)
+	}
+	c.sched = sched
 	c.elector.Start()
 	sched.Start()
 	return nil
@@ -269,32 +258,25 @@ func (c *Cleaner) Start(ctx context.Context) error {
 // stopped, does nothing.
 func (c *Cleaner) Stop(ctx context.Context) error {
 	c.mu.Lock()
-	started := c.state == cleanerStarted
-	c.state = cleanerStopped
-	if started {
-		close(c.stop) // from here on no batch begins
-	}
+	sched := c.sched
 	c.mu.Unlock()
+	var err error
+	started, werr := c.svc.Stop(ctx, func() {
+		// From here on no batch begins.
+		if h := c.cfg.hooks; h != nil && h.stopping != nil {
+			h.stopping()
+		}
+		// The job never waits for the loop, so this returns at once.
+		if serr := sched.Shutdown(); serr != nil {
+			err = fmt.Errorf("pglimit: cleaner: stop scheduler: %w", serr)
+		}
+	})
 	if !started {
 		return nil
 	}
-	if h := c.cfg.hooks; h != nil && h.stopping != nil {
-		h.stopping()
+	if werr != nil {
+		err = errors.Join(err, fmt.Errorf("pglimit: cleaner: stop: running batch cancelled: %w", werr))
 	}
-
-	// The job never waits for the loop, so this returns at once.
-	err := c.sched.Shutdown()
-	if err != nil {
-		err = fmt.Errorf("pglimit: cleaner: stop scheduler: %w", err)
-	}
-	select {
-	case <-c.done:
-	case <-ctx.Done():
-		c.cancelRun()
-		<-c.done // prompt: a cancelled query returns at once
-		err = errors.Join(err, fmt.Errorf("pglimit: cleaner: stop: running batch cancelled: %w", context.Cause(ctx)))
-	}
-	c.cancelRun()
 	// Last, so that no other instance leads while this one still deletes.
 	c.elector.Stop(ctx)
 	return err
@@ -343,16 +325,16 @@ func (c *Cleaner) offerTick() {
 	}
 }
 
-// loop runs a cleanup for each tick until Stop; ctx ends only when Stop's
-// grace runs out.
-func (c *Cleaner) loop(ctx context.Context) {
-	defer close(c.done)
+// loop runs a cleanup of tables for each tick until Stop; ctx ends only
+// when Stop's grace runs out.
+func (c *Cleaner) loop(ctx context.Context, tables []cleanup.Table) {
+	stopping := c.svc.Stopping()
 	for {
 		select {
-		case <-c.stop:
+		case <-stopping:
 			return
 		case <-c.tick:
-			c.run(ctx)
+			c.run(ctx, tables)
 		}
 	}
 }
@@ -360,7 +342,7 @@ func (c *Cleaner) loop(ctx context.Context) {
 // stopping reports whether Stop has begun.
 func (c *Cleaner) stopping() bool {
 	select {
-	case <-c.stop:
+	case <-c.svc.Stopping():
 		return true
 	default:
 		return false
@@ -368,14 +350,14 @@ func (c *Cleaner) stopping() bool {
 }
 
 // run is one cleanup: every table, batch after batch.
-func (c *Cleaner) run(ctx context.Context) {
+func (c *Cleaner) run(ctx context.Context, tables []cleanup.Table) {
 	if c.stopping() {
 		return // the tick and stop came together
 	}
 	c.runs.Add(1)
 	start := time.Now()
 	var deleted int64
-	err := c.sweep(ctx, &deleted)
+	err := c.sweep(ctx, tables, &deleted)
 	end := time.Now()
 	c.lastDuration.Store(int64(end.Sub(start)))
 	switch {
@@ -394,8 +376,8 @@ func (c *Cleaner) run(ctx context.Context) {
 // sweep deletes batches from each table until a batch comes back short (or,
 // for a table swept by blocks, until the blocks it had when the run began
 // are done), or the cleaner stops.
-func (c *Cleaner) sweep(ctx context.Context, deleted *int64) error {
-	for _, t := range c.tables {
+func (c *Cleaner) sweep(ctx context.Context, tables []cleanup.Table, deleted *int64) error {
+	for _, t := range tables {
 		if t.Sweep {
 			if err := c.sweepBlocks(ctx, t, deleted); err != nil {
 				return err

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
+	"github.com/pglimit/cooldown/pglimit/internal/service"
 )
 
 // invalidateChannel is the channel every Reset notifies, with the payload
@@ -69,13 +70,15 @@ type Invalidator struct {
 	mu   sync.Mutex
 	subs map[int32][]func() forgetter // by lock class; each returns nil once its limiter is gone
 
-	stop context.CancelFunc
-	done chan struct{}
+	svc       service.Service // the listening loop; Stop cancels it at once
+	listening chan struct{}   // closed at the first LISTEN
+	listened  sync.Once
+	lastErr   atomic.Pointer[error] // the last failure of the session, for Start's error
 }
 
-// StartInvalidator opens nothing yet: it starts the goroutine that
-// connects, listens and reconnects, and returns at once.
-func StartInvalidator(cfg *InvalidatorConfig) (*Invalidator, error) {
+// NewInvalidator returns an invalidator of cfg. It does no I/O; call
+// [Invalidator.Start] to begin.
+func NewInvalidator(cfg *InvalidatorConfig) (*Invalidator, error) {
 	if cfg == nil || cfg.ConnConfig == nil {
 		return nil, fmt.Errorf("%w: InvalidatorConfig.ConnConfig is required", ErrInvalidConfig)
 	}
@@ -88,27 +91,48 @@ func StartInvalidator(cfg *InvalidatorConfig) (*Invalidator, error) {
 	conn.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	ctx, stop := context.WithCancel(context.Background())
 	v := &Invalidator{
 		conn:      conn,
 		heartbeat: cfg.Heartbeat,
 		subs:      make(map[int32][]func() forgetter),
-		stop:      stop,
-		done:      make(chan struct{}),
+		listening: make(chan struct{}),
 	}
 	if v.heartbeat == 0 {
 		v.heartbeat = defaultHeartbeat
 	}
-	go v.run(ctx)
 	return v, nil
 }
 
-// Stop closes the session and returns once the goroutine has ended; a
-// second call returns at once. The pre-blocks that used it answer nothing
-// from then on.
-func (v *Invalidator) Stop() {
-	v.stop()
-	<-v.done
+// Start starts the goroutine that connects, listens and reconnects, and
+// returns once the session listens. If ctx ends first, nothing of the
+// invalidator is left running, and the error wraps ctx's and names the
+// session's last failure. An invalidator starts at most once.
+func (v *Invalidator) Start(ctx context.Context) error {
+	if err := v.svc.Start(v.run); err != nil {
+		return fmt.Errorf("pglimit: invalidator: %w", err)
+	}
+	select {
+	case <-v.listening:
+		return nil
+	case <-ctx.Done():
+		_, _ = v.svc.Stop(context.Background(), nil)
+		err := fmt.Errorf("pglimit: invalidator: not listening: %w", context.Cause(ctx))
+		if last := v.lastErr.Load(); last != nil {
+			err = fmt.Errorf("%w (last failure: %w)", err, *last)
+		}
+		return err
+	}
+}
+
+// Stop closes the session and returns once the goroutine has ended; ctx
+// bounds the wait. The pre-blocks that used it answer nothing from then
+// on. Stop on an invalidator not started, or stopped already, does
+// nothing.
+func (v *Invalidator) Stop(ctx context.Context) error {
+	if _, err := v.svc.Stop(ctx, nil); err != nil {
+		return fmt.Errorf("pglimit: invalidator: %w", err)
+	}
+	return nil
 }
 
 // Listening reports whether the pre-blocks trust their entries now: the
@@ -120,7 +144,6 @@ func (v *Invalidator) trusted(now time.Time) bool {
 }
 
 func (v *Invalidator) run(ctx context.Context) {
-	defer close(v.done)
 	backoff := minBackoff
 	for {
 		listened := v.session(ctx)
@@ -144,6 +167,7 @@ func (v *Invalidator) session(ctx context.Context) (listened bool) {
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, v.conn)
 	if err != nil {
+		v.lastErr.Store(&err)
 		return false
 	}
 	defer func() {
@@ -153,11 +177,13 @@ func (v *Invalidator) session(ctx context.Context) (listened bool) {
 	}()
 	sent := time.Now()
 	if _, err := conn.Exec(cctx, queries.Text("invalidator.listen", queries.Args{"channel": invalidateChannel})); err != nil {
+		v.lastErr.Store(&err)
 		return false
 	}
 	// Resets committed before LISTEN were not heard: start afresh.
 	v.clearAll()
 	v.liveUntil.Store(sent.Add(2 * v.heartbeat).UnixNano())
+	v.listened.Do(func() { close(v.listening) })
 	next := time.Now().Add(v.heartbeat)
 	for {
 		wctx, cancel := context.WithDeadline(ctx, next)

@@ -25,13 +25,27 @@ func startInvalidator(t *testing.T, name string) *pglimit.Invalidator {
 		t.Fatal(err)
 	}
 	cc.RuntimeParams["application_name"] = name
-	inv, err := pglimit.StartInvalidator(&pglimit.InvalidatorConfig{ConnConfig: cc, Heartbeat: 200 * time.Millisecond})
+	inv, err := pglimit.NewInvalidator(&pglimit.InvalidatorConfig{ConnConfig: cc, Heartbeat: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(inv.Stop)
-	waitFor(t, "the invalidator to listen", inv.Listening)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := inv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopInvalidator(t, inv) })
+	if !inv.Listening() {
+		t.Fatal("Start returned before the invalidator listens")
+	}
 	return inv
+}
+
+func stopInvalidator(t *testing.T, inv *pglimit.Invalidator) {
+	t.Helper()
+	if err := inv.Stop(context.Background()); err != nil {
+		t.Error(err)
+	}
 }
 
 // waitFor polls cond until it holds, for at most 10 s.
@@ -164,7 +178,7 @@ func TestInvalidatorStop(t *testing.T) {
 	inv := startInvalidator(t, "pglimit-test-stop")
 	_, b := twoInstances(t, inv)
 	admitAndBlock(t, b, "k")
-	inv.Stop()
+	stopInvalidator(t, inv)
 	if inv.Listening() || pglimit.PreBlocks(b, "k") {
 		t.Fatal("the pre-block refuses after its invalidator stopped")
 	}
@@ -173,8 +187,8 @@ func TestInvalidatorStop(t *testing.T) {
 func TestInvalidatorConfig(t *testing.T) {
 	t.Parallel()
 	for _, cfg := range []*pglimit.InvalidatorConfig{nil, {}, {ConnConfig: &pgx.ConnConfig{}, Heartbeat: -time.Second}} {
-		if _, err := pglimit.StartInvalidator(cfg); !errors.Is(err, pglimit.ErrInvalidConfig) {
-			t.Errorf("StartInvalidator(%+v): %v, want ErrInvalidConfig", cfg, err)
+		if _, err := pglimit.NewInvalidator(cfg); !errors.Is(err, pglimit.ErrInvalidConfig) {
+			t.Errorf("NewInvalidator(%+v): %v, want ErrInvalidConfig", cfg, err)
 		}
 	}
 	inv := startInvalidator(t, "pglimit-test-config")
@@ -219,5 +233,38 @@ func TestResetNotifies(t *testing.T) {
 			return
 		}
 		seen = append(seen, n.Payload)
+	}
+}
+
+// Start returns once the session listens; with no server to listen on, it
+// gives up when its ctx ends, says why, and leaves nothing running
+// (testdb.Main checks for goroutines left behind). A second Start fails,
+// and so does a Start after Stop.
+func TestInvalidatorStart(t *testing.T) {
+	t.Parallel()
+	cc, err := pgx.ParseConfig("postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := pglimit.NewInvalidator(&pglimit.InvalidatorConfig{ConnConfig: cc, Heartbeat: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err = inv.Start(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "last failure") {
+		t.Fatalf("Start without a server: %v, want an error wrapping context.DeadlineExceeded that names the last failure", err)
+	}
+	if inv.Listening() {
+		t.Fatal("listening without a server")
+	}
+	if err := inv.Start(context.Background()); err == nil {
+		t.Fatal("a second Start succeeded")
+	}
+
+	live := startInvalidator(t, "pglimit-test-start")
+	if err := live.Start(context.Background()); err == nil {
+		t.Fatal("Start on a running invalidator succeeded")
 	}
 }

@@ -248,12 +248,16 @@ func failover(t *testing.T, synchronous bool, cooldown time.Duration, retry stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := pglimit.StartInvalidator(&pglimit.InvalidatorConfig{ConnConfig: cc, Heartbeat: 100 * time.Millisecond})
+	inv, err := pglimit.NewInvalidator(&pglimit.InvalidatorConfig{ConnConfig: cc, Heartbeat: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(inv.Stop)
-	waitFor(t, "the invalidator to listen", inv.Listening)
+	startCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := inv.Start(startCtx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopInvalidator(t, inv) })
 
 	var (
 		mu   sync.Mutex

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
+	"github.com/pglimit/cooldown/pglimit/internal/service"
 )
 
 // ErrNotLeader is returned by [Elector.IsLeader] and [Elector.Do] while this
@@ -69,8 +70,7 @@ type Elector struct {
 	stopped bool
 	lastErr string // the last failure logged, so a long outage logs once
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	svc service.Service // the election loop; Stop cancels it at once
 }
 
 // New returns an elector that has not started.
@@ -98,21 +98,18 @@ func IdleTimeout(interval time.Duration) time.Duration {
 
 // Start starts the election loop. Its first step runs at once.
 func (e *Elector) Start() {
-	ctx, cancel := context.WithCancel(context.Background())
-	e.cancel = cancel
-	e.done = make(chan struct{})
-	go e.loop(ctx)
+	_ = e.svc.Start(e.loop) // a second Start does nothing
 }
 
 // Stop ends the loop and closes the connection, which releases the lock if
 // held. ctx bounds saying goodbye to the server; the connection is closed
 // either way. Stop must not be called while a Do is running.
 func (e *Elector) Stop(ctx context.Context) {
-	if e.cancel == nil {
+	// The loop's ctx is cancelled at once, and its queries with it, so it
+	// returns promptly.
+	if started, _ := e.svc.Stop(ctx, nil); !started {
 		return
 	}
-	e.cancel()
-	<-e.done // prompt: the loop's queries are cancelled with it
 
 	// No Do runs and the loop has ended: free at once.
 	e.sem <- struct{}{}
@@ -165,7 +162,6 @@ func (e *Elector) Do(ctx context.Context, fn func(ctx context.Context, conn *pgx
 }
 
 func (e *Elector) loop(ctx context.Context) {
-	defer close(e.done)
 	ticker := time.NewTicker(e.cfg.Interval)
 	defer ticker.Stop()
 	for {
