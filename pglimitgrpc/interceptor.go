@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/pglimit/cooldown/internal/observe"
 	"github.com/pglimit/cooldown/internal/onerror"
 	"github.com/pglimit/cooldown/pglimit"
 )
@@ -121,6 +122,32 @@ func PeerCertificate(ctx context.Context, _ string) (string, error) {
 // caller.
 func Method(_ context.Context, method string) (string, error) { return method, nil }
 
+// Outcome is what the interceptors did with a call. The words are those of
+// pglimithttp's events and of the metrics (pglimitprom, pglimitotel).
+type Outcome string
+
+// Outcomes reported in [Event.Outcome].
+const (
+	OutcomeAdmitted    Outcome = observe.Admitted    // passed to the handler
+	OutcomeRefused     Outcome = observe.Refused     // ResourceExhausted: a limit refused the key
+	OutcomeBadKey      Outcome = observe.BadKey      // InvalidArgument: no valid key for the call
+	OutcomeFailOpen    Outcome = observe.FailOpen    // limiter failed; passed to the handler
+	OutcomeFailClosed  Outcome = observe.FailClosed  // limiter failed; ResourceExhausted
+	OutcomeUnavailable Outcome = observe.Unavailable // limiter failed; Unavailable
+	OutcomeExempt      Outcome = observe.Exempt      // an Exempt method: passed to the handler, no decision
+	OutcomeShadowed    Outcome = observe.Shadowed    // a refusal the limiter's shadow mode let through
+	OutcomeCanceled    Outcome = observe.Canceled    // the client gave up while the limiter decided
+)
+
+// Event describes one call's decision, for logging and metrics.
+type Event struct {
+	Method   string // the full method name
+	Key      string // the call's key; "" when none was extracted
+	Outcome  Outcome
+	Decision pglimit.Decision // zero unless the limiter decided
+	Err      error            // the key or limiter error, if any
+}
+
 // Config configures the interceptors. A nil *Config means the defaults.
 type Config struct {
 	// Key returns a call's key. Defaults to [PeerAddress].
@@ -143,6 +170,11 @@ type Config struct {
 	// slog.Default().
 	Logger      *slog.Logger
 	LogInterval time.Duration
+
+	// OnDecision, when set, is called once per call with what happened,
+	// before the handler runs (or the call fails). It must be safe for
+	// concurrent use, and quick.
+	OnDecision func(ctx context.Context, ev Event)
 }
 
 // UnaryServerInterceptor limits unary calls with lim, or the limiter
@@ -202,6 +234,7 @@ type limiter struct {
 	exempt   map[string]bool
 	onError  ErrorPolicy
 	failures *onerror.Log
+	report   func(ctx context.Context, ev Event) // never nil
 }
 
 // guard is a limiter with what its policy implies for refusals.
@@ -243,6 +276,10 @@ func newLimiter(lim pglimit.Limiter, cfg *Config) (*limiter, error) {
 	l := &limiter{
 		key: key, def: def, byMethod: map[string]*guard{}, exempt: map[string]bool{}, onError: c.OnError,
 		failures: &onerror.Log{Logger: c.Logger, Interval: cmp.Or(c.LogInterval, 10*time.Second), Message: "pglimitgrpc: limiter failed"},
+		report:   c.OnDecision,
+	}
+	if l.report == nil {
+		l.report = func(context.Context, Event) {}
 	}
 	for m, lim := range c.Methods {
 		if !validMethod(m) {
@@ -271,6 +308,7 @@ func validMethod(m string) bool {
 // or nil to let it through; trailer sets the call's trailer.
 func (l *limiter) decide(ctx context.Context, method string, trailer func(metadata.MD)) error {
 	if l.exempt[method] {
+		l.report(ctx, Event{Method: method, Outcome: OutcomeExempt})
 		return nil
 	}
 	g := l.byMethod[method]
@@ -282,24 +320,48 @@ func (l *limiter) decide(ctx context.Context, method string, trailer func(metada
 		err = pglimit.ValidateKey(key)
 	}
 	if err != nil {
+		l.report(ctx, Event{Method: method, Outcome: OutcomeBadKey, Err: err})
 		return status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's rate limit key: %v", err)
 	}
 	d, err := g.lim.Allow(ctx, key)
+	ev := Event{Method: method, Key: key, Decision: d, Err: err}
 	switch {
 	case err != nil && ctx.Err() != nil:
 		// The client gave up: no failure of the limiter.
+		ev.Outcome = OutcomeCanceled
+		l.report(ctx, ev)
 		return status.FromContextError(ctx.Err()).Err()
 	case err != nil:
 		l.failures.Record(time.Now(), "method", method, "key", key, "err", err)
+		ev.Outcome = failOutcome(l.onError)
+		l.report(ctx, ev)
 		return l.fail(g, trailer)
 	case d.Allowed:
+		ev.Outcome = OutcomeAdmitted
+		if d.Shadow {
+			ev.Outcome = OutcomeShadowed
+		}
+		l.report(ctx, ev)
 		return nil
 	}
+	ev.Outcome = OutcomeRefused
+	l.report(ctx, ev)
 	violated := d.Violated()
 	if len(violated) == 0 {
 		violated = []pglimit.Limit{d.Limit}
 	}
 	return refusal(violated, d.RetryAfter, trailer, nil)
+}
+
+// failOutcome is the outcome of a call whose limiter failed under policy p.
+func failOutcome(p ErrorPolicy) Outcome {
+	switch p {
+	case FailOpen:
+		return OutcomeFailOpen
+	case FailClosed:
+		return OutcomeFailClosed
+	}
+	return OutcomeUnavailable
 }
 
 // fail is what a call gets when g's limiter failed.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -315,5 +316,95 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if _, err := pglimitgrpc.StreamServerInterceptor(nil, nil); !errors.Is(err, pglimitgrpc.ErrInvalidConfig) {
 		t.Errorf("nil limiter: %v; want ErrInvalidConfig", err)
+	}
+}
+
+// recorder collects the events OnDecision reports.
+type recorder struct {
+	mu     sync.Mutex
+	events []pglimitgrpc.Event
+}
+
+func (r *recorder) record(_ context.Context, ev pglimitgrpc.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, ev)
+}
+
+// take returns the events so far, and forgets them.
+func (r *recorder) take() []pglimitgrpc.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ev := r.events
+	r.events = nil
+	return ev
+}
+
+// OnDecision sees every call once, with the outcome the call got, in the
+// words pglimithttp and the metrics use.
+func TestOnDecision(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	schema := testdb.Schema(t)
+	var rec recorder
+	c := serve(t, newLimiter(t, schema, pglimit.Config{Cooldown: time.Hour}), &pglimitgrpc.Config{
+		Exempt:     []string{list},
+		OnDecision: rec.record,
+	})
+	_, _ = c.Check(ctx, &healthpb.HealthCheckRequest{})
+	_, _ = c.Check(ctx, &healthpb.HealthCheckRequest{})
+	_, _ = c.List(ctx, &healthpb.HealthListRequest{})
+	want := []pglimitgrpc.Outcome{pglimitgrpc.OutcomeAdmitted, pglimitgrpc.OutcomeRefused, pglimitgrpc.OutcomeExempt}
+	got := rec.take()
+	if len(got) != len(want) {
+		t.Fatalf("%d events %+v, want %d", len(got), got, len(want))
+	}
+	for i, ev := range got {
+		if ev.Outcome != want[i] {
+			t.Errorf("event %d: outcome %q, want %q", i, ev.Outcome, want[i])
+		}
+	}
+	if ev := got[1]; ev.Method != check || ev.Key != "127.0.0.1" || ev.Decision.Allowed || ev.Decision.RetryAfter <= 0 {
+		t.Errorf("the refusal's event: %+v", ev)
+	}
+
+	shadow := newLimiter(t, schema, pglimit.Config{Cooldown: time.Hour, Namespace: "shadow", Shadow: true})
+	bad := func(context.Context, string) (string, error) { return "", errors.New("no tenant") }
+	for _, tc := range []struct {
+		name string
+		lim  pglimit.Limiter
+		cfg  pglimitgrpc.Config
+		want pglimitgrpc.Outcome
+	}{
+		{"shadow", shadow, pglimitgrpc.Config{}, pglimitgrpc.OutcomeShadowed},
+		{"bad key", shadow, pglimitgrpc.Config{Key: bad}, pglimitgrpc.OutcomeBadKey},
+	} {
+		tc.cfg.OnDecision = rec.record
+		c := serve(t, tc.lim, &tc.cfg)
+		_, _ = c.Check(ctx, &healthpb.HealthCheckRequest{})
+		_, _ = c.Check(ctx, &healthpb.HealthCheckRequest{})
+		got := rec.take()
+		if len(got) != 2 || got[1].Outcome != tc.want {
+			t.Errorf("%s: events %+v, want the second %q", tc.name, got, tc.want)
+		}
+	}
+
+	pool := testdb.Pool(t)
+	failing, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Cooldown: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.Close() // every decision now fails
+	for policy, want := range map[pglimitgrpc.ErrorPolicy]pglimitgrpc.Outcome{
+		pglimitgrpc.Unavailable: pglimitgrpc.OutcomeUnavailable,
+		pglimitgrpc.FailOpen:    pglimitgrpc.OutcomeFailOpen,
+		pglimitgrpc.FailClosed:  pglimitgrpc.OutcomeFailClosed,
+	} {
+		c := serve(t, failing, &pglimitgrpc.Config{OnError: policy, OnDecision: rec.record})
+		_, _ = c.Check(ctx, &healthpb.HealthCheckRequest{})
+		got := rec.take()
+		if len(got) != 1 || got[0].Outcome != want || got[0].Err == nil {
+			t.Errorf("%s: events %+v, want one %q with the error", policy, got, want)
+		}
 	}
 }

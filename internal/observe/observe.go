@@ -15,12 +15,15 @@ import (
 	"github.com/pglimit/cooldown/pglimit"
 )
 
-// Outcomes of a call.
+// The outcome vocabulary: one word per outcome, shared by the metrics
+// (pglimitprom, pglimitotel: a limiter's calls), the HTTP middleware and
+// the gRPC interceptors (a request's fate). A word means the same wherever
+// it appears; docs/operations.md lists which layer reports which.
 const (
-	Admitted = "admitted"
-	Refused  = "refused"
-	Error    = "error"
-	Invalid  = "invalid" // a bad key or cost, or an unsupported call; nothing reached the database
+	Admitted = "admitted" // the limits let it through
+	Refused  = "refused"  // a limit refused it: 429, ResourceExhausted
+	Error    = "error"    // the limiter failed (metrics; a request then gets its error policy)
+	Invalid  = "invalid"  // a bad key or cost, or an unsupported call; nothing reached the database
 
 	// Canceled: the caller's context was cancelled before the decision
 	// came back, as when an HTTP client disconnects. The caller gave up;
@@ -30,6 +33,15 @@ const (
 	// Shadowed: a refusal that shadow mode let through
 	// (pglimit.Config.Shadow). It consumed nothing.
 	Shadowed = "shadowed"
+
+	// A request's fate, beyond its decision.
+	BadKey      = "bad_key"     // no valid key in the request: 400, InvalidArgument
+	BadCost     = "bad_cost"    // the cost could not be computed or is not valid: 400; nothing consumed
+	FailOpen    = "fail_open"   // the limiter failed; the request went through
+	FailClosed  = "fail_closed" // the limiter failed; refused as by a limit
+	Unavailable = "unavailable" // the limiter failed; 503, Unavailable
+	Exempt      = "exempt"      // exempt from limiting: no decision was made
+	Busy        = "busy"        // every slot of a concurrency limit was held: 429
 )
 
 // Call is one call of an observed limiter, as it ended.

@@ -7,12 +7,13 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/pglimit/cooldown/internal/observe"
 	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
 // OutcomeBusy is the [Event.Outcome] of a request [Concurrency] refused:
 // every slot of its key was held.
-const OutcomeBusy Outcome = "busy"
+const OutcomeBusy Outcome = observe.Busy
 
 // Concurrency returns a middleware that holds one of sem's slots for the
 // request's key while the handler runs, so that at most sem.Limit()

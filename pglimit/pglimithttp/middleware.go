@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pglimit/cooldown/internal/observe"
 	"github.com/pglimit/cooldown/internal/onerror"
 	"github.com/pglimit/cooldown/pglimit"
 )
@@ -51,23 +52,24 @@ func ParseErrorPolicy(s string) (ErrorPolicy, error) {
 // Outcome is what the middleware did with a request.
 type Outcome string
 
-// Outcomes reported in [Event.Outcome].
+// Outcomes reported in [Event.Outcome]. The words are those of the
+// metrics (pglimitprom, pglimitotel) and of pglimitgrpc's events.
 const (
-	OutcomeAdmitted    Outcome = "admitted"    // passed to the handler
-	OutcomeRefused     Outcome = "refused"     // 429: a limit refused the key
-	OutcomeBadKey      Outcome = "bad_key"     // 400: no valid key in the request
-	OutcomeBadCost     Outcome = "bad_cost"    // 400: CostFunc failed, or the cost is not valid; nothing consumed
-	OutcomeFailOpen    Outcome = "fail_open"   // limiter failed; passed to the handler
-	OutcomeFailClosed  Outcome = "fail_closed" // limiter failed; 429
-	OutcomeUnavailable Outcome = "unavailable" // limiter failed; 503
-	OutcomeExempt      Outcome = "exempt"      // Exempt or ExemptKeys: passed to the handler, no decision
-	OutcomeShadowed    Outcome = "shadowed"    // a refusal the limiter's shadow mode let through to the handler
+	OutcomeAdmitted    Outcome = observe.Admitted    // passed to the handler
+	OutcomeRefused     Outcome = observe.Refused     // 429: a limit refused the key
+	OutcomeBadKey      Outcome = observe.BadKey      // 400: no valid key in the request
+	OutcomeBadCost     Outcome = observe.BadCost     // 400: CostFunc failed, or the cost is not valid; nothing consumed
+	OutcomeFailOpen    Outcome = observe.FailOpen    // limiter failed; passed to the handler
+	OutcomeFailClosed  Outcome = observe.FailClosed  // limiter failed; 429
+	OutcomeUnavailable Outcome = observe.Unavailable // limiter failed; 503
+	OutcomeExempt      Outcome = observe.Exempt      // Exempt or ExemptKeys: passed to the handler, no decision
+	OutcomeShadowed    Outcome = observe.Shadowed    // a refusal the limiter's shadow mode let through to the handler
 
 	// OutcomeCanceled: the request's context was cancelled while the
 	// limiter decided, as when the client disconnects. The client gave up;
 	// the limiter did not fail, so no error policy applies. Answered with
 	// 499, which nobody reads but access logs and metrics record.
-	OutcomeCanceled Outcome = "canceled"
+	OutcomeCanceled Outcome = observe.Canceled
 )
 
 // statusClientClosedRequest is nginx's code for a client that went away
