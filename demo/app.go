@@ -106,7 +106,7 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 	a.create = limitCreate(http.HandlerFunc(a.storeItem))
 
 	exports, err := pglimitsem.New(pool, &pglimitsem.Config{
-		Schema: cfg.schema, Namespace: "exports", Limit: cfg.exportsAtOnce, TTL: 30 * time.Second,
+		Schema: cfg.schema, Namespace: "exports", Slots: cfg.exportsAtOnce, TTL: 30 * time.Second,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("export slots: %w", err)

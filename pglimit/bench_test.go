@@ -184,7 +184,7 @@ func BenchmarkFeatures(b *testing.B) {
 		}
 	})
 	b.Run("semaphore", func(b *testing.B) {
-		sem, err := pglimitsem.New(testdb.Pool(b), &pglimitsem.Config{Schema: testdb.Schema(b), Limit: 2})
+		sem, err := pglimitsem.New(testdb.Pool(b), &pglimitsem.Config{Schema: testdb.Schema(b), Slots: 2})
 		if err != nil {
 			b.Fatal(err)
 		}

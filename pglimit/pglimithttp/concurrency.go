@@ -16,7 +16,7 @@ import (
 const OutcomeBusy Outcome = observe.Busy
 
 // Concurrency returns a middleware that holds one of sem's slots for the
-// request's key while the handler runs, so that at most sem.Limit()
+// request's key while the handler runs, so that at most sem.Slots()
 // requests of a key are served at once across every instance. A request
 // that finds them all held is refused with 429 and a Retry-After of the
 // first held slot's lease end. The slot's lease is extended every third
@@ -130,6 +130,6 @@ func (c *concurrency) busy(w http.ResponseWriter, r *http.Request, wait time.Dur
 	}
 	writeProblem(w, http.StatusTooManyRequests, problem{
 		Title:  "Too Many Requests",
-		Detail: fmt.Sprintf("at most %d requests of this caller at once; retry in %d s", c.sem.Limit(), secs),
+		Detail: fmt.Sprintf("at most %d requests of this caller at once; retry in %d s", c.sem.Slots(), secs),
 	})
 }

@@ -15,7 +15,7 @@ import (
 
 func newSemaphore(t *testing.T, limit int, ttl time.Duration) *pglimitsem.Semaphore {
 	t.Helper()
-	sem, err := pglimitsem.New(testdb.Pool(t), &pglimitsem.Config{Schema: testdb.Schema(t), Limit: limit, TTL: ttl})
+	sem, err := pglimitsem.New(testdb.Pool(t), &pglimitsem.Config{Schema: testdb.Schema(t), Slots: limit, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}

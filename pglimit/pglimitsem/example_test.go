@@ -25,7 +25,7 @@ func Example() {
 	}
 	exports, err := pglimitsem.New(pool, &pglimitsem.Config{
 		Namespace: "example-exports",
-		Limit:     2,
+		Slots:     2,
 		TTL:       time.Minute, // a crashed export's slot returns after a minute
 	})
 	if err != nil {

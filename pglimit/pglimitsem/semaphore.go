@@ -32,9 +32,9 @@ type Config struct {
 	// a key. Defaults to "default".
 	Namespace string
 
-	// Limit is the most slots of a key held at once: at most Limit
-	// requests of a key in flight. From 1 to 10,000.
-	Limit int
+	// Slots is how many slots a key has: at most Slots requests of a key
+	// in flight at once. From 1 to 10,000.
+	Slots int
 
 	// TTL is a slot's lease: a slot whose holder neither releases nor
 	// extends it within TTL returns by itself, so that a holder that died
@@ -108,8 +108,8 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	if err := pglimit.ValidateKey(c.Namespace); err != nil {
 		return nil, fmt.Errorf("%w: Namespace: %w", pglimit.ErrInvalidConfig, err)
 	}
-	if c.Limit < 1 || c.Limit > maxSlots {
-		return nil, fmt.Errorf("%w: Limit must be from 1 to %d, got %d", pglimit.ErrInvalidConfig, maxSlots, c.Limit)
+	if c.Slots < 1 || c.Slots > maxSlots {
+		return nil, fmt.Errorf("%w: Slots must be from 1 to %d, got %d", pglimit.ErrInvalidConfig, maxSlots, c.Slots)
 	}
 	c.TTL = cmp.Or(c.TTL, defaultSlotTTL)
 	if c.TTL < time.Second || c.TTL > maxTTL {
@@ -164,7 +164,7 @@ func (s *Semaphore) AcquireTx(ctx context.Context, tx pglimit.DB, key string) (S
 }
 
 func (s *Semaphore) args(key string) []any {
-	return []any{s.cfg.Namespace, key, s.cfg.Limit, s.ttl, s.lockSeed}
+	return []any{s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed}
 }
 
 func (s *Semaphore) acquire(ctx context.Context, key string, run func(context.Context, func(pgx.Row) error) error) (Slot, error) {
@@ -178,8 +178,8 @@ func (s *Semaphore) acquire(ctx context.Context, key string, run func(context.Co
 	// number that an acquisition committed after its snapshot; the next
 	// attempt sees that one. Past the attempts, the slots it could not
 	// see are counted held.
-	out := Slot{Held: s.cfg.Limit, RetryAfter: s.cfg.TTL}
-	for range min(s.cfg.Limit, 16) + maxAttempts {
+	out := Slot{Held: s.cfg.Slots, RetryAfter: s.cfg.TTL}
+	for range min(s.cfg.Slots, 16) + maxAttempts {
 		var (
 			slot          *int32
 			holder        *string
@@ -194,7 +194,7 @@ func (s *Semaphore) acquire(ctx context.Context, key string, run func(context.Co
 		case code == pgtx.CodeSerializationFailure:
 			// At REPEATABLE READ or above in a caller's transaction, a
 			// slot changed after its snapshot: another acquirer won it.
-			return Slot{Held: s.cfg.Limit, RetryAfter: s.cfg.TTL}, nil
+			return Slot{Held: s.cfg.Slots, RetryAfter: s.cfg.TTL}, nil
 		case code == pgtx.CodeLockNotAvailable:
 			return Slot{}, fmt.Errorf("%w (semaphore, lock_timeout %s): %w", pglimit.ErrTimeout, s.cfg.Timeout, err)
 		case err != nil:
@@ -202,7 +202,7 @@ func (s *Semaphore) acquire(ctx context.Context, key string, run func(context.Co
 		case slot != nil:
 			return Slot{Acquired: true, Held: int(held) + 1, ExpiresIn: time.Duration(*end-now) * time.Microsecond, key: key, slot: *slot, holder: *holder}, nil
 		}
-		if int(held) >= s.cfg.Limit {
+		if int(held) >= s.cfg.Slots {
 			return Slot{Held: int(held), RetryAfter: time.Duration(*firstEnd-now) * time.Microsecond}, nil
 		}
 	}
@@ -249,8 +249,9 @@ func (s *Semaphore) Release(ctx context.Context, slot Slot) error {
 	return nil
 }
 
-// Limit returns how many slots of a key may be held at once.
-func (s *Semaphore) Limit() int { return s.cfg.Limit }
+// Slots returns how many slots a key has: how many of its requests may be
+// in flight at once.
+func (s *Semaphore) Slots() int { return s.cfg.Slots }
 
 // wrap adds pglimit.ErrTimeout when the semaphore's own timeout fired, and
 // pglimit.ErrReadOnly when the server could not write.

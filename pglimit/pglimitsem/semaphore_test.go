@@ -45,7 +45,7 @@ func TestSemaphoreContention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
-	cfg := pglimitsem.Config{Schema: schema, Limit: 3, TTL: time.Minute}
+	cfg := pglimitsem.Config{Schema: schema, Slots: 3, TTL: time.Minute}
 	sems := []*pglimitsem.Semaphore{newSemaphore(t, testdb.Pool(t), cfg), newSemaphore(t, testdb.Pool(t), cfg)}
 	for round := range 3 {
 		const acquirers = 12
@@ -103,7 +103,7 @@ func TestSemaphoreAcquireTx(t *testing.T) {
 			// same pools would wait for them while holding some itself.
 			pools := []*pgxpool.Pool{testdb.Pool(t), testdb.Pool(t)}
 			schema := testdb.Schema(t)
-			sem := newSemaphore(t, pools[0], pglimitsem.Config{Schema: schema, Limit: 2, TTL: time.Minute, Timeout: 5 * time.Second})
+			sem := newSemaphore(t, pools[0], pglimitsem.Config{Schema: schema, Slots: 2, TTL: time.Minute, Timeout: 5 * time.Second})
 			const n = 8
 			txs := make([]pgx.Tx, n)
 			for i := range txs {
@@ -153,7 +153,7 @@ func TestSemaphoreAcquireTxRollback(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: testdb.Schema(t), Limit: 1})
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: testdb.Schema(t), Slots: 1})
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +192,7 @@ func TestSemaphoreDeadHolder(t *testing.T) {
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	const ttl = 3 * time.Second
-	cfg := pglimitsem.Config{Schema: schema, Limit: 1, TTL: ttl}
+	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: ttl}
 	holder, err := pgx.Connect(ctx, testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -233,7 +233,7 @@ func TestSemaphoreRelease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: testdb.Schema(t), Limit: 1, TTL: time.Second})
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: testdb.Schema(t), Slots: 1, TTL: time.Second})
 	a, err := sem.Acquire(ctx, "k")
 	if err != nil || !a.Acquired {
 		t.Fatalf("Acquire: %+v, %v", a, err)
@@ -274,7 +274,7 @@ func TestSemaphoreExtend(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
-	cfg := pglimitsem.Config{Schema: schema, Limit: 1, TTL: time.Second}
+	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Second}
 	sem := newSemaphore(t, testdb.Pool(t), cfg)
 	held, err := sem.Acquire(ctx, "k")
 	if err != nil || !held.Acquired {
@@ -338,23 +338,23 @@ func TestSemaphoreBadInput(t *testing.T) {
 	pool := testdb.Pool(t)
 	schema := testdb.Schema(t)
 	for name, cfg := range map[string]*pglimitsem.Config{
-		"nil":             nil,
-		"no limit":        {Schema: schema},
-		"limit too high":  {Schema: schema, Limit: 10_001},
-		"ttl too short":   {Schema: schema, Limit: 1, TTL: time.Millisecond},
-		"negative ttl":    {Schema: schema, Limit: 1, TTL: -time.Second},
-		"bad namespace":   {Schema: schema, Limit: 1, Namespace: "a\x00b"},
-		"bad schema":      {Schema: `x"; DROP TABLE y; --`, Limit: 1},
-		"negative timout": {Schema: schema, Limit: 1, Timeout: -1},
+		"nil":              nil,
+		"no slots":         {Schema: schema},
+		"too many slots":   {Schema: schema, Slots: 10_001},
+		"ttl too short":    {Schema: schema, Slots: 1, TTL: time.Millisecond},
+		"negative ttl":     {Schema: schema, Slots: 1, TTL: -time.Second},
+		"bad namespace":    {Schema: schema, Slots: 1, Namespace: "a\x00b"},
+		"bad schema":       {Schema: `x"; DROP TABLE y; --`, Slots: 1},
+		"negative timeout": {Schema: schema, Slots: 1, Timeout: -1},
 	} {
 		if _, err := pglimitsem.New(pool, cfg); !errors.Is(err, pglimit.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	if _, err := pglimitsem.New(nil, &pglimitsem.Config{Limit: 1}); !errors.Is(err, pglimit.ErrInvalidConfig) {
+	if _, err := pglimitsem.New(nil, &pglimitsem.Config{Slots: 1}); !errors.Is(err, pglimit.ErrInvalidConfig) {
 		t.Errorf("nil db: %v, want ErrInvalidConfig", err)
 	}
-	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Limit: 1})
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Slots: 1})
 	for _, key := range []string{"", strings.Repeat("k", pglimit.MaxKeyLength+1), "\xff", "a\x00b"} {
 		if s, err := sem.Acquire(ctx, key); !errors.Is(err, pglimit.ErrInvalidKey) || s.Acquired {
 			t.Errorf("Acquire(%q): %+v, %v; want ErrInvalidKey", key, s, err)
@@ -372,8 +372,8 @@ func TestCleanerDeletesEndedSlots(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	schema := testdb.Schema(t)
-	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Limit: 5, TTL: time.Second})
-	long := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Namespace: "long", Limit: 1, TTL: time.Hour})
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Slots: 5, TTL: time.Second})
+	long := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Namespace: "long", Slots: 1, TTL: time.Hour})
 	for i := range 5 {
 		if s, err := sem.Acquire(ctx, fmt.Sprint("k", i)); err != nil || !s.Acquired {
 			t.Fatalf("Acquire: %+v, %v", s, err)

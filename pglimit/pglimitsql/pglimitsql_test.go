@@ -272,7 +272,7 @@ func TestAcquireTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := sqlDB(t)
-	sem, err := pglimitsem.New(pglimitsql.DB(db), &pglimitsem.Config{Schema: testdb.Schema(t), Limit: 1})
+	sem, err := pglimitsem.New(pglimitsql.DB(db), &pglimitsem.Config{Schema: testdb.Schema(t), Slots: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
