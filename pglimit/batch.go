@@ -467,7 +467,7 @@ func (b *batcher) decide(bt []*entry) {
 // decided at once by the statement for its key alone, which waits for the
 // lock: on a busy key of two instances, one instance's statement is
 // usually holding it. NoWait waits at most noWaitPatience, as its own
-// statement does (strategy_nowait.go), and refuses after it. An entry
+// statement does (strategy.go), and refuses after it. An entry
 // still undecided, and every entry when the statement fails, is decided by
 // its callers' own statements.
 func (b *batcher) decideMany(ctx context.Context, bt []*entry) {

@@ -17,7 +17,7 @@ import (
 
 // limiter is every strategy: each decides in one statement. The
 // strategies differ only in their SQL and in which error means "someone
-// else is deciding" (see strategy_*.go).
+// else is deciding" (see strategy.go).
 //
 // A single GCRA limit (a cooldown among them) has its own statement, the
 // cheapest: the TAT is the row's expires_at. Any other set of limits, and

@@ -359,3 +359,53 @@ func TestMigrateLeastPrivilegedRoles(t *testing.T) {
 		})
 	}
 }
+
+// A role that may not create extensions gets ErrExtension, which names the
+// fix, instead of a bare permission error.
+func TestMigrateExplainsMissingExtension(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := testdb.Pool(t)
+	name := fmt.Sprintf("pglimit_ext_%d", time.Now().UnixNano())
+	// A password, for servers that ask for one (a container's do).
+	for _, q := range []string{"CREATE ROLE " + name + " LOGIN PASSWORD 'pglimit'", "CREATE DATABASE " + name} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, q := range []string{"DROP DATABASE IF EXISTS " + name + " WITH (FORCE)", "DROP ROLE IF EXISTS " + name} {
+			if _, err := admin.Exec(ctx, q); err != nil {
+				t.Errorf("%s: %v", q, err)
+			}
+		}
+	})
+
+	// In the new database the role may create tables in public, but not
+	// extensions, which need CREATE on the database.
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Database = name
+	owner, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = owner.Exec(ctx, "GRANT CREATE ON SCHEMA public TO "+name)
+	owner.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = name, "pglimit"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	err = pglimit.Migrate(ctx, pool, "public")
+	if !errors.Is(err, pglimit.ErrExtension) {
+		t.Fatalf("Migrate as a role without CREATE on the database: %v, want ErrExtension", err)
+	}
+}

@@ -1,11 +1,25 @@
 package pglimit
 
 import (
+	"context"
+	"fmt"
 	"time"
 
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
+
+// The strategies differ only in their statements (internal/queries) and in
+// which error means "someone else is deciding"; every one is a limiter.
+
+// Upsert locks the key's row if it admits the request, then updates it, or
+// inserts it for a key never seen, in one statement (upsert.allow, in
+// internal/queries, says how). This is the statement of a single GCRA
+// limit, of which a cooldown is one; other limits use the general
+// statement.
+func newUpsert(l *limiter, table string) *limiter {
+	return newStmtLimiter(l, table, "upsert.allow", queries.Static("upsert.lock"), "")
+}
 
 // NoWait locks the key's row, then updates it, or inserts it for a key
 // never seen. It waits for the row's lock at most noWaitPatience: long
@@ -34,4 +48,27 @@ const noWaitPatience = 20 * time.Millisecond
 
 func newNoWait(l *limiter, table string) *limiter {
 	return newStmtLimiter(l, table, "nowait.allow", queries.Static("nowait.lock"), pgtx.CodeLockNotAvailable)
+}
+
+// Range inserts [now, now+cooldown) into a table whose exclusion
+// constraint forbids two overlapping ranges for one key (range.allow).
+func newRange(l *limiter, table string) Limiter {
+	newStmtLimiter(l, table, "range.allow", "", "")
+	l.plain.peek = queries.Text("range.peek", queries.Args{"table": table})
+	l.verify = func(ctx context.Context, db DB) error { return verifyExclusion(ctx, db, table) }
+	return l
+}
+
+// verifyExclusion fails with ErrNoExclusionConstraint when the Range
+// table has lost its exclusion constraint, which is the limiter: without
+// it every request is admitted (range.exclusion_exists).
+func verifyExclusion(ctx context.Context, db DB, table string) error {
+	var ok bool
+	if err := db.QueryRow(ctx, queries.Static("range.exclusion_exists"), table).Scan(&ok); err != nil {
+		return fmt.Errorf("check the exclusion constraint of %s: %w", table, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNoExclusionConstraint, table)
+	}
+	return nil
 }
