@@ -1,0 +1,112 @@
+package layout
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/pglimit/cooldown"
+
+// mayImport lists, for each package of the main module, the packages
+// outside the standard library it may import (a trailing / allows a whole
+// tree). It is docs/development.md's "may import" column, held by a test.
+var mayImport = map[string][]string{
+	"pglimit":                     {"github.com/jackc/pgx/v5/", "github.com/go-co-op/gocron/v2", "github.com/pressly/goose/v3", "~/migrations", "~/pglimit/internal/"},
+	"pglimit/internal/queries":    {},
+	"pglimit/internal/lockid":     {},
+	"pglimit/internal/service":    {},
+	"pglimit/internal/pgtx":       {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
+	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
+	"pglimit/internal/leadership": {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/service"},
+	"pglimit/pglimitsem":          {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/internal/"},
+	"pglimit/pglimithttp":         {"~/pglimit", "~/pglimit/pglimitsem", "~/internal/observe", "~/internal/onerror"},
+	"pglimit/pglimitprom":         {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/internal/observe"},
+	"pglimit/pglimitsql":          {"github.com/jackc/pgx/v5/", "~/pglimit"},
+	"pglimit/pglimittest":         {"github.com/jackc/pgx/v5/", "~/pglimit", "~/internal/testdb"},
+	"migrations":                  {},
+	"internal/observe":            {"github.com/jackc/pgx/v5/", "~/pglimit"},
+	"internal/onerror":            {},
+	"internal/testdb":             {"github.com/jackc/pgx/v5/", "go.uber.org/goleak", "~/pglimit", "~/internal/pgserver"},
+	"internal/pgserver":           {"github.com/jackc/pgx/v5/"},
+	"internal/layout":             {},
+	"demo":                        {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimithttp", "~/pglimit/pglimitprom", "~/pglimit/pglimitsem", "~/internal/pgserver"},
+}
+
+// testing belongs in the test harnesses only, never in what users run.
+var mayImportTesting = []string{"pglimit/pglimittest", "internal/testdb"}
+
+// Every package imports only what its line allows, and a new package gets
+// a line.
+func TestImports(t *testing.T) {
+	for pkg, imports := range listImports(t) {
+		allowed, ok := mayImport[pkg]
+		if !ok {
+			t.Errorf("%s has no line in mayImport: add one here, and one in docs/development.md's layout", pkg)
+			continue
+		}
+		for _, imp := range imports {
+			if imp == "testing" && !slices.Contains(mayImportTesting, pkg) {
+				t.Errorf("%s imports testing", pkg)
+			}
+			if !strings.Contains(strings.Split(imp, "/")[0], ".") {
+				continue // the standard library
+			}
+			local := strings.Replace(imp, module, "~", 1)
+			if !slices.ContainsFunc(allowed, func(a string) bool {
+				return local == a || strings.HasSuffix(a, "/") && (strings.HasPrefix(local, a) || local == strings.TrimSuffix(a, "/"))
+			}) {
+				t.Errorf("%s imports %s, which its line does not allow", pkg, local)
+			}
+		}
+	}
+}
+
+// docs/development.md's layout names every folder that holds a package of
+// the main module.
+func TestLayoutDocumented(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "development.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, layout, ok := bytes.Cut(doc, []byte("## Layout"))
+	if !ok {
+		t.Fatal("docs/development.md has no Layout section")
+	}
+	for pkg := range listImports(t) {
+		if pkg == "internal/layout" {
+			continue
+		}
+		if !bytes.Contains(layout, []byte("`"+pkg+"/`")) {
+			t.Errorf("docs/development.md's layout has no line for %s/", pkg)
+		}
+	}
+}
+
+// listImports returns the non-test imports of every package of the main
+// module, by folder.
+func listImports(t *testing.T) map[string][]string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", module+"/...")
+	cmd.Dir = filepath.Join("..", "..")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	pkgs := map[string][]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		pkg := strings.TrimPrefix(strings.TrimPrefix(f[0], module), "/")
+		if pkg == "" {
+			continue // the module's root has no package
+		}
+		pkgs[pkg] = f[1:]
+	}
+	return pkgs
+}
