@@ -389,13 +389,13 @@ func (b *batcher) giveBack(key string, le *lease) {
 	b.mu.Unlock()
 }
 
-// forget drops key's lease and makes the next call on key start a new
+// Forget drops key's lease and makes the next call on key start a new
 // entry: a Reset may have changed what the entry on its way read, and
 // whatever it leases is dropped. Calls already waiting for it were
 // concurrent with the Reset and may still follow its answer. An entry
 // still gathering is sent after the Reset, and stays, but asks for no
 // lease: none that a call did not ask for is taken after the Reset.
-func (b *batcher) forget(key string) {
+func (b *batcher) Forget(key string) {
 	if b == nil {
 		return
 	}
@@ -416,9 +416,9 @@ func (b *batcher) forget(key string) {
 	b.mu.Unlock()
 }
 
-// clear drops every lease, and what every entry on its way leases: the
+// Clear drops every lease, and what every entry on its way leases: the
 // Invalidator may have missed a Reset.
-func (b *batcher) clear() {
+func (b *batcher) Clear() {
 	b.mu.Lock()
 	for key, e := range b.keys {
 		if !e.sent.IsZero() {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
+	"github.com/pglimit/cooldown/pglimit/internal/preblock"
 )
 
 // newLimiter returns a limiter of c over db on table, with what every
@@ -21,9 +22,12 @@ func newLimiter(db DB, c Config, table string) *limiter {
 	}
 	l.args.namespace, l.args.lockClass = c.Namespace, lockid.KeyClass(table, c.Namespace)
 	if c.PreBlockSize > 0 {
-		l.preblock = newPreblock(c.PreBlockSize)
+		var trusted func(time.Time) bool
 		if c.Invalidator != nil {
-			l.preblock.inv = c.Invalidator
+			trusted = c.Invalidator.trusted
+		}
+		l.preblock = preblock.New(c.PreBlockSize, trusted)
+		if c.Invalidator != nil {
 			register(c.Invalidator, lockid.KeyClass(table, c.Namespace), l.preblock)
 		}
 	}
@@ -71,11 +75,11 @@ func (l *limiter) enforce(ctx context.Context, key string, inTx, usePreblock boo
 	}
 	sent := time.Now()
 	if usePreblock {
-		if wait := l.preblock.remaining(key, sent); wait > 0 {
+		if wait := l.preblock.Remaining(key, sent); wait > 0 {
 			return Decision{RetryAfter: wait, ResetAfter: wait, Limit: l.cfg.Limits[0], violated: 1, policy: l.policy}, nil
 		}
 	}
-	gen := l.preblock.generation()
+	gen := l.preblock.Generation()
 	bound := l.cfg.Timeout
 	if inTx {
 		// The server bounds the wait (lock_timeout) and keeps the caller's
@@ -91,7 +95,7 @@ func (l *limiter) enforce(ctx context.Context, key string, inTx, usePreblock boo
 	if !inTx && d.next > 0 {
 		// The statement ran after sent, so sent+next is no later than
 		// when the database will admit the key's next unit.
-		l.preblock.block(key, sent.Add(d.next), gen)
+		l.preblock.Block(key, sent.Add(d.next), gen)
 	}
 	return d, nil
 }
@@ -139,7 +143,7 @@ func (l *limiter) reset(ctx context.Context, query, key string) error {
 	if _, err := l.db.Exec(ctx, query, l.args.namespace, key, l.args.lockClass); err != nil {
 		return l.wrap(ctx, fmt.Errorf("reset: %w", err))
 	}
-	l.preblock.forget(key)
+	l.preblock.Forget(key)
 	l.flights.forget(key)
 	return nil
 }

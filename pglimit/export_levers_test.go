@@ -5,7 +5,7 @@ import "time"
 // PreBlocks reports whether lim's pre-block refuses key now, without a
 // round trip.
 func PreBlocks(lim Limiter, key string) bool {
-	return lim.(*limiter).preblock.remaining(key, time.Now()) > 0
+	return lim.(*limiter).preblock.Remaining(key, time.Now()) > 0
 }
 
 // BatchFailures is how many of lim's batch statements failed; -1 when lim

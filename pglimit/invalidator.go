@@ -212,8 +212,8 @@ func (v *Invalidator) session(ctx context.Context) (listened bool) {
 
 // forgetter is what follows Resets: a pre-block, a batcher's leases.
 type forgetter interface {
-	forget(key string) // a Reset of key
-	clear()            // Resets may have been missed
+	Forget(key string) // a Reset of key
+	Clear()            // Resets may have been missed
 }
 
 // register makes f follow the Resets of lock class class, for as long as
@@ -248,7 +248,7 @@ func (v *Invalidator) dispatch(payload string) {
 	live := subs[:0]
 	for _, get := range subs {
 		if f := get(); f != nil {
-			f.forget(key)
+			f.Forget(key)
 			live = append(live, get)
 		}
 	}
@@ -263,7 +263,7 @@ func (v *Invalidator) clearAll() {
 	for _, subs := range v.subs {
 		for _, get := range subs {
 			if f := get(); f != nil {
-				f.clear()
+				f.Clear()
 			}
 		}
 	}

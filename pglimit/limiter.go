@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
+	"github.com/pglimit/cooldown/pglimit/internal/preblock"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -31,10 +32,10 @@ import (
 type limiter struct {
 	db       DB
 	cfg      Config
-	policy   *Policy   // shared by every Decision, through Decision.Violated
-	preblock *preblock // nil when off
-	fallback *fallback // nil when off
-	flights  *flights  // a single GCRA limit's, where the batcher does not serve it
+	policy   *Policy         // shared by every Decision, through Decision.Violated
+	preblock *preblock.Cache // nil when off
+	fallback *fallback       // nil when off
+	flights  *flights        // a single GCRA limit's, where the batcher does not serve it
 
 	// worst is the longest any limit can make a key wait: the RetryAfter
 	// of a refusal whose wait the statement could not read.
@@ -438,6 +439,6 @@ func (l *limiter) Reset(ctx context.Context, key string) error {
 	if err := l.reset(ctx, l.resetSQL, key); err != nil {
 		return err
 	}
-	l.batch.forget(key)
+	l.batch.Forget(key)
 	return nil
 }

@@ -118,7 +118,7 @@ func (l *limiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
 		}
 	}
 	if all {
-		l.preblock.forget(t.key)
+		l.preblock.Forget(t.key)
 	}
 	return all, nil
 }

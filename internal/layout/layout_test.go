@@ -21,6 +21,7 @@ var mayImport = map[string][]string{
 	"pglimit/internal/queries":    {},
 	"pglimit/internal/lockid":     {},
 	"pglimit/internal/service":    {},
+	"pglimit/internal/preblock":   {},
 	"pglimit/internal/pgtx":       {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
 	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
 	"pglimit/internal/leadership": {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/service"},

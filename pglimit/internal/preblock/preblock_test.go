@@ -1,4 +1,4 @@
-package pglimit
+package preblock
 
 import (
 	"fmt"
@@ -9,45 +9,45 @@ import (
 func TestPreblockStaysWithinItsSize(t *testing.T) {
 	t.Parallel()
 	const size = 100
-	p := newPreblock(size)
+	p := New(size, nil)
 	until := time.Now().Add(time.Hour)
 	for i := range 10 * size {
-		p.block(fmt.Sprintf("flood-%d", i), until, 0)
-		if n := p.len(); n > size {
+		p.Block(fmt.Sprintf("flood-%d", i), until, 0)
+		if n := p.Len(); n > size {
 			t.Fatalf("after %d keys the pre-block holds %d entries, more than its size %d", i+1, n, size)
 		}
 	}
 	// The newest key is always kept.
-	if p.remaining(fmt.Sprintf("flood-%d", 10*size-1), time.Now()) <= 0 {
+	if p.Remaining(fmt.Sprintf("flood-%d", 10*size-1), time.Now()) <= 0 {
 		t.Fatal("the key just blocked was evicted")
 	}
 }
 
 func TestPreblockRemaining(t *testing.T) {
 	t.Parallel()
-	p := newPreblock(10)
+	p := New(10, nil)
 	now := time.Now()
-	p.block("k", now.Add(time.Minute), 0)
-	if got := p.remaining("k", now); got != time.Minute {
+	p.Block("k", now.Add(time.Minute), 0)
+	if got := p.Remaining("k", now); got != time.Minute {
 		t.Fatalf("remaining = %s, want 1m", got)
 	}
-	if got := p.remaining("k", now.Add(2*time.Minute)); got != 0 {
+	if got := p.Remaining("k", now.Add(2*time.Minute)); got != 0 {
 		t.Fatalf("remaining after the end = %s, want 0", got)
 	}
-	if got := p.remaining("other", now); got != 0 {
+	if got := p.Remaining("other", now); got != 0 {
 		t.Fatalf("remaining for an unknown key = %s, want 0", got)
 	}
-	p.block("past", now.Add(-time.Second), 0)
-	if p.len() != 1 {
+	p.Block("past", now.Add(-time.Second), 0)
+	if p.Len() != 1 {
 		t.Fatal("an already ended block was stored")
 	}
-	p.forget("k")
-	if got := p.remaining("k", now); got != 0 {
+	p.Forget("k")
+	if got := p.Remaining("k", now); got != 0 {
 		t.Fatalf("remaining after forget = %s, want 0", got)
 	}
-	var off *preblock
-	off.block("k", now.Add(time.Minute), 0)
-	if off.remaining("k", now) != 0 {
+	var off *Cache
+	off.Block("k", now.Add(time.Minute), 0)
+	if off.Remaining("k", now) != 0 {
 		t.Fatal("a nil pre-block blocked")
 	}
 }
@@ -56,15 +56,15 @@ func TestPreblockRemaining(t *testing.T) {
 // statement may have read the key before the Reset deleted it.
 func TestPreblockIgnoresBlocksFromBeforeAReset(t *testing.T) {
 	t.Parallel()
-	p := newPreblock(10)
-	gen := p.generation()
-	p.forget("k") // a Reset while the decision ran
-	p.block("k", time.Now().Add(time.Minute), gen)
-	if got := p.remaining("k", time.Now()); got != 0 {
+	p := New(10, nil)
+	gen := p.Generation()
+	p.Forget("k") // a Reset while the decision ran
+	p.Block("k", time.Now().Add(time.Minute), gen)
+	if got := p.Remaining("k", time.Now()); got != 0 {
 		t.Fatalf("remaining = %s after a block from before a Reset, want 0", got)
 	}
-	p.block("k", time.Now().Add(time.Minute), p.generation())
-	if got := p.remaining("k", time.Now()); got <= 0 {
+	p.Block("k", time.Now().Add(time.Minute), p.Generation())
+	if got := p.Remaining("k", time.Now()); got <= 0 {
 		t.Fatal("a block from after the Reset was not recorded")
 	}
 }
