@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pglimit/cooldown/pglimit/internal/flights"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/preblock"
@@ -32,7 +33,7 @@ func newLimiter(db DB, c Config, table string) *limiter {
 		}
 	}
 	if len(c.Limits) == 1 && c.Limits[0].Algorithm == GCRA && !c.Overrides {
-		l.flights = newFlights()
+		l.flights = flights.New[Decision]()
 	}
 	return l
 }
@@ -144,6 +145,6 @@ func (l *limiter) reset(ctx context.Context, query, key string) error {
 		return l.wrap(ctx, fmt.Errorf("reset: %w", err))
 	}
 	l.preblock.Forget(key)
-	l.flights.forget(key)
+	l.flights.Forget(key)
 	return nil
 }

@@ -125,3 +125,20 @@ func (l *limiter) gcraDecision(admitted bool, tat, now int64, n int) Decision {
 	}
 	return d
 }
+
+// followGCRA is the follower's answer to a single GCRA limit's decision d,
+// elapsed after its leader was sent: a refusal if n units still do not fit,
+// else false. A decision that did not come from the database (a lost race,
+// whose wait is an upper bound) is never shared.
+func (l *limiter) followGCRA(d Decision, n int, elapsed time.Duration) (Decision, bool) {
+	if d.at == 0 {
+		return Decision{}, false
+	}
+	tat := d.at + d.ResetAfter.Microseconds()
+	now := d.at + elapsed.Microseconds()
+	out := l.gcraDecision(false, tat, now, n)
+	if out.RetryAfter <= 0 {
+		return Decision{}, false
+	}
+	return out, true
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/pglimit/internal/flights"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/preblock"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
@@ -32,10 +33,10 @@ import (
 type limiter struct {
 	db       DB
 	cfg      Config
-	policy   *Policy         // shared by every Decision, through Decision.Violated
-	preblock *preblock.Cache // nil when off
-	fallback *fallback       // nil when off
-	flights  *flights        // a single GCRA limit's, where the batcher does not serve it
+	policy   *Policy                  // shared by every Decision, through Decision.Violated
+	preblock *preblock.Cache          // nil when off
+	fallback *fallback                // nil when off
+	flights  *flights.Group[Decision] // a single GCRA limit's, where the batcher does not serve it
 
 	// worst is the longest any limit can make a key wait: the RetryAfter
 	// of a refusal whose wait the statement could not read.
@@ -253,7 +254,7 @@ func (l *limiter) allowN(ctx context.Context, key string, n int) (Decision, erro
 			// calls are decided by their own statements.
 			return l.batch.do(ctx, key, n, q)
 		}
-		return l.flights.do(ctx, key, n, func(ctx context.Context) (Decision, error) {
+		return l.flights.Do(ctx, key, n, func(ctx context.Context) (Decision, error) {
 			return l.run(ctx, q)
 		}, l.followGCRA)
 	})

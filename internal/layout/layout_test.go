@@ -22,6 +22,7 @@ var mayImport = map[string][]string{
 	"pglimit/internal/lockid":     {},
 	"pglimit/internal/service":    {},
 	"pglimit/internal/preblock":   {},
+	"pglimit/internal/flights":    {},
 	"pglimit/internal/pgtx":       {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
 	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
 	"pglimit/internal/leadership": {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/service"},
