@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
@@ -80,12 +79,11 @@ type cleanerHooks struct {
 }
 
 const (
-	defaultCleanInterval     = time.Minute
-	defaultRetention         = 10 * time.Minute
-	defaultBatchSize         = 1000
-	defaultBatchTimeout      = 5 * time.Second
-	maxElectionInterval      = 10 * time.Second
-	batchClientTimeoutMargin = 2 * time.Second
+	defaultCleanInterval = time.Minute
+	defaultRetention     = 10 * time.Minute
+	defaultBatchSize     = 1000
+	defaultBatchTimeout  = 5 * time.Second
+	maxElectionInterval  = 10 * time.Second
 )
 
 // CleanerStats is what a [Cleaner] has done since it was created. The
@@ -129,6 +127,8 @@ type Cleaner struct {
 	mu    sync.Mutex
 	sched gocron.Scheduler
 
+	runner *cleanup.Runner // one cleanup of every table, and its counts
+
 	// All the work runs on one goroutine, the service's loop: gocron keeps
 	// time and asks the elector, and its job only offers the loop a tick,
 	// never waiting for it. So runs never overlap, Stop has one goroutine
@@ -136,8 +136,6 @@ type Cleaner struct {
 	svc  service.Service // Graceful: a running batch may finish
 	tick chan struct{}   // gocron's job to the loop; dropped while a run is on
 
-	runs, batches, rowsDeleted, errs atomic.Uint64
-	lastSuccess, lastDuration        atomic.Int64 // UnixNano; nanoseconds
 }
 
 // NewCleaner returns a cleaner for pool's database. It does no I/O; call
@@ -153,6 +151,13 @@ func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
 	c.Logger = c.Logger.With("schema", c.Schema)
 	cl := &Cleaner{pool: pool, cfg: c, svc: service.Service{Graceful: true}, tick: make(chan struct{})}
 	hooks := c.hooks
+	cl.runner = &cleanup.Runner{
+		Retention: c.Retention, BatchSize: c.BatchSize, BatchTimeout: c.BatchTimeout,
+		Logger: c.Logger, Stopping: cl.svc.Stopping(),
+	}
+	if hooks != nil {
+		cl.runner.Hooks = &cleanup.Hooks{BatchWait: hooks.batchWait, BatchStart: hooks.batchStart, BatchEnd: hooks.batchEnd}
+	}
 	cl.elector = leadership.New(leadership.Config{
 		Acquire:  cl.acquire,
 		Key:      lockid.Cleanup(c.Schema, c.Tables),
@@ -164,6 +169,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
 			}
 		},
 	})
+	cl.runner.Elector = cl.elector
 	return cl, nil
 }
 
@@ -284,15 +290,16 @@ func (c *Cleaner) Stop(ctx context.Context) error {
 
 // Stats returns what the cleaner has done so far.
 func (c *Cleaner) Stats() CleanerStats {
+	r := c.runner
 	s := CleanerStats{
-		Runs:         c.runs.Load(),
-		Batches:      c.batches.Load(),
-		RowsDeleted:  c.rowsDeleted.Load(),
-		Errors:       c.errs.Load(),
-		LastDuration: time.Duration(c.lastDuration.Load()),
+		Runs:         r.Runs.Load(),
+		Batches:      r.Batches.Load(),
+		RowsDeleted:  r.RowsDeleted.Load(),
+		Errors:       r.Errors.Load(),
+		LastDuration: time.Duration(r.LastDuration.Load()),
 		Leader:       c.elector.Leader(),
 	}
-	if ns := c.lastSuccess.Load(); ns != 0 {
+	if ns := r.LastSuccess.Load(); ns != 0 {
 		s.LastSuccess = time.Unix(0, ns)
 	}
 	return s
@@ -334,138 +341,7 @@ func (c *Cleaner) loop(ctx context.Context, tables []cleanup.Table) {
 		case <-stopping:
 			return
 		case <-c.tick:
-			c.run(ctx, tables)
+			c.runner.Run(ctx, tables)
 		}
 	}
-}
-
-// stopping reports whether Stop has begun.
-func (c *Cleaner) stopping() bool {
-	select {
-	case <-c.svc.Stopping():
-		return true
-	default:
-		return false
-	}
-}
-
-// run is one cleanup: every table, batch after batch.
-func (c *Cleaner) run(ctx context.Context, tables []cleanup.Table) {
-	if c.stopping() {
-		return // the tick and stop came together
-	}
-	c.runs.Add(1)
-	start := time.Now()
-	var deleted int64
-	err := c.sweep(ctx, tables, &deleted)
-	end := time.Now()
-	c.lastDuration.Store(int64(end.Sub(start)))
-	switch {
-	case errors.Is(err, leadership.ErrNotLeader):
-		c.cfg.Logger.Debug("pglimit: cleanup run ended: leadership lost", "rows", deleted)
-	case errors.Is(err, errCancelled):
-		c.cfg.Logger.Info("pglimit: cleanup run cancelled by Stop", "rows", deleted)
-	case err != nil:
-		c.cfg.Logger.Error("pglimit: cleanup run failed", "rows", deleted, "err", err)
-	default:
-		c.lastSuccess.Store(end.UnixNano())
-		c.cfg.Logger.Debug("pglimit: cleanup run", "rows", deleted, "duration", end.Sub(start))
-	}
-}
-
-// sweep deletes batches from each table until a batch comes back short (or,
-// for a table swept by blocks, until the blocks it had when the run began
-// are done), or the cleaner stops.
-func (c *Cleaner) sweep(ctx context.Context, tables []cleanup.Table, deleted *int64) error {
-	for _, t := range tables {
-		if t.Sweep {
-			if err := c.sweepBlocks(ctx, t, deleted); err != nil {
-				return err
-			}
-			continue
-		}
-		for !c.stopping() {
-			n, err := c.batch(ctx, t, func(ctx context.Context, conn *pgx.Conn) (int64, error) {
-				return t.DeleteBatch(ctx, conn, c.cfg.Retention, c.cfg.BatchSize)
-			})
-			*deleted += n
-			if err != nil {
-				return err
-			}
-			if n < int64(c.cfg.BatchSize) {
-				break
-			}
-		}
-	}
-	return nil
-}
-
-// sweepBlocks cleans a table without an index on expires_at, which keeps
-// its updates HOT, in batches of BatchSize/sweepRowsPerBlock blocks: a
-// batch reads those blocks only, and one run reads the table once. A batch that deletes
-// BatchSize rows is run again on the same blocks.
-func (c *Cleaner) sweepBlocks(ctx context.Context, t cleanup.Table, deleted *int64) error {
-	span := int64(max(c.cfg.BatchSize/sweepRowsPerBlock, 1))
-	for from, end := int64(0), int64(-1); (end < 0 || from < end) && !c.stopping(); {
-		var blocks int64
-		n, err := c.batch(ctx, t, func(ctx context.Context, conn *pgx.Conn) (n int64, err error) {
-			n, blocks, err = t.DeleteBlocks(ctx, conn, c.cfg.Retention, from, from+span, c.cfg.BatchSize)
-			return n, err
-		})
-		*deleted += n
-		if err != nil {
-			return err
-		}
-		if end < 0 {
-			end = blocks // rows stored later wait for the next run
-		}
-		if n < int64(c.cfg.BatchSize) {
-			from += span
-		}
-	}
-	return nil
-}
-
-// sweepRowsPerBlock sizes a block sweep's batch: a block of the Upsert or
-// NoWait table holds about 60 to 100 rows, so a batch of BatchSize/16
-// blocks reads a few times BatchSize rows, most of them live.
-const sweepRowsPerBlock = 16
-
-// errCancelled ends a run whose batch Stop cancelled.
-var errCancelled = errors.New("batch cancelled by Stop")
-
-// batch runs one DELETE, del, of table t on the leader's connection. runCtx
-// ends when Stop's grace runs out.
-func (c *Cleaner) batch(runCtx context.Context, t cleanup.Table, del func(ctx context.Context, conn *pgx.Conn) (int64, error)) (int64, error) {
-	// statement_timeout ends a slow batch on the server and keeps the
-	// connection; this deadline is only a backstop for a silent network.
-	ctx, cancel := context.WithTimeout(runCtx, c.cfg.BatchTimeout+batchClientTimeoutMargin)
-	defer cancel()
-	if h := c.cfg.hooks; h != nil && h.batchWait != nil {
-		h.batchWait(t.Name)
-	}
-	var n int64
-	err := c.elector.Do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-		if h := c.cfg.hooks; h != nil && h.batchStart != nil {
-			h.batchStart(t.Name)
-		}
-		var err error
-		n, err = del(ctx, conn)
-		if h := c.cfg.hooks; h != nil && h.batchEnd != nil {
-			h.batchEnd(t.Name, n, err)
-		}
-		return err
-	})
-	switch {
-	case errors.Is(err, leadership.ErrNotLeader):
-		return 0, err
-	case err != nil && runCtx.Err() != nil:
-		return 0, errCancelled // Stop's grace ran out: not a failure of the cleanup
-	case err != nil:
-		c.errs.Add(1)
-		return 0, fmt.Errorf("pglimit: cleanup: %w", err)
-	}
-	c.batches.Add(1)
-	c.rowsDeleted.Add(uint64(n))
-	return n, nil
 }
