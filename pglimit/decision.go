@@ -1,6 +1,10 @@
 package pglimit
 
-import "time"
+import (
+	"time"
+
+	"github.com/pglimit/cooldown/pglimit/internal/arith"
+)
 
 // Decision is the outcome of a [Limiter] call. Durations are measured on
 // the database clock, at the one instant the decision used: after any wait
@@ -89,7 +93,7 @@ func (l Limit) longestWait() time.Duration {
 		return 2 * l.Period
 	}
 	if l.Calendar != "" {
-		return calendarUnits[l.Calendar].slack // longer than any of its windows
+		return arith.Slack(l.Calendar) // longer than any of its windows
 	}
 	return l.Period
 }

@@ -32,20 +32,6 @@ func CleanerLockKey(schema string, tables ...string) int64 {
 // the Unix epoch; 0 when it did not come from the database.
 func DecisionAt(d Decision) int64 { return d.at }
 
-// CalendarWindow is the calendar window of limit i of cfg that holds now
-// (µs since the epoch), as Go computes it, and the SQL that computes it in
-// the database, with $1 for now.
-func CalendarWindow(cfg *Config, i int, now int64) (start, end int64, startSQL, endSQL string, err error) {
-	c, err := cfg.withDefaults()
-	if err != nil {
-		return 0, 0, "", "", err
-	}
-	l := c.Limits[i]
-	start, end = l.window(now)
-	startSQL, endSQL = l.windowSQL("$1::bigint")
-	return start, end, startSQL, endSQL, nil
-}
-
 // CreateFunctions creates, on plain PostgreSQL, the PL/pgSQL functions
 // that Distribute installs for table in schema on a Citus cluster.
 func CreateFunctions(ctx context.Context, db DB, schema, table string) error {

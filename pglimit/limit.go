@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/pglimit/cooldown/pglimit/internal/arith"
 )
 
 // Algorithm says how a [Limit] counts. docs/limits.md defines each exactly.
@@ -129,6 +131,25 @@ func (l Limit) emission() int64 {
 func (l Limit) micros() (period, rate, t, burstT int64) {
 	t = l.emission()
 	return l.Period.Microseconds(), int64(l.Rate), t, int64(l.Burst) * t
+}
+
+// spec is the limit as the decision arithmetic (internal/arith) reads it.
+func (l Limit) spec() arith.Limit {
+	P, R, T, BT := l.micros()
+	s := arith.Limit{Algorithm: arith.Algorithm(l.Algorithm), Period: P, Rate: R, T: T, BurstT: BT}
+	if l.Calendar != "" {
+		s.Calendar = &arith.Calendar{Unit: l.Calendar, Zone: l.TimeZone, Loc: l.loc}
+	}
+	return s
+}
+
+// specs is limits as the decision arithmetic reads them.
+func specs(limits []Limit) []arith.Limit {
+	out := make([]arith.Limit, len(limits))
+	for i, l := range limits {
+		out[i] = l.spec()
+	}
+	return out
 }
 
 // capacity is how many units the limit admits at once from a fresh state.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/flights"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/preblock"
@@ -36,6 +37,7 @@ type limiter struct {
 	policy   *Policy                  // shared by every Decision, through Decision.Violated
 	preblock *preblock.Cache          // nil when off
 	fallback *fallback                // nil when off
+	specs    []arith.Limit            // cfg.Limits, as the decision arithmetic reads them
 	flights  *flights.Group[Decision] // a single GCRA limit's, where the batcher does not serve it
 
 	// worst is the longest any limit can make a key wait: the RetryAfter

@@ -12,9 +12,9 @@ import (
 
 // model is a reference implementation of docs/limits.md in plain Go: the
 // decisions a limiter must make for one key, given the database time of
-// each. It is written from the document, not from the library's SQL or its
-// evaluate, so that the conformance test compares two readings of the same
-// definition.
+// each. It is written from the document, not from the library's SQL or
+// its arith.Evaluate, so that the conformance test compares two readings
+// of the same definition.
 type model struct {
 	limits []pglimit.Limit // defaults filled in
 	states []modelState    // one per limit; all unset for a missing key

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -34,23 +35,24 @@ func newOverrideStatements(limits []Limit, table, overrides, column, lock string
 		bursts = append(bursts, fmt.Sprintf("x.b%d", i))
 	}
 	out := fmt.Sprintf("ARRAY[%s]::bigint[], ARRAY[%s]::bigint[]", strings.Join(rates, ", "), strings.Join(bursts, ", "))
-	params := func(prefix string) limitParams {
+	params := func(prefix string) arith.Params {
 		return func(i int) (string, string, string) {
 			n := strconv.Itoa(i)
 			return prefix + "r" + n, prefix + "t" + n, prefix + "bt" + n
 		}
 	}
 	var g generalStatements
+	sp := specs(limits)
 	for mode := range modes {
-		if mode == modeReserve && !allGCRA(limits) {
+		if mode == modeReserve && !arith.AllGCRA(sp) {
 			continue
 		}
-		admits, state, expires := decision(limits, mode, "x.state", "x.tat", "x.now", params("x."))
-		guard, _, _ := decision(limits, mode, "c.state", "c.tat", "c.now", params("c."))
+		admits, state, expires := arith.DecisionSQL(sp, arith.Mode(mode), "x.state", "x.tat", "x.now", params("x."))
+		guard, _, _ := arith.DecisionSQL(sp, arith.Mode(mode), "c.state", "c.tat", "c.now", params("c."))
 		stmt := func(column string) string {
 			return queries.Text("overrides.allow", queries.Args{
 				"table": table, "setting": column, "lock": lock, "admits": admits, "new_state": state,
-				"new_expires": expires, "guard": guard, "state": shaped(limits, "t.state"),
+				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
 				"overrides": overrides, "raw": strings.Join(raw, ", "), "derived": strings.Join(derived, ", "), "limits_out": out,
 			})
 		}

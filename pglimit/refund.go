@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 
+	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -25,43 +25,13 @@ type refundTicket struct {
 	anchors  []int64
 }
 
-// refundState writes refund.general's new state and flags for limits.
-func refundState(limits []Limit) (state, flags string) {
-	var next, ok []string
-	for i, l := range limits {
-		s := func(o int) string { return fmt.Sprintf("old.state[%d]", 3*i+o) }
-		anchor := fmt.Sprintf("($3::bigint[])[%d]", i+1)
-		switch l.Algorithm {
-		case GCRA:
-			hit := fmt.Sprintf("%s = %s", s(1), anchor)
-			next = append(next, fmt.Sprintf("CASE WHEN %s THEN %s - $4::bigint * ($5::bigint[])[%d] ELSE %s END", hit, s(1), i+1, s(1)), s(2), s(3))
-			ok = append(ok, hit)
-		case FixedWindow:
-			hit := fmt.Sprintf("%s = %s", s(1), anchor)
-			next = append(next, s(1), fmt.Sprintf("CASE WHEN %s THEN greatest(%s - $4::bigint, 0) ELSE %s END", hit, s(2), s(2)), s(3))
-			ok = append(ok, hit)
-		case SlidingWindow:
-			// The units counted in the window that began at the anchor:
-			// the current one, or the previous one once a window passed.
-			P := l.Period.Microseconds()
-			current := fmt.Sprintf("%s = %s", s(1), anchor)
-			previous := fmt.Sprintf("%s = %s + %d", s(1), anchor, P)
-			next = append(next, s(1),
-				fmt.Sprintf("CASE WHEN %s THEN greatest(%s - $4::bigint, 0) ELSE %s END", previous, s(2), s(2)),
-				fmt.Sprintf("CASE WHEN %s THEN greatest(%s - $4::bigint, 0) ELSE %s END", current, s(3), s(3)))
-			ok = append(ok, fmt.Sprintf("(%s OR %s)", current, previous))
-		}
-	}
-	return "ARRAY[" + strings.Join(next, ", ") + "]", "ARRAY[" + strings.Join(ok, ", ") + "]"
-}
-
 // refundStatement is a limiter's refund statement: refund.single for a
 // single GCRA limit, refund.general for others.
 func refundStatement(limits []Limit, table string) string {
 	if len(limits) == 1 && limits[0].Algorithm == GCRA {
 		return queries.Text("refund.single", queries.Args{"table": table})
 	}
-	state, flags := refundState(limits)
+	state, flags := arith.RefundSQL(specs(limits))
 	return queries.Text("refund.general", queries.Args{
 		"table": table, "new_state": state, "flags": flags,
 		"state_length": strconv.Itoa(3 * len(limits)), "limits": strconv.Itoa(len(limits)),

@@ -23,6 +23,7 @@ var mayImport = map[string][]string{
 	"pglimit/internal/service":    {},
 	"pglimit/internal/preblock":   {},
 	"pglimit/internal/flights":    {},
+	"pglimit/internal/arith":      {},
 	"pglimit/internal/pgtx":       {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
 	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/leadership"},
 	"pglimit/internal/leadership": {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/service"},

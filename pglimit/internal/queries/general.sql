@@ -10,8 +10,8 @@
 --
 -- The statement decides and writes; it returns the state it decided on and
 -- the time, from which the limiter computes the rest of the Decision
--- (evaluate). The decision is SQL that the engine writes for the limiter's
--- own limits (general.go), their periods and rates inlined as constants:
+-- (arith.Evaluate). The decision is SQL that arith.DecisionSQL writes for
+-- the limiter's own limits, their periods and rates inlined as constants:
 -- plain arithmetic, where a function call per evaluation (the PL/pgSQL
 -- pglimit_decide of migration 00004, which computes the same) cost as much
 -- as the rest of the statement.

@@ -13,7 +13,7 @@ RETURNING ARRAY[true]
 -- emission intervals $5: a GCRA limit whose TAT is still its anchor, a
 -- fixed window still the one it counted in, a sliding window's current
 -- or previous window. It returns which limits took the units back. Placeholders:
--- table; new_state and flags, which the engine writes (refundState);
+-- table; new_state and flags, which arith.RefundSQL writes;
 -- state_length, the state's length; limits, the number of limits.
 {{define "refund.general"}}
 WITH old AS (

@@ -1,41 +1,89 @@
-package pglimit
+// Package arith is the arithmetic of a decision, written twice over, and
+// kept in one place: Evaluate in Go, and DecisionSQL and RefundSQL, the SQL
+// the general statement and the refund run. Both compute what
+// docs/limits.md defines; the model test checks each against it, and the
+// PL/pgSQL copy (migration 00004's pglimit_decide) too.
+package arith
 
 import (
 	"math"
 	"math/bits"
 )
 
-// evaluation is a general decision's figures (see Decision), in units and
-// µs.
-type evaluation struct {
-	allowed             bool
-	granted, remaining  int64
-	retry, reset, delay int64
-	binding             int    // index of the binding limit
-	violated            uint16 // bit i: limit i refused
-	// anchors are, for an admission, where it left each limit: a GCRA
-	// limit's TAT, a window's start. A refund finds its units by them.
-	anchors []int64
+// Algorithm numbers the algorithms as pglimit.Algorithm does.
+type Algorithm int
+
+const (
+	GCRA Algorithm = iota
+	FixedWindow
+	SlidingWindow
+)
+
+// Limit is a limit's figures, in µs and units.
+type Limit struct {
+	Algorithm Algorithm
+	Period    int64     // µs; a calendar window's nominal length
+	Rate      int64     // units per Period
+	T         int64     // the emission interval: Period/Rate, rounded up
+	BurstT    int64     // Burst*T
+	Calendar  *Calendar // a FixedWindow aligned to the calendar; nil otherwise
 }
 
-// evaluate decides a request of n units (mode: modeAllow, modeAtMost or
-// modeReserve within maxDelay µs) on a key's row as a statement saw it at
+// Mode is what a decision asks for.
+type Mode int
+
+const (
+	Allow   Mode = iota // admit n or refuse
+	AtMost              // admit up to n
+	Reserve             // admit n within a maximum delay (GCRA only)
+	Modes
+)
+
+// Single reports whether limits are one GCRA limit, whose state is the
+// row's expires_at alone.
+func Single(limits []Limit) bool { return len(limits) == 1 && limits[0].Algorithm == GCRA }
+
+// AllGCRA reports whether every limit is GCRA, as Reserve needs.
+func AllGCRA(limits []Limit) bool {
+	for _, l := range limits {
+		if l.Algorithm != GCRA {
+			return false
+		}
+	}
+	return true
+}
+
+// Evaluation is a decision's figures (see pglimit.Decision), in units and
+// µs.
+type Evaluation struct {
+	Allowed             bool
+	Granted, Remaining  int64
+	Retry, Reset, Delay int64
+	Binding             int    // index of the binding limit
+	Violated            uint16 // bit i: limit i refused
+	// Anchors are, for an admission, where it left each limit: a GCRA
+	// limit's TAT, a window's start. A refund finds its units by them.
+	Anchors []int64
+}
+
+// Evaluate decides a request of n units (mode: Allow, AtMost or Reserve
+// within maxDelay µs) on a key's row as a statement saw it at
 // now (µs since the epoch): its state column and its expires_at in µs
 // (both nil for a key with no row). It is the definition of docs/limits.md,
-// the same as the general statement's (decision in general.go), which
-// decides in the database; evaluate
+// the same as the general statement's (DecisionSQL), which decides in the
+// database; Evaluate
 // computes what the statement does not return (remaining units, waits,
 // the binding limit) from the state it decided on, and decides Peek.
-func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int, maxDelay int64) evaluation {
+func Evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode Mode, maxDelay int64) Evaluation {
 	k := len(limits)
-	single := k == 1 && limits[0].Algorithm == GCRA
+	single := Single(limits)
 	fresh := len(state) != 3*k
 	type rolled struct{ a, b, c, cap int64 }
 	st := make([]rolled, k)
 
 	// Each limit's state rolled forward to now, and the units it admits.
 	for i, l := range limits {
-		P, R, T, BT := l.micros()
+		P, R, T, BT := l.Period, l.Rate, l.T, l.BurstT
 		s := &st[i]
 		switch l.Algorithm {
 		case GCRA:
@@ -50,10 +98,10 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 		case FixedWindow:
 			s.a, s.c = now, now+P // the window's start and end
 			switch {
-			case l.Calendar != "" && !fresh && now < state[3*i+2]:
+			case l.Calendar != nil && !fresh && now < state[3*i+2]:
 				s.a, s.b, s.c = state[3*i], state[3*i+1], state[3*i+2]
-			case l.Calendar != "":
-				s.a, s.c = l.window(now)
+			case l.Calendar != nil:
+				s.a, s.c = l.Calendar.Window(now)
 			case !fresh && now < state[3*i]+P:
 				s.a, s.b, s.c = state[3*i], state[3*i+1], state[3*i]+P
 			}
@@ -71,7 +119,7 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 	}
 
 	u := n
-	if mode == modeAtMost {
+	if mode == AtMost {
 		for _, s := range st {
 			u = min(u, s.cap)
 		}
@@ -80,16 +128,16 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 
 	// Whether each limit admits u units, and if not, how long until it
 	// would: the refusal's wait is the longest, its limit the binding one.
-	e := evaluation{allowed: true, retry: -1}
+	e := Evaluation{Allowed: true, Retry: -1}
 	for i, l := range limits {
-		P, R, T, BT := l.micros()
+		P, R, T, BT := l.Period, l.Rate, l.T, l.BurstT
 		s := st[i]
 		ok := u <= s.cap
 		var w int64
 		switch l.Algorithm {
 		case GCRA:
 			w = s.a + u*T - now - BT // how far past the burst u units reach
-			if mode == modeReserve {
+			if mode == Reserve {
 				ok = w <= maxDelay
 				w -= maxDelay
 			}
@@ -106,31 +154,31 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 			}
 		}
 		if !ok {
-			e.allowed = false
-			e.violated |= 1 << i
-			if w > e.retry {
-				e.retry, e.binding = w, i
+			e.Allowed = false
+			e.Violated |= 1 << i
+			if w > e.Retry {
+				e.Retry, e.Binding = w, i
 			}
 		}
 	}
-	if e.allowed {
-		e.granted, e.retry = u, 0
+	if e.Allowed {
+		e.Granted, e.Retry = u, 0
 	}
 
 	// What remains after the grant (none for a refusal), and when each
 	// limit is back to full; admitted, the binding limit is the one with
 	// the fewest units left.
-	g := e.granted
-	if e.allowed {
-		e.anchors = make([]int64, k)
+	g := e.Granted
+	if e.Allowed {
+		e.Anchors = make([]int64, k)
 	}
 	for i, l := range limits {
-		P, R, T, BT := l.micros()
+		P, R, T, BT := l.Period, l.Rate, l.T, l.BurstT
 		s := st[i]
-		if e.allowed {
-			e.anchors[i] = s.a
+		if e.Allowed {
+			e.Anchors[i] = s.a
 			if l.Algorithm == GCRA {
-				e.anchors[i] = s.a + g*T
+				e.Anchors[i] = s.a + g*T
 			}
 		}
 		var r, rs int64
@@ -138,8 +186,8 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 		case GCRA:
 			after := s.a + g*T
 			r, rs = max((now+BT-after)/T, 0), max(after-now, 0)
-			if e.allowed {
-				e.delay = max(e.delay, s.a+u*T-now-BT)
+			if e.Allowed {
+				e.Delay = max(e.Delay, s.a+u*T-now-BT)
 			}
 		case FixedWindow:
 			b := s.b + g
@@ -157,14 +205,14 @@ func evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode int,
 				rs = s.a + P - now
 			}
 		}
-		if i == 0 || r < e.remaining {
-			e.remaining = r
-			if e.allowed {
-				e.binding, e.reset = i, rs
+		if i == 0 || r < e.Remaining {
+			e.Remaining = r
+			if e.Allowed {
+				e.Binding, e.Reset = i, rs
 			}
 		}
-		if !e.allowed && i == e.binding {
-			e.reset = rs
+		if !e.Allowed && i == e.Binding {
+			e.Reset = rs
 		}
 	}
 	return e
@@ -186,7 +234,7 @@ func floorMulDiv(x, y, z int64) int64 {
 	return q
 }
 
-// mulDiv is x·y/z and its remainder. The arguments evaluate passes bound
+// mulDiv is x·y/z and its remainder. The arguments Evaluate passes bound
 // the quotient (see docs/limits.md); state that breaks them (edited by
 // hand, say) saturates rather than panics.
 func mulDiv(x, y, z int64) (q, r int64) {

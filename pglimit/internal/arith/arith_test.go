@@ -1,0 +1,87 @@
+package arith
+
+import (
+	"math"
+	"testing"
+)
+
+// gcra, fixed and sliding are limits of rate per period (µs).
+func gcra(rate, burst, period int64) Limit {
+	t := (period + rate - 1) / rate
+	return Limit{Algorithm: GCRA, Period: period, Rate: rate, T: t, BurstT: burst * t}
+}
+
+func window(a Algorithm, rate, period int64) Limit {
+	return Limit{Algorithm: a, Period: period, Rate: rate, T: (period + rate - 1) / rate}
+}
+
+const second = int64(1_000_000)
+
+// Worked examples of docs/limits.md, one per algorithm, at its edges.
+func TestEvaluate(t *testing.T) {
+	now := int64(1_800_000_000) * second
+	for _, tc := range []struct {
+		name    string
+		at      int64 // µs after now, a second's boundary
+		limits  []Limit
+		state   []int64
+		tat     *int64
+		n       int64
+		mode    Mode
+		allowed bool
+		retry   int64
+		remain  int64
+	}{
+		// A fresh key of 10/s, bursts of 5: 5 fit at once, the sixth
+		// waits one emission interval.
+		{"gcra burst", 0, []Limit{gcra(10, 5, second)}, nil, nil, 5, Allow, true, 0, 0},
+		{"gcra past burst", 0, []Limit{gcra(10, 5, second)}, nil, nil, 6, Allow, false, second / 10, 5},
+		// 3 per second, all used half a second into the window.
+		{"fixed full", 0, []Limit{window(FixedWindow, 3, second)}, []int64{now - second/2, 3, 0}, nil, 1, Allow, false, second / 2, 0},
+		{"fixed next window", 0, []Limit{window(FixedWindow, 3, second)}, []int64{now - second, 3, 0}, nil, 3, Allow, true, 0, 0},
+		// 10 per second; the previous window's 10 weigh ⌈10·0.75⌉ = 8 a
+		// quarter into this one, which leaves 2.
+		{"sliding room", second / 4, []Limit{window(SlidingWindow, 10, second)}, []int64{now - second, 0, 10}, nil, 2, Allow, true, 0, 0},
+		{"sliding full", second / 4, []Limit{window(SlidingWindow, 10, second)}, []int64{now - second, 0, 10}, nil, 3, Allow, false, -1, 2},
+		// AtMost grants what the tightest limit has.
+		{"at most", 0, []Limit{gcra(10, 5, second), window(FixedWindow, 3, second)}, nil, nil, 4, AtMost, true, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := Evaluate(tc.limits, tc.state, tc.tat, now+tc.at, tc.n, tc.mode, 0)
+			if e.Allowed != tc.allowed {
+				t.Fatalf("allowed %t, want %t (%+v)", e.Allowed, tc.allowed, e)
+			}
+			if tc.retry >= 0 && e.Retry != tc.retry {
+				t.Errorf("retry %d µs, want %d", e.Retry, tc.retry)
+			}
+			if !e.Allowed && e.Remaining != tc.remain {
+				t.Errorf("remaining %d, want %d", e.Remaining, tc.remain)
+			}
+			if tc.mode == AtMost && e.Granted != 3 {
+				t.Errorf("granted %d, want the fixed window's 3", e.Granted)
+			}
+		})
+	}
+}
+
+// mulDiv is exact where x·y overflows 64 bits, and saturates where the
+// quotient does not fit.
+func TestMulDiv(t *testing.T) {
+	// (2^62-1)·4 overflows; /3 is (2^64-4)/3, whose ceiling is
+	// 6148914691236517204.
+	if got := ceilMulDiv(math.MaxInt64/2, 4, 3); got != 6148914691236517204 {
+		t.Errorf("ceilMulDiv = %d, want 6148914691236517204", got)
+	}
+	if got := floorMulDiv(7, 3, 2); got != 10 {
+		t.Errorf("floorMulDiv(7, 3, 2) = %d, want 10", got)
+	}
+	if got := ceilMulDiv(7, 3, 2); got != 11 {
+		t.Errorf("ceilMulDiv(7, 3, 2) = %d, want 11", got)
+	}
+	if got := floorMulDiv(math.MaxInt64, math.MaxInt64, 1); got != math.MaxInt64 {
+		t.Errorf("an overflowing quotient = %d, want it saturated", got)
+	}
+	if got := floorMulDiv(-1, 5, 2); got != math.MaxInt64 {
+		t.Errorf("a negative argument = %d, want it saturated", got)
+	}
+}

@@ -1,0 +1,145 @@
+package arith
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Params names, for each limit, the SQL of its rate, emission interval
+// and burst span, where they are not the limit's own constants: a per-key
+// override's columns (pglimit's overrides.go). nil means the constants.
+type Params func(i int) (rate, t, burstT string)
+
+// of returns limit l's (the i-th) rate, emission interval T and burst span
+// Burst*T as SQL: p's columns, or l's constants.
+func (p Params) of(l Limit, i int) (rate, t, burstT string) {
+	if p != nil {
+		return p(i)
+	}
+	return strconv.FormatInt(l.Rate, 10), strconv.FormatInt(l.T, 10), strconv.FormatInt(l.BurstT, 10)
+}
+
+// Shaped is the state column col if it has the shape of limits' state,
+// else NULL: state of another length (the limits changed) counts as none.
+func Shaped(limits []Limit, col string) string {
+	return fmt.Sprintf("CASE WHEN cardinality(%s) = %d THEN %s END", col, 3*len(limits), col)
+}
+
+// DecisionSQL writes the SQL of a decision for limits: whether they admit
+// the request, and if they do, the row's new state and expires_at. Its
+// inputs are SQL too: state, the row's state column (NULL, or known to have
+// the limits' shape: see Shaped), tat its expires_at in µs (NULL for a new
+// key), and now the database time in µs, a column, as it is read many
+// times. It computes what docs/limits.md defines, as Evaluate does.
+//
+// A single GCRA limit keeps its TAT in expires_at (tat) and no state.
+// State written for other limits has three integers per limit, in the
+// order of limits: GCRA [tat, 0, 0], FixedWindow [window start, count, 0]
+// or, aligned to a calendar, [window start, count, window end],
+// SlidingWindow [window start, previous count, current count].
+//
+// The expressions are written out in full, with no subqueries to name
+// their parts: PostgreSQL prepares every node and expression of a plan each
+// time it runs it, evaluated or not, and a subquery costs more to prepare
+// than the few expressions it would save.
+func DecisionSQL(limits []Limit, mode Mode, state, tat, now string, params Params) (admits, newState, newExpires string) {
+	single := Single(limits)
+	var caps, oks, next, expires []string
+	for i, l := range limits {
+		P := l.Period
+		R, T, BT := params.of(l, i)
+		s := func(o int) string { return fmt.Sprintf("%s[%d]", state, 3*i+o) }
+		var a, b, c, capacity string // the state rolled forward to now; the units admitted now
+		switch l.Algorithm {
+		case GCRA:
+			if !single {
+				tat = s(1)
+			}
+			a = fmt.Sprintf("greatest(%s, %s)", tat, now)
+			capacity = fmt.Sprintf("(%s + %s - %s) / %s", now, BT, a, T)
+			next = append(next, fmt.Sprintf("%s + {u} * %s", a, T), "0", "0")
+			expires = append(expires, fmt.Sprintf("%s + {u} * %s", a, T))
+		case FixedWindow:
+			if l.Calendar != nil {
+				// The window's end is kept in the state: the zone's rules
+				// decide it once, when the window opens.
+				live := fmt.Sprintf("%s < %s", now, s(3))
+				start, end := l.Calendar.WindowSQL(now)
+				a = fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(1), start)
+				b = fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", live, s(2))
+				e := fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(3), end)
+				capacity = fmt.Sprintf("%s - %s", R, b)
+				next = append(next, a, b+" + {u}", e)
+				expires = append(expires, e)
+				break
+			}
+			live := fmt.Sprintf("%s < %s + %d", now, s(1), P)
+			a = fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(1), now)
+			b = fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", live, s(2))
+			capacity = fmt.Sprintf("%s - %s", R, b)
+			next = append(next, a, b+" + {u}", "0")
+			expires = append(expires, fmt.Sprintf("%s + %d", a, P))
+		case SlidingWindow:
+			a = fmt.Sprintf("(%s / %d * %d)", now, P, P)
+			b = fmt.Sprintf("CASE %s WHEN %s THEN %s WHEN %s - %d THEN %s ELSE 0 END", s(1), a, s(2), a, P, s(3))
+			c = fmt.Sprintf("CASE WHEN %s = %s THEN %s ELSE 0 END", s(1), a, s(3))
+			// The previous window's count weighs by its overlap with the
+			// sliding window that ends now.
+			capacity = fmt.Sprintf("%s - %s - ceil((%s)::numeric * (%d - %s %% %d) / %d)::bigint", R, c, b, P, now, P, P)
+			next = append(next, a, b, c+" + {u}")
+			expires = append(expires, fmt.Sprintf("%s + %d", a, 2*P)) // this window's count weighs until then
+		}
+		caps = append(caps, capacity)
+		switch mode {
+		case Reserve: // GCRA only
+			oks = append(oks, fmt.Sprintf("%s + $4::bigint * %s - %s - %s <= $5::bigint", a, T, now, BT))
+		case AtMost: // any units at all
+			oks = append(oks, fmt.Sprintf("(%s) >= 1", capacity))
+		default:
+			oks = append(oks, fmt.Sprintf("$4::bigint <= (%s)", capacity))
+		}
+	}
+	admits = "(" + strings.Join(oks, " AND ") + ")"
+	units := "$4::bigint"
+	if mode == AtMost {
+		units = fmt.Sprintf("least($4::bigint, %s)", strings.Join(caps, ", "))
+	}
+	newState = "NULL::bigint[]"
+	if !single {
+		newState = "ARRAY[" + strings.ReplaceAll(strings.Join(next, ", "), "{u}", units) + "]"
+	}
+	newExpires = "greatest(" + now + ", " + strings.ReplaceAll(strings.Join(expires, ", "), "{u}", units) + ")"
+	return admits, newState, newExpires
+}
+
+// RefundSQL writes the refund statement's new state and flags for limits
+// (refund.general, in internal/queries).
+func RefundSQL(limits []Limit) (state, flags string) {
+	var next, ok []string
+	for i, l := range limits {
+		s := func(o int) string { return fmt.Sprintf("old.state[%d]", 3*i+o) }
+		anchor := fmt.Sprintf("($3::bigint[])[%d]", i+1)
+		switch l.Algorithm {
+		case GCRA:
+			hit := fmt.Sprintf("%s = %s", s(1), anchor)
+			next = append(next, fmt.Sprintf("CASE WHEN %s THEN %s - $4::bigint * ($5::bigint[])[%d] ELSE %s END", hit, s(1), i+1, s(1)), s(2), s(3))
+			ok = append(ok, hit)
+		case FixedWindow:
+			hit := fmt.Sprintf("%s = %s", s(1), anchor)
+			next = append(next, s(1), fmt.Sprintf("CASE WHEN %s THEN greatest(%s - $4::bigint, 0) ELSE %s END", hit, s(2), s(2)), s(3))
+			ok = append(ok, hit)
+		case SlidingWindow:
+			// The units counted in the window that began at the anchor:
+			// the current one, or the previous one once a window passed.
+			P := l.Period
+			current := fmt.Sprintf("%s = %s", s(1), anchor)
+			previous := fmt.Sprintf("%s = %s + %d", s(1), anchor, P)
+			next = append(next, s(1),
+				fmt.Sprintf("CASE WHEN %s THEN greatest(%s - $4::bigint, 0) ELSE %s END", previous, s(2), s(2)),
+				fmt.Sprintf("CASE WHEN %s THEN greatest(%s - $4::bigint, 0) ELSE %s END", current, s(3), s(3)))
+			ok = append(ok, fmt.Sprintf("(%s OR %s)", current, previous))
+		}
+	}
+	return "ARRAY[" + strings.Join(next, ", ") + "]", "ARRAY[" + strings.Join(ok, ", ") + "]"
+}
