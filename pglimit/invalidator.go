@@ -1,12 +1,12 @@
 package pglimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"weak"
 
@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
+	"github.com/pglimit/cooldown/pglimit/internal/listen"
 	"github.com/pglimit/cooldown/pglimit/internal/service"
 )
 
@@ -40,12 +40,6 @@ type InvalidatorConfig struct {
 
 const defaultHeartbeat = time.Second
 
-// reconnect backoff bounds of the listening session.
-const (
-	minBackoff = 50 * time.Millisecond
-	maxBackoff = 5 * time.Second
-)
-
 // Invalidator carries every Reset, made by any instance, to the pre-blocks
 // and leases of the limiters of this process that use it
 // ([Config.Invalidator]): each Reset notifies, and the Invalidator listens
@@ -60,20 +54,11 @@ const (
 // (docs/limits.md). One Invalidator serves any number of limiters. Stop it
 // when done: it runs one goroutine and holds one connection.
 type Invalidator struct {
-	conn      *pgx.ConnConfig
-	heartbeat time.Duration
-
-	// liveUntil is the local time, in ns since the epoch, until which
-	// the pre-blocks may trust their entries; 0 while not listening.
-	liveUntil atomic.Int64
+	listener *listen.Listener
+	svc      service.Service // the listener's loop; Stop cancels it at once
 
 	mu   sync.Mutex
 	subs map[int32][]func() forgetter // by lock class; each returns nil once its limiter is gone
-
-	svc       service.Service // the listening loop; Stop cancels it at once
-	listening chan struct{}   // closed at the first LISTEN
-	listened  sync.Once
-	lastErr   atomic.Pointer[error] // the last failure of the session, for Start's error
 }
 
 // NewInvalidator returns an invalidator of cfg. It does no I/O; call
@@ -91,15 +76,10 @@ func NewInvalidator(cfg *InvalidatorConfig) (*Invalidator, error) {
 	conn.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	v := &Invalidator{
-		conn:      conn,
-		heartbeat: cfg.Heartbeat,
-		subs:      make(map[int32][]func() forgetter),
-		listening: make(chan struct{}),
-	}
-	if v.heartbeat == 0 {
-		v.heartbeat = defaultHeartbeat
-	}
+	v := &Invalidator{subs: make(map[int32][]func() forgetter)}
+	// Resets committed before a LISTEN were not heard: each (re)start
+	// empties the pre-blocks and leases.
+	v.listener = listen.New(conn, invalidateChannel, cmp.Or(cfg.Heartbeat, defaultHeartbeat), v.dispatch, v.clearAll)
 	return v, nil
 }
 
@@ -108,17 +88,17 @@ func NewInvalidator(cfg *InvalidatorConfig) (*Invalidator, error) {
 // invalidator is left running, and the error wraps ctx's and names the
 // session's last failure. An invalidator starts at most once.
 func (v *Invalidator) Start(ctx context.Context) error {
-	if err := v.svc.Start(v.run); err != nil {
+	if err := v.svc.Start(v.listener.Run); err != nil {
 		return fmt.Errorf("pglimit: invalidator: %w", err)
 	}
 	select {
-	case <-v.listening:
+	case <-v.listener.First():
 		return nil
 	case <-ctx.Done():
 		_, _ = v.svc.Stop(context.Background(), nil)
 		err := fmt.Errorf("pglimit: invalidator: not listening: %w", context.Cause(ctx))
-		if last := v.lastErr.Load(); last != nil {
-			err = fmt.Errorf("%w (last failure: %w)", err, *last)
+		if last := v.listener.LastErr(); last != nil {
+			err = fmt.Errorf("%w (last failure: %w)", err, last)
 		}
 		return err
 	}
@@ -139,76 +119,7 @@ func (v *Invalidator) Stop(ctx context.Context) error {
 // session listens and proved it within 2 × Heartbeat.
 func (v *Invalidator) Listening() bool { return v.trusted(time.Now()) }
 
-func (v *Invalidator) trusted(now time.Time) bool {
-	return now.UnixNano() < v.liveUntil.Load()
-}
-
-func (v *Invalidator) run(ctx context.Context) {
-	backoff := minBackoff
-	for {
-		listened := v.session(ctx)
-		v.liveUntil.Store(0)
-		if listened {
-			backoff = minBackoff
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, maxBackoff)
-	}
-}
-
-// session connects, listens and dispatches until the session fails or ctx
-// ends; it reports whether it got as far as listening.
-func (v *Invalidator) session(ctx context.Context) (listened bool) {
-	cctx, cancel := context.WithTimeout(ctx, 2*v.heartbeat)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(cctx, v.conn)
-	if err != nil {
-		v.lastErr.Store(&err)
-		return false
-	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), v.heartbeat)
-		defer cancel()
-		conn.Close(closeCtx)
-	}()
-	sent := time.Now()
-	if _, err := conn.Exec(cctx, queries.Text("invalidator.listen", queries.Args{"channel": invalidateChannel})); err != nil {
-		v.lastErr.Store(&err)
-		return false
-	}
-	// Resets committed before LISTEN were not heard: start afresh.
-	v.clearAll()
-	v.liveUntil.Store(sent.Add(2 * v.heartbeat).UnixNano())
-	v.listened.Do(func() { close(v.listening) })
-	next := time.Now().Add(v.heartbeat)
-	for {
-		wctx, cancel := context.WithDeadline(ctx, next)
-		n, err := conn.WaitForNotification(wctx)
-		cancel()
-		switch {
-		case err == nil:
-			v.dispatch(n.Payload)
-			continue
-		case ctx.Err() != nil:
-			return true
-		case wctx.Err() == nil:
-			return true // the session failed
-		}
-		sent := time.Now()
-		hctx, cancel := context.WithTimeout(ctx, v.heartbeat)
-		err = conn.Ping(hctx)
-		cancel()
-		if err != nil {
-			return true
-		}
-		v.liveUntil.Store(sent.Add(2 * v.heartbeat).UnixNano())
-		next = time.Now().Add(v.heartbeat)
-	}
-}
+func (v *Invalidator) trusted(now time.Time) bool { return v.listener.Trusted(now) }
 
 // forgetter is what follows Resets: a pre-block, a batcher's leases.
 type forgetter interface {

@@ -24,6 +24,7 @@ var mayImport = map[string][]string{
 	"pglimit/internal/preblock":   {},
 	"pglimit/internal/flights":    {},
 	"pglimit/internal/arith":      {},
+	"pglimit/internal/listen":     {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
 	"pglimit/internal/pgtx":       {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
 	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/leadership"},
 	"pglimit/internal/leadership": {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/service"},
