@@ -7,45 +7,38 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit/internal/cleanup"
 	"github.com/pglimit/cooldown/pglimit/internal/leadership"
 )
 
-// leader starts an elector on a key of its own and waits until it leads.
+// leader returns an elector on a lock of its own, once it leads.
 func leader(t *testing.T) *leadership.Elector {
 	t.Helper()
 	pool := testdb.Pool(t)
-	led := make(chan struct{}, 1)
 	e := leadership.New(leadership.Config{
-		Acquire: func(ctx context.Context) (*pgx.Conn, error) {
-			c, err := pool.Acquire(ctx)
-			if err != nil {
-				return nil, err
-			}
-			return c.Hijack(), nil
-		},
+		Acquire:  func(ctx context.Context) (*pgx.Conn, error) { c, err := pool.Acquire(ctx); return hijack(c, err) },
 		Key:      time.Now().UnixNano(),
 		Interval: 20 * time.Millisecond,
-		Logger:   slog.New(slog.NewTextHandler(t.Output(), nil)),
-		OnChange: func(l bool) {
-			if l {
-				select {
-				case led <- struct{}{}:
-				default:
-				}
-			}
-		},
+		Logger:   slog.New(slog.DiscardHandler),
 	})
 	e.Start()
 	t.Cleanup(func() { e.Stop(context.Background()) })
-	select {
-	case <-led:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the elector never led")
+	for deadline := time.Now().Add(30 * time.Second); !e.Leader(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the elector never led")
+		}
 	}
 	return e
+}
+
+func hijack(c *pgxpool.Conn, err error) (*pgx.Conn, error) {
+	if err != nil {
+		return nil, err
+	}
+	return c.Hijack(), nil
 }
 
 // A run deletes, batch after batch, the rows whose limits ended more than
