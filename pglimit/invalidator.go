@@ -104,15 +104,15 @@ func (v *Invalidator) Start(ctx context.Context) error {
 	}
 }
 
-// Stop closes the session and returns once the goroutine has ended; ctx
-// bounds the wait. The pre-blocks that used it answer nothing from then
-// on. Stop on an invalidator not started, or stopped already, does
-// nothing.
+// Stop cancels the session's work, closes it, and returns once the
+// goroutine has ended, within a heartbeat. The pre-blocks that used it
+// answer nothing from then on. Stop on an invalidator not started, or
+// stopped already, does nothing. It has the signature of every Stop in the
+// library ([Cleaner.Stop]); the Invalidator's own needs no ctx, and never
+// fails.
 func (v *Invalidator) Stop(ctx context.Context) error {
-	if _, err := v.svc.Stop(ctx, nil); err != nil {
-		return fmt.Errorf("pglimit: invalidator: %w", err)
-	}
-	return nil
+	_, err := v.svc.Stop(ctx, nil)
+	return err
 }
 
 // Listening reports whether the pre-blocks trust their entries now: the

@@ -74,10 +74,12 @@ func (s *Service) Stopping() <-chan struct{} {
 
 // Stop stops the loop and returns once it has returned; between the two
 // it runs then, if not nil (what must stop before the loop is waited for).
-// If ctx ends before a Graceful loop returns, the loop's ctx is cancelled
-// and Stop returns an error wrapping ctx's cause once the loop has
-// returned. It reports whether the service was running: Stop on a service
-// never started, or stopped already, does nothing.
+// A loop that is not Graceful has its ctx cancelled at once, and Stop
+// waits for it without an error. If ctx ends before a Graceful loop
+// returns, the loop's ctx is cancelled and Stop returns an error wrapping
+// ctx's cause once the loop has returned. It reports whether the service
+// was running: Stop on a service never started, or stopped already, does
+// nothing.
 func (s *Service) Stop(ctx context.Context, then func()) (bool, error) {
 	s.mu.Lock()
 	was := s.state
@@ -92,6 +94,11 @@ func (s *Service) Stop(ctx context.Context, then func()) (bool, error) {
 	}
 	if !s.Graceful {
 		s.cancel()
+		if then != nil {
+			then()
+		}
+		<-s.done // its ctx has ended: the loop returns promptly
+		return true, nil
 	}
 	if then != nil {
 		then()

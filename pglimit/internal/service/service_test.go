@@ -23,7 +23,9 @@ func TestStartStop(t *testing.T) {
 	if err := s.Start(func(context.Context) {}); !errors.Is(err, ErrStarted) {
 		t.Fatalf("second Start: %v, want ErrStarted", err)
 	}
-	was, err := s.Stop(context.Background(), nil)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel() // a loop cancelled at once is waited for, whatever Stop's ctx
+	was, err := s.Stop(ended, nil)
 	if !was || err != nil {
 		t.Fatalf("Stop: %t, %v; want true, nil", was, err)
 	}
