@@ -78,6 +78,9 @@ type cleanerHooks struct {
 	batchWait  func(table string)                        // a batch is about to wait for the leader's connection
 }
 
+// slotsTable is pglimitsem's table, which migration 00007 creates.
+const slotsTable = "pglimit_slots"
+
 const (
 	defaultCleanInterval = time.Minute
 	defaultRetention     = 10 * time.Minute
@@ -135,7 +138,6 @@ type Cleaner struct {
 	// to wait for, and once Stop has begun no batch begins.
 	svc  service.Service // Graceful: a running batch may finish
 	tick chan struct{}   // gocron's job to the loop; dropped while a run is on
-
 }
 
 // NewCleaner returns a cleaner for pool's database. It does no I/O; call
@@ -183,7 +185,7 @@ func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
 		return out, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
 	}
 	if len(out.Tables) == 0 {
-		out.Tables = []string{defaultTables[Upsert], defaultTables[NoWait], defaultTables[Range], "pglimit_slots"}
+		out.Tables = []string{defaultTables[Upsert], defaultTables[NoWait], defaultTables[Range], slotsTable}
 	}
 	out.Tables = slices.Clone(out.Tables)
 	for i, t := range out.Tables {
