@@ -654,7 +654,7 @@ func (p *serverProc) waitReady(ctx context.Context, url string, logOffset int64)
 func (p *serverProc) stop(logf func(string, ...any)) error {
 	select {
 	case <-p.exited:
-		p.signalCluster(syscall.SIGKILL)
+		p.killCluster()
 		return nil
 	default:
 	}
@@ -670,6 +670,7 @@ func (p *serverProc) stop(logf func(string, ...any)) error {
 	logf("postgres did not shut down within %s; killing it", serverStopTimeout)
 	p.signalCluster(syscall.SIGKILL)
 	<-p.exited
+	p.killCluster()
 	return nil
 }
 
@@ -691,18 +692,30 @@ func (p *serverProc) crash() {
 		p.signalCluster(syscall.SIGKILL)
 		<-p.exited
 	}
-	p.signalCluster(syscall.SIGKILL)
+	p.killCluster()
+}
+
+// killCluster kills, once the postmaster has exited, every process left
+// in its data directory, and waits until none is: a killed process holds
+// the cluster's shared memory until it has exited, and a postmaster
+// started before then refuses to start ("pre-existing shared memory block
+// is still in use").
+func (p *serverProc) killCluster() {
+	for deadline := time.Now().Add(serverStopTimeout); p.signalCluster(syscall.SIGKILL) > 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // signalCluster sends sig to the postmaster and to every process that
 // works in its data directory: its children, which PostgreSQL puts in
 // sessions of their own (no process group holds them all), and those
-// orphaned when it died alone.
-func (p *serverProc) signalCluster(sig syscall.Signal) {
+// orphaned when it died alone. It returns how many of the latter it found
+// (a process that has exited has no working directory any more).
+func (p *serverProc) signalCluster(sig syscall.Signal) (others int) {
 	_ = syscall.Kill(p.cmd.Process.Pid, sig)
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return
+		return 0
 	}
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -711,8 +724,10 @@ func (p *serverProc) signalCluster(sig syscall.Signal) {
 		}
 		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && cwd == p.dataDir {
 			_ = syscall.Kill(pid, sig)
+			others++
 		}
 	}
+	return others
 }
 
 func (p *serverProc) logTail(offset int64) string {
