@@ -60,7 +60,7 @@ func (l *Listener) LastErr() error {
 }
 
 // Run keeps the session listening until ctx ends: it connects, listens,
-// proves the session alive every Heartbeat, and reconnects with a backoff
+// proves the session alive every heartbeat, and reconnects with a backoff
 // after any failure.
 func (l *Listener) Run(ctx context.Context) {
 	backoff := minBackoff

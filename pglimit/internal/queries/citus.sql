@@ -13,15 +13,7 @@ CREATE OR REPLACE FUNCTION {{.function}}(
     p_nowait boolean, p_async boolean, p_lock_timeout text)
 RETURNS TABLE (admitted boolean, tat_us bigint, now_us bigint, setting text)
 LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_saved text := current_setting('lock_timeout');
-    v_at    timestamptz;
-    v_now   timestamptz;
-BEGIN
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', p_lock_timeout, true);
-    END IF;
-    <<decide>>
+{{template "citus.single_head"}}    <<decide>>
     BEGIN
         SELECT t.expires_at INTO v_at FROM {{.table}} AS t WHERE t.namespace = p_namespace AND t.key = p_key;
         IF FOUND THEN
@@ -141,6 +133,19 @@ END
 $fn$
 {{end}}
 
+-- citus.single_head begins the functions of a single GCRA limit on both
+-- kinds of table: their variables, and the caller's lock_timeout, kept in
+-- v_saved, replaced by p_lock_timeout in a caller's transaction.
+{{define "citus.single_head"}}DECLARE
+    v_saved text := current_setting('lock_timeout');
+    v_at    timestamptz;
+    v_now   timestamptz;
+BEGIN
+    IF p_lock_timeout IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', p_lock_timeout, true);
+    END IF;
+{{end}}
+
 -- citus.single_tail ends the functions of a single GCRA limit on both kinds of table, once
 -- their decision is in admitted (NULL: the key changed, decide again),
 -- v_at and v_now: it restores the caller's lock_timeout and answers.
@@ -178,15 +183,7 @@ CREATE OR REPLACE FUNCTION {{.function}}(
     p_namespace text, p_key text, p_step bigint, p_lock_class integer, p_async boolean, p_lock_timeout text)
 RETURNS TABLE (admitted boolean, tat_us bigint, now_us bigint, setting text)
 LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_saved text := current_setting('lock_timeout');
-    v_at    timestamptz;
-    v_now   timestamptz;
-BEGIN
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', p_lock_timeout, true);
-    END IF;
-    <<decide>>
+{{template "citus.single_head"}}    <<decide>>
     BEGIN
         v_now := clock_timestamp();
         SELECT upper(t.during) INTO v_at FROM {{.table}} AS t
