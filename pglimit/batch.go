@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
@@ -82,6 +83,8 @@ type entry struct {
 	start, t0   int64
 	row         int64 // the key's TAT as the statement left it
 	xid         int64 // the transaction that wrote it, 0 if none did
+
+	skipped bool // its batch's statement skipped it: decideSkipped decides it
 }
 
 // call is one Allow waiting for its entry. Its results are written before
@@ -134,8 +137,13 @@ func (b *batcher) do(ctx context.Context, key string, n int, q query) (Decision,
 		b.finishDirect(e)
 		return c.d, c.err
 	case e != nil:
-		b.decide([]*entry{e}) // alone, asking for a lease too
-		b.finishDirect(e)
+		// Alone, asking for a lease too: the lease serves other calls, so
+		// its statement runs on the limiter's clock, on a goroutine of its
+		// own, and the caller waits for it no longer than ctx lets it.
+		go func() {
+			b.decide([]*entry{e})
+			b.finishDirect(e)
+		}()
 	}
 	select {
 	case <-c.done:
@@ -299,14 +307,39 @@ func (b *batcher) send(bt []*entry) {
 	}
 }
 
-// finish ends the statement that decided bt's entries and settles their
-// waiters: refused at once where an entry's answer leaves no room for them,
-// else queued in the open batch, together. It returns the open batch when
-// it may go now, for the caller to send.
+// finish ends the statement that decided bt's entries and settles them.
+// It returns the open batch when it may go now, for the caller to send.
 func (b *batcher) finish(bt []*entry) (next []*entry) {
-	var answered []*call
 	b.mu.Lock()
 	b.inFlight--
+	answered := b.settle(slices.DeleteFunc(slices.Clone(bt), func(e *entry) bool { return e.skipped }))
+	next = b.next()
+	b.mu.Unlock()
+	release(answered)
+	return next
+}
+
+// next takes the open batch if it may go now: something gathers, and
+// fewer than inFlightLimit statements run. It is called with mu held.
+func (b *batcher) next() []*entry {
+	if len(b.open) > 0 && b.inFlight < inFlightLimit {
+		return b.take()
+	}
+	return nil
+}
+
+// release answers calls that settle decided.
+func release(answered []*call) {
+	for _, w := range answered {
+		close(w.done)
+	}
+}
+
+// settle ends bt's entries, decided, and their waiters: refused at once where an entry's answer
+// leaves no room for them, else queued in the open batch, together. It
+// returns the waiters it answered, for the caller to release once mu is
+// unlocked. It is called with mu held.
+func (b *batcher) settle(bt []*entry) (answered []*call) {
 	now := time.Now()
 	for _, e := range bt {
 		if b.keys[e.key] != e {
@@ -341,14 +374,7 @@ func (b *batcher) finish(bt []*entry) (next []*entry) {
 			}
 		}
 	}
-	if len(b.open) > 0 && b.inFlight < inFlightLimit {
-		next = b.take()
-	}
-	b.mu.Unlock()
-	for _, w := range answered {
-		close(w.done)
-	}
-	return next
+	return answered
 }
 
 // giveBackLater arms le's timer, key's lease: giveBack, once it may be
@@ -442,64 +468,124 @@ func (b *batcher) follow(e *entry, n int) (Decision, bool) {
 
 // decide runs bt's statement and answers its calls. Its context is the
 // limiter's timeout alone: no caller's context may end it for the others.
+// An entry the statement skipped is decided on a goroutine of its own
+// (decideSkipped), which answers and settles it; finish leaves it alone.
 func (b *batcher) decide(bt []*entry) {
 	ctx, cancel := context.WithTimeoutCause(context.Background(), b.l.cfg.Timeout, ErrTimeout)
 	defer cancel()
 	if len(bt) == 1 && len(bt[0].calls) == 1 && bt[0].want == 0 {
 		e, c := bt[0], bt[0].calls[0]
 		c.d, c.err = b.l.run(ctx, c.q)
-		if c.err != nil && errors.Is(context.Cause(ctx), ErrTimeout) {
-			c.err = fmt.Errorf("%w: %w", ErrTimeout, c.err)
-		}
+		c.err = b.timedOut(ctx, c.err)
 		e.last = c.d
 	} else {
 		b.decideMany(ctx, bt)
 	}
 	for _, e := range bt {
-		for _, c := range e.calls {
-			close(c.done)
+		if !e.skipped {
+			answer(e)
 		}
 	}
 }
 
-// decideMany decides bt's entries, on distinct keys, in one statement. An
-// entry the statement skipped (its row locked by a concurrent decision) is
-// decided at once by the statement for its key alone, which waits for the
-// lock: on a busy key of two instances, one instance's statement is
-// usually holding it. NoWait waits at most noWaitPatience, as its own
-// statement does (strategy.go), and refuses after it. An entry
-// still undecided, and every entry when the statement fails, is decided by
-// its callers' own statements.
+// answer releases e's calls.
+func answer(e *entry) {
+	for _, c := range e.calls {
+		close(c.done)
+	}
+}
+
+// timedOut adds ErrTimeout to err when it came from ctx, a statement's
+// context bounded by the limiter's timeout, having run out.
+func (b *batcher) timedOut(ctx context.Context, err error) error {
+	if err != nil && errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout) {
+		return fmt.Errorf("%w: %w", ErrTimeout, err)
+	}
+	return err
+}
+
+// decideMany decides bt's entries, on distinct keys, in one statement that
+// skips rows locked by concurrent decisions. Each entry it skipped is then
+// decided by the statement for its key alone, which waits for the lock (on
+// a busy key of two instances, one instance's statement is usually holding
+// it), on a goroutine of its own: one slow key holds back no other. When
+// the statement fails, its entries are decided by their callers' own
+// statements if it surely changed nothing; if it may have committed, its
+// callers get its error, as a single statement's caller does, and nothing
+// is charged twice.
 func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
 	skipped, err := b.query(ctx, b.sql, bt)
-	if err == nil {
-		for _, e := range skipped {
-			var left []*entry
-			left, err = b.query(ctx, b.waitSQL, []*entry{e})
-			switch {
-			case pgtx.Code(err) != "" && pgtx.Code(err) == b.l.contended:
-				for _, c := range e.calls {
-					c.d = b.l.lostRace()
-				}
-				err = nil
-			case err == nil && len(left) > 0:
-				b.alone(e)
-			}
-			if err != nil {
-				break
-			}
-		}
-	}
 	if err != nil {
 		b.mu.Lock()
 		b.failures++
 		b.mu.Unlock()
 		for _, e := range bt {
-			if e.t0 == 0 {
-				b.alone(e)
-			}
+			b.failed(ctx, e, err)
 		}
+		return
 	}
+	for _, e := range skipped {
+		e.skipped = true
+		go b.decideSkipped(e)
+	}
+}
+
+// decideSkipped decides e, which a batch statement skipped, with the
+// statement for its key alone, on its own timeout; then answers e's calls
+// and settles it. NoWait waits at most noWaitPatience, as its own
+// statement does (strategy.go), and refuses after it.
+func (b *batcher) decideSkipped(e *entry) {
+	ctx, cancel := context.WithTimeoutCause(context.Background(), b.l.cfg.Timeout, ErrTimeout)
+	left, err := b.query(ctx, b.waitSQL, []*entry{e})
+	switch {
+	case pgtx.Code(err) != "" && pgtx.Code(err) == b.l.contended:
+		for _, c := range e.calls {
+			c.d = b.l.lostRace()
+		}
+	case err != nil:
+		b.failed(ctx, e, err)
+	case len(left) > 0:
+		b.alone(e)
+	}
+	cancel()
+	answer(e)
+	b.mu.Lock()
+	answered := b.settle([]*entry{e})
+	next := b.next()
+	b.mu.Unlock()
+	release(answered)
+	if next != nil {
+		b.send(next)
+	}
+}
+
+// failed settles e's calls after its statement failed with err: each
+// caller runs its own statement when the failed one surely changed
+// nothing, and gets err otherwise.
+func (b *batcher) failed(ctx context.Context, e *entry, err error) {
+	if !unknownOutcome(err) {
+		b.alone(e)
+		return
+	}
+	err = fmt.Errorf("batch statement, whose outcome is unknown: %w", b.timedOut(ctx, err))
+	for _, c := range e.calls {
+		c.err = err
+	}
+}
+
+// unknownOutcome reports whether a statement that failed with err may have
+// committed: its error came neither before it was sent nor from the server
+// aborting it. A connection lost after the statement was sent, a timeout
+// that closed it, or a backend terminated while its commit waited for a
+// synchronous standby (FATAL, after the commit) all may have.
+func unknownOutcome(err error) bool {
+	if pgconn.SafeToRetry(err) {
+		return false
+	}
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return pe.Severity == "FATAL" || pe.Severity == "PANIC"
+	}
+	return true
 }
 
 // alone makes e's calls decide with their own statements.

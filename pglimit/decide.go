@@ -107,11 +107,14 @@ const txClientTimeoutMargin = time.Second
 
 // wrap adds the strategy name and, when the limiter's own timeout fired,
 // ErrTimeout (the pgx error then only says the context was cancelled), or
-// ErrReadOnly when the server could not write.
+// when the server's did (a lock_timeout or statement_timeout of the
+// database or role), or ErrReadOnly when the server could not write.
 func (l *limiter) wrap(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout):
 		return fmt.Errorf("%w (%s, after %s): %w", ErrTimeout, l.cfg.Strategy, l.cfg.Timeout, err)
+	case ctx.Err() == nil && pgtx.ServerTimeout(err) && !errors.Is(err, ErrTimeout):
+		return fmt.Errorf("%w (%s, by the server's lock_timeout or statement_timeout): %w", ErrTimeout, l.cfg.Strategy, err)
 	case readOnly(err):
 		return fmt.Errorf("%w (%s): %w", ErrReadOnly, l.cfg.Strategy, err)
 	}

@@ -12,6 +12,7 @@ const (
 	CodeExclusionViolation   = "23P01"
 	CodeSerializationFailure = "40001"
 	CodeReadOnly             = "25006" // read_only_sql_transaction: a standby, or read-only mode
+	CodeQueryCanceled        = "57014" // statement_timeout, or a cancel request
 )
 
 // Code returns the SQLSTATE of err, or "" if it is not a server error.
@@ -32,4 +33,13 @@ func Code(err error) string {
 // read-only mode, or a connection that pgx knows to be read-only.
 func ReadOnly(err error) bool {
 	return Code(err) == CodeReadOnly || errors.Is(err, pgconn.ErrReadOnlyConnection)
+}
+
+// ServerTimeout reports whether err is a timeout the server enforced: a
+// lock_timeout (55P03) or statement_timeout (57014) of the database, the
+// role or the session. A client that sends a cancel request on its own
+// deadline gets 57014 too; its caller tells the two apart by its context.
+func ServerTimeout(err error) bool {
+	code := Code(err)
+	return code == CodeLockNotAvailable || code == CodeQueryCanceled
 }
