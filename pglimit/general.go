@@ -67,7 +67,7 @@ func (l *limiter) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decis
 		dest = append(dest, &r.rates, &r.bursts)
 	}
 	if err = row.Scan(dest...); err != nil {
-		return Decision{}, false, noRowsAsUndecided(err)
+		return Decision{}, false, noRowsAsUndecided(unknownZone(l.cfg.Limits, err))
 	}
 	limits, sp, policy := l.cfg.Limits, l.specs, l.policy
 	if l.cfg.Overrides {
