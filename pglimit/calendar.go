@@ -3,9 +3,11 @@ package pglimit
 import (
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 )
 
 // zoneName is the shape of an IANA zone name; it keeps the name safe to
@@ -30,10 +32,35 @@ func (l Limit) withCalendar(field func(string) string) (Limit, error) {
 	if !zoneName.MatchString(l.TimeZone) || len(l.TimeZone) > 64 {
 		return l, fmt.Errorf("%w: %s %q is not an IANA zone name", ErrInvalidConfig, field("TimeZone"), l.TimeZone)
 	}
+	if l.TimeZone == "Local" {
+		// Go's name for the process's own zone, which PostgreSQL does not
+		// know: every decision would fail.
+		return l, fmt.Errorf("%w: %s \"Local\" is Go's name for the local zone, unknown to PostgreSQL: name the zone", ErrInvalidConfig, field("TimeZone"))
+	}
 	loc, err := time.LoadLocation(l.TimeZone)
 	if err != nil {
 		return l, fmt.Errorf("%w: %s: %w (Go needs the zone too: install tzdata, or import time/tzdata)", ErrInvalidConfig, field("TimeZone"), err)
 	}
 	l.Period, l.loc = nominal, loc
 	return l, nil
+}
+
+// unknownZone returns err, from a decision's statement on limits, as
+// ErrInvalidConfig when it says that the database does not know a Calendar
+// window's zone (SQLSTATE 22023, date_trunc's: the only statement part
+// that raises it), a zone Go knew when the limiter was made.
+func unknownZone(limits []Limit, err error) error {
+	if pgtx.Code(err) != pgtx.CodeInvalidParameterValue {
+		return err
+	}
+	var zones []string
+	for _, l := range limits {
+		if l.Calendar != "" {
+			zones = append(zones, l.TimeZone)
+		}
+	}
+	if len(zones) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w: the database does not know the time zone of a Calendar window (%s): %w", ErrInvalidConfig, strings.Join(zones, ", "), err)
 }

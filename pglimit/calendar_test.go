@@ -2,7 +2,12 @@ package pglimit_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -91,6 +96,7 @@ func TestCalendarConfig(t *testing.T) {
 		"sliding":           {Rate: 1, Algorithm: pglimit.SlidingWindow, Calendar: "day"},
 		"a period as well":  {Rate: 1, Period: time.Hour, Algorithm: pglimit.FixedWindow, Calendar: "day"},
 		"a zone, no window": {Rate: 1, Period: time.Hour, Algorithm: pglimit.FixedWindow, TimeZone: "Europe/Paris"},
+		"Go's Local":        {Rate: 1, Algorithm: pglimit.FixedWindow, Calendar: "day", TimeZone: "Local"},
 	} {
 		if _, err := pglimit.New(pool, &pglimit.Config{Limits: []pglimit.Limit{l}}); !errors.Is(err, pglimit.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
@@ -102,5 +108,51 @@ func TestCalendarConfig(t *testing.T) {
 	}
 	if l := lim.Policy().Limits[0]; l.TimeZone != "UTC" || l.Period != 30*24*time.Hour {
 		t.Fatalf("defaults: %+v, want UTC and a nominal 30-day period", l)
+	}
+}
+
+// childZone, set in a child process of TestCalendarZoneUnknownToServer,
+// names the zone the child decides in.
+const childZone = "PGLIMIT_TEST_CHILD_ZONE"
+
+// A zone Go knows and the database does not makes every decision fail
+// with ErrInvalidConfig naming the zone, not a bare SQLSTATE 22023. Go
+// learns the zone from ZONEINFO, which it reads once per process, so the
+// test runs its decision in a child process of its own binary.
+func TestCalendarZoneUnknownToServer(t *testing.T) {
+	if zone := os.Getenv(childZone); zone != "" {
+		ctx := context.Background()
+		cfg := calendarConfig("day", zone, 5)
+		cfg.Schema = testdb.Schema(t)
+		lim := newLimiterOn(t, testdb.Pool(t), *cfg)
+		calls := map[string]func() (pglimit.Decision, error){
+			"Allow":       func() (pglimit.Decision, error) { return lim.Allow(ctx, "k") },
+			"AllowAtMost": func() (pglimit.Decision, error) { return lim.AllowAtMost(ctx, "k", 2) },
+		}
+		for name, call := range calls {
+			if d, err := call(); !errors.Is(err, pglimit.ErrInvalidConfig) || !strings.Contains(err.Error(), zone) {
+				t.Errorf("%s in a zone the database does not know: %+v, %v; want ErrInvalidConfig naming %s", name, d, err, zone)
+			}
+		}
+		return
+	}
+	t.Parallel()
+	// A TZif file of one zone, UTC+0 named "NWH", no transitions.
+	dir := t.TempDir()
+	tzif := append([]byte("TZif"), make([]byte, 16)...)
+	for _, n := range []uint32{0, 0, 0, 0, 1, 4} { // isut, isstd, leap, time, type and char counts
+		tzif = binary.BigEndian.AppendUint32(tzif, n)
+	}
+	tzif = append(tzif, 0, 0, 0, 0, 0, 0, 'N', 'W', 'H', 0)
+	if err := os.MkdirAll(filepath.Join(dir, "Pglimit"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "Pglimit", "Nowhere"), tzif, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestCalendarZoneUnknownToServer$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "ZONEINFO="+dir, childZone+"=Pglimit/Nowhere", testdb.EnvURL+"="+testdb.URL(t))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the child process: %v\n%s", err, out)
 	}
 }

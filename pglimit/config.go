@@ -102,7 +102,9 @@ type Config struct {
 	// pglimit_overrides on every decision: a key with a row there gets its
 	// own rate and burst for the limits the row names ([SetKeyLimits], or
 	// plain SQL), the others the limiter's. A change takes effect at the
-	// next decision on every instance; nothing caches it. Upsert and NoWait
+	// next decision on every instance; nothing caches it. A key's costs
+	// are checked against its own limits, and a row they cannot use makes
+	// its decisions fail with [ErrInvalidConfig]. Upsert and NoWait
 	// only, without PreBlockSize; the key's statement is the general one,
 	// neither batched nor leased (docs/limits.md).
 	Overrides bool

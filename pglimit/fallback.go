@@ -31,7 +31,9 @@ import (
 // one call every Retry tries the database again, and the others decide at
 // once; the first that the database answers ends the fallback. Decisions
 // made in process have [Decision.Fallback] set, and the start and end of
-// each fallback are logged.
+// each fallback are logged. A cost that Limits could never admit at once
+// is then [ErrInvalidCost], as one beyond the limiter's own limits always
+// is.
 type Fallback struct {
 	// Limits are the in-process limits, all GCRA, at most [MaxLimits].
 	Limits []Limit
@@ -238,6 +240,11 @@ func (l *limiter) withFallback(ctx context.Context, key string, n int, db func()
 	local := func() (Decision, error) {
 		if err := ctx.Err(); err != nil {
 			return Decision{}, err // the caller gave up
+		}
+		if err := costFits(f.policy.Limits, n, modeAllow, 0); err != nil {
+			// Refused, it would be told to come back when no time
+			// would do.
+			return Decision{}, fmt.Errorf("pglimit: in process: %w", err)
 		}
 		d := f.decide(key, n)
 		if l.cfg.Shadow && !d.Allowed {

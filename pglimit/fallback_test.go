@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -182,5 +183,32 @@ func TestFallbackConfig(t *testing.T) {
 		if !errors.Is(err, pglimit.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
+	}
+}
+
+// During a fallback, a cost the in-process limits can never admit at once
+// is ErrInvalidCost, as a cost beyond the database's limits is, not a
+// refusal whose RetryAfter never comes.
+func TestFallbackCostBeyondBurst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there: every connection is refused
+	pool, err := pgxpool.New(ctx, "postgres://pglimit@"+addr+"/pglimit?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var logs syncBuffer
+	lim := newLimiterOn(t, pool, fallbackConfig("public", &logs))
+	if d, err := lim.AllowN(ctx, "k", 10); !errors.Is(err, pglimit.ErrInvalidCost) {
+		t.Errorf("AllowN(10) in process, against a fallback burst of 5: %+v, %v; want ErrInvalidCost", d, err)
+	}
+	if d, err := lim.AllowN(ctx, "k", 5); err != nil || !d.Allowed || !d.Fallback {
+		t.Errorf("AllowN(5) in process: %+v, %v; want admitted by the fallback", d, err)
 	}
 }

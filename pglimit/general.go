@@ -61,17 +61,22 @@ func (l *limiter) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decis
 		tat           *int64
 		now           int64
 		rates, bursts []int64
+		unknown       []string
 	}
 	dest := []any{&r.admitted, &r.state, &r.tat, &r.now, nil}
 	if l.cfg.Overrides {
-		dest = append(dest, &r.rates, &r.bursts)
+		dest = append(dest, &r.rates, &r.bursts, &r.unknown)
 	}
 	if err = row.Scan(dest...); err != nil {
-		return Decision{}, false, noRowsAsUndecided(err)
+		return Decision{}, false, noRowsAsUndecided(unknownZone(l.cfg.Limits, err))
 	}
 	limits, sp, policy := l.cfg.Limits, l.specs, l.policy
 	if l.cfg.Overrides {
-		if limits, err = effective(limits, r.rates, r.bursts); err != nil {
+		if limits, err = keyLimits(limits, r.rates, r.bursts, r.unknown); err != nil {
+			return Decision{}, false, err
+		}
+		// The limiter checked n against no limits: the key's decide.
+		if err = costFits(limits, n, mode, maxDelay); err != nil {
 			return Decision{}, false, err
 		}
 		sp = specs(limits)

@@ -133,6 +133,9 @@ func newStmtLimiter(l *limiter, table, fast, lock, contended string) *limiter {
 		overrides := pgx.Identifier{l.cfg.Schema, overridesTable}.Sanitize()
 		g := newOverrideStatements(l.cfg.Limits, table, overrides, column, lock)
 		l.plain.general, l.plain.peek = &g, g.peek
+		// A key's own limits decide what fits, once its statement has
+		// read them; no limit of any key admits more than maxRate.
+		l.minCapacity = maxRate
 	case lock != "":
 		g := newGeneralStatements(l.cfg.Limits, table, column, lock)
 		l.plain.general, l.plain.peek = &g, g.peek
@@ -312,11 +315,11 @@ func (l *limiter) checkReserve(n int, maxDelay time.Duration) error {
 		if lim.Algorithm != GCRA {
 			return fmt.Errorf("%w: Reserve on limit %q, which is %s, not GCRA", ErrUnsupported, lim.Name, lim.Algorithm)
 		}
-		if t := lim.emission(); int64(n) > (int64(lim.Burst)*t+maxDelay.Microseconds())/t {
-			return fmt.Errorf("%w: n = %d never fits limit %q within %s", ErrInvalidCost, n, lim.Name, maxDelay)
-		}
 	}
-	return nil
+	if l.cfg.Overrides {
+		return nil // the key's own limits decide what fits (scanGeneral)
+	}
+	return costFits(l.cfg.Limits, n, modeReserve, maxDelay.Microseconds())
 }
 
 func (l *limiter) Peek(ctx context.Context, key string, n int) (Decision, error) {

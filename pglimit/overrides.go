@@ -1,9 +1,12 @@
 package pglimit
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,23 +21,38 @@ const overridesTable = "pglimit_overrides"
 
 // newOverrideStatements is newGeneralStatements for a limiter whose keys
 // may have limits of their own, in overrides, a table in the same schema.
+//
+// The statements decide only on a row the key's limits can use (column
+// ok): one that names no limit the limiter lacks, and whose rates and
+// bursts pass what Limit.withKeyLimits checks. On any other they refuse
+// and write nothing, and return the row's figures, from which the limiter
+// reports the error. The arithmetic reads a burst cut to the bound even
+// then, so that no product overflows.
 func newOverrideStatements(limits []Limit, table, overrides, column, lock string) generalStatements {
-	var raw, derived, rates, bursts []string
+	var raw, derived, oks, names, rates, bursts []string
+	maxP := maxPeriod.Microseconds()
 	for i, l := range limits {
 		name := "'" + strings.ReplaceAll(l.Name, "'", "''") + "'"
+		names = append(names, name)
+		// Through numeric: the table takes 5.0 for 5.
 		raw = append(raw,
-			fmt.Sprintf("coalesce((o.limits -> %s ->> 'rate')::bigint, %d) AS r%d", name, l.Rate, i),
-			fmt.Sprintf("coalesce((o.limits -> %s ->> 'burst')::bigint, %d) AS b%d", name, l.Burst, i))
-		// T rounds up, as Limit.emission does; a burst is cut to what
-		// replenishes within the longest period, as Limit's check keeps it.
+			fmt.Sprintf("coalesce((o.limits -> %s ->> 'rate')::numeric::bigint, %d) AS r%d", name, l.Rate, i),
+			fmt.Sprintf("coalesce((o.limits -> %s ->> 'burst')::numeric::bigint, %d) AS b%d", name, l.Burst, i))
+		// T rounds up, as Limit.emission does.
 		P := l.Period.Microseconds()
 		t := fmt.Sprintf("((%d + r%d - 1) / r%d)", P, i, i)
-		b := fmt.Sprintf("least(b%d, %d / %s)", i, maxPeriod.Microseconds(), t)
-		derived = append(derived, fmt.Sprintf("r%d, %s AS b%d, %s AS t%d, %s * %s AS bt%d", i, b, i, t, i, b, t, i))
+		derived = append(derived, fmt.Sprintf("r%d, b%d, %s AS t%d, least(b%d, %d / %s) * %s AS bt%d", i, i, t, i, i, maxP, t, t, i))
+		ok := fmt.Sprintf("r%d <= %d AND b%d = 0", i, P, i)
+		if l.Algorithm == GCRA {
+			ok = fmt.Sprintf("r%d <= %d AND b%d <= %d / %s", i, P, i, maxP, t)
+		}
+		oks = append(oks, ok)
 		rates = append(rates, fmt.Sprintf("x.r%d", i))
 		bursts = append(bursts, fmt.Sprintf("x.b%d", i))
 	}
-	out := fmt.Sprintf("ARRAY[%s]::bigint[], ARRAY[%s]::bigint[]", strings.Join(rates, ", "), strings.Join(bursts, ", "))
+	raw = append(raw, fmt.Sprintf("ARRAY(SELECT k FROM jsonb_object_keys(o.limits) AS k WHERE k <> ALL (ARRAY[%s])) AS unknown", strings.Join(names, ", ")))
+	derived = append(derived, fmt.Sprintf("unknown, cardinality(unknown) = 0 AND %s AS ok", strings.Join(oks, " AND ")))
+	out := fmt.Sprintf("ARRAY[%s]::bigint[], ARRAY[%s]::bigint[], x.unknown", strings.Join(rates, ", "), strings.Join(bursts, ", "))
 	params := func(prefix string) arith.Params {
 		return func(i int) (string, string, string) {
 			n := strconv.Itoa(i)
@@ -49,6 +67,11 @@ func newOverrideStatements(limits []Limit, table, overrides, column, lock string
 		}
 		admits, state, expires := arith.DecisionSQL(sp, arith.Mode(mode), "x.state", "x.tat", "x.now", params("x."))
 		guard, _, _ := arith.DecisionSQL(sp, arith.Mode(mode), "c.state", "c.tat", "c.now", params("c."))
+		admits, guard = "(x.ok AND "+admits+")", "(c.ok AND "+guard+")"
+		// A cost past the key's capacity is refused, and n*T may then
+		// overflow: the new state is computed for an admission only.
+		state = "CASE WHEN " + admits + " THEN " + state + " END"
+		expires = "CASE WHEN " + admits + " THEN " + expires + " END"
 		stmt := func(column string) string {
 			return queries.Text("overrides.allow", queries.Args{
 				"table": table, "setting": column, "lock": lock, "admits": admits, "new_state": state,
@@ -64,21 +87,61 @@ func newOverrideStatements(limits []Limit, table, overrides, column, lock string
 	return g
 }
 
-// effective returns limits with the rates and bursts a statement decided
-// with, as it returned them: the key's own limits.
-func effective(limits []Limit, rates, bursts []int64) ([]Limit, error) {
+// keyLimits returns limits with the rates and bursts a statement read for
+// the key, as it returned them: the key's own limits. A row the limits
+// cannot use, on which the statement decided nothing, is ErrInvalidConfig.
+func keyLimits(limits []Limit, rates, bursts []int64, unknown []string) ([]Limit, error) {
 	if len(rates) != len(limits) || len(bursts) != len(limits) {
 		return nil, fmt.Errorf("the statement returned %d rates and %d bursts for %d limits", len(rates), len(bursts), len(limits))
 	}
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("%w: the key's row in %s names %q, which the limiter does not have", ErrInvalidConfig, overridesTable, unknown)
+	}
 	out := make([]Limit, len(limits))
 	for i, l := range limits {
-		l.Rate = int(rates[i])
-		if l.Algorithm == GCRA {
-			l.Burst = int(bursts[i])
+		var err error
+		if out[i], err = l.withKeyLimits(rates[i], bursts[i]); err != nil {
+			return nil, fmt.Errorf("the key's row in %s: %w", overridesTable, err)
 		}
-		out[i] = l
 	}
 	return out, nil
+}
+
+// withKeyLimits returns l with a key's own rate and burst (a burst of 0
+// for a window), checked as a limit of the limiter's own is: at most one
+// unit per microsecond, and a GCRA burst that replenishes within 366 days.
+// The override statements check the same (newOverrideStatements).
+func (l Limit) withKeyLimits(rate, burst int64) (Limit, error) {
+	switch {
+	case rate < 1 || rate > maxRate:
+		return l, fmt.Errorf("%w: limit %q: rate %d, not in [1, %d]", ErrInvalidConfig, l.Name, rate, maxRate)
+	case rate > l.Period.Microseconds():
+		return l, fmt.Errorf("%w: limit %q: %d per %s is more than one per microsecond", ErrInvalidConfig, l.Name, rate, l.Period)
+	case l.Algorithm != GCRA && burst != 0:
+		return l, fmt.Errorf("%w: limit %q: a burst of %d, but %s takes none", ErrInvalidConfig, l.Name, burst, l.Algorithm)
+	case l.Algorithm == GCRA && (burst < 1 || burst > maxRate):
+		return l, fmt.Errorf("%w: limit %q: burst %d, not in [1, %d]", ErrInvalidConfig, l.Name, burst, maxRate)
+	}
+	l.Rate, l.Burst = int(rate), int(burst)
+	if l.Algorithm == GCRA && burst > maxPeriod.Microseconds()/l.emission() {
+		return l, fmt.Errorf("%w: limit %q: a burst of %d at %d per %s takes more than %s to replenish", ErrInvalidConfig, l.Name, burst, rate, l.Period, maxPeriod)
+	}
+	return l, nil
+}
+
+// costFits reports, as ErrInvalidCost, n units that limits could never
+// admit at once in mode (within maxDelay µs, for Reserve). AllowAtMost
+// takes any n.
+func costFits(limits []Limit, n, mode int, maxDelay int64) error {
+	for _, l := range limits {
+		switch {
+		case mode == modeReserve && int64(n) > (int64(l.Burst)*l.emission()+maxDelay)/l.emission():
+			return fmt.Errorf("%w: n = %d never fits limit %q within %s", ErrInvalidCost, n, l.Name, micros(maxDelay))
+		case mode == modeAllow && n > l.capacity():
+			return fmt.Errorf("%w: n = %d is more than limit %q admits at once (%d)", ErrInvalidCost, n, l.Name, l.capacity())
+		}
+	}
+	return nil
 }
 
 // SetKeyLimits gives key its own rates and bursts for some of the limits
@@ -88,8 +151,11 @@ func effective(limits []Limit, rates, bursts []int64) ([]Limit, error) {
 // key's limit differs from the limiter's in rate and burst only. The next decision on the key, on every
 // instance, uses them; the key keeps what it has consumed (docs/limits.md).
 // The same can be done with plain SQL on pglimit_overrides. A limit name
-// the configuration does not have, or a rate or burst it would refuse, is
-// [ErrInvalidConfig], and nothing is written.
+// the configuration does not have, or a rate or burst it would refuse
+// (such as a GCRA burst that takes more than 366 days to replenish at the
+// key's rate), is [ErrInvalidConfig], and nothing is written. Like a
+// decision, it waits at most [Config.Timeout] ([ErrTimeout]) and needs a
+// server that can write ([ErrReadOnly]).
 func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ...Limit) error {
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -102,50 +168,59 @@ func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ..
 		return err
 	}
 	table := pgx.Identifier{c.Schema, overridesTable}.Sanitize()
-	if len(limits) == 0 {
-		_, err := db.Exec(ctx, queries.Text("overrides.delete", queries.Args{"overrides": table}), c.Namespace, key)
-		return err
-	}
-	doc := map[string]map[string]int{}
-	for i, kl := range limits {
-		j := -1
-		for k, l := range c.Limits {
-			if l.Name == kl.Name {
-				j = k
-			}
+	sql, args := queries.Text("overrides.delete", queries.Args{"overrides": table}), []any{c.Namespace, key}
+	if len(limits) > 0 {
+		doc, err := keyLimitsDoc(c.Limits, limits)
+		if err != nil {
+			return err
 		}
+		sql, args = queries.Text("overrides.set", queries.Args{"overrides": table}), append(args, doc)
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
+	defer cancel()
+	_, err = db.Exec(ctx, sql, args...)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout):
+		return fmt.Errorf("%w (SetKeyLimits, after %s): %w", ErrTimeout, c.Timeout, err)
+	case readOnly(err):
+		return fmt.Errorf("%w (SetKeyLimits): %w", ErrReadOnly, err)
+	}
+	return fmt.Errorf("pglimit: SetKeyLimits: %w", err)
+}
+
+// keyLimitsDoc validates a key's limits against the limiter's, and
+// returns them as the JSON of a row of pglimit_overrides.
+func keyLimitsDoc(limits, keys []Limit) (string, error) {
+	doc := map[string]map[string]int{}
+	for i, kl := range keys {
+		j := slices.IndexFunc(limits, func(l Limit) bool { return l.Name == kl.Name })
 		if j < 0 {
-			return fmt.Errorf("%w: SetKeyLimits: limits[%d]: the limiter has no limit named %q", ErrInvalidConfig, i, kl.Name)
+			return "", fmt.Errorf("%w: SetKeyLimits: limits[%d]: the limiter has no limit named %q", ErrInvalidConfig, i, kl.Name)
 		}
 		if _, dup := doc[kl.Name]; dup {
-			return fmt.Errorf("%w: SetKeyLimits: limits[%d]: %q is given twice", ErrInvalidConfig, i, kl.Name)
+			return "", fmt.Errorf("%w: SetKeyLimits: limits[%d]: %q is given twice", ErrInvalidConfig, i, kl.Name)
 		}
-		l := c.Limits[j]
+		l := limits[j]
 		switch {
 		case kl.Period != 0 || kl.Algorithm != GCRA || kl.Calendar != "" || kl.TimeZone != "":
-			return fmt.Errorf("%w: SetKeyLimits: limits[%d]: only Name, Rate and Burst may be set", ErrInvalidConfig, i)
+			return "", fmt.Errorf("%w: SetKeyLimits: limits[%d]: only Name, Rate and Burst may be set", ErrInvalidConfig, i)
 		case kl.Rate < 0 || kl.Burst < 0 || (kl.Burst > 0 && l.Algorithm != GCRA) || kl.Rate == 0 && kl.Burst == 0:
-			return fmt.Errorf("%w: SetKeyLimits: limits[%d]: rate %d, burst %d", ErrInvalidConfig, i, kl.Rate, kl.Burst)
+			return "", fmt.Errorf("%w: SetKeyLimits: limits[%d]: rate %d, burst %d", ErrInvalidConfig, i, kl.Rate, kl.Burst)
+		}
+		if _, err := l.withKeyLimits(int64(cmp.Or(kl.Rate, l.Rate)), int64(cmp.Or(kl.Burst, l.Burst))); err != nil {
+			return "", fmt.Errorf("SetKeyLimits: limits[%d]: %w", i, err)
 		}
 		fields := map[string]int{}
 		if kl.Rate > 0 {
-			l.Rate, fields["rate"] = kl.Rate, kl.Rate
+			fields["rate"] = kl.Rate
 		}
 		if kl.Burst > 0 {
-			l.Burst, fields["burst"] = kl.Burst, kl.Burst
-		}
-		if l.Calendar != "" {
-			l.Period = 0 // the calendar's, filled in again
-		}
-		if _, err := l.withDefaults(j); err != nil {
-			return fmt.Errorf("SetKeyLimits: %w", err)
+			fields["burst"] = kl.Burst
 		}
 		doc[kl.Name] = fields
 	}
 	js, err := json.Marshal(doc)
-	if err != nil {
-		return err
-	}
-	_, err = db.Exec(ctx, queries.Text("overrides.set", queries.Args{"overrides": table}), c.Namespace, key, string(js))
-	return err
+	return string(js), err
 }

@@ -3,6 +3,7 @@ package pglimit_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -195,5 +196,239 @@ func TestOverridesBadInput(t *testing.T) {
 		if _, err := pglimit.New(pool, &c); !errors.Is(err, pglimit.ErrInvalidConfig) {
 			t.Errorf("%s with Overrides: %v, want ErrInvalidConfig", name, err)
 		}
+	}
+}
+
+// costCalls are the entry points that take a cost, each deciding n units
+// of key on lim; Reserve (with no delay) where every limit is GCRA.
+func costCalls(pool *pgxpool.Pool, lim pglimit.Limiter, reserve bool) map[string]func(key string, n int) (pglimit.Decision, error) {
+	ctx := context.Background()
+	calls := map[string]func(string, int) (pglimit.Decision, error){
+		"AllowN": func(key string, n int) (pglimit.Decision, error) { return lim.AllowN(ctx, key, n) },
+		"Peek":   func(key string, n int) (pglimit.Decision, error) { return lim.Peek(ctx, key, n) },
+		"AllowTxN": func(key string, n int) (d pglimit.Decision, err error) {
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				d, err = lim.AllowTxN(ctx, tx, key, n)
+				return err
+			})
+			return d, err
+		},
+	}
+	if reserve {
+		calls["Reserve"] = func(key string, n int) (pglimit.Decision, error) { return lim.Reserve(ctx, key, n, 0) }
+	}
+	return calls
+}
+
+// keyRows counts the limiter table's rows of key in namespace.
+func keyRows(t *testing.T, pool *pgxpool.Pool, schema, namespace, key string) int {
+	t.Helper()
+	var n int
+	table := pgx.Identifier{schema, "pglimit_upsert"}.Sanitize()
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table+" WHERE namespace = $1 AND key = $2", namespace, key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A burst the table accepts but the limit cannot use, one that takes more
+// than 366 days to replenish, is never cut to fit: SetKeyLimits refuses
+// it, and written by plain SQL it makes every decision on the key fail
+// with ErrInvalidConfig, writing nothing. A burst at the bound is
+// honoured to the unit.
+func TestOverridesBurstBound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	table := pgx.Identifier{schema, "pglimit_overrides"}.Sanitize()
+	for _, c := range []struct {
+		name   string
+		period time.Duration
+		bound  int // the largest burst of 1 per period
+	}{
+		{"daily", 24 * time.Hour, 366},
+		{"yearly", 366 * 24 * time.Hour, 1},
+	} {
+		cfg := pglimit.Config{Schema: schema, Namespace: c.name, Overrides: true,
+			Limits: []pglimit.Limit{{Name: "slow", Rate: 1, Period: c.period, Burst: 1}}}
+		lim := newLimiterOn(t, pool, cfg)
+		if err := pglimit.SetKeyLimits(ctx, pool, &cfg, "over", pglimit.Limit{Name: "slow", Burst: c.bound + 1}); !errors.Is(err, pglimit.ErrInvalidConfig) {
+			t.Errorf("%s: SetKeyLimits with a burst of %d: %v, want ErrInvalidConfig", c.name, c.bound+1, err)
+		}
+		for key, burst := range map[string]int{"at": c.bound, "over": c.bound + 1} {
+			if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (namespace, key, limits) VALUES ($1, $2, jsonb_build_object('slow', jsonb_build_object('burst', $3::int)))", c.name, key, burst); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d, err := lim.AllowN(ctx, "at", 1); err != nil || !d.Allowed || d.Remaining != c.bound-1 || d.Limit.Burst != c.bound {
+			t.Errorf("%s: a burst of %d, at the bound: %+v, %v; want admitted, %d left", c.name, c.bound, d, err, c.bound-1)
+		}
+		calls := costCalls(pool, lim, true)
+		calls["AllowAtMost"] = func(key string, n int) (pglimit.Decision, error) { return lim.AllowAtMost(ctx, key, n) }
+		for name, call := range calls {
+			if d, err := call("over", 1); !errors.Is(err, pglimit.ErrInvalidConfig) {
+				t.Errorf("%s: %s on a key whose burst of %d is past the bound: %+v, %v; want ErrInvalidConfig", c.name, name, c.bound+1, d, err)
+			}
+		}
+		if n := keyRows(t, pool, schema, c.name, "over"); n != 0 {
+			t.Errorf("%s: the refused key has %d rows, want none", c.name, n)
+		}
+	}
+}
+
+// A cost that the key's own limits can never admit at once is
+// ErrInvalidCost through every entry point, as it is for the limiter's
+// limits, not a refusal whose RetryAfter never comes: for every
+// algorithm, on a new key and on one with state, writing nothing.
+// AllowAtMost grants what the key's limits allow; a cost that only a
+// key's raised limits admit is admitted.
+func TestOverridesCost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	for _, c := range []struct {
+		name                string
+		limit, lower, raise pglimit.Limit // capacity 5, 2 and 8
+	}{
+		{"gcra", pglimit.Limit{Rate: 10, Period: time.Second, Burst: 5}, pglimit.Limit{Burst: 2}, pglimit.Limit{Burst: 8}},
+		{"fixed", pglimit.Limit{Rate: 5, Period: time.Minute, Algorithm: pglimit.FixedWindow}, pglimit.Limit{Rate: 2}, pglimit.Limit{Rate: 8}},
+		{"sliding", pglimit.Limit{Rate: 5, Period: time.Minute, Algorithm: pglimit.SlidingWindow}, pglimit.Limit{Rate: 2}, pglimit.Limit{Rate: 8}},
+		{"calendar", pglimit.Limit{Rate: 5, Algorithm: pglimit.FixedWindow, Calendar: "day"}, pglimit.Limit{Rate: 2}, pglimit.Limit{Rate: 8}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.limit.Name, c.lower.Name, c.raise.Name = "l", "l", "l"
+			cfg := pglimit.Config{Schema: schema, Namespace: c.name, Overrides: true, Limits: []pglimit.Limit{c.limit}}
+			lim := newLimiterOn(t, pool, cfg)
+			for key, l := range map[string]pglimit.Limit{"low": c.lower, "new": c.lower, "most": c.lower, "high": c.raise} {
+				if err := pglimit.SetKeyLimits(ctx, pool, &cfg, key, l); err != nil {
+					t.Fatal(err)
+				}
+			}
+			calls := costCalls(pool, lim, c.limit.Algorithm == pglimit.GCRA)
+			if d, err := lim.Allow(ctx, "low"); err != nil || !d.Allowed {
+				t.Fatalf("Allow: %+v, %v", d, err)
+			}
+			for _, key := range []string{"new", "low"} {
+				for name, call := range calls {
+					if d, err := call(key, 3); !errors.Is(err, pglimit.ErrInvalidCost) {
+						t.Errorf("%s(3) on key %q of capacity 2: %+v, %v; want ErrInvalidCost", name, key, d, err)
+					}
+				}
+			}
+			if n := keyRows(t, pool, schema, c.name, "new"); n != 0 {
+				t.Errorf("the new key has %d rows after costs it could not admit, want none", n)
+			}
+			if d, err := lim.Peek(ctx, "low", 1); err != nil || !d.Allowed || d.Remaining != 0 {
+				t.Errorf("Peek after the refused costs: %+v, %v; want one unit left, as the first Allow left it", d, err)
+			}
+			if d, err := lim.AllowAtMost(ctx, "most", 3); err != nil || !d.Allowed || d.Granted != 2 {
+				t.Errorf("AllowAtMost(3) on a key of capacity 2: %+v, %v; want 2 granted", d, err)
+			}
+			if d, err := lim.AllowN(ctx, "high", 7); err != nil || !d.Allowed || d.Remaining != 1 {
+				t.Errorf("AllowN(7) on a key raised to 8: %+v, %v; want admitted, one left", d, err)
+			}
+			if c.limit.Algorithm == pglimit.GCRA {
+				// 3 units at 100 ms each fit a burst of 2 within a second.
+				if d, err := lim.Reserve(ctx, "new", 3, time.Second); err != nil || !d.Allowed || d.Delay <= 0 {
+					t.Errorf("Reserve(3, 1s) on a key of burst 2: %+v, %v; want admitted with a delay", d, err)
+				}
+			}
+		})
+	}
+}
+
+// A row naming a limit the limiter does not have (a typo), or a value its
+// limit cannot take (a burst on a window, more than one per microsecond),
+// is refused by SetKeyLimits; written by plain SQL, it is never ignored:
+// every decision on the key fails with ErrInvalidConfig naming it, and
+// writes nothing. Whole numbers written as 5.0, which the table accepts,
+// are used.
+func TestOverridesUnusableRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Overrides: true, Limits: []pglimit.Limit{
+		{Name: "per-minute", Rate: 5, Period: time.Minute, Burst: 5},
+		{Name: "daily", Rate: 9, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+	}}
+	lim := newLimiterOn(t, pool, cfg)
+	table := pgx.Identifier{cfg.Schema, "pglimit_overrides"}.Sanitize()
+	insert := func(key, doc string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (namespace, key, limits) VALUES ('default', $1, $2)", key, doc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for key, c := range map[string]struct{ doc, names string }{
+		"typo":        {`{"per-minute": {"rate": 10}, "dialy": {"rate": 20}}`, "dialy"},
+		"window":      {`{"daily": {"burst": 3}}`, "daily"},
+		"per-µs":      {`{"per-minute": {"rate": 60000001}}`, "per-minute"},
+		"two-unknown": {`{"hourly": {"rate": 1}, "weekly": {"rate": 2}}`, `"hourly" "weekly"`},
+	} {
+		insert(key, c.doc)
+		calls := costCalls(pool, lim, false)
+		calls["AllowAtMost"] = func(key string, n int) (pglimit.Decision, error) { return lim.AllowAtMost(ctx, key, n) }
+		for name, call := range calls {
+			d, err := call(key, 1)
+			if !errors.Is(err, pglimit.ErrInvalidConfig) || !strings.Contains(err.Error(), c.names) {
+				t.Errorf("%s on a key whose row is %s: %+v, %v; want ErrInvalidConfig naming %s", name, c.doc, d, err, c.names)
+			}
+		}
+		if n := keyRows(t, pool, cfg.Schema, "default", key); n != 0 {
+			t.Errorf("key %q has %d rows after its decisions failed, want none", key, n)
+		}
+	}
+	insert("decimal", `{"per-minute": {"rate": 6.0, "burst": 2.0}, "daily": {"rate": 4.00}}`)
+	if d, err := lim.AllowN(ctx, "decimal", 2); err != nil || !d.Allowed || d.Remaining != 0 || d.Limit.Burst != 2 {
+		t.Errorf("a row of 6.0, 2.0 and 4.00: %+v, %v; want a burst of 2 used up", d, err)
+	}
+}
+
+// SetKeyLimits on a server that cannot write is ErrReadOnly, and it waits
+// no longer than Config.Timeout for a row another transaction holds
+// (ErrTimeout). Neither writes.
+func TestSetKeyLimitsServerErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Overrides: true, Timeout: 200 * time.Millisecond,
+		Limits: []pglimit.Limit{{Name: "per-minute", Rate: 5, Period: time.Minute}}}
+
+	pcfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	readOnly, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer readOnly.Close()
+	if err := pglimit.SetKeyLimits(ctx, readOnly, &cfg, "k", pglimit.Limit{Name: "per-minute", Rate: 9}); !errors.Is(err, pglimit.ErrReadOnly) {
+		t.Errorf("SetKeyLimits on a read-only server: %v, want ErrReadOnly", err)
+	}
+	if err := pglimit.SetKeyLimits(ctx, readOnly, &cfg, "k"); !errors.Is(err, pglimit.ErrReadOnly) {
+		t.Errorf("SetKeyLimits removing limits on a read-only server: %v, want ErrReadOnly", err)
+	}
+
+	// An uncommitted row of the key: SetKeyLimits' INSERT waits for it.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	table := pgx.Identifier{cfg.Schema, "pglimit_overrides"}.Sanitize()
+	if _, err := tx.Exec(ctx, "INSERT INTO "+table+` (namespace, key, limits) VALUES ('default', 'k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	ctx5, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = pglimit.SetKeyLimits(ctx5, pool, &cfg, "k", pglimit.Limit{Name: "per-minute", Rate: 9})
+	if took := time.Since(start); !errors.Is(err, pglimit.ErrTimeout) || took > time.Second {
+		t.Errorf("SetKeyLimits behind a held row: %v after %s; want ErrTimeout after the 200ms Timeout", err, took.Round(time.Millisecond))
 	}
 }

@@ -23,7 +23,9 @@ var (
 	ErrInvalidKey = errors.New("pglimit: invalid key")
 
 	// ErrInvalidConfig reports a [Config] that cannot be used; the message
-	// names the field.
+	// names the field. A decision returns it for what only the database
+	// shows: a key's row of per-key limits that its limits cannot use
+	// ([Config.Overrides]), or a calendar window's zone it does not know.
 	ErrInvalidConfig = errors.New("pglimit: invalid config")
 
 	// ErrTimeout reports a decision that did not finish within

@@ -93,7 +93,9 @@ func DecisionSQL(limits []Limit, mode Mode, state, tat, now string, params Param
 		caps = append(caps, capacity)
 		switch mode {
 		case Reserve: // GCRA only
-			oks = append(oks, fmt.Sprintf("%s + $4::bigint * %s - %s - %s <= $5::bigint", a, T, now, BT))
+			// a + n*T - now - BT <= maxDelay, with no product that a cost
+			// past the key's own limits (an override's) could overflow.
+			oks = append(oks, fmt.Sprintf("$4::bigint <= ($5::bigint + %s + %s - %s) / %s", BT, now, a, T))
 		case AtMost: // any units at all
 			oks = append(oks, fmt.Sprintf("(%s) >= 1", capacity))
 		default:

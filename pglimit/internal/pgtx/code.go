@@ -8,11 +8,12 @@ import (
 
 // SQLSTATE codes the library reads.
 const (
-	CodeLockNotAvailable     = "55P03"
-	CodeExclusionViolation   = "23P01"
-	CodeSerializationFailure = "40001"
-	CodeReadOnly             = "25006" // read_only_sql_transaction: a standby, or read-only mode
-	CodeQueryCanceled        = "57014" // statement_timeout, or a cancel request
+	CodeLockNotAvailable      = "55P03"
+	CodeExclusionViolation    = "23P01"
+	CodeSerializationFailure  = "40001"
+	CodeReadOnly              = "25006" // read_only_sql_transaction: a standby, or read-only mode
+	CodeQueryCanceled         = "57014" // statement_timeout, or a cancel request
+	CodeInvalidParameterValue = "22023" // such as a time zone the server does not know
 )
 
 // Code returns the SQLSTATE of err, or "" if it is not a server error.

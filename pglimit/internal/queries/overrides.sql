@@ -3,9 +3,14 @@
 -- the limiter's elsewhere; every decision reads them as columns (r<i>,
 -- t<i>, bt<i>: rate, emission interval and burst span) in place of the
 -- limits' constants, and the statement returns the rates and bursts it
--- decided with. Placeholders: general.allow's, and overrides, the
--- overrides table; raw, the raw rate and burst of each limit; derived, the
--- columns derived from them; limits_out, the rates and bursts returned.
+-- decided with, and the names the key's row gives that the limiter lacks.
+-- A row the limits cannot use (ok false) refuses every request, and so
+-- does a cost past what the key's limits admit at once: a new key gets a
+-- refusal too (the last branch), from which the limiter reports the
+-- error. Placeholders: general.allow's, and overrides, the overrides
+-- table; raw, the raw rate and burst of each limit and the unknown names;
+-- derived, the columns derived from them, ok among them; limits_out, the
+-- rates, bursts and unknown names returned.
 {{define "overrides.allow"}}
 WITH eff AS (
     SELECT {{.derived}} FROM (
@@ -36,6 +41,8 @@ SELECT true, x.state, x.tat, x.now, {{.setting}}, {{.limits_out}} FROM decided A
 WHERE CASE WHEN x.new THEN EXISTS (SELECT FROM inserted) ELSE EXISTS (SELECT FROM updated) END
 UNION ALL
 SELECT false, x.state, x.tat, x.now, NULL::text, {{.limits_out}} FROM current AS x WHERE NOT {{.admits}} AND NOT EXISTS (SELECT FROM updated)
+UNION ALL
+SELECT false, x.state, x.tat, x.now, NULL::text, {{.limits_out}} FROM decided AS x WHERE x.new AND NOT x.admits
 {{end}}
 
 -- overrides.peek is general.peek with the key's limits.
