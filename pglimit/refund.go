@@ -58,8 +58,10 @@ func (l *limiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.refunded+n > t.granted {
-		return false, fmt.Errorf("%w: Refund: %d units, but %d of the %d granted are left to give back", ErrInvalidCost, n, t.granted-t.refunded, t.granted)
+	// Compared as what is left, which cannot overflow: n + refunded can.
+	// Then n <= granted, and n*T no more than the admission's own n*T.
+	if left := t.granted - t.refunded; n > left {
+		return false, fmt.Errorf("%w: Refund: %d units, but %d of the %d granted are left to give back", ErrInvalidCost, n, left, t.granted)
 	}
 	emissions := make([]int64, len(t.limits))
 	for i, lim := range t.limits {

@@ -3,6 +3,7 @@ package pglimit_test
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -216,5 +217,71 @@ func TestRefundAfterTransaction(t *testing.T) {
 	d := must(rng.Allow(ctx, "k"))
 	if _, err := rng.Refund(ctx, d, 1); !errors.Is(err, pglimit.ErrUnsupported) {
 		t.Fatalf("Refund on Range: %v, want ErrUnsupported", err)
+	}
+}
+
+// refundLimits are one limit of each kind, and several at once, with a
+// quota of 5 that nothing replenishes within a test.
+var refundLimits = map[string][]pglimit.Limit{
+	"fixed":    {{Name: "hourly", Rate: 5, Period: time.Hour, Algorithm: pglimit.FixedWindow}},
+	"sliding":  {{Name: "hourly", Rate: 5, Period: time.Hour, Algorithm: pglimit.SlidingWindow}},
+	"calendar": {{Name: "daily", Rate: 5, Algorithm: pglimit.FixedWindow, Calendar: "day"}},
+	"gcra":     {{Name: "hourly", Rate: 5, Period: time.Hour, Burst: 5}},
+	"several": {
+		{Name: "burst", Rate: 5, Period: time.Hour, Burst: 5},
+		{Name: "daily", Rate: 5, Algorithm: pglimit.FixedWindow, Calendar: "day"},
+		{Name: "hourly", Rate: 5, Period: time.Hour, Algorithm: pglimit.SlidingWindow},
+	},
+}
+
+// admissions counts the units lim admits on key, one at a time, until it
+// refuses; shadow admissions consume nothing and do not count.
+func admissions(t *testing.T, lim pglimit.Limiter, key string) int {
+	t.Helper()
+	ctx := context.Background()
+	for n := 0; ; n++ {
+		d, err := lim.Allow(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed || d.Shadow || n > 20 {
+			return n
+		}
+	}
+}
+
+// Refund never gives back more units than the decision took, however
+// large n is: n = math.MaxInt after a first refund once passed a guard
+// that overflowed, and with it every later refund.
+func TestRefundOverflow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	for name, limits := range refundLimits {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			must := decided(t)
+			lim := newLimiterOn(t, testdb.Pool(t), pglimit.Config{Schema: schema, Namespace: name, Limits: limits})
+			d := must(lim.AllowN(ctx, "k", 2))
+			if ok, err := lim.Refund(ctx, d, 1); err != nil || !ok {
+				t.Fatalf("Refund of 1 of 2: %v, %v; want given back", ok, err)
+			}
+			for _, n := range []int{math.MaxInt, math.MaxInt - 1, 2} {
+				if ok, err := lim.Refund(ctx, d, n); !errors.Is(err, pglimit.ErrInvalidCost) || ok {
+					t.Fatalf("Refund of %d with 1 unit left: %v, %v; want ErrInvalidCost", n, ok, err)
+				}
+			}
+			if ok, err := lim.Refund(ctx, d, 1); err != nil || !ok {
+				t.Fatalf("Refund of the last unit: %v, %v; want given back", ok, err)
+			}
+			for range 5 {
+				if ok, err := lim.Refund(ctx, d, 1); !errors.Is(err, pglimit.ErrInvalidCost) || ok {
+					t.Fatalf("Refund with nothing left: %v, %v; want ErrInvalidCost", ok, err)
+				}
+			}
+			if n := admissions(t, lim, "k"); n != 5 {
+				t.Fatalf("%d admitted after the refunds, want the quota, 5", n)
+			}
+		})
 	}
 }
