@@ -49,14 +49,14 @@ func newOverrideStatements(limits []Limit, table, overrides, column, lock string
 		}
 		admits, state, expires := arith.DecisionSQL(sp, arith.Mode(mode), "x.state", "x.tat", "x.now", params("x."))
 		guard, _, _ := arith.DecisionSQL(sp, arith.Mode(mode), "c.state", "c.tat", "c.now", params("c."))
-		stmt := func(column string) string {
+		stmt := func(column, returning string) string {
 			return queries.Text("overrides.allow", queries.Args{
-				"table": table, "setting": column, "lock": lock, "admits": admits, "new_state": state,
+				"table": table, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
 				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
 				"overrides": overrides, "raw": strings.Join(raw, ", "), "derived": strings.Join(derived, ", "), "limits_out": out,
 			})
 		}
-		g.own[mode], g.tx[mode] = stmt(column), stmt(noSettingColumn)
+		g.own[mode], g.tx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
 	}
 	g.peek = queries.Text("overrides.peek", queries.Args{
 		"table": table, "overrides": overrides, "raw": strings.Join(raw, ", "), "derived": strings.Join(derived, ", "), "limits_out": out,
