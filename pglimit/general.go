@@ -38,13 +38,13 @@ func newGeneralStatements(limits []Limit, table, column, lock string) generalSta
 		}
 		admits, state, expires := arith.DecisionSQL(sp, arith.Mode(mode), "x.state", "x.tat", "x.now", nil)
 		guard, _, _ := arith.DecisionSQL(sp, arith.Mode(mode), "c.state", "c.tat", "c.now", nil)
-		stmt := func(column string) string {
+		stmt := func(column, returning string) string {
 			return queries.Text("general.allow", queries.Args{
-				"table": table, "setting": column, "lock": lock, "admits": admits, "new_state": state,
+				"table": table, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
 				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
 			})
 		}
-		g.own[mode], g.tx[mode] = stmt(column), stmt(noSettingColumn)
+		g.own[mode], g.tx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
 	}
 	g.peek = queries.Text("general.peek", queries.Args{"table": table})
 	return g
@@ -53,8 +53,8 @@ func newGeneralStatements(limits []Limit, table, column, lock string) generalSta
 // scanGeneral reads a general statement's answer: whether it admitted, the
 // row's state and expires_at (µs) it decided on, and the time; the rest of
 // the Decision is computed from them. For Peek, which decides here, the
-// first column is NULL.
-func (l *limiter) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decision, decided bool, err error) {
+// first column is NULL. The extra column goes to setting (nil: not read).
+func (l *limiter) scanGeneral(row pgx.Row, n, mode int, maxDelay int64, setting any) (d Decision, decided bool, err error) {
 	var r struct {
 		admitted      *bool
 		state         []int64
@@ -63,7 +63,7 @@ func (l *limiter) scanGeneral(row pgx.Row, n, mode int, maxDelay int64) (d Decis
 		rates, bursts []int64
 		unknown       []string
 	}
-	dest := []any{&r.admitted, &r.state, &r.tat, &r.now, nil}
+	dest := []any{&r.admitted, &r.state, &r.tat, &r.now, setting}
 	if l.cfg.Overrides {
 		dest = append(dest, &r.rates, &r.bursts, &r.unknown)
 	}

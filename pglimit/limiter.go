@@ -82,10 +82,14 @@ type limiter struct {
 var _ Limiter = (*limiter)(nil)
 
 // The value of an extra column in a statement's admitting branches:
-// asynchronous commit's setting, or none (internal/queries, setting.*).
+// asynchronous commit's setting, none, or in a caller's transaction the
+// id of the one that wrote the row, for Refund (internal/queries,
+// setting.*), which needs the writes to return xactReturning.
 var (
 	asyncCommitColumn = queries.Static("setting.async")
 	noSettingColumn   = queries.Static("setting.none")
+	xactColumn        = queries.Static("setting.xact")
+	xactReturning     = queries.Static("returning.xact")
 )
 
 // maxAttempts bounds how often a decision re-runs its statement: after a
@@ -121,9 +125,13 @@ func newStmtLimiter(l *limiter, table, fast, lock, contended string) *limiter {
 		column = asyncCommitColumn
 	}
 	l.single = len(l.cfg.Limits) == 1 && l.cfg.Limits[0].Algorithm == GCRA && !l.cfg.Overrides
+	txColumn := xactColumn
+	if lock == "" {
+		txColumn = noSettingColumn // Range, which refunds nothing
+	}
 	l.plain = statements{
-		fast:   queries.Text(fast, queries.Args{"table": table, "setting": column}),
-		fastTx: queries.Text(fast, queries.Args{"table": table, "setting": noSettingColumn}),
+		fast:   queries.Text(fast, queries.Args{"table": table, "setting": column, "returning": ""}),
+		fastTx: queries.Text(fast, queries.Args{"table": table, "setting": txColumn, "returning": xactReturning}),
 	}
 	l.resetSQL = queries.Text("reset", queries.Args{"table": table, "channel": invalidateChannel})
 	l.rangeArgs = lock == ""
@@ -206,12 +214,20 @@ func (l *limiter) generalQuery(key string, n, mode int, maxDelay time.Duration) 
 	return q
 }
 
-func (l *limiter) scan(row pgx.Row, q query) (Decision, bool, error) {
+// scan reads q's answer. In a caller's transaction (inTx), the extra
+// column of an admission is the id of the transaction that wrote it,
+// which its refund ticket keeps; elsewhere it is not read.
+func (l *limiter) scan(row pgx.Row, q query, inTx bool) (Decision, bool, error) {
 	key := q.args[1].(string)
+	var xact *string
+	var setting any
+	if inTx {
+		setting = &xact
+	}
 	if q.general {
-		d, decided, err := l.scanGeneral(row, q.n, q.mode, q.maxDelay)
+		d, decided, err := l.scanGeneral(row, q.n, q.mode, q.maxDelay, setting)
 		if d.refund != nil {
-			d.refund.key = key
+			d.refund.key, d.refund.xact = key, xact
 		}
 		return d, decided, err
 	}
@@ -219,11 +235,14 @@ func (l *limiter) scan(row pgx.Row, q query) (Decision, bool, error) {
 		ok       bool
 		tat, now int64
 	}
-	if err := row.Scan(&r.ok, &r.tat, &r.now, nil); err != nil {
+	if err := row.Scan(&r.ok, &r.tat, &r.now, setting); err != nil {
 		return Decision{}, false, noRowsAsUndecided(err)
 	}
-	d := l.gcraDecision(r.ok, r.tat, r.now, q.n)
-	return l.withTicket(d, key, l.cfg.Limits, []int64{r.tat}), true, nil
+	d := l.withTicket(l.gcraDecision(r.ok, r.tat, r.now, q.n), key, l.cfg.Limits, []int64{r.tat})
+	if d.refund != nil {
+		d.refund.xact = xact
+	}
+	return d, true, nil
 }
 
 // noRowsAsUndecided turns "no row" into a nil error: the statement did not
@@ -334,7 +353,7 @@ func (l *limiter) Peek(ctx context.Context, key string, n int) (Decision, error)
 			return l.peekRange(ctx, key, n)
 		}
 		row := l.db.QueryRow(ctx, l.stmts().peek, l.args.namespace, key)
-		d, _, err := l.scanGeneral(row, n, modeAllow, 0)
+		d, _, err := l.scanGeneral(row, n, modeAllow, 0, nil)
 		return d, err
 	})
 }
@@ -366,7 +385,7 @@ func (l *limiter) run(ctx context.Context, q query) (Decision, error) {
 		return Decision{}, err
 	}
 	for range maxAttempts {
-		d, decided, err := l.scan(l.db.QueryRow(ctx, l.sql(q, false), q.args...), q)
+		d, decided, err := l.scan(l.db.QueryRow(ctx, l.sql(q, false), q.args...), q, false)
 		switch code := pgtx.Code(err); {
 		case code == pgtx.CodeSerializationFailure:
 			continue // the statement was its own transaction: run it afresh
@@ -412,7 +431,7 @@ func (l *limiter) runTx(ctx context.Context, tx DB, q query) (Decision, error) {
 // runInSavepoint runs q in a savepoint of tx: see pgtx.InSavepoint.
 func (l *limiter) runInSavepoint(ctx context.Context, tx DB, q query) (d Decision, decided bool, err error) {
 	err = pgtx.InSavepoint(ctx, tx, l.cfg.Timeout, l.sql(q, true), q.args, func(row pgx.Row) error {
-		d, decided, err = l.scan(row, q)
+		d, decided, err = l.scan(row, q, true)
 		return err
 	})
 	return d, decided, err

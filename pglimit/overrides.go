@@ -72,14 +72,14 @@ func newOverrideStatements(limits []Limit, table, overrides, column, lock string
 		// overflow: the new state is computed for an admission only.
 		state = "CASE WHEN " + admits + " THEN " + state + " END"
 		expires = "CASE WHEN " + admits + " THEN " + expires + " END"
-		stmt := func(column string) string {
+		stmt := func(column, returning string) string {
 			return queries.Text("overrides.allow", queries.Args{
-				"table": table, "setting": column, "lock": lock, "admits": admits, "new_state": state,
+				"table": table, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
 				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
 				"overrides": overrides, "raw": strings.Join(raw, ", "), "derived": strings.Join(derived, ", "), "limits_out": out,
 			})
 		}
-		g.own[mode], g.tx[mode] = stmt(column), stmt(noSettingColumn)
+		g.own[mode], g.tx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
 	}
 	g.peek = queries.Text("overrides.peek", queries.Args{
 		"table": table, "overrides": overrides, "raw": strings.Join(raw, ", "), "derived": strings.Join(derived, ", "), "limits_out": out,

@@ -109,12 +109,25 @@ type Limiter interface {
 	// limit takes them back only while the admission still weighs on it
 	// as it left it. A GCRA limit, only if nothing admitted since still
 	// counts (its TAT is the one d left); a window, only within the window
-	// d counted in. It reports whether every limit took them back; false
-	// means some could not, which is no error. Inside the caller's
-	// transaction, a rollback gives the units back by itself: Refund is
-	// for work that fails after its decision committed. [ErrUnsupported]
-	// on Range and for units served from a lease; [ErrInvalidCost] for a
-	// refusal, another limiter's decision, or more units than are left.
+	// d counted in. Each limit decides for itself: true means that every
+	// limit took the units back, false that at least one kept them (any
+	// other took them back), which is no error. Either way the n units are
+	// spent: d has n fewer left to give back.
+	//
+	// A decision of AllowTx or AllowTxN gives back only what its
+	// transaction committed. If the transaction rolled back, or a savepoint
+	// of it around the decision did, d took nothing, and Refund gives
+	// nothing back and reports false. While that transaction is open,
+	// Refund cannot know: it is [ErrInvalidCost], changes nothing, and
+	// does not wait for the transaction; refund after the commit (work
+	// that fails inside the transaction needs no refund, as its rollback
+	// gives the units back). A decision so old that the server no longer
+	// knows whether its transaction committed is not refunded: false.
+	//
+	// [ErrUnsupported] on Range, on a table Citus distributes, and for
+	// units served from a lease; [ErrInvalidCost] for a refusal (a shadow
+	// or fallback admission among them), another limiter's decision, n
+	// not positive, or more units than are left.
 	Refund(ctx context.Context, d Decision, n int) (bool, error)
 
 	// Peek returns the decision AllowN(ctx, key, n) would make now, and

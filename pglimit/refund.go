@@ -18,6 +18,12 @@ type refundTicket struct {
 	owner  *limiter
 	key    string
 	limits []Limit
+	// xact is, for a decision in a caller's transaction, the id of the
+	// (sub)transaction that wrote it (internal/queries, setting.xact): a
+	// refund gives back only what it took once it committed. nil for a
+	// decision in its own transaction, which committed before it was
+	// returned.
+	xact *string
 
 	mu       sync.Mutex
 	granted  int
@@ -58,29 +64,31 @@ func (l *limiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.refunded+n > t.granted {
-		return false, fmt.Errorf("%w: Refund: %d units, but %d of the %d granted are left to give back", ErrInvalidCost, n, t.granted-t.refunded, t.granted)
+	// Compared as what is left, which cannot overflow: n + refunded can.
+	// Then n <= granted, and n*T no more than the admission's own n*T.
+	if left := t.granted - t.refunded; n > left {
+		return false, fmt.Errorf("%w: Refund: %d units, but %d of the %d granted are left to give back", ErrInvalidCost, n, left, t.granted)
 	}
 	emissions := make([]int64, len(t.limits))
 	for i, lim := range t.limits {
 		emissions[i] = lim.emission()
 	}
-	args := []any{l.cfg.Namespace, t.key, t.anchors, int64(n), emissions}
+	args := []any{l.cfg.Namespace, t.key, t.anchors, int64(n), emissions, t.xact}
 	if len(t.limits) == 1 && t.limits[0].Algorithm == GCRA {
-		args = []any{l.cfg.Namespace, t.key, t.anchors[0], int64(n) * emissions[0]}
+		args = []any{l.cfg.Namespace, t.key, t.anchors[0], int64(n) * emissions[0], t.xact}
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
 	defer cancel()
-	var took []bool
-	err := l.db.QueryRow(ctx, l.refundSQL, args...).Scan(&took)
-	if err != nil && noRowsAsUndecided(err) == nil {
-		err, took = nil, make([]bool, len(t.limits)) // the key's row is gone or changed shape
-	}
-	if err != nil {
+	var made *string // how the decision's transaction ended; nil: too old to tell
+	var took []bool  // nil: no limit was asked to take the units back
+	if err := l.db.QueryRow(ctx, l.refundSQL, args...).Scan(&made, &took); err != nil {
 		return false, l.wrap(ctx, fmt.Errorf("refund: %w", err))
 	}
+	if made != nil && *made == "in progress" {
+		return false, fmt.Errorf("%w: Refund: the transaction of the decision has not ended; refund after it commits", ErrInvalidCost)
+	}
 	t.refunded += n
-	all := true
+	all := took != nil
 	for i, ok := range took {
 		all = all && ok
 		if ok && t.limits[i].Algorithm == GCRA {

@@ -3,10 +3,15 @@ package pglimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
@@ -216,5 +221,314 @@ func TestRefundAfterTransaction(t *testing.T) {
 	d := must(rng.Allow(ctx, "k"))
 	if _, err := rng.Refund(ctx, d, 1); !errors.Is(err, pglimit.ErrUnsupported) {
 		t.Fatalf("Refund on Range: %v, want ErrUnsupported", err)
+	}
+}
+
+// refundLimits are one limit of each kind, and several at once, with a
+// quota of 5 that nothing replenishes within a test.
+var refundLimits = map[string][]pglimit.Limit{
+	"fixed":    {{Name: "hourly", Rate: 5, Period: time.Hour, Algorithm: pglimit.FixedWindow}},
+	"sliding":  {{Name: "hourly", Rate: 5, Period: time.Hour, Algorithm: pglimit.SlidingWindow}},
+	"calendar": {{Name: "daily", Rate: 5, Algorithm: pglimit.FixedWindow, Calendar: "day"}},
+	"gcra":     {{Name: "hourly", Rate: 5, Period: time.Hour, Burst: 5}},
+	"several": {
+		{Name: "burst", Rate: 5, Period: time.Hour, Burst: 5},
+		{Name: "daily", Rate: 5, Algorithm: pglimit.FixedWindow, Calendar: "day"},
+		{Name: "hourly", Rate: 5, Period: time.Hour, Algorithm: pglimit.SlidingWindow},
+	},
+}
+
+// admissions counts the units lim admits on key, one at a time, until it
+// refuses; shadow admissions consume nothing and do not count.
+func admissions(t *testing.T, lim pglimit.Limiter, key string) int {
+	t.Helper()
+	ctx := context.Background()
+	for n := 0; ; n++ {
+		d, err := lim.Allow(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed || d.Shadow || n > 20 {
+			return n
+		}
+	}
+}
+
+// A decision made in a caller's transaction that did not commit took
+// nothing, so a refund of it gives nothing back: not after a rollback,
+// not when an admission after the rollback left the key as the decision
+// had, and not after a rollback to a savepoint around it in a transaction
+// that then committed. One that committed is given back. The caller's
+// transaction runs at READ COMMITTED and at REPEATABLE READ, on Upsert and
+// NoWait.
+func TestRefundAfterRollback(t *testing.T) {
+	t.Parallel()
+	schema := testdb.Schema(t)
+	for name, limits := range refundLimits {
+		for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+			t.Run(name+"/"+string(s), func(t *testing.T) {
+				t.Parallel()
+				refundAfterRollback(t, pglimit.Config{Schema: schema, Namespace: name + "/" + string(s), Strategy: s, Limits: limits})
+			})
+		}
+	}
+}
+
+// refundAfterRollback is TestRefundAfterRollback for one limiter.
+func refundAfterRollback(t *testing.T, cfg pglimit.Config) {
+	ctx := context.Background()
+	ends := []struct {
+		name   string
+		end    func(tx pgx.Tx) error
+		allow  bool // one more admission after the transaction
+		refund bool // what Refund reports
+		left   int  // units admitted after the refund, of 5
+	}{
+		{"rollback", func(tx pgx.Tx) error { return tx.Rollback(ctx) }, false, false, 3},
+		{"rollback, then an admission", func(tx pgx.Tx) error { return tx.Rollback(ctx) }, true, false, 2},
+		{"rollback to a savepoint", func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT work"); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		}, false, false, 3},
+		{"commit", func(tx pgx.Tx) error { return tx.Commit(ctx) }, false, true, 3},
+	}
+	must := decided(t)
+	pool := testdb.Pool(t)
+	lim := newLimiterOn(t, pool, cfg)
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead} {
+		for _, e := range ends {
+			key := fmt.Sprintf("%s/%s", iso, e.name)
+			must(lim.Allow(ctx, key))
+			must(lim.Allow(ctx, key))
+			tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, "SAVEPOINT work"); err != nil {
+				t.Fatal(err)
+			}
+			d, err := lim.AllowTx(ctx, tx, key)
+			if err != nil || !d.Allowed {
+				t.Fatalf("%s: AllowTx: %+v, %v", key, d, err)
+			}
+			if err := e.end(tx); err != nil {
+				t.Fatal(err)
+			}
+			if e.allow {
+				if d := must(lim.Allow(ctx, key)); !d.Allowed {
+					t.Fatalf("%s: the third admission: %+v", key, d)
+				}
+			}
+			if ok, err := lim.Refund(ctx, d, 1); err != nil || ok != e.refund {
+				t.Fatalf("%s: Refund: %v, %v; want %t", key, ok, err, e.refund)
+			}
+			if n := admissions(t, lim, key); n != e.left {
+				t.Fatalf("%s: %d admitted after the refund, want %d", key, n, e.left)
+			}
+		}
+	}
+}
+
+// A refund while the decision's transaction is still open cannot know
+// whether it will commit: it is an error that changes nothing, returned
+// without waiting for the lock the transaction holds on the key's row,
+// and the same refund after the commit gives the units back.
+func TestRefundOpenTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	for name, limits := range refundLimits {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool := testdb.Pool(t)
+			lim := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Namespace: name, Limits: limits, Timeout: 5 * time.Second})
+			if d := decided(t)(lim.Allow(ctx, "k")); !d.Allowed {
+				t.Fatalf("the first admission: %+v", d)
+			}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			d, err := lim.AllowTx(ctx, tx, "k")
+			if err != nil || !d.Allowed {
+				t.Fatalf("AllowTx: %+v, %v", d, err)
+			}
+			start := time.Now()
+			if ok, err := lim.Refund(ctx, d, 1); !errors.Is(err, pglimit.ErrInvalidCost) || ok {
+				t.Fatalf("Refund while the transaction is open: %v, %v; want ErrInvalidCost", ok, err)
+			}
+			if waited := time.Since(start); waited > time.Second {
+				t.Fatalf("Refund while the transaction is open took %s: it waited for the row lock", waited)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := lim.Refund(ctx, d, 1); err != nil || !ok {
+				t.Fatalf("Refund after the commit: %v, %v; want given back", ok, err)
+			}
+			if n := admissions(t, lim, "k"); n != 4 {
+				t.Fatalf("%d admitted after the refund, want 4", n)
+			}
+		})
+	}
+}
+
+// Shadow mode lets a refusal through as an admission that consumed
+// nothing: refunding it is an error and gives nothing back, in or out of
+// a caller's transaction.
+func TestRefundShadow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	for name, limits := range refundLimits {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			must := decided(t)
+			pool := testdb.Pool(t)
+			lim := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Namespace: name, Limits: limits, Shadow: true})
+			if n := admissions(t, lim, "k"); n != 5 {
+				t.Fatalf("%d admitted for real, want 5", n)
+			}
+			shadowed := must(lim.Allow(ctx, "k"))
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inTx, err := lim.AllowTx(ctx, tx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range []pglimit.Decision{shadowed, inTx} {
+				if !d.Allowed || !d.Shadow {
+					t.Fatalf("past the quota in shadow mode: %+v, want a shadow admission", d)
+				}
+				if ok, err := lim.Refund(ctx, d, 1); !errors.Is(err, pglimit.ErrInvalidCost) || ok {
+					t.Fatalf("Refund of a shadow admission: %v, %v; want ErrInvalidCost", ok, err)
+				}
+			}
+			if n := admissions(t, lim, "k"); n != 0 {
+				t.Fatalf("%d admitted for real after the refunds of shadow admissions, want 0", n)
+			}
+		})
+	}
+}
+
+// Refund never gives back more units than the decision took, however
+// large n is: n = math.MaxInt after a first refund once passed a guard
+// that overflowed, and with it every later refund.
+func TestRefundOverflow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	for name, limits := range refundLimits {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			must := decided(t)
+			lim := newLimiterOn(t, testdb.Pool(t), pglimit.Config{Schema: schema, Namespace: name, Limits: limits})
+			d := must(lim.AllowN(ctx, "k", 2))
+			if ok, err := lim.Refund(ctx, d, 1); err != nil || !ok {
+				t.Fatalf("Refund of 1 of 2: %v, %v; want given back", ok, err)
+			}
+			for _, n := range []int{math.MaxInt, math.MaxInt - 1, 2} {
+				if ok, err := lim.Refund(ctx, d, n); !errors.Is(err, pglimit.ErrInvalidCost) || ok {
+					t.Fatalf("Refund of %d with 1 unit left: %v, %v; want ErrInvalidCost", n, ok, err)
+				}
+			}
+			if ok, err := lim.Refund(ctx, d, 1); err != nil || !ok {
+				t.Fatalf("Refund of the last unit: %v, %v; want given back", ok, err)
+			}
+			for range 5 {
+				if ok, err := lim.Refund(ctx, d, 1); !errors.Is(err, pglimit.ErrInvalidCost) || ok {
+					t.Fatalf("Refund with nothing left: %v, %v; want ErrInvalidCost", ok, err)
+				}
+			}
+			if n := admissions(t, lim, "k"); n != 5 {
+				t.Fatalf("%d admitted after the refunds, want the quota, 5", n)
+			}
+		})
+	}
+}
+
+// Two instances, each on its own pool, admit in callers' transactions
+// that commit or roll back at random (at READ COMMITTED or REPEATABLE
+// READ) and refund at random on one key: a refund of a rolled-back
+// decision gives nothing back, and afterwards exactly the quota less the
+// committed admissions not given back is admitted.
+func TestRefundTwoPools(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	for name, limits := range refundLimits {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := pglimit.Config{Schema: schema, Namespace: name, Limits: limits, Timeout: 10 * time.Second}
+			pools := []*pgxpool.Pool{testdb.Pool(t), testdb.Pool(t)}
+			lims := []pglimit.Limiter{newLimiterOn(t, pools[0], cfg), newLimiterOn(t, pools[1], cfg)}
+			var mu sync.Mutex
+			held := 0
+			var wg sync.WaitGroup
+			for i := range 6 {
+				wg.Go(func() {
+					pool, lim := pools[i%2], lims[i%2]
+					rng := rand.New(rand.NewPCG(uint64(i), 11))
+					for range 12 {
+						iso := pgx.ReadCommitted
+						if rng.IntN(2) == 0 {
+							iso = pgx.RepeatableRead
+						}
+						tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						d, err := lim.AllowTx(ctx, tx, "k")
+						commit := rng.IntN(2) == 0
+						if err == nil && commit {
+							err = tx.Commit(ctx)
+						} else {
+							err = errors.Join(err, tx.Rollback(ctx))
+						}
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if !d.Allowed {
+							continue
+						}
+						back := false
+						if rng.IntN(2) == 0 {
+							if back, err = lim.Refund(ctx, d, 1); err != nil {
+								t.Error(err)
+								return
+							}
+						}
+						if back && !commit {
+							t.Errorf("a refund of a rolled-back decision gave its unit back")
+						}
+						mu.Lock()
+						if commit && !back {
+							held++
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			if t.Failed() {
+				return
+			}
+			if held > 5 {
+				t.Fatalf("%d committed admissions not given back, more than the quota of 5", held)
+			}
+			if n := admissions(t, lims[0], "k"); n != 5-held {
+				t.Fatalf("%d committed admissions not given back: %d admitted after, want %d", held, n, 5-held)
+			}
+		})
 	}
 }

@@ -298,3 +298,61 @@ func TestAcquireTx(t *testing.T) {
 		t.Fatalf("Acquire after one committed AcquireTx: %+v, %v; want refused, 1 held", s, err)
 	}
 }
+
+// A decision in a database/sql transaction is refunded only once that
+// transaction has committed: a rolled-back one took nothing, even when an
+// admission after the rollback left the key as it had.
+func TestRefundAfterTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqlDB(t)
+	cases := map[string]pglimit.Config{
+		"two limits": {Limits: []pglimit.Limit{
+			{Name: "burst", Rate: 5, Period: time.Hour, Burst: 5},
+			{Name: "daily", Algorithm: pglimit.FixedWindow, Rate: 5, Period: 24 * time.Hour},
+		}},
+		"gcra": {Limits: []pglimit.Limit{{Name: "burst", Rate: 5, Period: time.Hour, Burst: 5}}},
+	}
+	for name, cfg := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			lim := newLimiter(t, db, cfg)
+			decideIn := func(commit bool) pglimit.Decision {
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback()
+				d, err := lim.AllowTx(ctx, pglimitsql.Tx(tx), "k")
+				if err != nil || !d.Allowed {
+					t.Fatalf("AllowTx: %+v, %v", d, err)
+				}
+				if commit {
+					if err := tx.Commit(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return d
+			}
+			if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+				t.Fatalf("the first Allow: %+v, %v", d, err)
+			}
+			rolledBack := decideIn(false)
+			if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+				t.Fatalf("Allow after the rollback: %+v, %v", d, err)
+			}
+			if ok, err := lim.Refund(ctx, rolledBack, 1); err != nil || ok {
+				t.Fatalf("Refund of a rolled-back decision: %v, %v; want nothing given back", ok, err)
+			}
+			if ok, err := lim.Refund(ctx, decideIn(true), 1); err != nil || !ok {
+				t.Fatalf("Refund of a committed decision: %v, %v; want given back", ok, err)
+			}
+			for i := range 4 {
+				d, err := lim.Allow(ctx, "k")
+				if err != nil || d.Allowed != (i < 3) {
+					t.Fatalf("admission %d of the 3 left: %+v, %v", i+1, d, err)
+				}
+			}
+		})
+	}
+}

@@ -16,13 +16,13 @@
 -- pglimit_decide of migration 00004, which computes the same) cost as much
 -- as the rest of the statement.
 --
--- Placeholders: table; setting, as in upsert.allow; lock, the lock clause
--- (FOR UPDATE, or nowait.lock); admits, new_state and new_expires, whether
--- x (state, tat, now) admits the request, its new state and its new
--- expires_at; guard, whether c (the same) does; state, the state column as
--- the statement reads it (of the limits' shape, else NULL). $1 namespace,
--- $2 key, $3 the key's lock class, $4 n, and for Reserve $5 the maximum
--- delay in µs.
+-- Placeholders: table; setting and returning, as in upsert.allow; lock,
+-- the lock clause (FOR UPDATE, or nowait.lock); admits, new_state and
+-- new_expires, whether x (state, tat, now) admits the request, its new
+-- state and its new expires_at; guard, whether c (the same) does; state,
+-- the state column as the statement reads it (of the limits' shape, else
+-- NULL). $1 namespace, $2 key, $3 the key's lock class, $4 n, and for
+-- Reserve $5 the maximum delay in µs.
 {{define "general.allow"}}
 WITH locked AS (
     SELECT t.state, t.expires_at FROM {{.table}} AS t
@@ -58,13 +58,13 @@ SELECT false, x.state, x.tat, x.now, NULL::text FROM current AS x WHERE NOT {{.a
     SET state = d.new_state, expires_at = timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
     FROM decided AS d
     WHERE t.namespace = $1 AND t.key = $2 AND d.admits AND NOT d.new
-    RETURNING 1
+    RETURNING 1{{.returning}}
 ), inserted AS (
     INSERT INTO {{.table}} (namespace, key, state, expires_at)
     SELECT $1, $2, d.new_state, timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
     FROM decided AS d WHERE d.admits AND d.new
     ON CONFLICT (namespace, key) DO NOTHING
-    RETURNING 1
+    RETURNING 1{{.returning}}
 ){{end}}
 
 -- general.peek is the key's row as the snapshot sees it, and the time:

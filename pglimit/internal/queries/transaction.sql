@@ -8,6 +8,21 @@
 {{define "setting.async"}}set_config('synchronous_commit', 'off', true){{end}}
 {{define "setting.none"}}NULL::text{{end}}
 
+-- setting.xact is the extra column of a decision in a caller's
+-- transaction: the id (xid8, as text) of the subtransaction that wrote the
+-- key's row, the decision's savepoint, by which a refund learns whether
+-- the write committed (refund.made). Not the caller's top transaction's
+-- id: a rollback to a savepoint of the caller's around the decision undoes
+-- the write in a transaction that still commits. The row version's xmin
+-- is that subtransaction's 32-bit id; its epoch is the top transaction's
+-- (pg_current_xact_id), whose id precedes it by less than 2^32. It reads
+-- the xmin that the writes return with returning.xact, which the
+-- statement's updated and inserted CTEs must then carry.
+{{define "setting.xact"}}(SELECT (top.id + (w.xmin::text::bigint - top.id % 4294967296 + 4294967296) % 4294967296)::text
+    FROM (SELECT xmin FROM updated UNION ALL SELECT xmin FROM inserted) AS w,
+        (SELECT pg_current_xact_id()::text::bigint AS id) AS top){{end}}
+{{define "returning.xact"}}, xmin{{end}}
+
 -- The savepoint around a statement run in a caller's transaction (AllowTx,
 -- Semaphore.AcquireTx). The caller's lock_timeout is kept in a placeholder
 -- setting and restored; a rollback to the savepoint restores it too. $1 of

@@ -22,7 +22,9 @@
 -- statement_timestamp() would date the units from before the wait.
 --
 -- Placeholders: table; setting, the column the admitting branches return
--- (NULL::text, or the set_config of asynchronous commit). $1 namespace,
+-- (NULL::text, the set_config of asynchronous commit, or setting.xact in a
+-- caller's transaction); returning, what the writes return besides (empty,
+-- or returning.xact for setting.xact). $1 namespace,
 -- $2 key, $3 n*T µs, $4 the key's lock class, $5 tau µs.
 {{define "upsert.allow"}}
 WITH locked AS (
@@ -83,7 +85,7 @@ stamp AS (
     SET expires_at = greatest(s.expires_at, s.now) + $3::bigint * interval '1 microsecond'
     FROM stamp AS s
     WHERE t.namespace = $1 AND t.key = $2
-    RETURNING t.expires_at, s.now
+    RETURNING t.expires_at, s.now{{.returning}}
 ), current AS (
     SELECT t.expires_at, clock_timestamp() AS now FROM {{.table}} AS t
     WHERE t.namespace = $1 AND t.key = $2
@@ -96,7 +98,7 @@ stamp AS (
     INSERT INTO {{.table}} (namespace, key, expires_at)
     SELECT $1, $2, f.now + $3::bigint * interval '1 microsecond' FROM fresh AS f
     ON CONFLICT (namespace, key) DO NOTHING
-    RETURNING expires_at
+    RETURNING expires_at{{.returning}}
 )
 SELECT true, (extract(epoch FROM expires_at) * 1000000)::bigint, (extract(epoch FROM now) * 1000000)::bigint, {{.setting}}
 FROM updated
