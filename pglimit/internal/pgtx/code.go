@@ -9,6 +9,7 @@ import (
 // SQLSTATE codes the library reads.
 const (
 	CodeLockNotAvailable     = "55P03"
+	CodeQueryCanceled        = "57014" // statement_timeout, or a cancel request
 	CodeExclusionViolation   = "23P01"
 	CodeSerializationFailure = "40001"
 	CodeReadOnly             = "25006" // read_only_sql_transaction: a standby, or read-only mode
@@ -32,4 +33,14 @@ func Code(err error) string {
 // read-only mode, or a connection that pgx knows to be read-only.
 func ReadOnly(err error) bool {
 	return Code(err) == CodeReadOnly || errors.Is(err, pgconn.ErrReadOnlyConnection)
+}
+
+// ServerTimeout reports whether err says the server gave up waiting: a
+// lock_timeout (55P03) or a statement_timeout (57014).
+func ServerTimeout(err error) bool {
+	switch Code(err) {
+	case CodeLockNotAvailable, CodeQueryCanceled:
+		return true
+	}
+	return false
 }
