@@ -90,11 +90,15 @@ func pipelined(ctx context.Context, bs batchSender, sql string, args []any, scan
 }
 
 // steps runs the statement, then the restore and the release, which have
-// no arguments and go in one simple-protocol message.
+// no arguments and go in one simple-protocol message. They follow a
+// statement that returned no row too, as they do in the pipeline.
 func steps(ctx context.Context, tx DB, sql string, args []any, scan func(pgx.Row) error) error {
-	if err := scan(tx.QueryRow(ctx, sql, args...)); err != nil {
+	err := scan(tx.QueryRow(ctx, sql, args...))
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
-	_, err := tx.Exec(ctx, restoreLockTimeoutSQL+"; "+releaseSQL)
+	if _, uerr := tx.Exec(ctx, restoreLockTimeoutSQL+"; "+releaseSQL); uerr != nil {
+		return uerr
+	}
 	return err
 }
