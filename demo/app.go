@@ -107,6 +107,7 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 
 	exports, err := pglimitsem.New(pool, &pglimitsem.Config{
 		Schema: cfg.schema, Namespace: "exports", Slots: cfg.exportsAtOnce, TTL: 30 * time.Second,
+		Observe: lm.ObserveSemaphore,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("export slots: %w", err)

@@ -30,7 +30,7 @@ var mayImport = map[string][]string{
 	"pglimit/internal/leadership": {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/service"},
 	"pglimit/pglimitsem":          {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/internal/"},
 	"pglimit/pglimithttp":         {"~/pglimit", "~/pglimit/pglimitsem", "~/internal/observe", "~/internal/onerror"},
-	"pglimit/pglimitprom":         {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/internal/observe"},
+	"pglimit/pglimitprom":         {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitsem", "~/internal/observe"},
 	"pglimit/pglimitsql":          {"github.com/jackc/pgx/v5/", "~/pglimit"},
 	"pglimit/pglimittest":         {"github.com/jackc/pgx/v5/", "~/pglimit", "~/internal/testdb"},
 	"migrations":                  {},

@@ -82,10 +82,15 @@ func (l *observed) call(ctx context.Context, op, key string, fn func(context.Con
 	ctx, done := l.start(ctx, op)
 	begin := time.Now()
 	d, err := fn(ctx)
-	c := &Call{Op: op, Key: key, Decision: d, Err: err, Took: time.Since(begin)}
-	c.Outcome = outcome(ctx, d, err)
-	done(c)
+	done(NewCall(ctx, op, key, d, err, time.Since(begin)))
 	return d, err
+}
+
+// NewCall is the call op on key that ran with ctx and ended with d and
+// err after took, its outcome named: for observers of calls that are not
+// a Limiter's, such as a semaphore's acquisitions.
+func NewCall(ctx context.Context, op, key string, d pglimit.Decision, err error, took time.Duration) *Call {
+	return &Call{Op: op, Key: key, Decision: d, Err: err, Took: took, Outcome: outcome(ctx, d, err)}
 }
 
 func (l *observed) Allow(ctx context.Context, key string) (pglimit.Decision, error) {

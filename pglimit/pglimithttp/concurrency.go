@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/pglimit/cooldown/internal/observe"
@@ -17,11 +18,21 @@ const OutcomeBusy Outcome = observe.Busy
 
 // Concurrency returns a middleware that holds one of sem's slots for the
 // request's key while the handler runs, so that at most sem.Slots()
-// requests of a key are served at once across every instance. A request
-// that finds them all held is refused with 429 and a Retry-After of the
-// first held slot's lease end. The slot's lease is extended every third
-// of its TTL while the handler runs, and the slot is released when the
-// handler returns.
+// requests of a key are served at once across every instance. The slot's
+// lease is extended every third of its TTL while the handler runs, and
+// the slot is released when the handler returns.
+//
+// A request that finds every slot held is refused as a rate limit refuses:
+// 429 with the quota-exceeded problem body, violating the policy
+// "concurrency", Retry-After set to the semaphore's hint
+// ([pglimitsem.Slot.RetryAfter]: the slots' typical hold, at most the
+// first held lease's end), and the RateLimit headers:
+//
+//	RateLimit-Policy: "concurrency";q=<slots>;qu="concurrent-requests"
+//	RateLimit: "concurrency";r=0;t=<Retry-After>
+//
+// An admitted request gets RateLimit-Policy. A fail-closed refusal
+// ([FailClosed]) waits the semaphore's [pglimitsem.Semaphore.HoldTime].
 //
 // Of cfg it uses KeyFunc, Exempt, ExemptKeys, OnRefused, Logger,
 // LogInterval, OnError and OnDecision; a CostFunc is an error. The
@@ -37,7 +48,7 @@ func Concurrency(sem *pglimitsem.Semaphore, cfg *Config) (func(http.Handler) htt
 	if err != nil {
 		return nil, err
 	}
-	c := &concurrency{gate: g, sem: sem}
+	c := &concurrency{gate: g, sem: sem, policy: formatConcurrencyPolicy(sem.Slots())}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			c.serve(w, r, next)
@@ -47,7 +58,19 @@ func Concurrency(sem *pglimitsem.Semaphore, cfg *Config) (func(http.Handler) htt
 
 type concurrency struct {
 	gate
-	sem *pglimitsem.Semaphore
+	sem    *pglimitsem.Semaphore
+	policy string // the RateLimit-Policy value
+}
+
+// concurrencyPolicy names the policy of a concurrency limit in the
+// RateLimit fields and the problem body.
+const concurrencyPolicy = "concurrency"
+
+// formatConcurrencyPolicy is the RateLimit-Policy value of a concurrency
+// limit of slots: the draft's quota unit concurrent-requests, and no
+// window, which a concurrency limit has none of.
+func formatConcurrencyPolicy(slots int) string {
+	return quoteString(concurrencyPolicy) + ";q=" + strconv.Itoa(slots) + ";qu=" + quoteString("concurrent-requests")
 }
 
 func (c *concurrency) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -68,7 +91,7 @@ func (c *concurrency) serve(w http.ResponseWriter, r *http.Request, next http.Ha
 			next.ServeHTTP(w, r)
 		case FailClosed:
 			c.report(r, Event{Key: key, Outcome: OutcomeFailClosed, Err: err})
-			c.busy(w, r, time.Second)
+			c.busy(w, r, c.sem.HoldTime())
 		default:
 			c.report(r, Event{Key: key, Outcome: OutcomeUnavailable, Err: err})
 			c.serviceUnavailable(w, time.Second)
@@ -78,6 +101,7 @@ func (c *concurrency) serve(w http.ResponseWriter, r *http.Request, next http.Ha
 		c.busy(w, r, slot.RetryAfter)
 	default:
 		c.report(r, Event{Key: key, Cost: 1, Outcome: OutcomeAdmitted})
+		w.Header().Set("RateLimit-Policy", c.policy)
 		c.hold(r, key, slot, func() { next.ServeHTTP(w, r) })
 	}
 }
@@ -120,16 +144,7 @@ func (c *concurrency) hold(r *http.Request, key string, slot pglimitsem.Slot, se
 }
 
 // busy writes the 429 of a key whose slots are all held, or hands r to
-// OnRefused with Retry-After set.
+// OnRefused with the headers set.
 func (c *concurrency) busy(w http.ResponseWriter, r *http.Request, wait time.Duration) {
-	secs := retryAfterSeconds(wait)
-	w.Header().Set("Retry-After", formatSeconds(secs))
-	if c.cfg.OnRefused != nil {
-		c.cfg.OnRefused.ServeHTTP(w, r)
-		return
-	}
-	writeProblem(w, http.StatusTooManyRequests, problem{
-		Title:  "Too Many Requests",
-		Detail: fmt.Sprintf("at most %d requests of this caller at once; retry in %d s", c.sem.Slots(), secs),
-	})
+	c.refuse(w, r, c.policy, concurrencyPolicy, 0, wait, wait, []string{concurrencyPolicy})
 }

@@ -1,6 +1,8 @@
 package pglimithttp_test
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -139,5 +141,69 @@ func TestConcurrencyConfigErrors(t *testing.T) {
 	}
 	if _, err := pglimithttp.Concurrency(sem, &pglimithttp.Config{ExemptKeys: []string{""}}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
 		t.Errorf("bad exempt key: %v", err)
+	}
+}
+
+// A request refused because every slot is held gets the answer of a rate
+// refusal: Retry-After, RateLimit-Policy and RateLimit (the quota unit
+// concurrent-requests) and the quota-exceeded problem body. Its wait is the
+// semaphore's hint, the slots' observed hold (0.2 s here, so 1 s), not the
+// 30 s lease.
+func TestConcurrencyRefusal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	sem := newSemaphore(t, 1, 30*time.Second)
+	s, err := sem.Acquire(ctx, "alice")
+	if err != nil || !s.Acquired {
+		t.Fatalf("Acquire: %+v, %v", s, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := sem.Release(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	inside, release := make(chan struct{}, 1), make(chan struct{})
+	srv := concurrencyServer(t, sem, inside, release)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(release)
+	wg.Go(func() {
+		if resp := getAs(t, srv.URL, "alice"); resp.StatusCode != http.StatusOK ||
+			resp.Header.Get("RateLimit-Policy") != `"concurrency";q=1;qu="concurrent-requests"` {
+			t.Errorf("the admitted request: %d, RateLimit-Policy %q", resp.StatusCode, resp.Header.Get("RateLimit-Policy"))
+		}
+	})
+	<-inside
+
+	req, err := http.NewRequest("GET", srv.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-User", "alice")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Type     string   `json:"type"`
+		Status   int      `json:"status"`
+		Violated []string `json:"violated-policies"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []struct{ name, want string }{
+		{"Retry-After", "1"},
+		{"RateLimit-Policy", `"concurrency";q=1;qu="concurrent-requests"`},
+		{"RateLimit", `"concurrency";r=0;t=1`},
+		{"Content-Type", "application/problem+json"},
+	} {
+		if got := resp.Header.Get(h.name); got != h.want {
+			t.Errorf("%s: %q, want %q", h.name, got, h.want)
+		}
+	}
+	if resp.StatusCode != http.StatusTooManyRequests || body.Status != 429 ||
+		body.Type != "https://iana.org/assignments/http-problem-types#quota-exceeded" || len(body.Violated) != 1 || body.Violated[0] != "concurrency" {
+		t.Errorf("refusal: %d %+v; want 429 of the quota-exceeded type, violating concurrency", resp.StatusCode, body)
 	}
 }

@@ -43,6 +43,13 @@
 // limit's burst is not advertised. A cooldown is the limit "cooldown" of one
 // request per window.
 //
+// [Concurrency] holds a [pglimitsem.Semaphore] slot while the handler runs.
+// A request that finds every slot held gets the same 429, violating the
+// policy "concurrency" (RateLimit-Policy: "concurrency";q=<slots>;
+// qu="concurrent-requests"), with Retry-After the semaphore's hint: how
+// long its slots are typically held, at most until the first held lease
+// ends.
+//
 // The handler finds the decision in the request's context ([DecisionFrom]).
 // [Config.OnRefused] replaces the 429 body with one of the application's,
 // the headers already set. [Config.Exempt] and [Config.ExemptKeys] let

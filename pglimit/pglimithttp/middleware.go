@@ -296,15 +296,22 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Hand
 // limit named binding with remaining units, reset after reset, or hands r
 // to OnRefused with those headers set.
 func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, binding string, remaining int, wait, reset time.Duration, violated []string) {
+	m.gate.refuse(w, r, m.policy, binding, remaining, wait, reset, violated)
+}
+
+// refuse writes the 429 of a refusal by the policies violated, policy
+// being the RateLimit-Policy value; the rate and concurrency middlewares
+// both answer with it.
+func (g *gate) refuse(w http.ResponseWriter, r *http.Request, policy, binding string, remaining int, wait, reset time.Duration, violated []string) {
 	secs := retryAfterSeconds(wait)
 	h := w.Header()
 	h.Set("Retry-After", formatSeconds(secs))
-	h.Set("RateLimit-Policy", m.policy)
+	h.Set("RateLimit-Policy", policy)
 	// t is never below Retry-After, so a client that reads only
 	// RateLimit does not come back before the request can pass.
 	h.Set("RateLimit", formatRateLimit(binding, remaining, max(secs, ceilSeconds(reset))))
-	if m.cfg.OnRefused != nil {
-		m.cfg.OnRefused.ServeHTTP(w, r)
+	if g.cfg.OnRefused != nil {
+		g.cfg.OnRefused.ServeHTTP(w, r)
 		return
 	}
 	writeProblem(w, http.StatusTooManyRequests, problem{

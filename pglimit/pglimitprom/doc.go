@@ -5,6 +5,7 @@
 //
 //	m, err := pglimitprom.New(prometheus.DefaultRegisterer, nil)
 //	lim = m.Instrument(lim) // counts and times every decision, labelled by lim.Policy()
+//	sem, err := pglimitsem.New(pool, &pglimitsem.Config{Slots: 2, Observe: m.ObserveSemaphore})
 //	prometheus.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
 //	prometheus.MustRegister(pglimitprom.NewCleanerCollector(cleaner, "public"))
 //
@@ -26,7 +27,10 @@
 //	                                                     leader (1 on the instance that leads, else 0)
 //
 // The limiter label is the limiter's namespace ([pglimit.Policy]) and
-// strategy its strategy, both read by [Metrics.Instrument]. Namespaces are
+// strategy its strategy, both read by [Metrics.Instrument]. A semaphore's
+// acquisitions ([Metrics.ObserveSemaphore]) count as decisions too, under
+// its namespace and the strategy "semaphore": a key whose slots are all
+// held is a refusal. Namespaces are
 // configuration, not user input: the label is bounded by the number of
 // limiters the application creates. Every decision method is counted (Allow,
 // AllowN, AllowTx, AllowTxN, AllowAtMost, Reserve); Peek consumes nothing and

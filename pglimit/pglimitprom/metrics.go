@@ -9,6 +9,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/observe"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
 // Outcomes, the values of the outcome label.
@@ -130,38 +131,59 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 func (m *Metrics) Instrument(lim pglimit.Limiter) pglimit.Limiter {
 	p := lim.Policy()
 	labels := []string{p.Namespace, string(cmp.Or(p.Strategy, pglimit.Upsert))}
-	label := func(v ...string) []string {
-		return append(append(make([]string, 0, len(labels)+len(v)), labels...), v...)
-	}
 	// Present from the start, so rates and ratios have a series to read
 	// before the first refusal or error.
 	for _, o := range []string{OutcomeAdmitted, OutcomeRefused, OutcomeError, OutcomeCanceled, OutcomeShadowed} {
-		m.decisions.WithLabelValues(label(o)...)
-		m.duration.WithLabelValues(label(o)...)
+		m.decisions.WithLabelValues(labels[0], labels[1], o)
+		m.duration.WithLabelValues(labels[0], labels[1], o)
 	}
-	observed := func(c *observe.Call) {
-		if c.Outcome == OutcomeError {
-			m.errors.WithLabelValues(label(ErrorKind(c.Err))...).Inc()
-		}
-		switch {
-		case c.Peek():
-		case c.Outcome == OutcomeInvalid:
-			// Not a database error and not worth a latency sample; the
-			// key may be arbitrary bytes, so it gets no per-key label
-			// either.
-			m.decisions.WithLabelValues(label(OutcomeInvalid)...).Inc()
-		default:
-			m.decisions.WithLabelValues(label(c.Outcome)...).Inc()
-			m.duration.WithLabelValues(label(c.Outcome)...).Observe(c.Took.Seconds())
-			if c.Decision.Fallback {
-				m.fallback.WithLabelValues(label(c.Outcome)...).Inc()
-			}
-			if m.keyDecisions != nil {
-				m.keyDecisions.WithLabelValues(label(m.keys.Value(c.Key), c.Outcome)...).Inc()
-			}
-		}
-	}
+	observed := func(c *observe.Call) { m.observe(labels, c) }
 	return observe.Limiter(lim, func(ctx context.Context, _ string) (context.Context, func(*observe.Call)) { return ctx, observed })
+}
+
+// SemaphoreStrategy is the strategy label of a semaphore's acquisitions
+// ([Metrics.ObserveSemaphore]).
+const SemaphoreStrategy = "semaphore"
+
+// ObserveSemaphore counts and times a semaphore's acquisitions (Acquire
+// and AcquireTx) as decisions, under the labels limiter (the semaphore's
+// namespace) and strategy [SemaphoreStrategy]: an acquired slot is
+// admitted, a key whose slots are all held refused, a bad key invalid, a
+// failure an error counted by kind, as for a limiter. Set it as the
+// semaphore's hook:
+//
+//	sem, err := pglimitsem.New(pool, &pglimitsem.Config{Slots: 2, Observe: m.ObserveSemaphore})
+func (m *Metrics) ObserveSemaphore(ctx context.Context, c pglimitsem.Call) {
+	d := pglimit.Decision{Allowed: c.Slot.Acquired, RetryAfter: c.Slot.RetryAfter}
+	m.observe([]string{c.Namespace, SemaphoreStrategy}, observe.NewCall(ctx, "Acquire", c.Key, d, c.Err, c.Took))
+}
+
+// observe counts and times the call c of the limiter labelled labels
+// (limiter, strategy).
+func (m *Metrics) observe(labels []string, c *observe.Call) {
+	label := func(v ...string) []string {
+		return append(append(make([]string, 0, len(labels)+len(v)), labels...), v...)
+	}
+	if c.Outcome == OutcomeError {
+		m.errors.WithLabelValues(label(ErrorKind(c.Err))...).Inc()
+	}
+	switch {
+	case c.Peek():
+	case c.Outcome == OutcomeInvalid:
+		// Not a database error and not worth a latency sample; the
+		// key may be arbitrary bytes, so it gets no per-key label
+		// either.
+		m.decisions.WithLabelValues(label(OutcomeInvalid)...).Inc()
+	default:
+		m.decisions.WithLabelValues(label(c.Outcome)...).Inc()
+		m.duration.WithLabelValues(label(c.Outcome)...).Observe(c.Took.Seconds())
+		if c.Decision.Fallback {
+			m.fallback.WithLabelValues(label(c.Outcome)...).Inc()
+		}
+		if m.keyDecisions != nil {
+			m.keyDecisions.WithLabelValues(label(m.keys.Value(c.Key), c.Outcome)...).Inc()
+		}
+	}
 }
 
 // ErrorKind names the kind of a limiter error, as in pglimit_errors_total:

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +18,7 @@ import (
 	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitprom"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -370,5 +372,46 @@ func TestShadowOutcome(t *testing.T) {
 		if got := value(t, b.reg, "pglimit_decisions_total", "outcome", outcome); got != want {
 			t.Errorf("decisions %s = %v, want %v", outcome, got, want)
 		}
+	}
+}
+
+// A semaphore observed by ObserveSemaphore counts its acquisitions as
+// decisions: an acquired slot admitted, a key whose slots are all held
+// refused, a bad key invalid, a read-only server an error of its kind,
+// under the limiter (its namespace) and strategy "semaphore" labels.
+func TestObserveSemaphore(t *testing.T) {
+	b := setup(t, nil)
+	ctx := context.Background()
+	cfg := pglimitsem.Config{Schema: b.schema, Namespace: "exports", Slots: 1, Observe: b.m.ObserveSemaphore}
+	sem, err := pglimitsem.New(b.pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := sem.Acquire(ctx, "alice"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := sem.Acquire(ctx, ""); !errors.Is(err, pglimit.ErrInvalidKey) {
+		t.Fatalf("Acquire of an empty key: %v", err)
+	}
+	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := sem.AcquireTx(ctx, tx, "bob"); !errors.Is(err, pglimit.ErrReadOnly) {
+		t.Fatalf("AcquireTx in a read-only transaction: %v", err)
+	}
+	for outcome, want := range map[string]float64{"admitted": 1, "refused": 2, "invalid": 1, "error": 1} {
+		if got := value(t, b.reg, "pglimit_decisions_total", "limiter", "exports", "strategy", "semaphore", "outcome", outcome); got != want {
+			t.Errorf("pglimit_decisions_total{outcome=%q} = %v, want %v", outcome, got, want)
+		}
+	}
+	if got := value(t, b.reg, "pglimit_decision_duration_seconds", "limiter", "exports", "strategy", "semaphore", "outcome", "refused"); got != 2 {
+		t.Errorf("refusals timed: %v, want 2", got)
+	}
+	if got := value(t, b.reg, "pglimit_errors_total", "limiter", "exports", "strategy", "semaphore", "kind", "read_only"); got != 1 {
+		t.Errorf("read-only errors: %v, want 1", got)
 	}
 }

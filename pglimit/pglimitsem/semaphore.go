@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,7 +22,7 @@ import (
 // Releasing such a slot changes nothing.
 var ErrSlotLost = errors.New("pglimitsem: the slot is not held")
 
-// Config configures a [Semaphore]. Limit is required; every other
+// Config configures a [Semaphore]. Slots is required; every other
 // zero field takes its default.
 type Config struct {
 	// Schema holds the slots table (pglimit_slots, which [pglimit.Migrate]
@@ -45,19 +46,50 @@ type Config struct {
 	// Timeout bounds each call on top of the caller's context; past it the
 	// call fails with [pglimit.ErrTimeout]. Defaults to 2s.
 	Timeout time.Duration
+
+	// Observe, when set, is called once after every Acquire and AcquireTx
+	// with what happened, on the caller's goroutine: a hook for metrics
+	// (pglimitprom's Metrics.ObserveSemaphore counts each call as a
+	// decision). It must not block. Defaults to nil.
+	Observe func(ctx context.Context, c Call)
+}
+
+// Call is one Acquire or AcquireTx as it ended, for [Config.Observe].
+type Call struct {
+	Namespace string // the semaphore's
+	Key       string
+	Slot      Slot  // the outcome; zero when Err is set
+	Err       error // the call's error, if any
+	Took      time.Duration
 }
 
 // Semaphore limits how many requests of a key are in flight at once, across
-// every instance of the application: at most Limit slots of a key are held
+// every instance of the application: at most Slots slots of a key are held
 // at a time. A caller acquires a slot before the work and releases it
 // after; a slot that is not released returns when its lease ends. It is
 // for work whose cost is its duration, such as "at most 2 exports running
 // per user", where a rate or cooldown says too little.
 //
 // A slot is a row of pglimit_slots. Acquiring takes a free one, or a new
-// slot number below Limit, in one statement that skips slots other
+// slot number below Slots, in one statement that skips slots other
 // acquirers hold locked, so that N+k concurrent acquirers of a key with no
 // slot held get exactly N. A refusal writes nothing.
+//
+// # Bounds
+//
+// Every call returns by its context's deadline or the semaphore's Timeout,
+// whichever comes first, plus the time to hear the server's error or to
+// give up on the connection (the tests allow 500 ms), even while another
+// transaction holds the slot's row or the whole table locked. AcquireTx
+// and ReleaseTx leave the wait to the server (lock_timeout), which keeps
+// the caller's transaction usable, and give up on a server that does not
+// answer one second later. A wait the server ends, by lock_timeout or
+// statement_timeout (SQLSTATE 55P03 or 57014, from the semaphore's own
+// setting or the role's), is [pglimit.ErrTimeout]; a server that cannot
+// write is [pglimit.ErrReadOnly]; an invalid key is [pglimit.ErrInvalidKey]
+// and a slot never acquired [ErrSlotLost], and neither reaches the
+// database. The Semaphore keeps one number in memory (the average hold,
+// for [Slot.RetryAfter]), whatever the number of keys.
 type Semaphore struct {
 	db  pglimit.DB
 	cfg Config
@@ -65,6 +97,9 @@ type Semaphore struct {
 	// lockSeed seeds the hash of a slot's advisory lock, one per table.
 	lockSeed int64
 	stmts    struct{ acquire, extend, release string }
+	// hold is the average time from an acquisition to its release seen
+	// in this process, in ns; 0 before the first release.
+	hold atomic.Int64
 }
 
 // Slot is the outcome of an acquisition. The holder passes it back to
@@ -77,18 +112,22 @@ type Slot struct {
 	// counting this one when it was acquired.
 	Held int
 
-	// RetryAfter is, for a refusal, the time until the first of the
-	// held slots' leases ends: an upper bound on the wait, since a holder
-	// may release its slot sooner. Zero when Acquired.
+	// RetryAfter is, for a refusal, a hint of when a slot may be free:
+	// the average time slots were held before their release
+	// ([Semaphore.HoldTime]), at most the time until the first held lease
+	// ends. Before this process has seen a release, it is that lease's
+	// end. It is an estimate, not a promise: a holder may release sooner,
+	// or extend its lease and hold longer. Zero when Acquired.
 	RetryAfter time.Duration
 
 	// ExpiresIn is, for an acquired slot, the time until its lease ends
 	// unless it is extended or released.
 	ExpiresIn time.Duration
 
-	key    string
-	slot   int32
-	holder string // a uuid, as text
+	key      string
+	slot     int32
+	holder   string    // a uuid, as text
+	acquired time.Time // on this process's clock, for the average hold
 }
 
 // New returns a semaphore of cfg over db.
@@ -97,7 +136,7 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 		return nil, fmt.Errorf("%w: db is nil", pglimit.ErrInvalidConfig)
 	}
 	if cfg == nil {
-		return nil, fmt.Errorf("%w: Config is nil; Limit is required", pglimit.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: Config is nil; Slots is required", pglimit.ErrInvalidConfig)
 	}
 	c := *cfg
 	c.Schema = cmp.Or(c.Schema, defaultSchema)
@@ -141,14 +180,21 @@ const (
 	defaultTimeout   = 2 * time.Second
 	maxTTL           = 366 * 24 * time.Hour
 	maxAttempts      = 3
+
+	// txClientTimeoutMargin is how much longer than Timeout AcquireTx and
+	// ReleaseTx wait for the server, whose lock_timeout ends the wait and
+	// keeps the caller's connection, before giving up on the connection.
+	txClientTimeoutMargin = time.Second
 )
 
-// Acquire takes a slot of key if fewer than Limit are held, for TTL. A
-// refusal writes nothing; its Slot says how many are held and when the
-// first lease ends.
+// Acquire takes a slot of key if fewer than Slots are held, for TTL. A
+// refusal writes nothing; its Slot says how many are held and when one may
+// be free.
 func (s *Semaphore) Acquire(ctx context.Context, key string) (Slot, error) {
-	return s.acquire(ctx, key, func(ctx context.Context, scan func(pgx.Row) error) error {
-		return scan(s.db.QueryRow(ctx, s.stmts.acquire, s.args(key)...))
+	return s.observed(ctx, key, func() (Slot, error) {
+		return s.acquire(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
+			return scan(s.db.QueryRow(ctx, s.stmts.acquire, s.args(key)...))
+		})
 	})
 }
 
@@ -156,29 +202,48 @@ func (s *Semaphore) Acquire(ctx context.Context, key string) (Slot, error) {
 // database/sql one through pglimitsql.Tx): the slot is taken only if tx
 // commits, and other acquirers skip it while tx is open. Like AllowTx, it
 // runs in a savepoint and never aborts tx: a lost race is a refusal.
-// Release the slot after the work, in tx or later.
+//
+// Release the slot after the work: in tx with [Semaphore.ReleaseTx], and
+// then the slot is held while tx is open and free once it commits; or
+// after tx has committed, with Release. Release runs on the semaphore's
+// own connections, which cannot see the slot before tx commits: there it
+// reports [ErrSlotLost] and frees nothing.
 func (s *Semaphore) AcquireTx(ctx context.Context, tx pglimit.DB, key string) (Slot, error) {
-	return s.acquire(ctx, key, func(ctx context.Context, scan func(pgx.Row) error) error {
-		return pgtx.InSavepoint(ctx, tx, s.cfg.Timeout, s.stmts.acquire, s.args(key), scan)
+	return s.observed(ctx, key, func() (Slot, error) {
+		return s.acquire(ctx, key, s.cfg.Timeout+txClientTimeoutMargin, func(ctx context.Context, scan func(pgx.Row) error) error {
+			return pgtx.InSavepoint(ctx, tx, s.cfg.Timeout, s.stmts.acquire, s.args(key), scan)
+		})
 	})
+}
+
+// observed runs an acquisition and shows it to Config.Observe.
+func (s *Semaphore) observed(ctx context.Context, key string, acquire func() (Slot, error)) (Slot, error) {
+	start := time.Now()
+	slot, err := acquire()
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(ctx, Call{Namespace: s.cfg.Namespace, Key: key, Slot: slot, Err: err, Took: time.Since(start)})
+	}
+	return slot, err
 }
 
 func (s *Semaphore) args(key string) []any {
 	return []any{s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed}
 }
 
-func (s *Semaphore) acquire(ctx context.Context, key string, run func(context.Context, func(pgx.Row) error) error) (Slot, error) {
+// acquire runs the acquisition run under a deadline of bound.
+func (s *Semaphore) acquire(ctx context.Context, key string, bound time.Duration, run func(context.Context, func(pgx.Row) error) error) (Slot, error) {
 	if err := pglimit.ValidateKey(key); err != nil {
 		return Slot{}, err
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, bound, pglimit.ErrTimeout)
 	defer cancel()
-	// An attempt that finds no slot but fewer than Limit held either met
+	start := time.Now()
+	// An attempt that finds no slot but fewer than Slots held either met
 	// acquisitions in flight, which will hold the rest, or tried a slot
 	// number that an acquisition committed after its snapshot; the next
 	// attempt sees that one. Past the attempts, the slots it could not
 	// see are counted held.
-	out := Slot{Held: s.cfg.Slots, RetryAfter: s.cfg.TTL}
+	out := Slot{Held: s.cfg.Slots, RetryAfter: s.hint(s.cfg.TTL)}
 	for range min(s.cfg.Slots, 16) + maxAttempts {
 		var (
 			slot          *int32
@@ -190,23 +255,58 @@ func (s *Semaphore) acquire(ctx context.Context, key string, run func(context.Co
 		err := run(ctx, func(row pgx.Row) error {
 			return row.Scan(&slot, &holder, &end, &held, &firstEnd, &now)
 		})
-		switch code := pgtx.Code(err); {
-		case code == pgtx.CodeSerializationFailure:
+		switch {
+		case pgtx.Code(err) == pgtx.CodeSerializationFailure:
 			// At REPEATABLE READ or above in a caller's transaction, a
 			// slot changed after its snapshot: another acquirer won it.
-			return Slot{Held: s.cfg.Slots, RetryAfter: s.cfg.TTL}, nil
-		case code == pgtx.CodeLockNotAvailable:
-			return Slot{}, fmt.Errorf("%w (semaphore, lock_timeout %s): %w", pglimit.ErrTimeout, s.cfg.Timeout, err)
+			return out, nil
 		case err != nil:
 			return Slot{}, s.wrap(ctx, err)
 		case slot != nil:
-			return Slot{Acquired: true, Held: int(held) + 1, ExpiresIn: time.Duration(*end-now) * time.Microsecond, key: key, slot: *slot, holder: *holder}, nil
+			return Slot{Acquired: true, Held: int(held) + 1, ExpiresIn: time.Duration(*end-now) * time.Microsecond,
+				key: key, slot: *slot, holder: *holder, acquired: start}, nil
 		}
 		if int(held) >= s.cfg.Slots {
-			return Slot{Held: int(held), RetryAfter: time.Duration(*firstEnd-now) * time.Microsecond}, nil
+			return Slot{Held: int(held), RetryAfter: s.hint(time.Duration(*firstEnd-now) * time.Microsecond)}, nil
 		}
 	}
 	return out, nil
+}
+
+// hint is a refusal's RetryAfter when the first held lease ends in
+// leaseEnd.
+func (s *Semaphore) hint(leaseEnd time.Duration) time.Duration {
+	if h := time.Duration(s.hold.Load()); h > 0 {
+		return min(h, leaseEnd)
+	}
+	return leaseEnd
+}
+
+// HoldTime is how long a slot of this semaphore is typically held: the
+// average time from an acquisition to its release among those this
+// process has seen, the recent ones weighing most (each release moves it
+// a quarter of the way to its own hold). Before the first release it is
+// TTL. Holds that ended with the lease, unreleased, are not counted.
+func (s *Semaphore) HoldTime() time.Duration {
+	if h := s.hold.Load(); h > 0 {
+		return time.Duration(h)
+	}
+	return s.cfg.TTL
+}
+
+// held counts the hold of slot, which was just released.
+func (s *Semaphore) held(slot Slot) {
+	d := max(int64(time.Since(slot.acquired)), 1)
+	for {
+		old := s.hold.Load()
+		avg := d
+		if old > 0 {
+			avg = max(old+(d-old)/4, 1)
+		}
+		if s.hold.CompareAndSwap(old, avg) {
+			return
+		}
+	}
 }
 
 // Extend renews the lease of a slot the caller holds, for another TTL
@@ -233,19 +333,45 @@ func (s *Semaphore) Extend(ctx context.Context, slot Slot) (Slot, error) {
 // Release frees a slot the caller holds. Releasing a slot twice, or after
 // its lease ended, changes nothing and reports [ErrSlotLost]: the slot is
 // never counted free twice, nor taken from a caller who acquired it since.
+// So does releasing a slot AcquireTx took before its transaction commits:
+// use ReleaseTx in that transaction, or Release after the commit.
 func (s *Semaphore) Release(ctx context.Context, slot Slot) error {
+	return s.release(ctx, slot, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
+		return scan(s.db.QueryRow(ctx, s.stmts.release, s.releaseArgs(slot)...))
+	})
+}
+
+// ReleaseTx is Release inside the caller's transaction tx: the slot is
+// freed only if tx commits. It releases a slot AcquireTx took in tx (the
+// slot is then held while tx is open, and free once it commits), or one
+// acquired before, in the transaction that records the work's end. Like
+// AcquireTx, it runs in a savepoint and never aborts tx.
+func (s *Semaphore) ReleaseTx(ctx context.Context, tx pglimit.DB, slot Slot) error {
+	return s.release(ctx, slot, s.cfg.Timeout+txClientTimeoutMargin, func(ctx context.Context, scan func(pgx.Row) error) error {
+		return pgtx.InSavepoint(ctx, tx, s.cfg.Timeout, s.stmts.release, s.releaseArgs(slot), scan)
+	})
+}
+
+func (s *Semaphore) releaseArgs(slot Slot) []any {
+	return []any{s.cfg.Namespace, slot.key, slot.slot, slot.holder}
+}
+
+// release runs the release run under a deadline of bound.
+func (s *Semaphore) release(ctx context.Context, slot Slot, bound time.Duration, run func(context.Context, func(pgx.Row) error) error) error {
 	if !slot.Acquired {
 		return fmt.Errorf("%w: it was never acquired", ErrSlotLost)
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, bound, pglimit.ErrTimeout)
 	defer cancel()
-	tag, err := s.db.Exec(ctx, s.stmts.release, s.cfg.Namespace, slot.key, slot.slot, slot.holder)
+	var released bool
+	err := run(ctx, func(row pgx.Row) error { return row.Scan(&released) })
 	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w: its lease ended, or it was released already, or the transaction that acquired it has not committed", ErrSlotLost)
 	case err != nil:
 		return s.wrap(ctx, err)
-	case tag.RowsAffected() == 0:
-		return fmt.Errorf("%w: its lease ended, or it was released already", ErrSlotLost)
 	}
+	s.held(slot)
 	return nil
 }
 
@@ -253,12 +379,18 @@ func (s *Semaphore) Release(ctx context.Context, slot Slot) error {
 // in flight at once.
 func (s *Semaphore) Slots() int { return s.cfg.Slots }
 
-// wrap adds pglimit.ErrTimeout when the semaphore's own timeout fired, and
-// pglimit.ErrReadOnly when the server could not write.
+// wrap adds pglimit.ErrTimeout when the semaphore's own timeout fired or
+// the server gave up waiting, and pglimit.ErrReadOnly when the server
+// could not write.
 func (s *Semaphore) wrap(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(context.Cause(ctx), pglimit.ErrTimeout) && !errors.Is(err, pglimit.ErrTimeout):
 		return fmt.Errorf("%w (semaphore, after %s): %w", pglimit.ErrTimeout, s.cfg.Timeout, err)
+	case ctx.Err() != nil:
+		// The caller's context ended: a cancel request the driver sent
+		// for it is no timeout of the server's.
+	case pgtx.ServerTimeout(err):
+		return fmt.Errorf("%w (semaphore, the server's lock_timeout or statement_timeout): %w", pglimit.ErrTimeout, err)
 	case pgtx.ReadOnly(err):
 		return fmt.Errorf("%w (semaphore): %w", pglimit.ErrReadOnly, err)
 	}

@@ -351,6 +351,12 @@ func TestSemaphoreBadInput(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}
+	// The errors name the field, Slots.
+	for name, cfg := range map[string]*pglimitsem.Config{"nil": nil, "no slots": {Schema: schema}} {
+		if _, err := pglimitsem.New(pool, cfg); err == nil || !strings.Contains(err.Error(), "Slots") || strings.Contains(err.Error(), "Limit") {
+			t.Errorf("%s: %v, want an error that names Slots", name, err)
+		}
+	}
 	if _, err := pglimitsem.New(nil, &pglimitsem.Config{Slots: 1}); !errors.Is(err, pglimit.ErrInvalidConfig) {
 		t.Errorf("nil db: %v, want ErrInvalidConfig", err)
 	}
@@ -407,5 +413,115 @@ func TestCleanerDeletesEndedSlots(t *testing.T) {
 	}
 	if n := heldSlots(t, pool, schema, "k"); n != 1 {
 		t.Fatalf("%d held slots, want long's", n)
+	}
+}
+
+// A refusal's RetryAfter is a hint of when a slot frees, learnt from how
+// long slots were held: for work of a fraction of a second under a
+// 30-second lease, well under the lease, and never past the first held
+// lease's end.
+func TestSemaphoreRetryAfterHint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const ttl, work = 30 * time.Second, 200 * time.Millisecond
+	sem := newSemaphore(t, testdb.Pool(t), pglimitsem.Config{Schema: testdb.Schema(t), Slots: 1, TTL: ttl})
+	first, err := sem.Acquire(ctx, "k")
+	if err != nil || !first.Acquired {
+		t.Fatalf("Acquire: %+v, %v", first, err)
+	}
+	// Before any release, nothing is known but the lease.
+	if s, err := sem.Acquire(ctx, "k"); err != nil || s.Acquired || s.RetryAfter <= ttl-5*time.Second || s.RetryAfter > ttl {
+		t.Fatalf("refusal before any release: %+v, %v; want the lease's end, about %s", s, err, ttl)
+	}
+	for range 3 {
+		time.Sleep(work)
+		if err := sem.Release(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+		if first, err = sem.Acquire(ctx, "k"); err != nil || !first.Acquired {
+			t.Fatalf("Acquire: %+v, %v", first, err)
+		}
+	}
+	s, err := sem.Acquire(ctx, "k")
+	if err != nil || s.Acquired {
+		t.Fatalf("Acquire while the slot is held: %+v, %v; want refused", s, err)
+	}
+	if s.RetryAfter < work || s.RetryAfter > 2*time.Second {
+		t.Fatalf("RetryAfter %s after holds of %s under a %s lease; want about the holds", s.RetryAfter, work, ttl)
+	}
+	if hold := sem.HoldTime(); hold < work || hold > 2*time.Second {
+		t.Fatalf("HoldTime %s after holds of %s", hold, work)
+	}
+}
+
+// A slot AcquireTx took is released in the same transaction with
+// ReleaseTx: once the transaction commits, the slot is free, and it was
+// held while the transaction ran. Release, on the semaphore's own pool,
+// cannot see the slot before the commit: it reports ErrSlotLost and frees
+// nothing, and the slot is released after the commit.
+func TestSemaphoreReleaseTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Second})
+	for _, reuse := range []bool{false, true} { // a new slot row, then the row of an ended lease
+		if reuse {
+			o, err := sem.Acquire(ctx, "k")
+			if err != nil || !o.Acquired {
+				t.Fatalf("Acquire: %+v, %v", o, err)
+			}
+			time.Sleep(o.ExpiresIn + 50*time.Millisecond)
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		s, err := sem.AcquireTx(ctx, tx, "k")
+		if err != nil || !s.Acquired {
+			t.Fatalf("AcquireTx (reuse %t): %+v, %v", reuse, s, err)
+		}
+		if o, err := sem.Acquire(ctx, "k"); err != nil || o.Acquired {
+			t.Fatalf("Acquire while the transaction holds the slot: %+v, %v; want refused", o, err)
+		}
+		if err := sem.ReleaseTx(ctx, tx, s); err != nil {
+			t.Fatalf("ReleaseTx: %v", err)
+		}
+		if o, err := sem.Acquire(ctx, "k"); err != nil || o.Acquired {
+			t.Fatalf("Acquire after ReleaseTx, before the commit: %+v, %v; want refused", o, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		o, err := sem.Acquire(ctx, "k")
+		if err != nil || !o.Acquired {
+			t.Fatalf("Acquire after the commit: %+v, %v; want the slot ReleaseTx freed", o, err)
+		}
+		if err := sem.Release(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	s, err := sem.AcquireTx(ctx, tx, "k")
+	if err != nil || !s.Acquired {
+		t.Fatalf("AcquireTx: %+v, %v", s, err)
+	}
+	if err := sem.Release(ctx, s); !errors.Is(err, pglimitsem.ErrSlotLost) {
+		t.Fatalf("Release before the commit: %v, want ErrSlotLost", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sem.Release(ctx, s); err != nil {
+		t.Fatalf("Release after the commit: %v", err)
+	}
+	if n := heldSlots(t, pool, schema, "k"); n != 0 {
+		t.Fatalf("%d slots held after the release", n)
 	}
 }

@@ -8,9 +8,9 @@
 //
 // [Tx] adapts a transaction for [pglimit.Limiter.AllowTx], with any
 // PostgreSQL driver, lib/pq included: the units count only if the caller's
-// transaction commits. A pgx.Tx pipelines AllowTx's savepoint, setting,
-// statement and release in one round trip; a database/sql transaction
-// takes three.
+// transaction commits. A pgx.Tx takes two round trips for AllowTx (the
+// savepoint with its setting, then the statement and the release in one
+// pipeline); a database/sql transaction takes three.
 //
 // A limiter on a lib/pq *sql.DB is not supported: its statements send and
 // receive arrays, which lib/pq passes only through its own pq.Array, and

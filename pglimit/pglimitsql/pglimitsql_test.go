@@ -356,3 +356,44 @@ func TestRefundAfterTx(t *testing.T) {
 		})
 	}
 }
+
+// A slot taken and released in one database/sql transaction is free once
+// it commits. A release that finds no slot (ErrSlotLost) still ends its
+// savepoint and restores the caller's lock_timeout.
+func TestReleaseTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqlDB(t)
+	sem, err := pglimitsem.New(pglimitsql.DB(db), &pglimitsem.Config{Schema: testdb.Schema(t), Slots: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '7s'"); err != nil {
+		t.Fatal(err)
+	}
+	s, err := sem.AcquireTx(ctx, pglimitsql.Tx(tx), "k")
+	if err != nil || !s.Acquired {
+		t.Fatalf("AcquireTx: %+v, %v", s, err)
+	}
+	if err := sem.ReleaseTx(ctx, pglimitsql.Tx(tx), s); err != nil {
+		t.Fatalf("ReleaseTx: %v", err)
+	}
+	if err := sem.ReleaseTx(ctx, pglimitsql.Tx(tx), s); !errors.Is(err, pglimitsem.ErrSlotLost) {
+		t.Fatalf("second ReleaseTx: %v, want ErrSlotLost", err)
+	}
+	var lt string
+	if err := tx.QueryRowContext(ctx, "SHOW lock_timeout").Scan(&lt); err != nil || lt != "7s" {
+		t.Fatalf("lock_timeout after ReleaseTx = %q, %v; want the caller's 7s", lt, err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := sem.Acquire(ctx, "k"); err != nil || !s.Acquired {
+		t.Fatalf("Acquire after the commit: %+v, %v; want the slot ReleaseTx freed", s, err)
+	}
+}

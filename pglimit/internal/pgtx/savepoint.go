@@ -39,32 +39,27 @@ type batchSender interface {
 
 // InSavepoint runs the statement sql in a savepoint of the caller's
 // transaction tx, under a lock_timeout of timeout, and hands its row to
-// scan. On a pgx transaction the savepoint, the setting, the statement
-// and their undoing go to the server in one pipeline, so they cost no
-// round trip. Any other transaction (database/sql's, through pglimitsql)
-// takes three: the savepoint and setting, the statement, the restore and
-// release. When the server refuses a statement, the savepoint is rolled
-// back and tx stays usable.
+// scan. The savepoint and the setting go first, in one simple-protocol
+// message. On a pgx transaction the statement and its undoing then go to
+// the server in one pipeline: two round trips in all. Any other
+// transaction (database/sql's, through pglimitsql) takes three: the
+// statement, then the restore and release. When the server refuses a
+// statement, the savepoint is rolled back and tx stays usable.
 func InSavepoint(ctx context.Context, tx DB, timeout time.Duration, sql string, args []any, scan func(pgx.Row) error) (err error) {
 	ms := (timeout + time.Millisecond - 1) / time.Millisecond // round up: 0 would disable it
-	lockTimeout := fmt.Sprintf("%dms", ms)
-	if bs, ok := tx.(batchSender); ok {
-		var scanErr error
-		var b pgx.Batch
-		b.Queue(savepointSQL)
-		b.Queue(setLockTimeoutSQL, lockTimeout)
-		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
-			scanErr = scan(row)
-			return scanErr
-		})
-		b.Queue(restoreLockTimeoutSQL)
-		b.Queue(releaseSQL)
-		err = bs.SendBatch(ctx, &b).Close() // runs scan
-		if scanErr != nil {
-			err = scanErr
+	// The setting is written into the text, which has no arguments, so
+	// that it and the savepoint go in one simple-protocol message. Not in
+	// the pipeline: pgx prepares a batch's new statements before it sends
+	// any, and a prepare the server cancels there (lock_timeout or
+	// statement_timeout, while another session locks the table) would
+	// abort tx, outside any savepoint.
+	set := strings.Replace(setLockTimeoutSQL, "$1", fmt.Sprintf("'%dms'", ms), 1)
+	if _, err = tx.Exec(ctx, savepointSQL+"; "+set); err == nil {
+		if bs, ok := tx.(batchSender); ok {
+			err = pipelined(ctx, bs, sql, args, scan)
+		} else {
+			err = steps(ctx, tx, sql, args, scan)
 		}
-	} else {
-		err = inSavepointSteps(ctx, tx, lockTimeout, sql, args, scan)
 	}
 	if Code(err) != "" {
 		// The server refused a statement: the savepoint is aborted, the
@@ -76,17 +71,34 @@ func InSavepoint(ctx context.Context, tx DB, timeout time.Duration, sql string, 
 	return err
 }
 
-// inSavepointSteps is InSavepoint in three round trips. The setting is
-// written into the text of the first, which has no arguments, so that it
-// and the savepoint go in one simple-protocol message.
-func inSavepointSteps(ctx context.Context, tx DB, lockTimeout, sql string, args []any, scan func(pgx.Row) error) error {
-	set := strings.Replace(setLockTimeoutSQL, "$1", "'"+lockTimeout+"'", 1)
-	if _, err := tx.Exec(ctx, savepointSQL+"; "+set); err != nil {
+// pipelined sends the statement, the restore and the release in one
+// pipeline.
+func pipelined(ctx context.Context, bs batchSender, sql string, args []any, scan func(pgx.Row) error) error {
+	var scanErr error
+	var b pgx.Batch
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+		scanErr = scan(row)
+		return scanErr
+	})
+	b.Queue(restoreLockTimeoutSQL)
+	b.Queue(releaseSQL)
+	err := bs.SendBatch(ctx, &b).Close() // runs scan
+	if scanErr != nil {
+		err = scanErr
+	}
+	return err
+}
+
+// steps runs the statement, then the restore and the release, which have
+// no arguments and go in one simple-protocol message. They follow a
+// statement that returned no row too, as they do in the pipeline.
+func steps(ctx context.Context, tx DB, sql string, args []any, scan func(pgx.Row) error) error {
+	err := scan(tx.QueryRow(ctx, sql, args...))
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
-	if err := scan(tx.QueryRow(ctx, sql, args...)); err != nil {
-		return err
+	if _, uerr := tx.Exec(ctx, restoreLockTimeoutSQL+"; "+releaseSQL); uerr != nil {
+		return uerr
 	}
-	_, err := tx.Exec(ctx, restoreLockTimeoutSQL+"; "+releaseSQL)
 	return err
 }

@@ -67,3 +67,49 @@ func TestInSavepoint(t *testing.T) {
 		})
 	}
 }
+
+// A statement the server cancels before it runs, while preparing it (here
+// waiting for a table another session locks, past statement_timeout),
+// leaves the transaction usable too: the savepoint is taken before
+// anything is prepared.
+func TestInSavepointRefusedPrepare(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	table := pgx.Identifier{testdb.Schema(t), "pglimit_slots"}.Sanitize()
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	if _, err := locker.Exec(ctx, "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	for name, wrap := range map[string]func(pgx.Tx) pgtx.DB{
+		"pipelined": func(tx pgx.Tx) pgtx.DB { return tx },
+		"steps":     func(tx pgx.Tx) pgtx.DB { return stepsOnly{tx} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '200ms'"); err != nil {
+				t.Fatal(err)
+			}
+			err = pgtx.InSavepoint(ctx, wrap(tx), 5*time.Second, "SELECT count(*) FROM "+table+" WHERE slot = $1", []any{1},
+				func(row pgx.Row) error {
+					var n int
+					return row.Scan(&n)
+				})
+			if code := pgtx.Code(err); code != pgtx.CodeQueryCanceled || !pgtx.ServerTimeout(err) {
+				t.Fatalf("%v (SQLSTATE %q), want 57014", err, code)
+			}
+			var one int
+			if err := tx.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+				t.Fatalf("the transaction is not usable after the refused prepare: %v", err)
+			}
+		})
+	}
+}

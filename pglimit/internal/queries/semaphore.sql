@@ -53,7 +53,8 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
 {{end}}
 
 -- slots.extend renews a held slot's lease; slots.release frees it. Both
--- touch the slot only while its holder ($4) still holds it.
+-- touch the slot only while its holder ($4) still holds it, and return a
+-- row only if they did.
 {{define "slots.extend"}}
 UPDATE {{.table}} SET expires_at = clock_timestamp() + $5 * interval '1 microsecond'
 WHERE namespace = $1 AND key = $2 AND slot = $3 AND holder = $4::uuid AND expires_at > clock_timestamp()
@@ -63,4 +64,5 @@ RETURNING $5::bigint
 {{define "slots.release"}}
 DELETE FROM {{.table}}
 WHERE namespace = $1 AND key = $2 AND slot = $3 AND holder = $4::uuid AND expires_at > clock_timestamp()
+RETURNING true
 {{end}}
