@@ -21,8 +21,8 @@ import (
 	"github.com/pglimit/cooldown/pglimit"
 )
 
-// envModelSeed reruns TestModelConformance with the seed a failed run
-// logged.
+// envModelSeed reruns TestModelConformance or TestModelAPI with the seed
+// a failed run logged.
 const envModelSeed = "PGLIMIT_MODEL_SEED"
 
 // Every strategy decides exactly as the reference model does, decision for
@@ -40,14 +40,7 @@ const envModelSeed = "PGLIMIT_MODEL_SEED"
 // arithmetic is checked wherever the tests run, Citus or not.
 func TestModelConformance(t *testing.T) {
 	t.Parallel()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv(envModelSeed); s != "" {
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatalf("%s=%q: %v", envModelSeed, s, err)
-		}
-	}
-	t.Logf("seed %d (rerun with %s=%d)", seed, envModelSeed, seed)
+	seed := modelSeed(t)
 	for i, run := range []struct {
 		strategy            pglimit.Strategy
 		functions           bool
@@ -103,6 +96,21 @@ func TestModelConformance(t *testing.T) {
 			t.Logf("%s: %d sequences × %d requests: %s", name, run.sequences, run.requests, stats.String())
 		})
 	}
+}
+
+// modelSeed is the seed of a model test's random sequences: envModelSeed's
+// if set, else the clock's. It is logged, so that a failure can be rerun.
+func modelSeed(t *testing.T) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv(envModelSeed); s != "" {
+		var err error
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("%s=%q: %v", envModelSeed, s, err)
+		}
+	}
+	t.Logf("seed %d (rerun with %s=%d)", seed, envModelSeed, seed)
+	return seed
 }
 
 // modelStats counts what the sequences did, so that a run shows it
@@ -199,7 +207,7 @@ func (s *modelSequence) run(requests int, stats *modelStats) {
 		var (
 			d        pglimit.Decision
 			err      error
-			n        = s.randCost(capacity)
+			n        = randCost(s.rng, capacity)
 			mode     = modeAllowN
 			maxDelay time.Duration
 			commit   = true
@@ -236,7 +244,7 @@ func (s *modelSequence) run(requests int, stats *modelStats) {
 		default:
 			op, mode = "Reserve", modeReserve
 			maxDelay = time.Duration(s.rng.IntN(300_001)) * time.Microsecond
-			n = s.randReserveCost(m.limits, maxDelay)
+			n = randReserveCost(s.rng, m.limits, maxDelay)
 			d, err = lim.Reserve(ctx, key, n, maxDelay)
 			if !allGCRA || s.strategy == pglimit.Range {
 				if !errors.Is(err, pglimit.ErrUnsupported) {
@@ -313,16 +321,16 @@ func (s *modelSequence) randLimits() []pglimit.Limit {
 }
 
 // randCost is a cost the limits admit at once, mostly small.
-func (s *modelSequence) randCost(capacity int) int {
-	if s.rng.IntN(4) == 0 {
-		return 1 + s.rng.IntN(capacity)
+func randCost(rng *rand.Rand, capacity int) int {
+	if rng.IntN(4) == 0 {
+		return 1 + rng.IntN(capacity)
 	}
-	return 1 + s.rng.IntN(min(capacity, 3))
+	return 1 + rng.IntN(min(capacity, 3))
 }
 
 // randReserveCost is a cost that every limit could reserve within
 // maxDelay (GCRA: n*T <= Burst*T + maxDelay); window limits take any.
-func (s *modelSequence) randReserveCost(limits []pglimit.Limit, maxDelay time.Duration) int {
+func randReserveCost(rng *rand.Rand, limits []pglimit.Limit, maxDelay time.Duration) int {
 	most := 10
 	for _, l := range limits {
 		if l.Algorithm == pglimit.GCRA {
@@ -330,7 +338,7 @@ func (s *modelSequence) randReserveCost(limits []pglimit.Limit, maxDelay time.Du
 			most = min(most, int((int64(l.Burst)*t+maxDelay.Microseconds())/t))
 		}
 	}
-	return 1 + s.rng.IntN(most)
+	return 1 + rng.IntN(most)
 }
 
 func (s *modelSequence) logf(format string, args ...any) {
@@ -358,7 +366,7 @@ func decisionDiff(d pglimit.Decision, want modelDecision, limits []pglimit.Limit
 	check("RetryAfter", d.RetryAfter, us(want.RetryAfter))
 	check("ResetAfter", d.ResetAfter, us(want.ResetAfter))
 	check("Delay", d.Delay, us(want.Delay))
-	check("Limit", d.Limit, limits[want.Binding])
+	check("Limit", limitString(d.Limit), limitString(limits[want.Binding]))
 	var got, wantNames []string
 	for _, l := range d.Violated() {
 		got = append(got, l.Name)
@@ -368,4 +376,10 @@ func decisionDiff(d pglimit.Decision, want modelDecision, limits []pglimit.Limit
 	}
 	check("Violated()", strings.Join(got, ","), strings.Join(wantNames, ","))
 	return strings.Join(diffs, "; ")
+}
+
+// limitString is l's exported fields: two limiters of one calendar window
+// hold its zone in different *time.Location values.
+func limitString(l pglimit.Limit) string {
+	return fmt.Sprintf("{Name:%s Rate:%d Period:%s Burst:%d Algorithm:%s Calendar:%q TimeZone:%q}", l.Name, l.Rate, l.Period, l.Burst, l.Algorithm, l.Calendar, l.TimeZone)
 }

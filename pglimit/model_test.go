@@ -1,6 +1,7 @@
 package pglimit_test
 
 import (
+	"cmp"
 	"fmt"
 	"math/big"
 	"slices"
@@ -12,17 +13,23 @@ import (
 
 // model is a reference implementation of docs/limits.md in plain Go: the
 // decisions a limiter must make for one key, given the database time of
-// each. It is written from the document, not from the library's SQL or
-// its arith.Evaluate, so that the conformance test compares two readings
-// of the same definition.
+// each, the refunds of its admissions, and the key's own limits
+// (Config.Overrides). It is written from the document, not from the
+// library's SQL or its arith.Evaluate, so that the conformance tests
+// compare two readings of the same definition.
 type model struct {
 	limits []pglimit.Limit // defaults filled in
-	states []modelState    // one per limit; all unset for a missing key
+	// own are the key's limits: limits with the rates and bursts of its
+	// row in pglimit_overrides, if it has one.
+	own    []pglimit.Limit
+	locs   []*time.Location // a calendar window's zone; nil for other limits
+	states []modelState     // one per limit; all unset for a missing key
 }
 
 // modelState is one limit's stored state: GCRA a = tat; FixedWindow a =
-// window start, b = count; SlidingWindow a = window start, b = previous
-// count, c = current count. Times in µs since the epoch.
+// window start, b = count, c = window end; SlidingWindow a = window
+// start, b = previous count, c = current count. Times in µs since the
+// epoch.
 type modelState struct {
 	set     bool
 	a, b, c int64
@@ -47,6 +54,10 @@ type modelDecision struct {
 	Delay      int64
 	Binding    int
 	Violated   []int
+	// Anchors are, for an admission, where it left each limit: a GCRA
+	// limit's TAT, a window's start; Emissions each GCRA limit's T (the
+	// key's own). A refund finds its units by them.
+	Anchors, Emissions []int64
 }
 
 func (d modelDecision) String() string {
@@ -71,10 +82,108 @@ func modelLimits(limits []pglimit.Limit) []pglimit.Limit {
 
 func newModel(limits []pglimit.Limit) *model {
 	l := modelLimits(limits)
-	return &model{limits: l, states: make([]modelState, len(l))}
+	m := &model{limits: l, own: slices.Clone(l), locs: make([]*time.Location, len(l)), states: make([]modelState, len(l))}
+	for i, lim := range l {
+		if lim.Calendar != "" {
+			zone := cmp.Or(lim.TimeZone, "UTC")
+			loc, err := time.LoadLocation(zone)
+			if err != nil {
+				panic(fmt.Sprintf("model: zone %q: %v", zone, err))
+			}
+			m.locs[i] = loc
+		}
+	}
+	return m
 }
 
+// reset clears the key's state; its own limits stay (they are another
+// table's).
 func (m *model) reset() { clear(m.states) }
+
+// setOwn gives the key the rates and bursts of limits (by name), as
+// SetKeyLimits does; none takes them away. A GCRA burst is cut to what
+// replenishes within 366 days, as the statement cuts it.
+func (m *model) setOwn(limits ...pglimit.Limit) {
+	m.own = slices.Clone(m.limits)
+	for _, o := range limits {
+		i := slices.IndexFunc(m.own, func(l pglimit.Limit) bool { return l.Name == o.Name })
+		if o.Rate > 0 {
+			m.own[i].Rate = o.Rate
+		}
+		if m.own[i].Algorithm == pglimit.GCRA {
+			if o.Burst > 0 {
+				m.own[i].Burst = o.Burst
+			}
+			t := ceilDiv(m.own[i].Period.Microseconds(), int64(m.own[i].Rate))
+			m.own[i].Burst = int(min(int64(m.own[i].Burst), (366*24*time.Hour).Microseconds()/t))
+		}
+	}
+}
+
+// refund gives back n units of the admission that left the limits at
+// anchors, with GCRA intervals emissions, as docs/limits.md's Refunds
+// section says: a GCRA limit whose TAT is still the anchor moves it back
+// by n*T (and so the anchor, for the admission's next refund); a window
+// still the one the admission counted in, or for a sliding window the
+// previous one since, loses n from that window's count (not below 0). It
+// reports which limits took them back. The row as it is stored decides,
+// not the time of the refund: a window that has ended by the clock but
+// not been replaced keeps its count, and no decision reads it again.
+func (m *model) refund(anchors, emissions []int64, n int) []bool {
+	took := make([]bool, len(m.limits))
+	u := int64(n)
+	for i, l := range m.limits {
+		s := &m.states[i]
+		if !s.set {
+			continue
+		}
+		switch {
+		case l.Algorithm == pglimit.GCRA && s.a == anchors[i]:
+			s.a -= u * emissions[i]
+			anchors[i] = s.a
+			took[i] = true
+		case l.Algorithm == pglimit.FixedWindow && s.a == anchors[i]:
+			s.b = max(s.b-u, 0)
+			took[i] = true
+		case l.Algorithm == pglimit.SlidingWindow && s.a == anchors[i]:
+			s.c = max(s.c-u, 0)
+			took[i] = true
+		case l.Algorithm == pglimit.SlidingWindow && s.a == anchors[i]+l.Period.Microseconds():
+			s.b = max(s.b-u, 0)
+			took[i] = true
+		}
+	}
+	return took
+}
+
+// calendarWindow is the start and end of the calendar unit of l that
+// holds now, in loc: the next unit starts where the calendar says, a day
+// of 23 or 25 hours when the clocks change.
+func calendarWindow(l pglimit.Limit, loc *time.Location, now int64) (start, end int64) {
+	t := time.UnixMicro(now).In(loc)
+	y, mo, d := t.Date()
+	var s, e time.Time
+	switch l.Calendar {
+	case "minute":
+		s = time.Date(y, mo, d, t.Hour(), t.Minute(), 0, 0, loc)
+		e = s.Add(time.Minute)
+	case "hour":
+		s = time.Date(y, mo, d, t.Hour(), 0, 0, 0, loc)
+		e = time.Date(y, mo, d, t.Hour()+1, 0, 0, 0, loc)
+	case "day":
+		s, e = time.Date(y, mo, d, 0, 0, 0, 0, loc), time.Date(y, mo, d+1, 0, 0, 0, 0, loc)
+	case "week": // ISO: from Monday
+		back := (int(t.Weekday()) + 6) % 7
+		s, e = time.Date(y, mo, d-back, 0, 0, 0, 0, loc), time.Date(y, mo, d-back+7, 0, 0, 0, 0, loc)
+	case "month":
+		s, e = time.Date(y, mo, 1, 0, 0, 0, 0, loc), time.Date(y, mo+1, 1, 0, 0, 0, 0, loc)
+	case "year":
+		s, e = time.Date(y, 1, 1, 0, 0, 0, 0, loc), time.Date(y+1, 1, 1, 0, 0, 0, 0, loc)
+	default:
+		panic("model: calendar " + l.Calendar)
+	}
+	return s.UnixMicro(), e.UnixMicro()
+}
 
 // view is one limit's state rolled forward to now, as a decision sees it.
 type view struct {
@@ -83,12 +192,12 @@ type view struct {
 	p   int64 // Period, µs
 	// GCRA
 	t, bt, base int64
-	// FixedWindow: ws, c. SlidingWindow: ws = cw, prev, c.
-	ws, prev, c int64
+	// FixedWindow: ws, we (its end), c. SlidingWindow: ws = cw, prev, c.
+	ws, we, prev, c int64
 }
 
 func (m *model) view(i int, now int64) view {
-	l, s := m.limits[i], m.states[i]
+	l, s := m.own[i], m.states[i]
 	v := view{l: l, now: now, p: l.Period.Microseconds()}
 	switch l.Algorithm {
 	case pglimit.GCRA:
@@ -100,10 +209,13 @@ func (m *model) view(i int, now int64) view {
 		}
 		v.base = max(tat, now)
 	case pglimit.FixedWindow:
-		if !s.set || now >= s.a+v.p {
-			v.ws, v.c = now, 0
-		} else {
-			v.ws, v.c = s.a, s.b
+		switch {
+		case s.set && now < s.c:
+			v.ws, v.we, v.c = s.a, s.c, s.b
+		case l.Calendar != "":
+			v.ws, v.we = calendarWindow(l, m.locs[i], now)
+		default:
+			v.ws, v.we = now, now+v.p
 		}
 	case pglimit.SlidingWindow:
 		cw := floorDiv(now, v.p) * v.p
@@ -156,7 +268,7 @@ func (v view) retryAfter(n int64, mode modelMode, maxDelay int64) int64 {
 		}
 		return w
 	case pglimit.FixedWindow:
-		return v.ws + v.p - v.now
+		return v.we - v.now
 	default:
 		e := v.now - v.ws
 		rate := int64(v.l.Rate)
@@ -211,7 +323,7 @@ func (v view) resetAfter() int64 {
 		if v.c == 0 {
 			return 0
 		}
-		return v.ws + v.p - v.now
+		return v.we - v.now
 	default:
 		switch {
 		case v.c > 0:
@@ -228,7 +340,7 @@ func (v view) state() modelState {
 	case pglimit.GCRA:
 		return modelState{set: true, a: v.base}
 	case pglimit.FixedWindow:
-		return modelState{set: true, a: v.ws, b: v.c}
+		return modelState{set: true, a: v.ws, b: v.c, c: v.we}
 	default:
 		return modelState{set: true, a: v.ws, b: v.prev, c: v.c}
 	}
@@ -275,12 +387,17 @@ func (m *model) decide(now int64, n int, mode modelMode, maxDelay time.Duration,
 		return d
 	}
 	d.Granted = int(u)
+	d.Anchors, d.Emissions = make([]int64, len(views)), make([]int64, len(views))
 	for i := range views {
 		if mode == modeReserve {
 			v := views[i]
 			d.Delay = max(d.Delay, v.base+u*v.t-v.now-v.bt)
 		}
 		views[i].advance(u)
+		d.Anchors[i], d.Emissions[i] = views[i].ws, views[i].t
+		if views[i].l.Algorithm == pglimit.GCRA {
+			d.Anchors[i] = views[i].base
+		}
 	}
 	rem := minRemaining(views)
 	d.Remaining = int(rem)
@@ -420,4 +537,130 @@ func TestModelDefaults(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
+}
+
+// The model's refunds, worked out by hand from docs/limits.md's Refunds
+// section.
+func TestModelRefund(t *testing.T) {
+	t.Parallel()
+	const s = int64(1_000_000)
+	base := 1_700_000_000 * s
+	check := func(t *testing.T, what string, got, want any) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: got %v, want %v", what, got, want)
+		}
+	}
+	t.Run("gcra gives back only the last admission's units", func(t *testing.T) {
+		t.Parallel()
+		m := newModel([]pglimit.Limit{{Rate: 2, Period: time.Second, Burst: 3}}) // T = 500ms
+		a := m.decide(base, 2, modeAllowN, 0, true)                              // tat = base + 1s
+		b := m.decide(base, 1, modeAllowN, 0, true)                              // tat = base + 1.5s
+		check(t, "refund of A while B stands", m.refund(a.Anchors, a.Emissions, 1), []bool{false})
+		check(t, "refund of B", m.refund(b.Anchors, b.Emissions, 1), []bool{true})
+		check(t, "refund of A after B's", m.refund(a.Anchors, a.Emissions, 1), []bool{true})
+		check(t, "A's anchor", a.Anchors[0]-base, s/2)
+		// tat = base + 500ms: two units fit the burst again, not three.
+		check(t, "AllowN(2)", m.decide(base, 2, modeAllowN, 0, false).Allowed, true)
+		check(t, "AllowN(3)", m.decide(base, 3, modeAllowN, 0, false).Allowed, false)
+	})
+	t.Run("fixed window within the window it counted in", func(t *testing.T) {
+		t.Parallel()
+		m := newModel([]pglimit.Limit{{Rate: 3, Period: time.Second, Algorithm: pglimit.FixedWindow}})
+		a := m.decide(base, 2, modeAllowN, 0, true)
+		check(t, "refund", m.refund(a.Anchors, a.Emissions, 1), []bool{true})
+		check(t, "AllowN(2) after it", m.decide(base+1, 2, modeAllowN, 0, true).Allowed, true)
+		check(t, "AllowN(1) on a full window", m.decide(base+2, 1, modeAllowN, 0, false).Allowed, false)
+		// A new window, and a refund of the old window's units takes
+		// nothing from it.
+		c := m.decide(base+s, 3, modeAllowN, 0, true)
+		check(t, "refund into the old window", m.refund(a.Anchors, a.Emissions, 1), []bool{false})
+		check(t, "AllowN(1) on the new window", m.decide(base+s+1, 1, modeAllowN, 0, false).Allowed, false)
+		check(t, "more than the count", m.refund(c.Anchors, c.Emissions, 5), []bool{true})
+		check(t, "Remaining", m.decide(base+s+2, 1, modeAllowN, 0, false).Remaining, 2)
+	})
+	t.Run("sliding window, current or previous", func(t *testing.T) {
+		t.Parallel()
+		m := newModel([]pglimit.Limit{{Rate: 4, Period: time.Second, Algorithm: pglimit.SlidingWindow}})
+		a := m.decide(base+s/2, 4, modeAllowN, 0, true)
+		// The next window, e = s/4: est = 4 * 3/4 = 3, no room for two.
+		check(t, "AllowN(2)", m.decide(base+s+s/4, 2, modeAllowN, 0, false).Allowed, false)
+		check(t, "refund into the previous window", m.refund(a.Anchors, a.Emissions, 2), []bool{true})
+		// est = 2 * 3/4 = 1.5: two fit.
+		check(t, "AllowN(2) after it", m.decide(base+s+s/4, 2, modeAllowN, 0, true).Allowed, true)
+		check(t, "refund into the previous window, under a newer count", m.refund(a.Anchors, a.Emissions, 1), []bool{true})
+		check(t, "after two windows", m.decide(base+3*s, 4, modeAllowN, 0, false).Allowed, true)
+	})
+	t.Run("several limits each by its own rule", func(t *testing.T) {
+		t.Parallel()
+		m := newModel([]pglimit.Limit{
+			{Name: "g", Rate: 10, Period: time.Second, Burst: 5},
+			{Name: "f", Rate: 5, Period: time.Hour, Algorithm: pglimit.FixedWindow},
+		})
+		a := m.decide(base, 1, modeAllowN, 0, true)
+		m.decide(base, 1, modeAllowN, 0, true)
+		check(t, "refund of A", m.refund(a.Anchors, a.Emissions, 1), []bool{false, true})
+		check(t, "Remaining", m.decide(base, 1, modeAllowN, 0, false).Remaining, 2) // g: 5 - 2 - 1
+	})
+	t.Run("reset", func(t *testing.T) {
+		t.Parallel()
+		m := newModel([]pglimit.Limit{{Rate: 2, Period: time.Second, Burst: 2}})
+		a := m.decide(base, 1, modeAllowN, 0, true)
+		m.reset()
+		check(t, "refund after a reset", m.refund(a.Anchors, a.Emissions, 1), []bool{false})
+	})
+}
+
+// The model's calendar windows and per-key limits.
+func TestModelCalendarAndOwnLimits(t *testing.T) {
+	t.Parallel()
+	const s = int64(1_000_000)
+	base := 1_700_000_000 * s // 2023-11-14 22:13:20 UTC
+	for _, tt := range []struct {
+		unit, zone       string
+		retry, nextStart int64 // after base
+	}{
+		{"minute", "", 40*s - 1, 40 * s},
+		{"hour", "UTC", 46*60*s + 40*s - 1, 46*60*s + 40*s},
+		{"hour", "Asia/Kolkata", 16*60*s + 40*s - 1, 16*60*s + 40*s},                          // 03:43:20 IST; the hour ends at 22:30 UTC
+		{"day", "America/St_Johns", 5*3600*s + 16*60*s + 40*s - 1, 5*3600*s + 16*60*s + 40*s}, // 18:43:20 NST; midnight is 03:30 UTC
+	} {
+		t.Run(tt.unit+" "+tt.zone, func(t *testing.T) {
+			t.Parallel()
+			m := newModel([]pglimit.Limit{{Rate: 2, Period: time.Minute, Algorithm: pglimit.FixedWindow, Calendar: tt.unit, TimeZone: tt.zone}})
+			if d := m.decide(base, 2, modeAllowN, 0, true); !d.Allowed {
+				t.Fatalf("first: %s", d)
+			}
+			if d := m.decide(base+1, 1, modeAllowN, 0, true); d.Allowed || d.RetryAfter != tt.retry || d.ResetAfter != tt.retry {
+				t.Errorf("in the window: %s, want a refusal with RetryAfter and ResetAfter %dµs", d, tt.retry)
+			}
+			if d := m.decide(base+tt.nextStart-1, 1, modeAllowN, 0, true); d.Allowed {
+				t.Errorf("at the window's last µs: %s, want a refusal", d)
+			}
+			if d := m.decide(base+tt.nextStart, 2, modeAllowN, 0, true); !d.Allowed {
+				t.Errorf("at the next window's start: %s, want an admission", d)
+			}
+		})
+	}
+	t.Run("own limits", func(t *testing.T) {
+		t.Parallel()
+		m := newModel([]pglimit.Limit{{Name: "g", Rate: 1, Period: time.Second, Burst: 3}, {Name: "f", Rate: 5, Period: time.Hour, Algorithm: pglimit.FixedWindow}})
+		m.decide(base, 3, modeAllowN, 0, true) // tat = base + 3s
+		// The burst raised to 5: the TAT carries over, two more fit.
+		m.setOwn(pglimit.Limit{Name: "g", Burst: 5})
+		d := m.decide(base, 2, modeAllowN, 0, true)
+		if !d.Allowed || d.Remaining != 0 || d.Anchors[0] != base+5*s || d.Emissions[0] != s {
+			t.Errorf("after raising the burst: %s, anchors %v", d, d.Anchors)
+		}
+		// The window's rate lowered to 4: 5 counted, none left.
+		m.setOwn(pglimit.Limit{Name: "g", Burst: 10}, pglimit.Limit{Name: "f", Rate: 4})
+		if d := m.decide(base, 1, modeAllowN, 0, false); d.Allowed || slices.Compare(d.Violated, []int{1}) != 0 || m.own[1].Rate != 4 {
+			t.Errorf("after lowering the window's rate: %s", d)
+		}
+		// Taken away: the limiter's own limits again.
+		m.setOwn()
+		if !slices.Equal(m.own, m.limits) {
+			t.Errorf("own limits %+v, want %+v", m.own, m.limits)
+		}
+	})
 }
