@@ -45,6 +45,7 @@ type batcher struct {
 	backSQL string  // batch.give_back
 	size    int     // keys that fill a batch: maxBatchKeys (tests set it)
 	leases  *leases // nil when the limit does not lease (lease.go)
+	sweeper *time.Timer // drops idle lease state (leases.sweep); nil while none is kept
 
 	mu       sync.Mutex
 	open     []*entry          // gathering, in arrival order; sent together
@@ -246,7 +247,7 @@ func (b *batcher) leaseRefusal(key string, n int, now time.Time, wait time.Durat
 	if !full && wait == 0 {
 		return Decision{}, false
 	}
-	b.leases.keys[key].met++ // demand, which the next lease is sized by
+	b.leases.met(key, now) // demand, which the next lease is sized by
 	d := b.l.gcraDecision(false, end, at, n)
 	if wait > 0 && (!full || wait < d.RetryAfter) {
 		d.RetryAfter = wait
@@ -270,7 +271,8 @@ func (b *batcher) enqueue(c *call) {
 		return
 	}
 	if b.leases != nil {
-		b.leases.met(c.key)
+		b.leases.met(c.key, time.Now())
+		b.sweepLater()
 	}
 	if e.sent.IsZero() && e.n == c.n {
 		e.calls = append(e.calls, c)
@@ -375,6 +377,27 @@ func (b *batcher) settle(bt []*entry) (answered []*call) {
 		}
 	}
 	return answered
+}
+
+// sweepLater arms the sweeper, unless it is armed: lease state, once
+// kept, is dropped when idle, however few calls come after. It is called
+// with mu held.
+func (b *batcher) sweepLater() {
+	if b.sweeper == nil {
+		b.sweeper = time.AfterFunc(leaseIdle, b.sweep)
+	}
+}
+
+// sweep is the sweeper's: it drops idle lease state, and comes back while
+// some is kept.
+func (b *batcher) sweep() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.leases.sweep(time.Now(), func(key string) bool { return b.keys[key] != nil }) {
+		b.sweeper.Reset(leaseIdle)
+	} else {
+		b.sweeper = nil
+	}
 }
 
 // giveBackLater arms le's timer, key's lease: giveBack, once it may be

@@ -40,7 +40,8 @@ type Fallback struct {
 
 	// MaxKeys bounds how many keys the fallback remembers. Past it, keys
 	// back at their full burst are forgotten first, then any, which gives
-	// them their full burst again. Defaults to 100,000.
+	// them their full burst again; when the fallback ends, it forgets every
+	// key. Defaults to 100,000.
 	MaxKeys int
 
 	// Retry is how often, while the database is unavailable, a call tries
@@ -135,6 +136,11 @@ func (f *fallback) fail(namespace string, err error) {
 // answered records that the database decided a call, ending a fallback.
 func (f *fallback) answered(namespace string) {
 	if f.down.CompareAndSwap(true, false) {
+		// The keys' in-process state served the fallback alone: it goes
+		// with it (a new map, as clear would keep the old one's size).
+		f.mu.Lock()
+		f.tats = map[string][]int64{}
+		f.mu.Unlock()
 		f.log.Info("pglimit: the database answers again; back to it", "namespace", namespace,
 			"fallback_decisions", f.decided.Load(), "after", micros(f.now()-f.since.Load()).Round(time.Millisecond))
 	}

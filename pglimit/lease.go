@@ -228,8 +228,9 @@ func (le *lease) expire(now time.Time, unit time.Duration) (left int64) {
 }
 
 // met notes that a call of key met a statement of the key gathering or on
-// its way: demand that one statement at a time does not keep up with.
-func (ls *leases) met(key string) {
+// its way, at now: demand that one statement at a time does not keep up
+// with.
+func (ls *leases) met(key string, now time.Time) {
 	le := ls.keys[key]
 	if le == nil {
 		le = &lease{}
@@ -237,6 +238,37 @@ func (ls *leases) met(key string) {
 	}
 	le.busy = true
 	le.met++
+	le.last = now
+}
+
+// leaseIdle is how long a key's lease state outlives the key's last call
+// once it holds no units: what a sweep of the batcher drops. It bounds the
+// memory of keys that no longer come (docs/limits.md, "Bounds").
+const leaseIdle = time.Second
+
+// sweep drops the lease state of keys idle at now: no unit left, no
+// give-back pending, no statement of the key gathering or on its way
+// (busy reports that), and no call for leaseIdle. Their demand is then
+// forgotten, as a key's is after a pause in any case. It reports whether
+// any state is left.
+func (ls *leases) sweep(now time.Time, busy func(key string) bool) bool {
+	dropped := 0
+	for key, le := range ls.keys {
+		if le.timer == nil && now.Sub(le.last) >= leaseIdle && !busy(key) && le.expire(now, ls.unit) == 0 {
+			delete(ls.keys, key)
+			dropped++
+		}
+	}
+	if dropped > len(ls.keys) {
+		// A map keeps the size it grew to: the survivors move to one of
+		// their own size.
+		keys := make(map[string]*lease, len(ls.keys))
+		for key, le := range ls.keys {
+			keys[key] = le
+		}
+		ls.keys = keys
+	}
+	return len(ls.keys) > 0
 }
 
 // want is how many units the next statement on key asks for beside its

@@ -1,0 +1,100 @@
+package pglimit_test
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// idleBytesPerKey is the most live heap a limiter may keep per key once
+// its keys have gone idle (docs/limits.md, "Bounds"): nothing of a key is
+// kept then, and this leaves room for the runtime's own noise.
+const idleBytesPerKey = 16
+
+// liveHeap is the live heap after a full collection.
+func liveHeap() uint64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// The memory bound: decisions on many distinct keys, each called by four
+// callers at once (so that calls merge, a busy key leases, flights
+// coalesce and the pre-block remembers), leave nothing per key once the
+// process has been idle for twice leaseIdle. 100,000 keys in the full
+// tier, 10,000 in the quick one.
+func TestMemoryIdleKeys(t *testing.T) {
+	keys := 100_000
+	if testing.Short() {
+		keys = 10_000
+	}
+	pool := bigPool(t, 16)
+	schema := testdb.Schema(t)
+	var lims []pglimit.Limiter
+	for _, cfg := range []pglimit.Config{
+		{Namespace: "leases", Limits: []pglimit.Limit{{Rate: 10000, Period: time.Second, Burst: 100}}},
+		{Namespace: "merge", Cooldown: time.Hour, PreBlockSize: 100},
+		{Namespace: "flights", Strategy: pglimit.Range, Cooldown: time.Hour},
+		{Namespace: "two limits", Limits: []pglimit.Limit{
+			{Name: "rate", Rate: 5, Period: time.Minute, Burst: 3},
+			{Name: "daily", Algorithm: pglimit.FixedWindow, Rate: 1000, Period: 24 * time.Hour},
+		}, Fallback: &pglimit.Fallback{Limits: []pglimit.Limit{{Rate: 1, Period: time.Second}}}},
+	} {
+		cfg.Schema = schema
+		lim, err := pglimit.New(pool, &cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lims = append(lims, lim)
+	}
+	// A warm-up, so that what is measured is per key and not the pools' and
+	// limiters' first allocations.
+	decideAll(t, lims, "warm", 200)
+	before := liveHeap()
+	start := time.Now()
+	decideAll(t, lims, "k", keys)
+	busy := liveHeap()
+	time.Sleep(2*time.Second + 100*time.Millisecond)
+	after := liveHeap()
+	perKey := func(h uint64) float64 { return (float64(h) - float64(before)) / float64(keys) }
+	t.Logf("%d keys × %d limiters in %s: live heap %.0f B per key while busy, %.1f B per key idle",
+		keys, len(lims), time.Since(start).Round(time.Millisecond), perKey(busy), perKey(after))
+	if perKey(after) > idleBytesPerKey {
+		t.Errorf("idle, the limiters keep %.1f B per key; the bound is %d", perKey(after), idleBytesPerKey)
+	}
+	runtime.KeepAlive(lims)
+}
+
+// decideAll makes four concurrent calls on each of n keys, on every
+// limiter, 64 keys at a time.
+func decideAll(t *testing.T, lims []pglimit.Limiter, prefix string, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	for i := range n {
+		key := fmt.Sprintf("%s-%d", prefix, i)
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			var inner sync.WaitGroup
+			for _, lim := range lims {
+				for range 4 {
+					inner.Go(func() {
+						if _, err := lim.Allow(t.Context(), key); err != nil {
+							t.Error(err)
+						}
+					})
+				}
+			}
+			inner.Wait()
+		})
+	}
+	wg.Wait()
+}
