@@ -296,3 +296,96 @@ func TestServerTimeoutIsErrTimeout(t *testing.T) {
 		}
 	}
 }
+
+// At-most-once charging. Every commit waits for a synchronous standby
+// that never comes, and each backend that waits is terminated: its
+// transaction has committed locally, and its client gets an error. The
+// database's record then shows each caller charged at most once: a batch
+// whose statement may have committed is never run again by its callers.
+func TestChargedAtMostOnce(t *testing.T) {
+	testdb.Slow(t)
+	ctx := t.Context()
+	srv := testdb.OwnServer(t)
+	admin := testdb.ServerPool(t, srv, 2)
+	pool := testdb.ServerPool(t, srv, 16)
+	if err := pglimit.Migrate(ctx, admin, "public"); err != nil {
+		t.Fatal(err)
+	}
+	burst := 1000
+	lim, err := pglimit.New(pool, &pglimit.Config{Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: burst}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	syncRep := func(names string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syncRep("nobody")
+	stop := make(chan struct{})
+	var terminator sync.WaitGroup
+	var terminated int
+	terminator.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			var n int
+			if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n); err != nil {
+				t.Error(err)
+				return
+			}
+			terminated += n
+		}
+	})
+	keys := []string{"a", "b", "c", "d"}
+	var (
+		mu       sync.Mutex
+		callers  = map[string]int{}
+		admitted = map[string]int{}
+		failed   int
+		wg       sync.WaitGroup
+	)
+	for i := range 64 {
+		key := keys[i%len(keys)]
+		wg.Go(func() {
+			d, err := lim.Allow(ctx, key)
+			mu.Lock()
+			defer mu.Unlock()
+			callers[key]++
+			switch {
+			case err != nil:
+				if failed++; failed <= 3 {
+					t.Logf("%s: %v", key, err)
+				}
+			case d.Allowed:
+				admitted[key]++
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	terminator.Wait()
+	syncRep("")
+	if terminated == 0 {
+		t.Fatal("no backend was terminated while its commit waited: the test proves nothing")
+	}
+	for _, key := range keys {
+		d, err := lim.Peek(ctx, key, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		charged := burst - 1 - d.Remaining // Peek's Remaining counts its own unit as taken
+		t.Logf("key %s: %d callers, %d admitted, %d units charged", key, callers[key], admitted[key], charged)
+		if charged > callers[key] || charged < admitted[key] {
+			t.Errorf("key %s: %d units charged for %d callers (%d admitted); each caller is charged at most once", key, charged, callers[key], admitted[key])
+		}
+	}
+	t.Logf("%d backends terminated at their commit; %d callers got an error", terminated, failed)
+}
