@@ -40,11 +40,11 @@ import (
 // callers have all returned still ends within Config.Timeout.
 type batcher struct {
 	l       *limiter
-	sql     string  // batch.allow, skipping rows locked by concurrent decisions
-	waitSQL string  // batch.allow for one key, waiting for its row's lock
-	backSQL string  // batch.give_back
-	size    int     // keys that fill a batch: maxBatchKeys (tests set it)
-	leases  *leases // nil when the limit does not lease (lease.go)
+	sql     string      // batch.allow, skipping rows locked by concurrent decisions
+	waitSQL string      // batch.allow for one key, waiting for its row's lock
+	backSQL string      // batch.give_back
+	size    int         // keys that fill a batch: maxBatchKeys (tests set it)
+	leases  *leases     // nil when the limit does not lease (lease.go)
 	sweeper *time.Timer // drops idle lease state (leases.sweep); nil while none is kept
 
 	mu       sync.Mutex
