@@ -26,8 +26,11 @@ import (
 //
 // The database is unavailable when a call cannot connect, loses its
 // connection, times out ([ErrTimeout]), or finds a server that cannot
-// write ([ErrReadOnly]) or is shutting down. A caller's own cancellation
-// or deadline, and bad input, are not outages. While it is unavailable,
+// write ([ErrReadOnly]) or is shutting down, and the database decided no
+// other call of the limiter while it waited. A call that times out while
+// the others are decided waited for its key alone (a row a long
+// transaction holds): it is decided in process, and no fallback starts. A
+// caller's own cancellation or deadline, and bad input, are not outages. While it is unavailable,
 // one call every Retry tries the database again, and the others decide at
 // once; the first that the database answers ends the fallback. Decisions
 // made in process have [Decision.Fallback] set, and the start and end of
@@ -73,6 +76,7 @@ type fallback struct {
 	tats map[string][]int64 // µs since start, per limit
 
 	down    atomic.Bool
+	heard   atomic.Int64 // µs since start: when the database last decided a call
 	probeAt atomic.Int64 // µs since start: when the next call may try the database
 	since   atomic.Int64 // µs since start: when this fallback began
 	decided atomic.Int64 // decisions made since
@@ -135,6 +139,7 @@ func (f *fallback) fail(namespace string, err error) {
 
 // answered records that the database decided a call, ending a fallback.
 func (f *fallback) answered(namespace string) {
+	f.heard.Store(f.now())
 	if f.down.CompareAndSwap(true, false) {
 		// The keys' in-process state served the fallback alone: it goes
 		// with it (a new map, as clear would keep the old one's size).
@@ -261,11 +266,17 @@ func (l *limiter) withFallback(ctx context.Context, key string, n int, db func()
 	if f.skipDatabase() {
 		return local()
 	}
+	began := f.now()
 	d, err := db()
 	switch {
 	case err == nil:
 		f.answered(l.cfg.Namespace)
 		return d, nil
+	case outage(ctx, err) && f.heard.Load() > began:
+		// The database decided another call while this one waited: it is
+		// up, and this key's row is held (by a long transaction, say).
+		// This call is decided in process; the others are not.
+		return local()
 	case outage(ctx, err):
 		f.fail(l.cfg.Namespace, err)
 		return local()

@@ -212,3 +212,50 @@ func TestFallbackCostBeyondBurst(t *testing.T) {
 		t.Errorf("AllowN(5) in process: %+v, %v; want admitted by the fallback", d, err)
 	}
 }
+
+// A key whose row a long transaction holds is no outage: while the
+// database decides the other keys, the held key's call that times out is
+// decided in process, alone, and no fallback starts for the others.
+func TestFallbackLockedKeyIsNoOutage(t *testing.T) {
+	t.Parallel()
+	pool := bigPool(t, 8)
+	var logs syncBuffer
+	schema := testdb.Schema(t)
+	lim := newLimiterOn(t, pool, fallbackConfig(schema, &logs))
+	if d, err := lim.Allow(t.Context(), "held"); err != nil || !d.Allowed || d.Fallback {
+		t.Fatalf("the first Allow: %+v, %v", d, err)
+	}
+	lockKey(t, pool, schema, pglimit.Upsert, "held")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var others, local int
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			d, err := lim.Allow(t.Context(), fmt.Sprint("other-", i))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			others++
+			if d.Fallback {
+				local++
+			}
+		}
+	})
+	for range 3 {
+		d, err := lim.Allow(t.Context(), "held")
+		if err != nil || !d.Fallback {
+			t.Errorf("Allow on the held key past Timeout: %+v, %v; want a decision made in process", d, err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if local > 0 || strings.Contains(logs.String(), "unavailable") {
+		t.Errorf("%d of %d decisions on other keys were made in process; log: %s", local, others, logs.String())
+	}
+}
