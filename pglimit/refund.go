@@ -3,6 +3,7 @@ package pglimit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -25,9 +26,13 @@ type refundTicket struct {
 	// returned.
 	xact *string
 
+	// mu guards the counts and anchors, never a statement: a refund
+	// reserves its units (pending) and runs unlocked, so that no caller
+	// waits for another's refund past its own deadline.
 	mu       sync.Mutex
 	granted  int
 	refunded int
+	pending  int
 	anchors  []int64
 }
 
@@ -62,29 +67,39 @@ func (l *limiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
 	case n <= 0:
 		return false, fmt.Errorf("%w: Refund: n must be positive, got %d", ErrInvalidCost, n)
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	// Compared as what is left, which cannot overflow: n + refunded can.
-	// Then n <= granted, and n*T no more than the admission's own n*T.
-	if left := t.granted - t.refunded; n > left {
-		return false, fmt.Errorf("%w: Refund: %d units, but %d of the %d granted are left to give back", ErrInvalidCost, n, left, t.granted)
-	}
 	emissions := make([]int64, len(t.limits))
 	for i, lim := range t.limits {
 		emissions[i] = lim.emission()
 	}
-	args := []any{l.cfg.Namespace, t.key, t.anchors, int64(n), emissions, t.xact}
+	t.mu.Lock()
+	// Compared as what is left, which cannot overflow: n + refunded can.
+	// Then n <= granted, and n*T no more than the admission's own n*T.
+	if left := t.granted - t.refunded - t.pending; n > left {
+		t.mu.Unlock()
+		return false, fmt.Errorf("%w: Refund: %d units, but %d of the %d granted are left to give back", ErrInvalidCost, n, left, t.granted)
+	}
+	t.pending += n
+	args := []any{l.cfg.Namespace, t.key, slices.Clone(t.anchors), int64(n), emissions, t.xact}
 	if len(t.limits) == 1 && t.limits[0].Algorithm == GCRA {
 		args = []any{l.cfg.Namespace, t.key, t.anchors[0], int64(n) * emissions[0], t.xact}
 	}
+	t.mu.Unlock()
 	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
 	defer cancel()
 	var made *string // how the decision's transaction ended; nil: too old to tell
 	var took []bool  // nil: no limit was asked to take the units back
-	if err := l.db.QueryRow(ctx, l.refundSQL, args...).Scan(&made, &took); err != nil {
+	err := l.db.QueryRow(ctx, l.refundSQL, args...).Scan(&made, &took)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pending -= n
+	switch {
+	case err != nil && unknownOutcome(err):
+		// The units may have been given back: they never are twice.
+		t.refunded += n
+		return false, l.wrap(ctx, fmt.Errorf("refund, whose outcome is unknown: %w", err))
+	case err != nil:
 		return false, l.wrap(ctx, fmt.Errorf("refund: %w", err))
-	}
-	if made != nil && *made == "in progress" {
+	case made != nil && *made == "in progress":
 		return false, fmt.Errorf("%w: Refund: the transaction of the decision has not ended; refund after it commits", ErrInvalidCost)
 	}
 	t.refunded += n
