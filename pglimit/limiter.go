@@ -415,8 +415,8 @@ func (l *limiter) runTx(ctx context.Context, tx DB, q query) (Decision, error) {
 			continue // in READ COMMITTED the next statement has a fresh snapshot
 		case code != "" && code == l.contended:
 			return l.lostRace(), nil
-		case code == pgtx.CodeLockNotAvailable:
-			return Decision{}, fmt.Errorf("%w (%s, lock_timeout %s): %w", ErrTimeout, l.cfg.Strategy, l.cfg.Timeout, err)
+		case pgtx.ServerTimeout(err):
+			return Decision{}, fmt.Errorf("%w (%s, lock_timeout and statement_timeout %s): %w", ErrTimeout, l.cfg.Strategy, l.cfg.Timeout, err)
 		case code == pgtx.CodeSerializationFailure:
 			// At REPEATABLE READ or above, a concurrent decision changed
 			// the key after the caller's snapshot: it won the race.

@@ -38,9 +38,9 @@ type batchSender interface {
 }
 
 // InSavepoint runs the statement sql in a savepoint of the caller's
-// transaction tx, under a lock_timeout of timeout, and hands its row to
-// scan. The savepoint and the setting go first, in one simple-protocol
-// message. On a pgx transaction the statement and its undoing then go to
+// transaction tx, under a lock_timeout and statement_timeout of timeout,
+// and hands its row to scan. The savepoint and the settings go first, in
+// one simple-protocol message. On a pgx transaction the statement and its undoing then go to
 // the server in one pipeline: two round trips in all. Any other
 // transaction (database/sql's, through pglimitsql) takes three: the
 // statement, then the restore and release. When the server refuses a
@@ -53,7 +53,7 @@ func InSavepoint(ctx context.Context, tx DB, timeout time.Duration, sql string, 
 	// any, and a prepare the server cancels there (lock_timeout or
 	// statement_timeout, while another session locks the table) would
 	// abort tx, outside any savepoint.
-	set := strings.Replace(setLockTimeoutSQL, "$1", fmt.Sprintf("'%dms'", ms), 1)
+	set := strings.ReplaceAll(setLockTimeoutSQL, "$1", fmt.Sprintf("'%dms'", ms))
 	if _, err = tx.Exec(ctx, savepointSQL+"; "+set); err == nil {
 		if bs, ok := tx.(batchSender); ok {
 			err = pipelined(ctx, bs, sql, args, scan)
