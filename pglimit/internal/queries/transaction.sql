@@ -27,16 +27,18 @@
 -- Semaphore.AcquireTx). The caller's lock_timeout and statement_timeout are
 -- kept in placeholder settings and restored; a rollback to the savepoint
 -- restores them too. $1 of savepoint.set_lock_timeout is the decision's
--- own bound, for both: lock_timeout alone bounds each lock wait, and a
--- statement queued behind another waiter waits twice (for the tuple, then
--- for the holder's transaction).
+-- own bound, for both unless the caller's is shorter: lock_timeout alone
+-- bounds each lock wait, and a statement queued behind another waiter
+-- waits twice (for the tuple, then for the holder's transaction).
 {{define "savepoint"}}SAVEPOINT pglimit_decision{{end}}
 {{define "savepoint.set_lock_timeout"}}
 SELECT set_config('pglimit.saved_lock_timeout', current_setting('lock_timeout'), true),
        set_config('pglimit.saved_statement_timeout', current_setting('statement_timeout'), true),
-       set_config('lock_timeout', $1, true),
-       set_config('statement_timeout', $1, true)
+       set_config('lock_timeout', {{template "savepoint.shorter" "lock_timeout"}}, true),
+       set_config('statement_timeout', {{template "savepoint.shorter" "statement_timeout"}}, true)
 {{end}}
+{{define "savepoint.shorter"}}CASE WHEN current_setting('{{.}}') <> '0' AND current_setting('{{.}}')::interval < $1::interval
+           THEN current_setting('{{.}}') ELSE $1 END{{end}}
 {{define "savepoint.restore_lock_timeout"}}SELECT set_config('lock_timeout', current_setting('pglimit.saved_lock_timeout'), true),
        set_config('statement_timeout', current_setting('pglimit.saved_statement_timeout'), true){{end}}
 {{define "savepoint.release"}}RELEASE SAVEPOINT pglimit_decision{{end}}
