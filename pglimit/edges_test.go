@@ -16,8 +16,9 @@ import (
 )
 
 // deadlineSlack is how late past its deadline a test accepts a call: the
-// library returns within milliseconds of it (docs/operations.md, "Bounds"),
-// and the rest is room for a loaded 2-core machine under the race detector.
+// library returns within milliseconds of it (docs/operations.md, "Bounds
+// every call keeps"), and the rest is room for a loaded 2-core machine
+// under the race detector.
 const deadlineSlack = 500 * time.Millisecond
 
 // mechanisms are limiter configurations that together turn on every

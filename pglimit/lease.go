@@ -243,7 +243,8 @@ func (ls *leases) met(key string, now time.Time) {
 
 // leaseIdle is how long a key's lease state outlives the key's last call
 // once it holds no units: what a sweep of the batcher drops. It bounds the
-// memory of keys that no longer come (docs/limits.md, "Bounds").
+// memory of keys that no longer come (docs/operations.md, "Bounds every
+// call keeps").
 const leaseIdle = time.Second
 
 // sweep drops the lease state of keys idle at now: no unit left, no

@@ -12,8 +12,9 @@ import (
 )
 
 // idleBytesPerKey is the most live heap a limiter may keep per key once
-// its keys have gone idle (docs/limits.md, "Bounds"): nothing of a key is
-// kept then, and this leaves room for the runtime's own noise.
+// its keys have gone idle (docs/operations.md, "Bounds every call
+// keeps"): nothing of a key is kept then, and this leaves room for the
+// runtime's own noise.
 const idleBytesPerKey = 16
 
 // liveHeap is the live heap after a full collection.
