@@ -112,7 +112,9 @@ type Limiter interface {
 	// d counted in. Each limit decides for itself: true means that every
 	// limit took the units back, false that at least one kept them (any
 	// other took them back), which is no error. Either way the n units are
-	// spent: d has n fewer left to give back.
+	// spent: d has n fewer left to give back. So are they when Refund
+	// fails after its statement was sent (a connection lost), since it may
+	// have given them back: no units are ever given back twice.
 	//
 	// A decision of AllowTx or AllowTxN gives back only what its
 	// transaction committed. If the transaction rolled back, or a savepoint
