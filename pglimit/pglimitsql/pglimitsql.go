@@ -8,9 +8,10 @@
 //
 // [Tx] adapts a transaction for [pglimit.Limiter.AllowTx], with any
 // PostgreSQL driver, lib/pq included: the units count only if the caller's
-// transaction commits. A pgx.Tx takes two round trips for AllowTx (the
-// savepoint with its setting, then the statement and the release in one
-// pipeline); a database/sql transaction takes three.
+// transaction commits. A pgx.Tx takes one round trip for AllowTx (the
+// savepoint, the statement and the release in one pipeline, once the
+// statement is prepared on its connection); a database/sql transaction
+// takes three.
 //
 // A limiter on a lib/pq *sql.DB is not supported: its statements send and
 // receive arrays, which lib/pq passes only through its own pq.Array, and

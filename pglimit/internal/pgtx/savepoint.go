@@ -39,25 +39,43 @@ type batchSender interface {
 
 // InSavepoint runs the statement sql in a savepoint of the caller's
 // transaction tx, under a lock_timeout and statement_timeout of timeout,
-// and hands its row to scan. The savepoint and the settings go first, in
-// one simple-protocol message. On a pgx transaction the statement and its undoing then go to
-// the server in one pipeline: two round trips in all. Any other
-// transaction (database/sql's, through pglimitsql) takes three: the
-// statement, then the restore and release. When the server refuses a
-// statement, the savepoint is rolled back and tx stays usable.
+// and hands its row to scan. When the server refuses a statement, the
+// savepoint is rolled back and tx stays usable.
+//
+// On a pgx transaction, the savepoint, its settings, the statement and
+// their undoing go to the server in one pipeline, one round trip, once the
+// statement is prepared on tx's connection (or in a mode that prepares
+// nothing). The first time, the savepoint goes first, then the statement
+// is prepared, inside it: pgx would otherwise prepare it before the
+// pipeline, and a prepare the server cancels there (lock_timeout or
+// statement_timeout, while another session locks the table) would abort
+// tx. Any other transaction (database/sql's, through pglimitsql) takes
+// three round trips: the savepoint, the statement, then the restore and
+// release.
 func InSavepoint(ctx context.Context, tx DB, timeout time.Duration, sql string, args []any, scan func(pgx.Row) error) (err error) {
 	ms := (timeout + time.Millisecond - 1) / time.Millisecond // round up: 0 would disable it
-	// The setting is written into the text, which has no arguments, so
-	// that it and the savepoint go in one simple-protocol message. Not in
-	// the pipeline: pgx prepares a batch's new statements before it sends
-	// any, and a prepare the server cancels there (lock_timeout or
-	// statement_timeout, while another session locks the table) would
-	// abort tx, outside any savepoint.
-	set := strings.ReplaceAll(setLockTimeoutSQL, "$1", fmt.Sprintf("'%dms'", ms))
-	if _, err = tx.Exec(ctx, savepointSQL+"; "+set); err == nil {
-		if bs, ok := tx.(batchSender); ok {
-			err = pipelined(ctx, bs, sql, args, scan)
-		} else {
+	bound := fmt.Sprintf("%dms", ms)
+	bs, pipelines := tx.(batchSender)
+	conn := pgxConn(tx)
+	switch {
+	case pipelines && ready(conn, sql):
+		err = pipelined(ctx, bs, bound, sql, args, scan)
+	default:
+		// The setting is written into the text, which then has no
+		// arguments, so that it and the savepoint go in one
+		// simple-protocol message.
+		set := strings.ReplaceAll(setLockTimeoutSQL, "$1", "'"+bound+"'")
+		if _, err = tx.Exec(ctx, savepointSQL+"; "+set); err != nil {
+			break
+		}
+		switch {
+		case conn != nil && pipelines:
+			if err = prepare(ctx, conn, sql); err == nil {
+				err = pipelined(ctx, bs, "", sql, args, scan)
+			}
+		case pipelines:
+			err = pipelined(ctx, bs, "", sql, args, scan)
+		default:
 			err = steps(ctx, tx, sql, args, scan)
 		}
 	}
@@ -71,11 +89,59 @@ func InSavepoint(ctx context.Context, tx DB, timeout time.Duration, sql string, 
 	return err
 }
 
-// pipelined sends the statement, the restore and the release in one
-// pipeline.
-func pipelined(ctx context.Context, bs batchSender, sql string, args []any, scan func(pgx.Row) error) error {
+// pgxConn is tx's pgx connection, or nil when tx is not a pgx transaction.
+func pgxConn(tx DB) *pgx.Conn {
+	if c, ok := tx.(interface{ Conn() *pgx.Conn }); ok {
+		return c.Conn()
+	}
+	return nil
+}
+
+// preparedKey is where a connection's custom data records the statements
+// InSavepoint prepared on it.
+const preparedKey = "pglimit.prepared"
+
+// ready reports whether pgx sends sql on conn without preparing or
+// describing it first, in a round trip of its own: conn prepares nothing
+// in its mode, or InSavepoint prepared sql on it.
+func ready(conn *pgx.Conn, sql string) bool {
+	if conn == nil {
+		return false
+	}
+	switch conn.Config().DefaultQueryExecMode {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
+		return true
+	}
+	done, _ := conn.PgConn().CustomData()[preparedKey].(map[string]bool)
+	return done[sql]
+}
+
+// prepare prepares sql on conn, named by its text, so that pgx's pipelines
+// use it as it is, and records it for ready.
+func prepare(ctx context.Context, conn *pgx.Conn, sql string) error {
+	if _, err := conn.Prepare(ctx, sql, sql); err != nil {
+		return err
+	}
+	data := conn.PgConn().CustomData()
+	done, _ := data[preparedKey].(map[string]bool)
+	if done == nil {
+		done = map[string]bool{}
+		data[preparedKey] = done
+	}
+	done[sql] = true
+	return nil
+}
+
+// pipelined sends the savepoint and its settings to bound (unless bound
+// is "": they were sent), the statement, the restore and the release in
+// one pipeline.
+func pipelined(ctx context.Context, bs batchSender, bound, sql string, args []any, scan func(pgx.Row) error) error {
 	var scanErr error
 	var b pgx.Batch
+	if bound != "" {
+		b.Queue(savepointSQL)
+		b.Queue(setLockTimeoutSQL, bound)
+	}
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
 		scanErr = scan(row)
 		return scanErr

@@ -2,6 +2,7 @@ package pgtx_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,5 +112,71 @@ func TestInSavepointRefusedPrepare(t *testing.T) {
 				t.Fatalf("the transaction is not usable after the refused prepare: %v", err)
 			}
 		})
+	}
+}
+
+// roundTrips counts what a connection sends apart from pipelines: each
+// query, and each prepare that reached the server.
+type roundTrips struct{ queries, prepares, batches atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.queries.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.batches.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (r *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
+	return ctx
+}
+func (r *roundTrips) TracePrepareEnd(_ context.Context, _ *pgx.Conn, d pgx.TracePrepareEndData) {
+	if !d.AlreadyPrepared {
+		r.prepares.Add(1)
+	}
+}
+
+// On a pgx transaction, a statement is prepared once per connection,
+// inside its savepoint; from then on the savepoint, the statement and
+// their undoing are one pipeline: one round trip.
+func TestInSavepointOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(testdb.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rt roundTrips
+	cfg.Tracer = &rt
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for i := range 3 {
+		before := [3]int64{rt.queries.Load(), rt.prepares.Load(), rt.batches.Load()}
+		var n int
+		var lock, statement string
+		err := pgtx.InSavepoint(ctx, tx, time.Second, "SELECT $1::int + 1, current_setting('lock_timeout'), current_setting('statement_timeout')", []any{i},
+			func(row pgx.Row) error { return row.Scan(&n, &lock, &statement) })
+		if err != nil || n != i+1 || lock != "1s" || statement != "1s" {
+			t.Fatalf("decision %d: %d under lock_timeout %q and statement_timeout %q, %v; want %d under 1s and 1s", i, n, lock, statement, err, i+1)
+		}
+		got := [3]int64{rt.queries.Load() - before[0], rt.prepares.Load() - before[1], rt.batches.Load() - before[2]}
+		want := [3]int64{0, 0, 1} // a pipeline alone
+		if i == 0 {
+			want = [3]int64{1, 1, 1} // the savepoint, the prepare, the pipeline
+		}
+		if got != want {
+			t.Errorf("decision %d: %d queries, %d prepares, %d pipelines; want %v", i, got[0], got[1], got[2], want)
+		}
 	}
 }

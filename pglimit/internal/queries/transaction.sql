@@ -37,8 +37,8 @@ SELECT set_config('pglimit.saved_lock_timeout', current_setting('lock_timeout'),
        set_config('lock_timeout', {{template "savepoint.shorter" "lock_timeout"}}, true),
        set_config('statement_timeout', {{template "savepoint.shorter" "statement_timeout"}}, true)
 {{end}}
-{{define "savepoint.shorter"}}CASE WHEN current_setting('{{.}}') <> '0' AND current_setting('{{.}}')::interval < $1::interval
-           THEN current_setting('{{.}}') ELSE $1 END{{end}}
+{{define "savepoint.shorter"}}CASE WHEN current_setting('{{.}}') <> '0' AND current_setting('{{.}}')::interval < $1::text::interval
+           THEN current_setting('{{.}}') ELSE $1::text END{{end}}
 {{define "savepoint.restore_lock_timeout"}}SELECT set_config('lock_timeout', current_setting('pglimit.saved_lock_timeout'), true),
        set_config('statement_timeout', current_setting('pglimit.saved_statement_timeout'), true){{end}}
 {{define "savepoint.release"}}RELEASE SAVEPOINT pglimit_decision{{end}}
