@@ -106,7 +106,7 @@ func BenchmarkOverrides(b *testing.B) {
 	}{{"plain", false, false}, {"overrides-none", true, false}, {"overrides-row", true, true}} {
 		b.Run(v.name, func(b *testing.B) {
 			pool := testdb.Pool(b)
-			cfg := pglimit.Config{Schema: testdb.Schema(b), Limits: limits, Overrides: v.overrides}
+			cfg := pglimit.Config{Schema: testdb.Schema(b), Namespace: "bench", Limits: limits, Overrides: v.overrides}
 			lim, err := pglimit.New(pool, &cfg)
 			if err != nil {
 				b.Fatal(err)

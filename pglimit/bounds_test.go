@@ -441,13 +441,13 @@ func TestConcurrentBurst(t *testing.T) {
 			schema := testdb.Schema(t)
 			// A key whose row is there, long replenished, and a key never seen.
 			table := pgx.Identifier{schema, "pglimit_" + string(s)}.Sanitize()
-			if _, err := pools[0].Exec(ctx, "INSERT INTO "+table+" (namespace, key, expires_at) VALUES ('default', 'seen', now() - interval '1 day')"); err != nil {
+			if _, err := pools[0].Exec(ctx, "INSERT INTO "+table+" (namespace, key, expires_at) VALUES ('burst', 'seen', now() - interval '1 day')"); err != nil {
 				t.Fatal(err)
 			}
 			record := audit(t, pools[0], schema, s)
 			var lims []pglimit.Limiter
 			for _, p := range pools {
-				lim, err := pglimit.New(p, &pglimit.Config{Strategy: s, Schema: schema, Limits: []pglimit.Limit{{Rate: 5, Period: time.Hour, Burst: 5}}, Timeout: 30 * time.Second})
+				lim, err := pglimit.New(p, &pglimit.Config{Strategy: s, Schema: schema, Namespace: "burst", Limits: []pglimit.Limit{{Rate: 5, Period: time.Hour, Burst: 5}}, Timeout: 30 * time.Second})
 				if err != nil {
 					t.Fatal(err)
 				}

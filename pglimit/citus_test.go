@@ -259,7 +259,7 @@ func TestCitusThroughput(t *testing.T) {
 	}
 	router := fmt.Sprintf("SELECT expires_at FROM %s.pglimit_upsert WHERE namespace = $1 AND key = $2", schema)
 	floor := run(func(ctx context.Context, key string) error {
-		_, err := pool.Exec(ctx, router, "default", key)
+		_, err := pool.Exec(ctx, router, "tp", key)
 		return err
 	})
 	t.Logf("router floor: %.0f SELECTs/s", floor)

@@ -2,9 +2,12 @@ package pglimit
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -65,7 +68,17 @@ type Config struct {
 	Limits []Limit
 
 	// Namespace separates limiters that share a table (one per endpoint or
-	// limit). Same rules as a key. Defaults to "default".
+	// limit): a key's state belongs to its namespace. Same rules as a key.
+	// Limiters that name the same namespace share state whatever their
+	// limits, so give each limit its own, and keep it when the limits
+	// change: that is how a key keeps what it has used across a rolling
+	// deploy (docs/limits.md, "Namespaces, and changing limits").
+	//
+	// Unset, it is derived from the limits: "default-" and 12 hex digits
+	// of a hash of every limit's algorithm, rate, period, burst, calendar,
+	// time zone and name, in order ([Policy] reports it). Two limiters
+	// without a Namespace then share state exactly when they enforce the
+	// same limits, and any change of the limits starts every key afresh.
 	Namespace string
 
 	// Schema holds the limiter's table. A plain identifier. Defaults to
@@ -105,8 +118,9 @@ type Config struct {
 	// next decision on every instance; nothing caches it. A key's costs
 	// are checked against its own limits, and a row they cannot use makes
 	// its decisions fail with [ErrInvalidConfig]. Upsert and NoWait
-	// only, without PreBlockSize; the key's statement is the general one,
-	// neither batched nor leased (docs/limits.md).
+	// only, without PreBlockSize, and with a Namespace: the rows belong to
+	// it. The key's statement is the general one, neither batched nor
+	// leased (docs/limits.md).
 	Overrides bool
 
 	// Fallback, when set, makes Allow and AllowN decide in process while
@@ -149,9 +163,9 @@ type Config struct {
 }
 
 const (
-	defaultNamespace = "default"
-	defaultSchema    = "public"
-	defaultTimeout   = 2 * time.Second
+	derivedNamespacePrefix = "default-"
+	defaultSchema          = "public"
+	defaultTimeout         = 2 * time.Second
 )
 
 var defaultTables = map[Strategy]string{
@@ -174,7 +188,15 @@ func (c *Config) withDefaults() (Config, error) {
 		return Config{}, err
 	}
 	out.Limits = limits
-	out.Namespace = cmp.Or(out.Namespace, defaultNamespace)
+	if out.Namespace == "" && out.Overrides {
+		// The keys' own limits are rows of the namespace that an operator
+		// wrote: under a derived namespace the next change of the limits
+		// would drop them all, silently.
+		return Config{}, fmt.Errorf("%w: Overrides needs a Namespace: per-key limits are kept by namespace, and one derived from the limits changes with them", ErrInvalidConfig)
+	}
+	if out.Namespace == "" {
+		out.Namespace = derivedNamespace(out.Limits)
+	}
 	if err := ValidateKey(out.Namespace); err != nil {
 		return Config{}, fmt.Errorf("%w: Namespace: %w", ErrInvalidConfig, err)
 	}
@@ -233,6 +255,30 @@ func (c *Config) limits() ([]Limit, error) {
 		}
 	}
 	return out, nil
+}
+
+// derivedNamespace is the namespace of a limiter that names none: a
+// fingerprint of what its rows mean, the limits with defaults filled in.
+// The strategy, schema and table are left out, as they keep state apart
+// already, and so is every option that leaves a row's meaning alone
+// (Timeout, Shadow, Overrides, Fallback, ...). Each field is written with
+// its length, so that no two lists of limits write the same bytes. The
+// value is part of the deployed protocol: instances of different releases
+// must derive the same one (TestNamespaceDerivedGolden).
+func derivedNamespace(limits []Limit) string {
+	h := sha256.New()
+	field := func(s string) { fmt.Fprintf(h, "%d:%s;", len(s), s) }
+	field("pglimit.limits.v1")
+	for _, l := range limits {
+		field(l.Algorithm.String())
+		field(strconv.Itoa(l.Rate))
+		field(strconv.FormatInt(int64(l.Period), 10))
+		field(strconv.Itoa(l.Burst))
+		field(l.Calendar)
+		field(l.TimeZone)
+		field(l.Name)
+	}
+	return derivedNamespacePrefix + hex.EncodeToString(h.Sum(nil)[:6])
 }
 
 // isCooldown reports whether limits are one GCRA limit with burst 1: a

@@ -37,7 +37,7 @@ var mechanisms = []struct {
 		{Name: "rate", Rate: 5, Period: time.Minute, Burst: 3},
 		{Name: "daily", Algorithm: pglimit.FixedWindow, Rate: 1000, Period: 24 * time.Hour},
 	}}},
-	{"overrides", pglimit.Config{Overrides: true, Limits: []pglimit.Limit{{Name: "rate", Rate: 10, Period: time.Second, Burst: 5}}}},
+	{"overrides", pglimit.Config{Namespace: "overrides", Overrides: true, Limits: []pglimit.Limit{{Name: "rate", Rate: 10, Period: time.Second, Burst: 5}}}},
 	{"fallback", pglimit.Config{Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}}, Fallback: &pglimit.Fallback{Limits: []pglimit.Limit{{Rate: 1, Period: time.Second}}}}},
 }
 

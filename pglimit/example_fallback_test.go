@@ -22,6 +22,7 @@ func ExampleFallback() {
 	}
 	defer pool.Close()
 	lim, err := pglimit.New(pool, &pglimit.Config{
+		Namespace: "api",
 		// 100 a minute for each key, shared by four instances...
 		Limits: []pglimit.Limit{{Name: "per-key", Rate: 100, Period: time.Minute, Burst: 20}},
 		Fallback: &pglimit.Fallback{

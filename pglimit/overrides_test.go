@@ -105,7 +105,7 @@ func TestOverrides(t *testing.T) {
 func TestOverridesUnderContention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg := pglimit.Config{Schema: testdb.Schema(t), Overrides: true,
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Namespace: "api", Overrides: true,
 		Limits: []pglimit.Limit{{Name: "per-hour", Rate: 1, Period: time.Hour, Burst: 1}}}
 	pools := []*pgxpool.Pool{testdb.Pool(t), testdb.Pool(t)}
 	lims := []pglimit.Limiter{newLimiterOn(t, pools[0], cfg), newLimiterOn(t, pools[1], cfg)}
@@ -149,7 +149,7 @@ func TestOverridesBadInput(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	cfg := pglimit.Config{Schema: testdb.Schema(t), Overrides: true,
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Namespace: "api", Overrides: true,
 		Limits: []pglimit.Limit{{Name: "per-minute", Rate: 5, Period: time.Minute}, {Name: "daily", Rate: 9, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow}}}
 	table := pgx.Identifier{cfg.Schema, "pglimit_overrides"}.Sanitize()
 	for _, doc := range []string{
@@ -157,7 +157,7 @@ func TestOverridesBadInput(t *testing.T) {
 		`{"per-minute": {"rate": "5"}}`, `{"per-minute": {"rate": 1073741825}}`, `{"per-minute": {"period": 5}}`,
 		`{"per-minute": 5}`, `[]`,
 	} {
-		_, err := pool.Exec(ctx, "INSERT INTO "+table+" (namespace, key, limits) VALUES ('default', 'k', $1)", doc)
+		_, err := pool.Exec(ctx, "INSERT INTO "+table+" (namespace, key, limits) VALUES ($1, 'k', $2)", cfg.Namespace, doc)
 		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "23514" {
 			t.Errorf("INSERT %s: %v, want a check violation", doc, err)
 		}
@@ -190,8 +190,9 @@ func TestOverridesBadInput(t *testing.T) {
 		t.Fatalf("%d rows after bad input, %v; want none", n, err)
 	}
 	for name, c := range map[string]pglimit.Config{
-		"range":    {Strategy: pglimit.Range, Cooldown: time.Minute, Overrides: true},
-		"preblock": {Cooldown: time.Minute, PreBlockSize: 10, Overrides: true},
+		"range":        {Namespace: "api", Strategy: pglimit.Range, Cooldown: time.Minute, Overrides: true},
+		"preblock":     {Namespace: "api", Cooldown: time.Minute, PreBlockSize: 10, Overrides: true},
+		"no namespace": {Cooldown: time.Minute, Overrides: true},
 	} {
 		if _, err := pglimit.New(pool, &c); !errors.Is(err, pglimit.ErrInvalidConfig) {
 			t.Errorf("%s with Overrides: %v, want ErrInvalidConfig", name, err)
@@ -350,7 +351,7 @@ func TestOverridesUnusableRow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	cfg := pglimit.Config{Schema: testdb.Schema(t), Overrides: true, Limits: []pglimit.Limit{
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Namespace: "api", Overrides: true, Limits: []pglimit.Limit{
 		{Name: "per-minute", Rate: 5, Period: time.Minute, Burst: 5},
 		{Name: "daily", Rate: 9, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
 	}}
@@ -358,7 +359,7 @@ func TestOverridesUnusableRow(t *testing.T) {
 	table := pgx.Identifier{cfg.Schema, "pglimit_overrides"}.Sanitize()
 	insert := func(key, doc string) {
 		t.Helper()
-		if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (namespace, key, limits) VALUES ('default', $1, $2)", key, doc); err != nil {
+		if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (namespace, key, limits) VALUES ($1, $2, $3)", cfg.Namespace, key, doc); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -377,7 +378,7 @@ func TestOverridesUnusableRow(t *testing.T) {
 				t.Errorf("%s on a key whose row is %s: %+v, %v; want ErrInvalidConfig naming %s", name, c.doc, d, err, c.names)
 			}
 		}
-		if n := keyRows(t, pool, cfg.Schema, "default", key); n != 0 {
+		if n := keyRows(t, pool, cfg.Schema, cfg.Namespace, key); n != 0 {
 			t.Errorf("key %q has %d rows after its decisions failed, want none", key, n)
 		}
 	}
@@ -394,7 +395,7 @@ func TestSetKeyLimitsServerErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	cfg := pglimit.Config{Schema: testdb.Schema(t), Overrides: true, Timeout: 200 * time.Millisecond,
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Namespace: "api", Overrides: true, Timeout: 200 * time.Millisecond,
 		Limits: []pglimit.Limit{{Name: "per-minute", Rate: 5, Period: time.Minute}}}
 
 	pcfg, err := pgxpool.ParseConfig(testdb.URL(t))
@@ -421,7 +422,7 @@ func TestSetKeyLimitsServerErrors(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	table := pgx.Identifier{cfg.Schema, "pglimit_overrides"}.Sanitize()
-	if _, err := tx.Exec(ctx, "INSERT INTO "+table+` (namespace, key, limits) VALUES ('default', 'k', '{}')`); err != nil {
+	if _, err := tx.Exec(ctx, "INSERT INTO "+table+` (namespace, key, limits) VALUES ($1, 'k', '{}')`, cfg.Namespace); err != nil {
 		t.Fatal(err)
 	}
 	ctx5, cancel := context.WithTimeout(ctx, 5*time.Second)

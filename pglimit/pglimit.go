@@ -147,6 +147,8 @@ type Limiter interface {
 // Policy is what a limiter enforces: its limits on every key of its
 // namespace, with its strategy. HTTP headers and metrics read it.
 type Policy struct {
+	// Namespace is the limiter's [Config.Namespace], or when that is
+	// unset the one derived from its limits.
 	Namespace string
 	Strategy  Strategy
 	// Limits are the limiter's limits with defaults filled in (a Cooldown

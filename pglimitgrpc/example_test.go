@@ -20,7 +20,10 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	lim, err := pglimit.New(pool, &pglimit.Config{Limits: []pglimit.Limit{{Name: "per-key", Rate: 100, Period: time.Second, Burst: 20}}})
+	lim, err := pglimit.New(pool, &pglimit.Config{
+		Namespace: "grpc-api", // the keys' state, kept when the limits change
+		Limits:    []pglimit.Limit{{Name: "per-key", Rate: 100, Period: time.Second, Burst: 20}},
+	})
 	if err != nil {
 		log.Fatal(err)
 	}

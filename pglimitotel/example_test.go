@@ -19,7 +19,7 @@ func ExampleInstrument() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	lim, err := pglimit.New(pool, &pglimit.Config{Cooldown: 2 * time.Second})
+	lim, err := pglimit.New(pool, &pglimit.Config{Namespace: "search", Cooldown: 2 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}

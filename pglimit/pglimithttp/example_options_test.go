@@ -149,7 +149,7 @@ func ExampleConfig_logger() {
 		panic(err)
 	}
 	defer pool.Close()
-	lim, err := pglimit.New(pool, &pglimit.Config{Cooldown: time.Minute, Timeout: time.Second})
+	lim, err := pglimit.New(pool, &pglimit.Config{Namespace: "export", Cooldown: time.Minute, Timeout: time.Second})
 	if err != nil {
 		panic(err)
 	}

@@ -5,7 +5,7 @@
 //
 //	m, err := pglimitprom.New(prometheus.DefaultRegisterer, nil)
 //	lim = m.Instrument(lim) // counts and times every decision, labelled by lim.Policy()
-//	sem, err := pglimitsem.New(pool, &pglimitsem.Config{Slots: 2, Observe: m.ObserveSemaphore})
+//	sem, err := pglimitsem.New(pool, &pglimitsem.Config{Namespace: "exports", Slots: 2, Observe: m.ObserveSemaphore})
 //	prometheus.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
 //	prometheus.MustRegister(pglimitprom.NewCleanerCollector(cleaner, "public"))
 //

@@ -152,7 +152,7 @@ const SemaphoreStrategy = "semaphore"
 // failure an error counted by kind, as for a limiter. Set it as the
 // semaphore's hook:
 //
-//	sem, err := pglimitsem.New(pool, &pglimitsem.Config{Slots: 2, Observe: m.ObserveSemaphore})
+//	sem, err := pglimitsem.New(pool, &pglimitsem.Config{Namespace: "exports", Slots: 2, Observe: m.ObserveSemaphore})
 func (m *Metrics) ObserveSemaphore(ctx context.Context, c pglimitsem.Call) {
 	d := pglimit.Decision{Allowed: c.Slot.Acquired, RetryAfter: c.Slot.RetryAfter}
 	m.observe([]string{c.Namespace, SemaphoreStrategy}, observe.NewCall(ctx, "Acquire", c.Key, d, c.Err, c.Took))

@@ -3,8 +3,11 @@ package pglimitsem
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -29,8 +32,15 @@ type Config struct {
 	// creates). Defaults to "public".
 	Schema string
 
-	// Namespace separates semaphores that share the table. Same rules as
-	// a key. Defaults to "default".
+	// Namespace separates semaphores that share the table: a key's slots
+	// belong to its namespace. Same rules as a key. Semaphores that name
+	// the same namespace share their slots whatever their Slots, so give
+	// each its own, and keep it when Slots changes (docs/limits.md).
+	//
+	// Unset, it is derived from Slots: "default-" and 12 hex digits of a
+	// hash of it ([Call] reports it). Two semaphores without a Namespace
+	// then share slots exactly when they have as many, and a change of
+	// Slots starts every key with none held.
 	Namespace string
 
 	// Slots is how many slots a key has: at most Slots requests of a key
@@ -143,12 +153,14 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	if err := pglimit.ValidateIdentifier(c.Schema); err != nil {
 		return nil, fmt.Errorf("%w: Schema: %w", pglimit.ErrInvalidConfig, err)
 	}
-	c.Namespace = cmp.Or(c.Namespace, defaultNamespace)
-	if err := pglimit.ValidateKey(c.Namespace); err != nil {
-		return nil, fmt.Errorf("%w: Namespace: %w", pglimit.ErrInvalidConfig, err)
-	}
 	if c.Slots < 1 || c.Slots > maxSlots {
 		return nil, fmt.Errorf("%w: Slots must be from 1 to %d, got %d", pglimit.ErrInvalidConfig, maxSlots, c.Slots)
+	}
+	if c.Namespace == "" {
+		c.Namespace = derivedNamespace(c.Slots)
+	}
+	if err := pglimit.ValidateKey(c.Namespace); err != nil {
+		return nil, fmt.Errorf("%w: Namespace: %w", pglimit.ErrInvalidConfig, err)
 	}
 	c.TTL = cmp.Or(c.TTL, defaultSlotTTL)
 	if c.TTL < time.Second || c.TTL > maxTTL {
@@ -168,6 +180,19 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	return s, nil
 }
 
+// derivedNamespace is the namespace of a semaphore that names none: a
+// fingerprint of what its rows mean, how many slots a key has, framed as
+// pglimit's derived namespaces are. Part of the deployed protocol:
+// instances of different releases must derive the same one
+// (TestNamespaceDerived).
+func derivedNamespace(slots int) string {
+	h := sha256.New()
+	for _, s := range []string{"pglimitsem.slots.v1", strconv.Itoa(slots)} {
+		fmt.Fprintf(h, "%d:%s;", len(s), s)
+	}
+	return "default-" + hex.EncodeToString(h.Sum(nil)[:6])
+}
+
 const (
 	slotsTable     = "pglimit_slots"
 	maxSlots       = 10_000
@@ -175,11 +200,10 @@ const (
 
 	// As a limiter's: the defaults of Config, the longest TTL (366 days),
 	// and the attempts after a lost race.
-	defaultSchema    = "public"
-	defaultNamespace = "default"
-	defaultTimeout   = 2 * time.Second
-	maxTTL           = 366 * 24 * time.Hour
-	maxAttempts      = 3
+	defaultSchema  = "public"
+	defaultTimeout = 2 * time.Second
+	maxTTL         = 366 * 24 * time.Hour
+	maxAttempts    = 3
 
 	// txClientTimeoutMargin is how much longer than Timeout AcquireTx and
 	// ReleaseTx wait for the server, whose lock_timeout ends the wait and
