@@ -508,7 +508,7 @@ func TestDeadlineFrozenServer(t *testing.T) {
 // every mechanism returns by its bound plus deadlineSlack.
 func TestDeadlineDeadConnection(t *testing.T) {
 	t.Parallel()
-	proxy, pcfg := newStallProxy(t)
+	proxy, pcfg := testdb.NewStallProxy(t)
 	pcfg.MaxConns = 12
 	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
 	cases := deadlineCases(t, func() *pgxpool.Pool {
@@ -519,8 +519,8 @@ func TestDeadlineDeadConnection(t *testing.T) {
 		t.Cleanup(pool.Close)
 		return pool
 	}, testdb.Schema(t))
-	proxy.stall()
-	t.Cleanup(proxy.unstall) // before the pools close and the transactions roll back
+	proxy.Stall()
+	t.Cleanup(proxy.Unstall) // before the pools close and the transactions roll back
 	runAll(t, cases)
 }
 
