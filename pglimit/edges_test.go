@@ -578,7 +578,8 @@ func TestBatchSlowKeyHoldsNoOther(t *testing.T) {
 }
 
 // A lock_timeout or statement_timeout that the server enforces (a default
-// of the database or role) is ErrTimeout, as the limiter's own is.
+// of the database or role) is ErrTimeout, as the limiter's own is, for
+// SetKeyLimits too.
 func TestServerTimeoutIsErrTimeout(t *testing.T) {
 	t.Parallel()
 	for _, setting := range []string{"lock_timeout", "statement_timeout"} {
@@ -608,12 +609,23 @@ func TestServerTimeoutIsErrTimeout(t *testing.T) {
 				if _, err := lim.Allow(t.Context(), "k"); err != nil {
 					t.Fatal(err)
 				}
+				setKeyLimits := func(ctx context.Context) error {
+					return pglimit.SetKeyLimits(ctx, pool, &cfg, "k", pglimit.Limit{Name: "rate", Rate: 20})
+				}
+				if cfg.Overrides {
+					if err := setKeyLimits(t.Context()); err != nil { // the row to lock
+						t.Fatal(err)
+					}
+				}
 				lockKeys(t, bigPool(t, 2), cfg.Schema, "pglimit_upsert", "k")
 				if _, err := lim.Allow(t.Context(), "k"); !errors.Is(err, pglimit.ErrTimeout) {
 					t.Errorf("Allow on a locked row under the server's %s: %v, want ErrTimeout", setting, err)
 				}
 				if err := lim.Reset(t.Context(), "k"); !errors.Is(err, pglimit.ErrTimeout) {
 					t.Errorf("Reset of a locked row under the server's %s: %v, want ErrTimeout", setting, err)
+				}
+				if err := setKeyLimits(t.Context()); cfg.Overrides && !errors.Is(err, pglimit.ErrTimeout) {
+					t.Errorf("SetKeyLimits of a locked row under the server's %s: %v, want ErrTimeout", setting, err)
 				}
 			})
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -184,6 +185,8 @@ func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ..
 		return nil
 	case errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout):
 		return fmt.Errorf("%w (SetKeyLimits, after %s): %w", ErrTimeout, c.Timeout, err)
+	case ctx.Err() == nil && pgtx.ServerTimeout(err) && !errors.Is(err, ErrTimeout):
+		return fmt.Errorf("%w (SetKeyLimits, by the server's lock_timeout or statement_timeout): %w", ErrTimeout, err)
 	case readOnly(err):
 		return fmt.Errorf("%w (SetKeyLimits): %w", ErrReadOnly, err)
 	}
