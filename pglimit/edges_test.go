@@ -6,7 +6,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,7 +95,7 @@ func newTarget(t *testing.T, m mechanism, pool *pgxpool.Pool, schema string, tim
 		tg.sem, err = pglimitsem.New(pool, &pglimitsem.Config{Schema: schema, Slots: 1, Timeout: timeout})
 		return tg
 	case "sql":
-		tg.sqlDB = stdlib.OpenDB(*pool.Config().ConnConfig)
+		tg.sqlDB = stdlib.OpenDBFromPool(pool) // the pool's settings hold for it too
 		t.Cleanup(func() { _ = tg.sqlDB.Close() })
 		tg.lim, err = pglimit.New(pglimitsql.DB(tg.sqlDB), &tg.cfg)
 	default:
@@ -181,19 +184,31 @@ func (tg *target) begin(t *testing.T) pglimit.DB {
 	return tx
 }
 
+// input is what a call passes: the key, and the cost n of an entry point
+// that takes one.
+type input struct {
+	key string
+	n   int
+}
+
 // call is one call of an entry point. local reports an answer given
 // without the database, as a lease or a fallback may give one.
-type call func(ctx context.Context) (local bool, err error)
+type call func(ctx context.Context, in input) (local bool, err error)
 
 // entryPoint is one public call that reaches a key's row.
 type entryPoint struct {
-	name string
-	inTx bool // in a caller's transaction: one call at a time, and txMargin
+	name  string
+	inTx  bool // in a caller's transaction: one call at a time, and txMargin
+	keyed bool // takes a key; the others take ks's admission or slot
+	cost  int  // the cost n it passes by default; 0 if it takes none
 	// prepare readies a call on ks while the server answers (a
 	// transaction is opened here), or returns nil where the entry point
 	// does not apply to tg.
 	prepare func(t *testing.T, tg *target, ks keyState) call
 }
+
+// input is the entry point's default input on ks.
+func (ep entryPoint) input(ks keyState) input { return input{key: ks.key, n: ep.cost} }
 
 // answered is a call's answer for a decision: local when it came from a
 // lease or a fallback.
@@ -202,96 +217,96 @@ func answered(d pglimit.Decision, err error) (bool, error) {
 }
 
 // limiterCall is prepare for an entry point of every limiter.
-func limiterCall(f func(ctx context.Context, tg *target, ks keyState) (bool, error)) func(*testing.T, *target, keyState) call {
+func limiterCall(f func(ctx context.Context, tg *target, ks keyState, in input) (bool, error)) func(*testing.T, *target, keyState) call {
 	return func(_ *testing.T, tg *target, ks keyState) call {
 		if tg.lim == nil {
 			return nil
 		}
-		return func(ctx context.Context) (bool, error) { return f(ctx, tg, ks) }
+		return func(ctx context.Context, in input) (bool, error) { return f(ctx, tg, ks, in) }
 	}
 }
 
 // semCall is prepare for an entry point of the semaphore.
-func semCall(f func(ctx context.Context, sem *pglimitsem.Semaphore, ks keyState) error) func(*testing.T, *target, keyState) call {
+func semCall(f func(ctx context.Context, sem *pglimitsem.Semaphore, ks keyState, in input) error) func(*testing.T, *target, keyState) call {
 	return func(_ *testing.T, tg *target, ks keyState) call {
 		if tg.sem == nil {
 			return nil
 		}
-		return func(ctx context.Context) (bool, error) { return false, f(ctx, tg.sem, ks) }
+		return func(ctx context.Context, in input) (bool, error) { return false, f(ctx, tg.sem, ks, in) }
 	}
 }
 
 // entryPoints are every public call of a limiter and a semaphore that
 // reaches a key's row.
 var entryPoints = []entryPoint{
-	{name: "Allow", prepare: limiterCall(func(ctx context.Context, tg *target, ks keyState) (bool, error) {
-		return answered(tg.lim.Allow(ctx, ks.key))
+	{name: "Allow", keyed: true, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+		return answered(tg.lim.Allow(ctx, in.key))
 	})},
-	{name: "AllowN", prepare: limiterCall(func(ctx context.Context, tg *target, ks keyState) (bool, error) {
-		return answered(tg.lim.AllowN(ctx, ks.key, 2))
+	{name: "AllowN", keyed: true, cost: 2, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+		return answered(tg.lim.AllowN(ctx, in.key, in.n))
 	})},
-	{name: "AllowTx", inTx: true, prepare: func(t *testing.T, tg *target, ks keyState) call {
+	{name: "AllowTxN", inTx: true, keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, _ keyState) call {
 		if tg.lim == nil {
 			return nil
 		}
 		tx := tg.begin(t)
-		return func(ctx context.Context) (bool, error) {
-			_, err := tg.lim.AllowTx(ctx, tx, ks.key)
+		return func(ctx context.Context, in input) (bool, error) {
+			_, err := tg.lim.AllowTxN(ctx, tx, in.key, in.n)
 			return false, err
 		}
 	}},
-	{name: "AllowAtMost", prepare: limiterCall(func(ctx context.Context, tg *target, ks keyState) (bool, error) {
-		return answered(tg.lim.AllowAtMost(ctx, ks.key, 2))
+	{name: "AllowAtMost", keyed: true, cost: 2, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+		return answered(tg.lim.AllowAtMost(ctx, in.key, in.n))
 	})},
-	{name: "Reserve", prepare: func(t *testing.T, tg *target, ks keyState) call {
+	{name: "Reserve", keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, ks keyState) call {
 		if tg.lim == nil || len(tg.cfg.Limits) > 1 || tg.cfg.Limits[0].Algorithm != pglimit.GCRA {
 			return nil
 		}
-		return limiterCall(func(ctx context.Context, tg *target, ks keyState) (bool, error) {
-			return answered(tg.lim.Reserve(ctx, ks.key, 1, time.Hour))
+		return limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+			return answered(tg.lim.Reserve(ctx, in.key, in.n, time.Hour))
 		})(t, tg, ks)
 	}},
-	{name: "Peek", prepare: limiterCall(func(ctx context.Context, tg *target, ks keyState) (bool, error) {
-		_, err := tg.lim.Peek(ctx, ks.key, 1)
+	{name: "Peek", keyed: true, cost: 1, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+		_, err := tg.lim.Peek(ctx, in.key, in.n)
 		return false, err
 	})},
-	{name: "Refund", prepare: limiterCall(func(ctx context.Context, tg *target, ks keyState) (bool, error) {
-		_, err := tg.lim.Refund(ctx, ks.admitted, 1)
+	{name: "Refund", cost: 1, prepare: limiterCall(func(ctx context.Context, tg *target, ks keyState, in input) (bool, error) {
+		_, err := tg.lim.Refund(ctx, ks.admitted, in.n)
 		if errors.Is(err, pglimit.ErrUnsupported) {
 			return true, nil // units served from a lease: no statement
 		}
 		return false, err
 	})},
-	{name: "Reset", prepare: limiterCall(func(ctx context.Context, tg *target, ks keyState) (bool, error) {
-		return false, tg.lim.Reset(ctx, ks.key)
+	{name: "Reset", keyed: true, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+		return false, tg.lim.Reset(ctx, in.key)
 	})},
-	{name: "SetKeyLimits", prepare: func(t *testing.T, tg *target, ks keyState) call {
+	{name: "SetKeyLimits", keyed: true, prepare: func(t *testing.T, tg *target, _ keyState) call {
 		if !tg.cfg.Overrides {
 			return nil
 		}
-		return func(ctx context.Context) (bool, error) {
-			return false, pglimit.SetKeyLimits(ctx, tg.pool, &tg.cfg, ks.key, pglimit.Limit{Name: "rate", Rate: 20, Burst: 5})
+		return func(ctx context.Context, in input) (bool, error) {
+			return false, pglimit.SetKeyLimits(ctx, tg.pool, &tg.cfg, in.key, pglimit.Limit{Name: "rate", Rate: 20, Burst: 5})
 		}
 	}},
-	{name: "Acquire", prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, ks keyState) error {
-		_, err := sem.Acquire(ctx, ks.key)
+	{name: "Acquire", keyed: true, prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, _ keyState, in input) error {
+		_, err := sem.Acquire(ctx, in.key)
 		return err
 	})},
-	{name: "AcquireTx", inTx: true, prepare: func(t *testing.T, tg *target, ks keyState) call {
+	{name: "AcquireTx", inTx: true, keyed: true, prepare: func(t *testing.T, tg *target, _ keyState) call {
 		if tg.sem == nil {
 			return nil
 		}
 		tx := tg.begin(t)
-		return func(ctx context.Context) (bool, error) {
-			_, err := tg.sem.AcquireTx(ctx, tx, ks.key)
+		return func(ctx context.Context, in input) (bool, error) {
+			_, err := tg.sem.AcquireTx(ctx, tx, in.key)
 			return false, err
 		}
 	}},
-	{name: "Extend", prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, ks keyState) error {
+	{name: "Extend", prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, ks keyState, _ input) error {
 		_, err := sem.Extend(ctx, ks.slot)
 		return err
 	})},
-	{name: "Release", prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, ks keyState) error {
+	{name: "Release", prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, ks keyState, _ input) error {
 		return sem.Release(ctx, ks.slot)
 	})},
 	{name: "ReleaseTx", inTx: true, prepare: func(t *testing.T, tg *target, ks keyState) call {
@@ -299,7 +314,7 @@ var entryPoints = []entryPoint{
 			return nil
 		}
 		tx := tg.begin(t)
-		return func(ctx context.Context) (bool, error) { return false, tg.sem.ReleaseTx(ctx, tx, ks.slot) }
+		return func(ctx context.Context, _ input) (bool, error) { return false, tg.sem.ReleaseTx(ctx, tx, ks.slot) }
 	}},
 }
 
@@ -319,7 +334,7 @@ type deadlineCase struct {
 type readyEntry struct {
 	name   string
 	inTx   bool
-	key    string
+	in     input
 	rounds [2][]call
 }
 
@@ -336,7 +351,7 @@ func newDeadlineCase(t *testing.T, m mechanism, bound string, pool *pgxpool.Pool
 	c.tg = newTarget(t, m, pool, schema, timeout)
 	for _, ep := range entryPoints {
 		ks := c.tg.ready(t, c.name+"/"+ep.name)
-		e := readyEntry{name: ep.name, inTx: ep.inTx, key: ks.key}
+		e := readyEntry{name: ep.name, inTx: ep.inTx, in: ep.input(ks)}
 		width := 5
 		if ep.inTx {
 			width = 1
@@ -361,7 +376,7 @@ func newDeadlineCase(t *testing.T, m mechanism, bound string, pool *pgxpool.Pool
 func (c *deadlineCase) keys() []string {
 	keys := make([]string, len(c.entries))
 	for i, e := range c.entries {
-		keys[i] = e.key
+		keys[i] = e.in.key
 	}
 	return keys
 }
@@ -385,7 +400,7 @@ func (c *deadlineCase) run(t *testing.T, serverDown bool) {
 		}
 		defer cancel()
 		start := time.Now()
-		local, err := f(ctx)
+		local, err := f(ctx, e.in)
 		took := time.Since(start)
 		switch {
 		case took > limit+deadlineSlack:
@@ -578,8 +593,7 @@ func TestBatchSlowKeyHoldsNoOther(t *testing.T) {
 }
 
 // A lock_timeout or statement_timeout that the server enforces (a default
-// of the database or role) is ErrTimeout, as the limiter's own is, for
-// SetKeyLimits too.
+// of the database or role) is ErrTimeout, as the limiter's own is.
 func TestServerTimeoutIsErrTimeout(t *testing.T) {
 	t.Parallel()
 	for _, setting := range []string{"lock_timeout", "statement_timeout"} {
@@ -723,4 +737,238 @@ func TestChargedAtMostOnce(t *testing.T) {
 		}
 	}
 	t.Logf("%d backends terminated at their commit; %d callers got an error", terminated, failed)
+}
+
+// errorClass is a way for a call to fail, for TestTypedErrors.
+type errorClass struct {
+	name string
+	// params are session settings that every connection the calls take
+	// has, as a database or role default would set them.
+	params map[string]string
+	// lock: another transaction holds every table locked during the calls.
+	lock bool
+	// inputs are the calls' bad inputs for ep on tg; nil means the
+	// default input, none means ep is not called.
+	inputs func(ep entryPoint, tg *target, ks keyState) []input
+	// want is the sentinel the call's error wraps; nil when the call
+	// succeeds.
+	want func(ep entryPoint) error
+	// outage: the class is one the fallback and leases answer.
+	outage bool
+}
+
+// badKeys are keys every entry point refuses before the database.
+var badKeys = map[string]string{"empty": "", "257 bytes": strings.Repeat("k", pglimit.MaxKeyLength+1), "not UTF-8": "caf\xc3", "NUL": "a\x00b"}
+
+var errorClasses = []errorClass{
+	{name: "invalid key", want: always(pglimit.ErrInvalidKey), inputs: func(ep entryPoint, _ *target, ks keyState) []input {
+		if !ep.keyed {
+			return []input{}
+		}
+		var in []input
+		for _, k := range badKeys {
+			in = append(in, input{key: k, n: ep.cost})
+		}
+		return in
+	}},
+	{name: "invalid cost", want: always(pglimit.ErrInvalidCost), inputs: func(ep entryPoint, tg *target, ks keyState) []input {
+		costs := []int{0, -1, math.MaxInt, tg.capacity() + 1}
+		switch {
+		case ep.cost == 0:
+			return []input{}
+		case ep.name == "AllowAtMost": // grants what it can of any n
+			costs = costs[:2]
+		case ep.name == "Refund": // past what the admission took
+			costs[3] = ks.admitted.Granted + 1
+		case ep.name == "Reserve": // queues past the burst, up to its maxDelay
+			costs = costs[:3]
+		}
+		in := make([]input, len(costs))
+		for i, n := range costs {
+			in[i] = input{key: ks.key, n: n}
+		}
+		return in
+	}},
+	{name: "lock_timeout", params: map[string]string{"lock_timeout": "300ms"}, lock: true, want: always(pglimit.ErrTimeout), outage: true},
+	{name: "statement_timeout", params: map[string]string{"statement_timeout": "300ms"}, lock: true, want: always(pglimit.ErrTimeout), outage: true},
+	{name: "read-only", params: map[string]string{"default_transaction_read_only": "on"}, outage: true, want: func(ep entryPoint) error {
+		if ep.name == "Peek" {
+			return nil // it works on a standby
+		}
+		return pglimit.ErrReadOnly
+	}},
+}
+
+func always(err error) func(entryPoint) error { return func(entryPoint) error { return err } }
+
+// capacity is the most units a cost may ask of the target's keys at once:
+// the tightest limit's burst or quota, a key's own under Overrides.
+func (tg *target) capacity() int {
+	if tg.cfg.Overrides {
+		return 4 // ready's per-key limits
+	}
+	c := math.MaxInt
+	for _, l := range tg.cfg.Limits {
+		if l.Algorithm == pglimit.GCRA {
+			c = min(c, cmp.Or(l.Burst, 1))
+		} else {
+			c = min(c, l.Rate)
+		}
+	}
+	return c
+}
+
+// settablePool is a pool that sets, once asked to, session settings on
+// every connection a caller takes.
+func settablePool(t *testing.T, maxConns int32) (*pgxpool.Pool, func(params map[string]string)) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	var set atomic.Pointer[map[string]string]
+	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
+		if p := set.Load(); p != nil {
+			for k, v := range *p {
+				if _, err := c.Exec(ctx, "SELECT set_config($1, $2, false)", k, v); err != nil {
+					return false, err
+				}
+			}
+		}
+		return true, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, func(params map[string]string) { set.Store(&params) }
+}
+
+// Typed errors: every error an entry point returns, for every mechanism,
+// wraps the exported sentinel of its cause, and the call changes nothing.
+// The causes: an invalid key (empty, 257 bytes, not UTF-8, NUL) or cost
+// (0, -1, math.MaxInt, past the burst or quota, past what an admission
+// took), both refused before the database; the server's lock_timeout and
+// statement_timeout (ErrTimeout); a server that cannot write (ErrReadOnly;
+// Peek still answers). Where the database is unavailable the fallback may
+// answer in its place, and a lease may have answered already.
+func TestTypedErrors(t *testing.T) {
+	t.Parallel()
+	for _, class := range errorClasses {
+		t.Run(class.name, func(t *testing.T) {
+			t.Parallel()
+			schema := testdb.Schema(t)
+			type ready struct {
+				ep    entryPoint
+				tg    *target
+				ks    keyState
+				in    []input
+				calls []call // one per input
+			}
+			var all []ready
+			var setters []func(map[string]string)
+			for _, m := range mechanisms {
+				if class.lock && m.cfg.Strategy == pglimit.NoWait {
+					continue // a lock it cannot have at once is a refusal
+				}
+				pool, set := settablePool(t, 12)
+				setters = append(setters, set)
+				tg := newTarget(t, m, pool, schema, time.Second)
+				for _, ep := range entryPoints {
+					ks := tg.ready(t, m.name+"/"+ep.name)
+					in := []input{ep.input(ks)}
+					if class.inputs != nil {
+						in = class.inputs(ep, tg, ks)
+					}
+					all = append(all, ready{ep: ep, tg: tg, ks: ks, in: in})
+				}
+			}
+			for _, set := range setters {
+				set(class.params)
+			}
+			// The calls are readied once the settings hold: a transaction
+			// is read-only from its start.
+			plain := testdb.Pool(t)
+			for i := range all {
+				r := &all[i]
+				for range r.in {
+					f := r.ep.prepare(t, r.tg, r.ks)
+					if f == nil {
+						break
+					}
+					r.calls = append(r.calls, f)
+				}
+			}
+			before := limiterRows(t, plain, schema)
+			unlock := func() {}
+			if class.lock {
+				unlock = lockTables(t, schema)
+			}
+			var wg sync.WaitGroup
+			for _, r := range all {
+				for i, f := range r.calls {
+					wg.Go(func() {
+						in := r.in[i]
+						local, err := f(t.Context(), in)
+						want := class.want(r.ep)
+						what := fmt.Sprintf("%s: %s(%q, %d)", r.tg.m.name, r.ep.name, in.key, in.n)
+						switch {
+						case local && err == nil && (class.outage || r.ep.name == "Refund"):
+							// The fallback or a lease answered; a Refund
+							// of leased units is ErrUnsupported.
+						case want == nil && err != nil:
+							t.Errorf("%s: %v, want an answer", what, err)
+						case want != nil && !errors.Is(err, want):
+							t.Errorf("%s: %v, want an error wrapping %v", what, err, want)
+						}
+					})
+				}
+			}
+			wg.Wait()
+			unlock()
+			if after := limiterRows(t, plain, schema); after != before {
+				t.Errorf("the calls changed the tables:\nbefore %s\nafter  %s", before, after)
+			}
+		})
+	}
+}
+
+// limiterRows is every row of schema's tables that the mechanisms write,
+// as text.
+func limiterRows(t *testing.T, pool *pgxpool.Pool, schema string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, table := range []string{"pglimit_upsert", "pglimit_nowait", "pglimit_overrides", "pglimit_slots"} {
+		var s string
+		q := "SELECT coalesce(string_agg(t::text, ' ' ORDER BY t::text), '') FROM " + pgx.Identifier{schema, table}.Sanitize() + " AS t"
+		if err := pool.QueryRow(context.Background(), q).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s: %s\n", table, s)
+	}
+	return b.String()
+}
+
+// lockTables has a transaction of its own hold every table the mechanisms
+// use in schema locked against everything, until the returned function or
+// the test's end.
+func lockTables(t *testing.T, schema string) (unlock func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := testdb.Pool(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	unlock = func() { once.Do(func() { _ = tx.Rollback(ctx) }) }
+	t.Cleanup(unlock)
+	for _, table := range []string{"pglimit_upsert", "pglimit_nowait", "pglimit_overrides", "pglimit_slots"} {
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, table}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return unlock
 }
