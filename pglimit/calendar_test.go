@@ -124,15 +124,29 @@ func TestCalendarZoneUnknownToServer(t *testing.T) {
 		ctx := context.Background()
 		cfg := calendarConfig("day", zone, 5)
 		cfg.Schema = testdb.Schema(t)
-		lim := newLimiterOn(t, testdb.Pool(t), *cfg)
+		pool := testdb.Pool(t)
+		lim := newLimiterOn(t, pool, *cfg)
 		calls := map[string]func() (pglimit.Decision, error){
 			"Allow":       func() (pglimit.Decision, error) { return lim.Allow(ctx, "k") },
+			"AllowN":      func() (pglimit.Decision, error) { return lim.AllowN(ctx, "k", 2) },
 			"AllowAtMost": func() (pglimit.Decision, error) { return lim.AllowAtMost(ctx, "k", 2) },
+			"AllowTxN": func() (pglimit.Decision, error) {
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Commit(ctx) //nolint:errcheck // what it committed is checked below
+				return lim.AllowTxN(ctx, tx, "k", 2)
+			},
 		}
 		for name, call := range calls {
 			if d, err := call(); !errors.Is(err, pglimit.ErrInvalidConfig) || !strings.Contains(err.Error(), zone) {
 				t.Errorf("%s in a zone the database does not know: %+v, %v; want ErrInvalidConfig naming %s", name, d, err, zone)
 			}
+		}
+		var rows int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{cfg.Schema, "pglimit_upsert"}.Sanitize()).Scan(&rows); err != nil || rows != 0 {
+			t.Errorf("the calls left %d rows (%v), want none", rows, err)
 		}
 		return
 	}

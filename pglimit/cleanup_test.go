@@ -585,7 +585,7 @@ func TestCleanerStopCancelsBatch(t *testing.T) {
 func TestCleanerStopWithinCtxWhenLeaderStalls(t *testing.T) {
 	t.Parallel()
 	schema := testdb.Schema(t)
-	proxy, poolCfg := newStallProxy(t)
+	proxy, poolCfg := testdb.NewStallProxy(t)
 	waiting, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	cfg := &pglimit.CleanerConfig{
@@ -618,9 +618,9 @@ func TestCleanerStopWithinCtxWhenLeaderStalls(t *testing.T) {
 	case <-time.After(waitTimeout):
 		t.Fatal("no cleanup batch started")
 	}
-	proxy.stall()
+	proxy.Stall()
 	select {
-	case <-proxy.heldBytes():
+	case <-proxy.Held():
 	case <-time.After(waitTimeout):
 		t.Fatal("the leader sent nothing on its stalled connection")
 	}

@@ -1,50 +1,463 @@
 package pglimit_test
 
 import (
+	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
+	"github.com/pglimit/cooldown/pglimit/pglimitsql"
 )
 
-// deadlineSlack is how late past its deadline a test accepts a call: the
-// library returns within milliseconds of it (docs/operations.md, "Bounds
-// every call keeps"), and the rest is room for a loaded 2-core machine
-// under the race detector.
+// deadlineSlack is the stated bound past a call's deadline (its context's,
+// or Timeout, whichever comes first): the time to hear the server's error
+// or to give up on the connection (docs/operations.md, "Bounds every call
+// keeps"). The library returns within milliseconds of the deadline; the
+// rest is room for a loaded 2-core machine under the race detector.
 const deadlineSlack = 500 * time.Millisecond
+
+// txMargin is how much longer than Timeout a call in the caller's
+// transaction (AllowTx, AcquireTx, ReleaseTx) waits for a server that does
+// not answer: there the server bounds the wait itself (lock_timeout), so
+// that its error leaves the transaction usable, and the client's deadline
+// only catches a server gone silent (Limiter.AllowTxN's and the
+// Semaphore's docs).
+const txMargin = time.Second
+
+// mechanism is a configuration whose public entry points the deadline
+// tests call.
+type mechanism struct {
+	name string
+	cfg  pglimit.Config
+	// api selects the entry points: the limiter's on a pgx pool (""), the
+	// limiter's on database/sql ("sql": pglimitsql.DB, its transactions
+	// through pglimitsql.Tx), or those of a Semaphore of one slot per key
+	// ("semaphore", which has no cfg).
+	api string
+}
 
 // mechanisms are limiter configurations that together turn on every
 // mechanism a decision can go through: batching and same-key merging (a
 // single GCRA limit, whose keys have room left, so that a call waits for
-// a locked row rather than being refused by reading it), leases (a fast limit with a burst), flights and the general
-// statement (several limits), per-key limits, and the fallback.
-var mechanisms = []struct {
-	name string
-	cfg  pglimit.Config
-}{
-	{"gcra", pglimit.Config{Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}}}},
-	{"gcra nowait", pglimit.Config{Strategy: pglimit.NoWait, Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}}}},
-	{"leases", pglimit.Config{Limits: []pglimit.Limit{{Rate: 10000, Period: time.Second, Burst: 100}}}},
-	{"two limits", pglimit.Config{Limits: []pglimit.Limit{
+// a locked row rather than being refused by reading it), leases (a fast
+// limit with a burst), flights and the general statement (several
+// limits), per-key limits, and the fallback; then the limiter on
+// database/sql, and the Semaphore.
+var mechanisms = []mechanism{
+	{name: "gcra", cfg: pglimit.Config{Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}}}},
+	{name: "gcra nowait", cfg: pglimit.Config{Strategy: pglimit.NoWait, Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}}}},
+	{name: "leases", cfg: pglimit.Config{Limits: []pglimit.Limit{{Rate: 10000, Period: time.Second, Burst: 100}}}},
+	{name: "two limits", cfg: pglimit.Config{Limits: []pglimit.Limit{
 		{Name: "rate", Rate: 5, Period: time.Minute, Burst: 3},
 		{Name: "daily", Algorithm: pglimit.FixedWindow, Rate: 1000, Period: 24 * time.Hour},
 	}}},
-	{"overrides", pglimit.Config{Namespace: "overrides", Overrides: true, Limits: []pglimit.Limit{{Name: "rate", Rate: 10, Period: time.Second, Burst: 5}}}},
-	{"fallback", pglimit.Config{Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}}, Fallback: &pglimit.Fallback{Limits: []pglimit.Limit{{Rate: 1, Period: time.Second}}}}},
+	{name: "overrides", cfg: pglimit.Config{Namespace: "overrides", Overrides: true, Limits: []pglimit.Limit{{Name: "rate", Rate: 10, Period: time.Second, Burst: 5}}}},
+	{name: "fallback", cfg: pglimit.Config{Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}},
+		Fallback: &pglimit.Fallback{Limits: []pglimit.Limit{{Rate: 1, Period: time.Second, Burst: 5}}}}},
+	{name: "sql", api: "sql", cfg: pglimit.Config{Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}}}},
+	{name: "semaphore", api: "semaphore"},
 }
 
-// lockKey holds key's row in schema's table, and its per-key limits' row
-// if it has one, in a transaction of its own until the test ends or the
-// returned function is called.
-func lockKey(t *testing.T, pool *pgxpool.Pool, schema string, s pglimit.Strategy, key string) (release func()) {
+// target is a mechanism ready for its entry points: its limiter, or its
+// semaphore, on a pool of the server under test.
+type target struct {
+	m     mechanism
+	cfg   pglimit.Config // the limiter's, Schema and Timeout set
+	lim   pglimit.Limiter
+	setup pglimit.Limiter // decides on the database alone: makes the keys' rows
+	sem   *pglimitsem.Semaphore
+	pool  *pgxpool.Pool // the limiter's or the semaphore's, and its transactions'
+	sqlDB *sql.DB       // for api "sql": the limiter's, and its transactions'
+}
+
+// newTarget builds m's limiter (or semaphore) of timeout on pool, in schema.
+func newTarget(t *testing.T, m mechanism, pool *pgxpool.Pool, schema string, timeout time.Duration) *target {
+	t.Helper()
+	tg := &target{m: m, cfg: m.cfg, pool: pool}
+	tg.cfg.Schema, tg.cfg.Timeout = schema, timeout
+	var err error
+	switch m.api {
+	case "semaphore":
+		tg.sem, err = pglimitsem.New(pool, &pglimitsem.Config{Schema: schema, Slots: 1, Timeout: timeout})
+		return tg
+	case "sql":
+		tg.sqlDB = stdlib.OpenDBFromPool(pool) // the pool's settings hold for it too
+		t.Cleanup(func() { _ = tg.sqlDB.Close() })
+		tg.lim, err = pglimit.New(pglimitsql.DB(tg.sqlDB), &tg.cfg)
+	default:
+		tg.lim, err = pglimit.New(pool, &tg.cfg)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup := tg.cfg
+	setup.Fallback, setup.Timeout = nil, 0
+	if tg.setup, err = pglimit.New(pool, &setup); err != nil {
+		t.Fatal(err)
+	}
+	return tg
+}
+
+// table is the table that holds the target's keys.
+func (tg *target) table() string {
+	if tg.sem != nil {
+		return "pglimit_slots"
+	}
+	return "pglimit_" + string(cmp.Or(tg.cfg.Strategy, pglimit.Upsert))
+}
+
+// keyState is what a key holds before the fault: its row, an admission
+// of the target's limiter (for Refund), or the semaphore's one slot, held
+// (for Extend and Release).
+type keyState struct {
+	key      string
+	admitted pglimit.Decision
+	slot     pglimitsem.Slot
+}
+
+// ready makes key's row, with per-key limits under Overrides, and the
+// admission or slot the entry points need, while the server answers.
+func (tg *target) ready(t *testing.T, key string) keyState {
+	t.Helper()
+	ctx := t.Context()
+	ks := keyState{key: key}
+	if tg.sem != nil {
+		var err error
+		if ks.slot, err = tg.sem.Acquire(ctx, key); err != nil || !ks.slot.Acquired {
+			t.Fatalf("%s: Acquire: %+v, %v", key, ks.slot, err)
+		}
+		return ks
+	}
+	if tg.cfg.Overrides {
+		if err := pglimit.SetKeyLimits(ctx, tg.pool, &tg.cfg, key, pglimit.Limit{Name: "rate", Rate: 10, Burst: 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, err := tg.setup.Allow(ctx, key); err != nil || !d.Allowed {
+		t.Fatalf("%s: first Allow: %+v, %v", key, d, err)
+	}
+	var err error
+	if ks.admitted, err = tg.lim.Allow(ctx, key); err != nil || !ks.admitted.Allowed {
+		t.Fatalf("%s: second Allow: %+v, %v", key, ks.admitted, err)
+	}
+	return ks
+}
+
+// begin opens a transaction of the target's pool, rolled back (within a
+// second: the server may not answer) when the test ends.
+func (tg *target) begin(t *testing.T) pglimit.DB {
+	t.Helper()
+	rollback := func(f func(context.Context) error) {
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = f(ctx)
+		})
+	}
+	if tg.sqlDB != nil {
+		tx, err := tg.sqlDB.BeginTx(t.Context(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rollback(func(context.Context) error { return tx.Rollback() })
+		return pglimitsql.Tx(tx)
+	}
+	tx, err := tg.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rollback(tx.Rollback)
+	return tx
+}
+
+// input is what a call passes: the key, and the cost n of an entry point
+// that takes one.
+type input struct {
+	key string
+	n   int
+}
+
+// call is one call of an entry point. local reports an answer given
+// without the database, as a lease or a fallback may give one.
+type call func(ctx context.Context, in input) (local bool, err error)
+
+// entryPoint is one public call that reaches a key's row.
+type entryPoint struct {
+	name  string
+	inTx  bool // in a caller's transaction: one call at a time, and txMargin
+	keyed bool // takes a key; the others take ks's admission or slot
+	cost  int  // the cost n it passes by default; 0 if it takes none
+	// prepare readies a call on ks while the server answers (a
+	// transaction is opened here), or returns nil where the entry point
+	// does not apply to tg.
+	prepare func(t *testing.T, tg *target, ks keyState) call
+}
+
+// input is the entry point's default input on ks.
+func (ep entryPoint) input(ks keyState) input { return input{key: ks.key, n: ep.cost} }
+
+// answered is a call's answer for a decision: local when it came from a
+// lease or a fallback.
+func answered(d pglimit.Decision, err error) (bool, error) {
+	return d.Fallback || pglimit.DecisionLeased(d), err
+}
+
+// limiterCall is prepare for an entry point of every limiter.
+func limiterCall(f func(ctx context.Context, tg *target, ks keyState, in input) (bool, error)) func(*testing.T, *target, keyState) call {
+	return func(_ *testing.T, tg *target, ks keyState) call {
+		if tg.lim == nil {
+			return nil
+		}
+		return func(ctx context.Context, in input) (bool, error) { return f(ctx, tg, ks, in) }
+	}
+}
+
+// semCall is prepare for an entry point of the semaphore.
+func semCall(f func(ctx context.Context, sem *pglimitsem.Semaphore, ks keyState, in input) error) func(*testing.T, *target, keyState) call {
+	return func(_ *testing.T, tg *target, ks keyState) call {
+		if tg.sem == nil {
+			return nil
+		}
+		return func(ctx context.Context, in input) (bool, error) { return false, f(ctx, tg.sem, ks, in) }
+	}
+}
+
+// entryPoints are every public call of a limiter and a semaphore that
+// reaches a key's row.
+var entryPoints = []entryPoint{
+	{name: "Allow", keyed: true, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+		return answered(tg.lim.Allow(ctx, in.key))
+	})},
+	{name: "AllowN", keyed: true, cost: 2, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+		return answered(tg.lim.AllowN(ctx, in.key, in.n))
+	})},
+	{name: "AllowTxN", inTx: true, keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, _ keyState) call {
+		if tg.lim == nil {
+			return nil
+		}
+		tx := tg.begin(t)
+		return func(ctx context.Context, in input) (bool, error) {
+			_, err := tg.lim.AllowTxN(ctx, tx, in.key, in.n)
+			return false, err
+		}
+	}},
+	{name: "AllowAtMost", keyed: true, cost: 2, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+		return answered(tg.lim.AllowAtMost(ctx, in.key, in.n))
+	})},
+	{name: "Reserve", keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, ks keyState) call {
+		if tg.lim == nil || len(tg.cfg.Limits) > 1 || tg.cfg.Limits[0].Algorithm != pglimit.GCRA {
+			return nil
+		}
+		return limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+			return answered(tg.lim.Reserve(ctx, in.key, in.n, time.Hour))
+		})(t, tg, ks)
+	}},
+	{name: "Peek", keyed: true, cost: 1, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+		_, err := tg.lim.Peek(ctx, in.key, in.n)
+		return false, err
+	})},
+	{name: "Refund", cost: 1, prepare: limiterCall(func(ctx context.Context, tg *target, ks keyState, in input) (bool, error) {
+		_, err := tg.lim.Refund(ctx, ks.admitted, in.n)
+		if errors.Is(err, pglimit.ErrUnsupported) || errors.Is(err, pglimit.ErrInvalidCost) {
+			// Units served from a lease, or the admission's units reserved
+			// by a concurrent refund or counted as given back by one whose
+			// outcome is unknown: no statement.
+			return true, nil
+		}
+		return false, err
+	})},
+	{name: "Reset", keyed: true, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+		return false, tg.lim.Reset(ctx, in.key)
+	})},
+	{name: "SetKeyLimits", keyed: true, prepare: func(t *testing.T, tg *target, _ keyState) call {
+		if !tg.cfg.Overrides {
+			return nil
+		}
+		return func(ctx context.Context, in input) (bool, error) {
+			return false, pglimit.SetKeyLimits(ctx, tg.pool, &tg.cfg, in.key, pglimit.Limit{Name: "rate", Rate: 20, Burst: 5})
+		}
+	}},
+	{name: "Acquire", keyed: true, prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, _ keyState, in input) error {
+		_, err := sem.Acquire(ctx, in.key)
+		return err
+	})},
+	{name: "AcquireTx", inTx: true, keyed: true, prepare: func(t *testing.T, tg *target, _ keyState) call {
+		if tg.sem == nil {
+			return nil
+		}
+		tx := tg.begin(t)
+		return func(ctx context.Context, in input) (bool, error) {
+			_, err := tg.sem.AcquireTx(ctx, tx, in.key)
+			return false, err
+		}
+	}},
+	{name: "Extend", prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, ks keyState, _ input) error {
+		_, err := sem.Extend(ctx, ks.slot)
+		return err
+	})},
+	{name: "Release", prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, ks keyState, _ input) error {
+		return sem.Release(ctx, ks.slot)
+	})},
+	{name: "ReleaseTx", inTx: true, prepare: func(t *testing.T, tg *target, ks keyState) call {
+		if tg.sem == nil {
+			return nil
+		}
+		tx := tg.begin(t)
+		return func(ctx context.Context, _ input) (bool, error) { return false, tg.sem.ReleaseTx(ctx, tx, ks.slot) }
+	}},
+}
+
+// deadlineCase is one mechanism under one bound, its calls ready: every
+// entry point twice, five calls at once each time (calls that meet on a
+// key merge, and a busy key of a fast limit leases), or one at a time in a
+// caller's transaction.
+type deadlineCase struct {
+	name    string
+	tg      *target
+	bound   time.Duration // the calls' deadline: their context's, or Timeout
+	timeout bool          // the bound is Timeout, under a long context
+	want    error         // the error of a call that does not decide in time
+	entries []readyEntry
+}
+
+type readyEntry struct {
+	name   string
+	inTx   bool
+	in     input
+	rounds [2][]call
+}
+
+// newDeadlineCase readies every entry point of m on pool, in schema, with
+// a 100 ms bound: the caller's context (bound "context") or Timeout
+// (bound "Timeout", under a 5 s context). Its keys are named after it.
+func newDeadlineCase(t *testing.T, m mechanism, bound string, pool *pgxpool.Pool, schema string) *deadlineCase {
+	t.Helper()
+	c := &deadlineCase{name: m.name + "/" + bound, bound: 100 * time.Millisecond, want: context.DeadlineExceeded}
+	timeout := 2 * time.Second
+	if bound == "Timeout" {
+		c.timeout, c.want, timeout = true, pglimit.ErrTimeout, c.bound
+	}
+	c.tg = newTarget(t, m, pool, schema, timeout)
+	for _, ep := range entryPoints {
+		ks := c.tg.ready(t, c.name+"/"+ep.name)
+		e := readyEntry{name: ep.name, inTx: ep.inTx, in: ep.input(ks)}
+		width := 5
+		if ep.inTx {
+			width = 1
+		}
+		for r := range e.rounds {
+			for range width {
+				f := ep.prepare(t, c.tg, ks)
+				if f == nil {
+					break
+				}
+				e.rounds[r] = append(e.rounds[r], f)
+			}
+		}
+		if e.rounds[0] != nil {
+			c.entries = append(c.entries, e)
+		}
+	}
+	return c
+}
+
+// keys returns the keys of the case's entry points.
+func (c *deadlineCase) keys() []string {
+	keys := make([]string, len(c.entries))
+	for i, e := range c.entries {
+		keys[i] = e.in.key
+	}
+	return keys
+}
+
+// run makes the case's calls and checks that each returned by its bound
+// plus deadlineSlack (plus txMargin for a call in a caller's transaction
+// bounded by Timeout), with an error wrapping want, or an answer; with
+// serverDown, only a lease or a fallback may answer. The calls of an entry
+// point run at once, entry point after entry point; those in a caller's
+// transaction, each on a transaction of its own, run all at once beside
+// them. It may run on any goroutine.
+func (c *deadlineCase) run(t *testing.T, serverDown bool) {
+	check := func(e readyEntry, f call) {
+		limit := c.bound
+		if e.inTx && c.timeout {
+			limit += txMargin
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if !c.timeout {
+			ctx, cancel = context.WithTimeout(context.Background(), c.bound)
+		}
+		defer cancel()
+		start := time.Now()
+		local, err := f(ctx, e.in)
+		took := time.Since(start)
+		switch {
+		case took > limit+deadlineSlack:
+			t.Errorf("%s: %s returned after %s, deadline %s (err %v)", c.name, e.name, took.Round(time.Millisecond), limit, err)
+		case err == nil && serverDown && !local:
+			t.Errorf("%s: %s answered with the server down", c.name, e.name)
+		case err != nil && !errors.Is(err, c.want):
+			t.Errorf("%s: %s: %v, want an error wrapping %v", c.name, e.name, err, c.want)
+		}
+	}
+	var inTx, round sync.WaitGroup
+	for _, e := range c.entries {
+		for _, calls := range e.rounds {
+			for _, f := range calls {
+				if e.inTx {
+					inTx.Go(func() { check(e, f) })
+				} else {
+					round.Go(func() { check(e, f) })
+				}
+			}
+			round.Wait()
+		}
+	}
+	inTx.Wait()
+}
+
+// deadlineCases readies every mechanism under both bounds on pools that
+// newPool returns, in schema.
+func deadlineCases(t *testing.T, newPool func() *pgxpool.Pool, schema string) []*deadlineCase {
+	t.Helper()
+	var cases []*deadlineCase
+	for _, m := range mechanisms {
+		for _, bound := range []string{"context", "Timeout"} {
+			cases = append(cases, newDeadlineCase(t, m, bound, newPool(), schema))
+		}
+	}
+	return cases
+}
+
+// runAll runs every case at once: under a fault of the whole server, the
+// cases' calls then wait together, as an application's would.
+func runAll(t *testing.T, cases []*deadlineCase) {
+	var wg sync.WaitGroup
+	for _, c := range cases {
+		wg.Go(func() { c.run(t, true) })
+	}
+	wg.Wait()
+}
+
+// lockKeys holds the rows of keys in schema's table (each key must have
+// one), and their per-key limits' rows where they have them, in one
+// transaction of its own until the test ends or the returned function is
+// called.
+func lockKeys(t *testing.T, pool *pgxpool.Pool, schema, table string, keys ...string) (release func()) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
@@ -54,75 +467,15 @@ func lockKey(t *testing.T, pool *pgxpool.Pool, schema string, s pglimit.Strategy
 	var once sync.Once
 	release = func() { once.Do(func() { _ = tx.Rollback(ctx) }) }
 	t.Cleanup(release)
-	table := pgx.Identifier{schema, "pglimit_" + string(s)}.Sanitize()
 	var n int
-	if err := tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT 1 FROM "+table+" WHERE key = $1 FOR UPDATE) AS l", key).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("lock the row of %s: %d rows, %v", key, n, err)
+	q := "SELECT count(DISTINCT key) FROM (SELECT key FROM " + pgx.Identifier{schema, table}.Sanitize() + " WHERE key = ANY($1) FOR UPDATE) AS l"
+	if err := tx.QueryRow(ctx, q, keys).Scan(&n); err != nil || n != len(keys) {
+		t.Fatalf("lock the rows of %q: %d of %d keys, %v", keys, n, len(keys), err)
 	}
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM "+pgx.Identifier{schema, "pglimit_overrides"}.Sanitize()+" WHERE key = $1 FOR UPDATE", key); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM "+pgx.Identifier{schema, "pglimit_overrides"}.Sanitize()+" WHERE key = ANY($1) FOR UPDATE", keys); err != nil {
 		t.Fatal(err)
 	}
 	return release
-}
-
-// entryPoints are the limiter's public calls that reach a key's row, each
-// as one call on key; a returns a decision admitted before the row was
-// locked, for Refund.
-func entryPoints(lim pglimit.Limiter, pool *pgxpool.Pool, cfg *pglimit.Config) map[string]func(ctx context.Context, key string, admitted pglimit.Decision) error {
-	gcra := cfg.Limits == nil || cfg.Limits[0].Algorithm == pglimit.GCRA && len(cfg.Limits) == 1
-	calls := map[string]func(ctx context.Context, key string, admitted pglimit.Decision) error{
-		"Allow": func(ctx context.Context, key string, _ pglimit.Decision) error {
-			_, err := lim.Allow(ctx, key)
-			return err
-		},
-		"AllowTx": func(ctx context.Context, key string, _ pglimit.Decision) error {
-			tx, err := pool.Begin(context.Background())
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback(context.Background()) //nolint:errcheck // a rollback of a failed tx may fail
-			_, err = lim.AllowTx(ctx, tx, key)
-			return err
-		},
-		"AllowAtMost": func(ctx context.Context, key string, _ pglimit.Decision) error {
-			_, err := lim.AllowAtMost(ctx, key, 2)
-			return err
-		},
-		"Peek": func(ctx context.Context, key string, _ pglimit.Decision) error {
-			_, err := lim.Peek(ctx, key, 1)
-			return err
-		},
-		"Reset": func(ctx context.Context, key string, _ pglimit.Decision) error {
-			return lim.Reset(ctx, key)
-		},
-	}
-	if cfg.Strategy != pglimit.Range {
-		calls["Refund"] = func(ctx context.Context, _ string, d pglimit.Decision) error {
-			if d.Fallback {
-				return nil // decided in process: nothing to give back
-			}
-			_, err := lim.Refund(ctx, d, 1)
-			if errors.Is(err, pglimit.ErrUnsupported) || errors.Is(err, pglimit.ErrInvalidCost) {
-				// Units served from a lease, or the decision's one unit
-				// reserved by a concurrent refund or counted as given back
-				// by one that timed out: no statement.
-				return nil
-			}
-			return err
-		}
-	}
-	if gcra && cfg.Strategy != pglimit.Range {
-		calls["Reserve"] = func(ctx context.Context, key string, _ pglimit.Decision) error {
-			_, err := lim.Reserve(ctx, key, 1, time.Hour)
-			return err
-		}
-	}
-	if cfg.Overrides {
-		calls["SetKeyLimits"] = func(ctx context.Context, key string, _ pglimit.Decision) error {
-			return pglimit.SetKeyLimits(ctx, pool, cfg, key, pglimit.Limit{Name: "rate", Rate: 20, Burst: 5})
-		}
-	}
-	return calls
 }
 
 // The deadline invariant, under a key's row locked by a long transaction:
@@ -135,99 +488,58 @@ func TestDeadlineLockedRow(t *testing.T) {
 		for _, bound := range []string{"context", "Timeout"} {
 			t.Run(m.name+"/"+bound, func(t *testing.T) {
 				t.Parallel()
-				pool := bigPool(t, 32)
-				cfg := m.cfg
-				cfg.Schema = testdb.Schema(t)
-				limit, want := 100*time.Millisecond, context.DeadlineExceeded
-				if bound == "Timeout" {
-					cfg.Timeout, want = limit, pglimit.ErrTimeout
-				}
-				lim, err := pglimit.New(pool, &cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				// The keys' rows are made by a limiter that decides on the
-				// database alone, in no hurry.
-				setup := m.cfg
-				setup.Schema, setup.Fallback = cfg.Schema, nil
-				first, err := pglimit.New(pool, &setup)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var worst lateness
-				defer func() { t.Logf("latest return past the deadline: %s", &worst) }()
-				for name, call := range entryPoints(lim, pool, &cfg) {
-					key := "k-" + name
-					if cfg.Overrides {
-						if err := pglimit.SetKeyLimits(t.Context(), pool, &cfg, key, pglimit.Limit{Name: "rate", Rate: 10, Burst: 4}); err != nil {
-							t.Fatal(err)
-						}
-					}
-					if d, err := first.Allow(t.Context(), key); err != nil || !d.Allowed {
-						t.Fatalf("%s: first Allow: %+v, %v", name, d, err)
-					}
-					d, err := lim.Allow(t.Context(), key) // Refund's
-					if err != nil || !d.Allowed {
-						t.Fatalf("%s: second Allow: %+v, %v", name, d, err)
-					}
-					lockKey(t, pool, cfg.Schema, cmpStrategy(cfg.Strategy), key)
-					// Five calls at once, twice: calls that meet on a key
-					// merge, and a busy key of a fast limit leases.
-					var wg sync.WaitGroup
-					for range 2 {
-						for range 5 {
-							wg.Go(func() {
-								ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-								if bound == "context" {
-									ctx, cancel = context.WithTimeout(t.Context(), limit)
-								}
-								defer cancel()
-								start := time.Now()
-								err := call(ctx, key, d)
-								took := time.Since(start)
-								worst.note(name, took-limit)
-								if took > limit+deadlineSlack {
-									t.Errorf("%s returned after %s, deadline %s (err %v)", name, took.Round(time.Millisecond), limit, err)
-								}
-								if err != nil && !errors.Is(err, want) {
-									t.Errorf("%s: %v, want an error wrapping %v", name, err, want)
-								}
-							})
-						}
-						wg.Wait()
-					}
-				}
+				pool := bigPool(t, 16)
+				c := newDeadlineCase(t, m, bound, pool, testdb.Schema(t))
+				lockKeys(t, pool, c.tg.cfg.Schema, c.tg.table(), c.keys()...)
+				c.run(t, false)
 			})
 		}
 	}
 }
 
-// lateness is the most a call returned past its deadline.
-type lateness struct {
-	mu   sync.Mutex
-	max  time.Duration
-	name string
-}
-
-func (l *lateness) note(name string, d time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if d > l.max {
-		l.max, l.name = d, name
+// The deadline invariant on a server stopped with SIGSTOP while calls run
+// (a host that stops answering: connections stay open, new ones are
+// accepted by the kernel and never answered): every entry point of every
+// mechanism returns by its bound plus deadlineSlack, as under a locked
+// row, and none answers unless a lease or the fallback may.
+func TestDeadlineFrozenServer(t *testing.T) {
+	testdb.Slow(t)
+	srv := testdb.OwnServer(t)
+	if err := pglimit.Migrate(t.Context(), testdb.ServerPool(t, srv, 2), "public"); err != nil {
+		t.Fatal(err)
 	}
-}
-
-func (l *lateness) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return fmt.Sprintf("%s (%s)", l.max.Round(time.Millisecond), l.name)
-}
-
-func cmpStrategy(s pglimit.Strategy) pglimit.Strategy {
-	if s == "" {
-		return pglimit.Upsert
+	cases := deadlineCases(t, func() *pgxpool.Pool { return testdb.ServerPool(t, srv, 12) }, "public")
+	if err := srv.Freeze(); err != nil {
+		testdb.Missing(t, "a frozen server needs one of local binaries (%s=local): %v", testdb.EnvPrefer, err)
 	}
-	return s
+	t.Cleanup(func() {
+		if err := srv.Thaw(); err != nil {
+			t.Error(err)
+		}
+	})
+	runAll(t, cases)
+}
+
+// The deadline invariant on a dead connection: every connection to the
+// server, those in the pools and those dialled during the calls, goes
+// silent (the bytes sent are never delivered), and every entry point of
+// every mechanism returns by its bound plus deadlineSlack.
+func TestDeadlineDeadConnection(t *testing.T) {
+	t.Parallel()
+	proxy, pcfg := testdb.NewStallProxy(t)
+	pcfg.MaxConns = 12
+	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
+	cases := deadlineCases(t, func() *pgxpool.Pool {
+		pool, err := pgxpool.NewWithConfig(context.Background(), pcfg.Copy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pool
+	}, testdb.Schema(t))
+	proxy.Stall()
+	t.Cleanup(proxy.Unstall) // before the pools close and the transactions roll back
+	runAll(t, cases)
 }
 
 // One key whose row a long transaction holds keeps no other key of its
@@ -246,9 +558,9 @@ func TestBatchSlowKeyHoldsNoOther(t *testing.T) {
 		}
 	}
 	for _, k := range []string{"fill-1", "fill-2", "slow"} {
-		lockKey(t, pool, schema, pglimit.Upsert, k)
+		lockKeys(t, pool, schema, "pglimit_upsert", k)
 	}
-	freeQuick := lockKey(t, pool, schema, pglimit.Upsert, "quick")
+	freeQuick := lockKeys(t, pool, schema, "pglimit_upsert", "quick")
 	// The two fillers hold the statements in flight, so that the next two
 	// calls gather in one batch, sent when the fillers give up.
 	var wg sync.WaitGroup
@@ -289,8 +601,8 @@ func TestServerTimeoutIsErrTimeout(t *testing.T) {
 	t.Parallel()
 	for _, setting := range []string{"lock_timeout", "statement_timeout"} {
 		for _, m := range mechanisms {
-			if m.cfg.Strategy == pglimit.NoWait {
-				continue // a lock it cannot have at once is a refusal
+			if m.cfg.Strategy == pglimit.NoWait || m.api != "" {
+				continue // a lock it cannot have at once is a refusal; the others have their own tests
 			}
 			t.Run(fmt.Sprintf("%s/%s", setting, m.name), func(t *testing.T) {
 				t.Parallel()
@@ -314,12 +626,23 @@ func TestServerTimeoutIsErrTimeout(t *testing.T) {
 				if _, err := lim.Allow(t.Context(), "k"); err != nil {
 					t.Fatal(err)
 				}
-				lockKey(t, bigPool(t, 2), cfg.Schema, pglimit.Upsert, "k")
+				setKeyLimits := func(ctx context.Context) error {
+					return pglimit.SetKeyLimits(ctx, pool, &cfg, "k", pglimit.Limit{Name: "rate", Rate: 20})
+				}
+				if cfg.Overrides {
+					if err := setKeyLimits(t.Context()); err != nil { // the row to lock
+						t.Fatal(err)
+					}
+				}
+				lockKeys(t, bigPool(t, 2), cfg.Schema, "pglimit_upsert", "k")
 				if _, err := lim.Allow(t.Context(), "k"); !errors.Is(err, pglimit.ErrTimeout) {
 					t.Errorf("Allow on a locked row under the server's %s: %v, want ErrTimeout", setting, err)
 				}
 				if err := lim.Reset(t.Context(), "k"); !errors.Is(err, pglimit.ErrTimeout) {
 					t.Errorf("Reset of a locked row under the server's %s: %v, want ErrTimeout", setting, err)
+				}
+				if err := setKeyLimits(t.Context()); cfg.Overrides && !errors.Is(err, pglimit.ErrTimeout) {
+					t.Errorf("SetKeyLimits of a locked row under the server's %s: %v, want ErrTimeout", setting, err)
 				}
 			})
 		}
@@ -417,4 +740,238 @@ func TestChargedAtMostOnce(t *testing.T) {
 		}
 	}
 	t.Logf("%d backends terminated at their commit; %d callers got an error", terminated, failed)
+}
+
+// errorClass is a way for a call to fail, for TestTypedErrors.
+type errorClass struct {
+	name string
+	// params are session settings that every connection the calls take
+	// has, as a database or role default would set them.
+	params map[string]string
+	// lock: another transaction holds every table locked during the calls.
+	lock bool
+	// inputs are the calls' bad inputs for ep on tg; nil means the
+	// default input, none means ep is not called.
+	inputs func(ep entryPoint, tg *target, ks keyState) []input
+	// want is the sentinel the call's error wraps; nil when the call
+	// succeeds.
+	want func(ep entryPoint) error
+	// outage: the class is one the fallback and leases answer.
+	outage bool
+}
+
+// badKeys are keys every entry point refuses before the database.
+var badKeys = map[string]string{"empty": "", "257 bytes": strings.Repeat("k", pglimit.MaxKeyLength+1), "not UTF-8": "caf\xc3", "NUL": "a\x00b"}
+
+var errorClasses = []errorClass{
+	{name: "invalid key", want: always(pglimit.ErrInvalidKey), inputs: func(ep entryPoint, _ *target, ks keyState) []input {
+		if !ep.keyed {
+			return []input{}
+		}
+		var in []input
+		for _, k := range badKeys {
+			in = append(in, input{key: k, n: ep.cost})
+		}
+		return in
+	}},
+	{name: "invalid cost", want: always(pglimit.ErrInvalidCost), inputs: func(ep entryPoint, tg *target, ks keyState) []input {
+		costs := []int{0, -1, math.MaxInt, tg.capacity() + 1}
+		switch {
+		case ep.cost == 0:
+			return []input{}
+		case ep.name == "AllowAtMost": // grants what it can of any n
+			costs = costs[:2]
+		case ep.name == "Refund": // past what the admission took
+			costs[3] = ks.admitted.Granted + 1
+		case ep.name == "Reserve": // queues past the burst, up to its maxDelay
+			costs = costs[:3]
+		}
+		in := make([]input, len(costs))
+		for i, n := range costs {
+			in[i] = input{key: ks.key, n: n}
+		}
+		return in
+	}},
+	{name: "lock_timeout", params: map[string]string{"lock_timeout": "300ms"}, lock: true, want: always(pglimit.ErrTimeout), outage: true},
+	{name: "statement_timeout", params: map[string]string{"statement_timeout": "300ms"}, lock: true, want: always(pglimit.ErrTimeout), outage: true},
+	{name: "read-only", params: map[string]string{"default_transaction_read_only": "on"}, outage: true, want: func(ep entryPoint) error {
+		if ep.name == "Peek" {
+			return nil // it works on a standby
+		}
+		return pglimit.ErrReadOnly
+	}},
+}
+
+func always(err error) func(entryPoint) error { return func(entryPoint) error { return err } }
+
+// capacity is the most units a cost may ask of the target's keys at once:
+// the tightest limit's burst or quota, a key's own under Overrides.
+func (tg *target) capacity() int {
+	if tg.cfg.Overrides {
+		return 4 // ready's per-key limits
+	}
+	c := math.MaxInt
+	for _, l := range tg.cfg.Limits {
+		if l.Algorithm == pglimit.GCRA {
+			c = min(c, cmp.Or(l.Burst, 1))
+		} else {
+			c = min(c, l.Rate)
+		}
+	}
+	return c
+}
+
+// settablePool is a pool that sets, once asked to, session settings on
+// every connection a caller takes.
+func settablePool(t *testing.T, maxConns int32) (*pgxpool.Pool, func(params map[string]string)) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	var set atomic.Pointer[map[string]string]
+	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
+		if p := set.Load(); p != nil {
+			for k, v := range *p {
+				if _, err := c.Exec(ctx, "SELECT set_config($1, $2, false)", k, v); err != nil {
+					return false, err
+				}
+			}
+		}
+		return true, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, func(params map[string]string) { set.Store(&params) }
+}
+
+// Typed errors: every error an entry point returns, for every mechanism,
+// wraps the exported sentinel of its cause, and the call changes nothing.
+// The causes: an invalid key (empty, 257 bytes, not UTF-8, NUL) or cost
+// (0, -1, math.MaxInt, past the burst or quota, past what an admission
+// took), both refused before the database; the server's lock_timeout and
+// statement_timeout (ErrTimeout); a server that cannot write (ErrReadOnly;
+// Peek still answers). Where the database is unavailable the fallback may
+// answer in its place, and a lease may have answered already.
+func TestTypedErrors(t *testing.T) {
+	t.Parallel()
+	for _, class := range errorClasses {
+		t.Run(class.name, func(t *testing.T) {
+			t.Parallel()
+			schema := testdb.Schema(t)
+			type ready struct {
+				ep    entryPoint
+				tg    *target
+				ks    keyState
+				in    []input
+				calls []call // one per input
+			}
+			var all []ready
+			var setters []func(map[string]string)
+			for _, m := range mechanisms {
+				if class.lock && m.cfg.Strategy == pglimit.NoWait {
+					continue // a lock it cannot have at once is a refusal
+				}
+				pool, set := settablePool(t, 12)
+				setters = append(setters, set)
+				tg := newTarget(t, m, pool, schema, time.Second)
+				for _, ep := range entryPoints {
+					ks := tg.ready(t, m.name+"/"+ep.name)
+					in := []input{ep.input(ks)}
+					if class.inputs != nil {
+						in = class.inputs(ep, tg, ks)
+					}
+					all = append(all, ready{ep: ep, tg: tg, ks: ks, in: in})
+				}
+			}
+			for _, set := range setters {
+				set(class.params)
+			}
+			// The calls are readied once the settings hold: a transaction
+			// is read-only from its start.
+			plain := testdb.Pool(t)
+			for i := range all {
+				r := &all[i]
+				for range r.in {
+					f := r.ep.prepare(t, r.tg, r.ks)
+					if f == nil {
+						break
+					}
+					r.calls = append(r.calls, f)
+				}
+			}
+			before := limiterRows(t, plain, schema)
+			unlock := func() {}
+			if class.lock {
+				unlock = lockTables(t, schema)
+			}
+			var wg sync.WaitGroup
+			for _, r := range all {
+				for i, f := range r.calls {
+					wg.Go(func() {
+						in := r.in[i]
+						local, err := f(t.Context(), in)
+						want := class.want(r.ep)
+						what := fmt.Sprintf("%s: %s(%q, %d)", r.tg.m.name, r.ep.name, in.key, in.n)
+						switch {
+						case local && err == nil && (class.outage || r.ep.name == "Refund"):
+							// The fallback or a lease answered; a Refund
+							// of leased units is ErrUnsupported.
+						case want == nil && err != nil:
+							t.Errorf("%s: %v, want an answer", what, err)
+						case want != nil && !errors.Is(err, want):
+							t.Errorf("%s: %v, want an error wrapping %v", what, err, want)
+						}
+					})
+				}
+			}
+			wg.Wait()
+			unlock()
+			if after := limiterRows(t, plain, schema); after != before {
+				t.Errorf("the calls changed the tables:\nbefore %s\nafter  %s", before, after)
+			}
+		})
+	}
+}
+
+// limiterRows is every row of schema's tables that the mechanisms write,
+// as text.
+func limiterRows(t *testing.T, pool *pgxpool.Pool, schema string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, table := range []string{"pglimit_upsert", "pglimit_nowait", "pglimit_overrides", "pglimit_slots"} {
+		var s string
+		q := "SELECT coalesce(string_agg(t::text, ' ' ORDER BY t::text), '') FROM " + pgx.Identifier{schema, table}.Sanitize() + " AS t"
+		if err := pool.QueryRow(context.Background(), q).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s: %s\n", table, s)
+	}
+	return b.String()
+}
+
+// lockTables has a transaction of its own hold every table the mechanisms
+// use in schema locked against everything, until the returned function or
+// the test's end.
+func lockTables(t *testing.T, schema string) (unlock func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := testdb.Pool(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	unlock = func() { once.Do(func() { _ = tx.Rollback(ctx) }) }
+	t.Cleanup(unlock)
+	for _, table := range []string{"pglimit_upsert", "pglimit_nowait", "pglimit_overrides", "pglimit_slots"} {
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, table}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return unlock
 }

@@ -75,7 +75,7 @@ func waitForDatabase(t *testing.T, lim pglimit.Limiter) {
 func TestFallbackStalledDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	proxy, pcfg := newStallProxy(t)
+	proxy, pcfg := testdb.NewStallProxy(t)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +87,7 @@ func TestFallbackStalledDatabase(t *testing.T) {
 		t.Fatalf("Allow with the database up: %+v, %v", d, err)
 	}
 
-	proxy.stall()
+	proxy.Stall()
 	const calls = 20
 	admitted, waited := 0, 0
 	for range calls {
@@ -120,7 +120,7 @@ func TestFallbackStalledDatabase(t *testing.T) {
 		t.Fatalf("a bad key during the fallback: %v, want ErrInvalidKey", err)
 	}
 
-	proxy.unstall()
+	proxy.Unstall()
 	waitForDatabase(t, lim)
 	out := logs.String()
 	if !strings.Contains(out, "deciding in process") || !strings.Contains(out, "answers again") || !strings.Contains(out, "fallback_decisions=") {
@@ -225,7 +225,7 @@ func TestFallbackLockedKeyIsNoOutage(t *testing.T) {
 	if d, err := lim.Allow(t.Context(), "held"); err != nil || !d.Allowed || d.Fallback {
 		t.Fatalf("the first Allow: %+v, %v", d, err)
 	}
-	lockKey(t, pool, schema, pglimit.Upsert, "held")
+	lockKeys(t, pool, schema, "pglimit_upsert", "held")
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var others, local int

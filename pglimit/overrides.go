@@ -185,7 +185,7 @@ func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ..
 		return nil
 	case errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout):
 		return fmt.Errorf("%w (SetKeyLimits, after %s): %w", ErrTimeout, c.Timeout, err)
-	case ctx.Err() == nil && pgtx.ServerTimeout(err):
+	case ctx.Err() == nil && pgtx.ServerTimeout(err) && !errors.Is(err, ErrTimeout):
 		return fmt.Errorf("%w (SetKeyLimits, by the server's lock_timeout or statement_timeout): %w", ErrTimeout, err)
 	case readOnly(err):
 		return fmt.Errorf("%w (SetKeyLimits): %w", ErrReadOnly, err)

@@ -85,7 +85,9 @@ type Limiter interface {
 	// wait past Config.Timeout, bounded on the server by lock_timeout, is
 	// [ErrTimeout], and tx stays usable either way. Cancelling ctx while the
 	// statement runs does end tx, because the driver then closes the
-	// connection.
+	// connection; so does a server that does not answer at all, which
+	// AllowTxN gives up on one second past Timeout (ErrTimeout), leaving
+	// the server that second to report its own.
 	AllowTxN(ctx context.Context, tx DB, key string, n int) (Decision, error)
 
 	// AllowAtMost admits as many of n units as every limit allows now, at

@@ -31,7 +31,8 @@
 // its own migrated schema and [Pool] its own pool, so tests run in
 // parallel; [PgBouncerPool] reaches the shared server through PgBouncer.
 // A fault test takes a server of its own with [OwnServer] and connects
-// with [ServerPool]. A test that needs a component the machine lacks
+// with [ServerPool]; [Server.Freeze] stops it answering, and
+// [NewStallProxy] silences the connections to the shared server. A test that needs a component the machine lacks
 // (pgbouncer, say) stops through [Missing], which fails under CI:
 //
 //	func TestMain(m *testing.M) { testdb.Main(m) }

@@ -288,6 +288,14 @@ func (s *Server) Restart(ctx context.Context, immediate bool) error {
 	return s.srv.Restart(ctx, immediate)
 }
 
+// Freeze stops every process of the server (SIGSTOP) until [Server.Thaw],
+// as a host that stops answering: connections stay open, and nothing comes
+// back on them. Only a server of local binaries can be frozen.
+func (s *Server) Freeze() error { return s.srv.Freeze() }
+
+// Thaw lets a frozen server go on (SIGCONT).
+func (s *Server) Thaw() error { return s.srv.Thaw() }
+
 // OwnServer starts a server for the calling test alone, which it may
 // restart or crash ([Server.Restart]); it is closed when the test ends. It
 // never uses [EnvURL]: a borrowed server cannot be restarted.

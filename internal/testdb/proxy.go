@@ -1,4 +1,4 @@
-package pglimit_test
+package testdb
 
 import (
 	"context"
@@ -8,15 +8,14 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pglimit/cooldown/internal/testdb"
 )
 
-// stallProxy forwards TCP connections to the test server on loopback and
-// can stall them: while stalled, bytes are read but not passed on, as when
-// a backend hangs or the network between goes silent. It works with any
-// server, where stopping the backend process would need a local one.
-type stallProxy struct {
+// StallProxy forwards TCP connections to the shared test server on
+// loopback and can stall them: while stalled, bytes are read but not
+// passed on, as when a backend hangs or the network between goes silent.
+// It works with any server, where stopping the backend process
+// ([Server.Freeze]) needs a local one.
+type StallProxy struct {
 	ln       net.Listener
 	upstream string
 
@@ -29,32 +28,33 @@ type stallProxy struct {
 	wg sync.WaitGroup
 }
 
-// newStallProxy starts a proxy to the shared test server and returns a pool
-// configuration that dials through it. The proxy closes when the test ends.
-func newStallProxy(t *testing.T) (*stallProxy, *pgxpool.Config) {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+// NewStallProxy starts a proxy to the shared test server and returns a
+// pool configuration that dials through it. The proxy closes when the test
+// ends.
+func NewStallProxy(tb testing.TB) (*StallProxy, *pgxpool.Config) {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(URL(tb))
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	p := &stallProxy{
+	p := &StallProxy{
 		ln:       ln,
 		upstream: net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))),
 		held:     make(chan struct{}, 1),
 	}
 	p.wg.Go(p.accept)
-	t.Cleanup(p.close)
+	tb.Cleanup(p.close)
 	addr := ln.Addr().(*net.TCPAddr)
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(addr.Port)
 	cfg.ConnConfig.Fallbacks = nil
 	return p, cfg
 }
 
-func (p *stallProxy) accept() {
+func (p *StallProxy) accept() {
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
@@ -74,7 +74,7 @@ func (p *stallProxy) accept() {
 	}
 }
 
-func (p *stallProxy) pipe(dst, src net.Conn) {
+func (p *StallProxy) pipe(dst, src net.Conn) {
 	defer dst.Close()
 	buf := make([]byte, 32<<10)
 	for {
@@ -100,8 +100,8 @@ func (p *stallProxy) pipe(dst, src net.Conn) {
 	}
 }
 
-// stall holds back every byte from now on, until unstall.
-func (p *stallProxy) stall() {
+// Stall holds back every byte from now on, until Unstall.
+func (p *StallProxy) Stall() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.stalled {
@@ -113,7 +113,8 @@ func (p *stallProxy) stall() {
 	}
 }
 
-func (p *stallProxy) unstall() {
+// Unstall passes on what was held back, and every byte from now on.
+func (p *StallProxy) Unstall() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stalled {
@@ -122,13 +123,13 @@ func (p *stallProxy) unstall() {
 	}
 }
 
-// heldBytes is signalled when bytes in either direction are held back: a
+// Held is signalled when bytes in either direction are held back: a
 // round trip is stuck.
-func (p *stallProxy) heldBytes() <-chan struct{} { return p.held }
+func (p *StallProxy) Held() <-chan struct{} { return p.held }
 
-func (p *stallProxy) close() {
+func (p *StallProxy) close() {
 	_ = p.ln.Close()
-	p.unstall()
+	p.Unstall()
 	p.mu.Lock()
 	for _, c := range p.conns {
 		_ = c.Close()
