@@ -3,11 +3,13 @@ package pglimit
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // zoneName is the shape of an IANA zone name; it keeps the name safe to
@@ -45,6 +47,20 @@ func (l Limit) withCalendar(field func(string) string) (Limit, error) {
 	return l, nil
 }
 
+// zonesKnownSQL checks that the database knows zones (internal/queries).
+var zonesKnownSQL = queries.Static("zones.known")
+
+// calendarZones returns the zones of limits' calendar windows.
+func calendarZones(limits []Limit) []string {
+	var zones []string
+	for _, l := range limits {
+		if l.Calendar != "" && !slices.Contains(zones, l.TimeZone) {
+			zones = append(zones, l.TimeZone)
+		}
+	}
+	return zones
+}
+
 // unknownZone returns err, from a decision's statement on limits, as
 // ErrInvalidConfig when it says that the database does not know a Calendar
 // window's zone (SQLSTATE 22023, date_trunc's: the only statement part
@@ -53,12 +69,7 @@ func unknownZone(limits []Limit, err error) error {
 	if pgtx.Code(err) != pgtx.CodeInvalidParameterValue {
 		return err
 	}
-	var zones []string
-	for _, l := range limits {
-		if l.Calendar != "" {
-			zones = append(zones, l.TimeZone)
-		}
-	}
+	zones := calendarZones(limits)
 	if len(zones) == 0 {
 		return err
 	}

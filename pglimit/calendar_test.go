@@ -130,6 +130,7 @@ func TestCalendarZoneUnknownToServer(t *testing.T) {
 			"Allow":       func() (pglimit.Decision, error) { return lim.Allow(ctx, "k") },
 			"AllowN":      func() (pglimit.Decision, error) { return lim.AllowN(ctx, "k", 2) },
 			"AllowAtMost": func() (pglimit.Decision, error) { return lim.AllowAtMost(ctx, "k", 2) },
+			"Peek":        func() (pglimit.Decision, error) { return lim.Peek(ctx, "k", 1) },
 			"AllowTxN": func() (pglimit.Decision, error) {
 				tx, err := pool.Begin(ctx)
 				if err != nil {

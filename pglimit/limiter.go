@@ -451,6 +451,13 @@ func (l *limiter) check(ctx context.Context, db DB) error {
 		// limiter's own limits and windows of a fixed length only.
 		return fmt.Errorf("%w: calendar windows and per-key limits on a Citus distributed table", ErrUnsupported)
 	}
+	if zones := calendarZones(l.cfg.Limits); len(zones) > 0 {
+		// On the limiter's own db: an error in the caller's transaction
+		// would abort it.
+		if _, err := l.db.Exec(ctx, zonesKnownSQL, zones); err != nil {
+			return unknownZone(l.cfg.Limits, err)
+		}
+	}
 	if l.verify != nil {
 		if err := l.verify(ctx, db); err != nil {
 			return err

@@ -74,3 +74,9 @@ SELECT NULL::boolean, t.state, (extract(epoch FROM t.expires_at) * 1000000)::big
     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, NULL::text
 FROM (SELECT) AS one LEFT JOIN {{.table}} AS t ON t.namespace = $1 AND t.key = $2
 {{end}}
+
+-- zones.known fails with SQLSTATE 22023 if the server does not know one of
+-- the zones $1 (a limiter's calendar windows'), which Go knew: the check
+-- a limiter makes once, before its first decision, so that every entry
+-- point (Peek, which decides without the zone, among them) reports it.
+{{define "zones.known"}}SELECT count(now() AT TIME ZONE z) FROM unnest($1::text[]) AS z{{end}}
