@@ -54,9 +54,11 @@ type mechanism struct {
 // mechanism a decision can go through: batching and same-key merging (a
 // single GCRA limit, whose keys have room left, so that a call waits for
 // a locked row rather than being refused by reading it), leases (a fast
-// limit with a burst), flights and the general statement (several
-// limits), per-key limits, and the fallback; then the limiter on
-// database/sql, and the Semaphore.
+// limit with a burst), the general statement (several limits), per-key
+// limits, and the fallback; then the limiter on database/sql, and the
+// Semaphore. Flights, which serve a single limit on Range (a cooldown,
+// which has no room for this table's second admission), keep no caller
+// past its context either (TestSingleFlightContexts).
 var mechanisms = []mechanism{
 	{name: "gcra", cfg: pglimit.Config{Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}}}},
 	{name: "gcra nowait", cfg: pglimit.Config{Strategy: pglimit.NoWait, Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}}}},
