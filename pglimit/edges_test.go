@@ -334,6 +334,20 @@ type deadlineCase struct {
 	timeout bool          // the bound is Timeout, under a long context
 	want    error         // the error of a call that does not decide in time
 	entries []readyEntry
+
+	calls, latest atomic.Int64 // calls made, and the most one took past its bound (ns)
+}
+
+// logCalls logs how many calls cases made and how late the latest
+// returned past its bound (its deadline; for a call in a caller's
+// transaction under Timeout, txMargin later).
+func logCalls(t *testing.T, cases ...*deadlineCase) {
+	var calls, latest int64
+	for _, c := range cases {
+		calls += c.calls.Load()
+		latest = max(latest, c.latest.Load())
+	}
+	t.Logf("%d calls; the latest returned %s past its bound", calls, time.Duration(latest).Round(time.Millisecond))
 }
 
 type readyEntry struct {
@@ -407,6 +421,12 @@ func (c *deadlineCase) run(t *testing.T, serverDown bool) {
 		start := time.Now()
 		local, err := f(ctx, e.in)
 		took := time.Since(start)
+		c.calls.Add(1)
+		for late := int64(took - limit); ; {
+			if old := c.latest.Load(); late <= old || c.latest.CompareAndSwap(old, late) {
+				break
+			}
+		}
 		switch {
 		case took > limit+deadlineSlack:
 			t.Errorf("%s: %s returned after %s, deadline %s (err %v)", c.name, e.name, took.Round(time.Millisecond), limit, err)
@@ -494,6 +514,7 @@ func TestDeadlineLockedRow(t *testing.T) {
 				c := newDeadlineCase(t, m, bound, pool, testdb.Schema(t))
 				lockKeys(t, pool, c.tg.cfg.Schema, c.tg.table(), c.keys()...)
 				c.run(t, false)
+				logCalls(t, c)
 			})
 		}
 	}
@@ -520,6 +541,7 @@ func TestDeadlineFrozenServer(t *testing.T) {
 		}
 	})
 	runAll(t, cases)
+	logCalls(t, cases...)
 }
 
 // The deadline invariant on a dead connection: every connection to the
@@ -542,6 +564,7 @@ func TestDeadlineDeadConnection(t *testing.T) {
 	proxy.Stall()
 	t.Cleanup(proxy.Unstall) // before the pools close and the transactions roll back
 	runAll(t, cases)
+	logCalls(t, cases...)
 }
 
 // One key whose row a long transaction holds keeps no other key of its
