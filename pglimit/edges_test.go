@@ -936,9 +936,12 @@ func TestTypedErrors(t *testing.T) {
 				unlock = lockTables(t, schema)
 			}
 			var wg sync.WaitGroup
+			var calls atomic.Int64
+			defer func() { t.Logf("%d calls", calls.Load()) }()
 			for _, r := range all {
 				for i, f := range r.calls {
 					wg.Go(func() {
+						calls.Add(1)
 						in := r.in[i]
 						local, err := f(t.Context(), in)
 						want := class.want(r.ep)
