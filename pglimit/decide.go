@@ -117,6 +117,8 @@ func (l *limiter) wrap(ctx context.Context, err error) error {
 		return fmt.Errorf("%w (%s, by the server's lock_timeout or statement_timeout): %w", ErrTimeout, l.cfg.Strategy, err)
 	case readOnly(err):
 		return fmt.Errorf("%w (%s): %w", ErrReadOnly, l.cfg.Strategy, err)
+	case ctx.Err() == nil && pgtx.Unavailable(err) && !errors.Is(err, ErrUnavailable):
+		return fmt.Errorf("%w (%s): %w", ErrUnavailable, l.cfg.Strategy, err)
 	}
 	return fmt.Errorf("pglimit: %s: %w", l.cfg.Strategy, err)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1002,4 +1003,51 @@ func lockTables(t *testing.T, schema string) (unlock func()) {
 		}
 	}
 	return unlock
+}
+
+// A database that cannot be reached is ErrUnavailable from every entry
+// point that reaches it, the limiter's, SetKeyLimits and the Semaphore's:
+// a pool to a port where nothing listens.
+func TestUnavailableIsTyped(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	pool, err := pgxpool.New(t.Context(), "postgres://nobody@"+addr+"/none?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	cfg := pglimit.Config{Namespace: "unavailable", Overrides: true, Limits: []pglimit.Limit{{Name: "rate", Rate: 10, Period: time.Second, Burst: 5}}}
+	lim, err := pglimit.New(pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	single, err := pglimit.New(pool, &pglimit.Config{Cooldown: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem, err := pglimitsem.New(pool, &pglimitsem.Config{Slots: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	calls := map[string]func() error{
+		"Allow (batched)": func() error { _, err := single.Allow(ctx, "k"); return err },
+		"AllowN":          func() error { _, err := lim.AllowN(ctx, "k", 2); return err },
+		"AllowAtMost":     func() error { _, err := lim.AllowAtMost(ctx, "k", 2); return err },
+		"Reserve":         func() error { _, err := lim.Reserve(ctx, "k", 1, time.Second); return err },
+		"Peek":            func() error { _, err := lim.Peek(ctx, "k", 1); return err },
+		"Reset":           func() error { return lim.Reset(ctx, "k") },
+		"SetKeyLimits":    func() error { return pglimit.SetKeyLimits(ctx, pool, &cfg, "k", pglimit.Limit{Name: "rate", Rate: 20}) },
+		"Acquire":         func() error { _, err := sem.Acquire(ctx, "k"); return err },
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, pglimit.ErrUnavailable) {
+			t.Errorf("%s with nothing listening: %v, want an error wrapping ErrUnavailable", name, err)
+		}
+	}
 }

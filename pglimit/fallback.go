@@ -5,16 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 )
@@ -24,9 +19,9 @@ import (
 // enforces Limits on its own, per key, from its own clock. Give it the
 // shared limit divided by the number of instances, say.
 //
-// The database is unavailable when a call cannot connect, loses its
-// connection, times out ([ErrTimeout]), or finds a server that cannot
-// write ([ErrReadOnly]) or is shutting down, and the database decided no
+// The database is unavailable when a call cannot connect or loses its
+// connection ([ErrUnavailable]), times out ([ErrTimeout]), or finds a
+// server that cannot write ([ErrReadOnly]), and the database decided no
 // other call of the limiter while it waited. A call that times out while
 // the others are decided waited for its key alone (a row a long
 // transaction holds): it is decided in process, and no fallback starts. A
@@ -221,21 +216,7 @@ func outage(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
 		return false
 	}
-	if errors.Is(err, ErrTimeout) || errors.Is(err, ErrReadOnly) {
-		return true
-	}
-	if code := pgtx.Code(err); code != "" {
-		// connection_exception, operator_intervention (shutdown, crash,
-		// cannot connect now), too_many_connections.
-		return strings.HasPrefix(code, "08") || strings.HasPrefix(code, "57P") || code == "53300"
-	}
-	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
-		return true
-	}
-	if _, ok := errors.AsType[net.Error](err); ok {
-		return true
-	}
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	return errors.Is(err, ErrTimeout) || errors.Is(err, ErrReadOnly) || errors.Is(err, ErrUnavailable) || pgtx.Unavailable(err)
 }
 
 // withFallback decides with db, or in process while the database is

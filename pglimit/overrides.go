@@ -189,6 +189,8 @@ func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ..
 		return fmt.Errorf("%w (SetKeyLimits, by the server's lock_timeout or statement_timeout): %w", ErrTimeout, err)
 	case readOnly(err):
 		return fmt.Errorf("%w (SetKeyLimits): %w", ErrReadOnly, err)
+	case ctx.Err() == nil && pgtx.Unavailable(err):
+		return fmt.Errorf("%w (SetKeyLimits): %w", ErrUnavailable, err)
 	}
 	return fmt.Errorf("pglimit: SetKeyLimits: %w", err)
 }

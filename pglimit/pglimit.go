@@ -51,6 +51,14 @@ var (
 	// [pgconn.ErrReadOnlyConnection] when a pool that asks for a read-write
 	// server (target_session_attrs=read-write) reaches only read-only ones.
 	ErrReadOnly = errors.New("pglimit: the server is read-only (a standby?); decisions need the primary")
+
+	// ErrUnavailable reports a database that could not be reached or was
+	// lost during the call: no connection, a connection refused or cut, a
+	// server shutting down, starting up or out of connections. It wraps
+	// the driver's error. A call cut off after its statement was sent may
+	// still have been decided (docs/operations.md, "Bounds every call
+	// keeps").
+	ErrUnavailable = errors.New("pglimit: the database is unavailable")
 )
 
 // Limiter decides whether a key may pass now, with the database as the

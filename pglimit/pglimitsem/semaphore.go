@@ -417,6 +417,8 @@ func (s *Semaphore) wrap(ctx context.Context, err error) error {
 		return fmt.Errorf("%w (semaphore, the server's lock_timeout or statement_timeout): %w", pglimit.ErrTimeout, err)
 	case pgtx.ReadOnly(err):
 		return fmt.Errorf("%w (semaphore): %w", pglimit.ErrReadOnly, err)
+	case pgtx.Unavailable(err):
+		return fmt.Errorf("%w (semaphore): %w", pglimit.ErrUnavailable, err)
 	}
 	return fmt.Errorf("pglimit: semaphore: %w", err)
 }

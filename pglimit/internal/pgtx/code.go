@@ -2,6 +2,9 @@ package pgtx
 
 import (
 	"errors"
+	"io"
+	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -43,4 +46,22 @@ func ReadOnly(err error) bool {
 func ServerTimeout(err error) bool {
 	code := Code(err)
 	return code == CodeLockNotAvailable || code == CodeQueryCanceled
+}
+
+// Unavailable reports whether err says the server could not be reached or
+// was lost: no connection, a connection lost or refused, a server shutting
+// down, starting up or out of connections (SQLSTATE classes 08 and 57P,
+// and 53300). The caller tells a lost connection from its own cancellation
+// by its context.
+func Unavailable(err error) bool {
+	if code := Code(err); code != "" {
+		return strings.HasPrefix(code, "08") || strings.HasPrefix(code, "57P") || code == "53300"
+	}
+	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return true
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }

@@ -3,6 +3,7 @@ package pgtx
 import (
 	"errors"
 	"fmt"
+	"io"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -46,6 +47,26 @@ func TestReadOnly(t *testing.T) {
 	} {
 		if got := ReadOnly(tc.err); got != tc.want {
 			t.Errorf("%s: ReadOnly = %t, want %t", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestUnavailable(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection failure", &pgconn.PgError{Code: "08006"}, true},
+		{"shutting down", &pgconn.PgError{Code: "57P01"}, true},
+		{"too many connections", &pgconn.PgError{Code: "53300"}, true},
+		{"cut off", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true},
+		{"lock timeout", &pgconn.PgError{Code: CodeLockNotAvailable}, false},
+		{"read-only", &pgconn.PgError{Code: CodeReadOnly}, false},
+		{"not a server error", errors.New("bad input"), false},
+	} {
+		if got := Unavailable(tc.err); got != tc.want {
+			t.Errorf("%s: Unavailable = %t, want %t", tc.name, got, tc.want)
 		}
 	}
 }
