@@ -337,10 +337,10 @@ func release(answered []*call) {
 	}
 }
 
-// settle ends bt's entries, decided, and their waiters: refused at once where an entry's answer
-// leaves no room for them, else queued in the open batch, together. It
-// returns the waiters it answered, for the caller to release once mu is
-// unlocked. It is called with mu held.
+// settle ends bt's entries, decided, and their waiters: refused at once
+// where an entry's answer leaves no room for them, else queued in the open
+// batch, together. It returns the waiters it answered, for the caller to
+// release once mu is unlocked. It is called with mu held.
 func (b *batcher) settle(bt []*entry) (answered []*call) {
 	now := time.Now()
 	for _, e := range bt {
