@@ -95,7 +95,9 @@ func newTarget(t *testing.T, m mechanism, pool *pgxpool.Pool, schema string, tim
 	var err error
 	switch m.api {
 	case "semaphore":
-		tg.sem, err = pglimitsem.New(pool, &pglimitsem.Config{Schema: schema, Slots: 1, Timeout: timeout})
+		if tg.sem, err = pglimitsem.New(pool, &pglimitsem.Config{Schema: schema, Slots: 1, Timeout: timeout}); err != nil {
+			t.Fatal(err)
+		}
 		return tg
 	case "sql":
 		tg.sqlDB = stdlib.OpenDBFromPool(pool) // the pool's settings hold for it too
