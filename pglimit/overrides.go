@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -13,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
-	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -179,20 +177,10 @@ func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ..
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
-	_, err = db.Exec(ctx, sql, args...)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout):
-		return fmt.Errorf("%w (SetKeyLimits, after %s): %w", ErrTimeout, c.Timeout, err)
-	case ctx.Err() == nil && pgtx.ServerTimeout(err) && !errors.Is(err, ErrTimeout):
-		return fmt.Errorf("%w (SetKeyLimits, by the server's lock_timeout or statement_timeout): %w", ErrTimeout, err)
-	case readOnly(err):
-		return fmt.Errorf("%w (SetKeyLimits): %w", ErrReadOnly, err)
-	case ctx.Err() == nil && pgtx.Unavailable(err):
-		return fmt.Errorf("%w (SetKeyLimits): %w", ErrUnavailable, err)
+	if _, err = db.Exec(ctx, sql, args...); err != nil {
+		return wrapErr(ctx, "SetKeyLimits", c.Timeout, err)
 	}
-	return fmt.Errorf("pglimit: SetKeyLimits: %w", err)
+	return nil
 }
 
 // keyLimitsDoc validates a key's limits against the limiter's, and
