@@ -64,13 +64,7 @@ func TestFaultAnsweredWithinTimeout(t *testing.T) {
 			pool := testdb.Pool(t)
 			var proxy *testdb.StallProxy
 			if fault != "locked row" {
-				var pcfg *pgxpool.Config
-				proxy, pcfg = testdb.NewStallProxy(t)
-				var err error
-				if pool, err = pgxpool.NewWithConfig(t.Context(), pcfg); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(pool.Close)
+				proxy, pool = testdb.StallPool(t)
 			}
 			call, events := faultClient(t, pool, schema, "x-user")
 			if err := call("alice"); err != nil {

@@ -54,6 +54,19 @@ func NewStallProxy(tb testing.TB) (*StallProxy, *pgxpool.Config) {
 	return p, cfg
 }
 
+// StallPool starts a proxy as NewStallProxy does and returns it with a
+// pool that dials through it, both closed when the test ends.
+func StallPool(tb testing.TB) (*StallProxy, *pgxpool.Pool) {
+	tb.Helper()
+	p, cfg := NewStallProxy(tb)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return p, pool
+}
+
 func (p *StallProxy) accept() {
 	for {
 		c, err := p.ln.Accept()

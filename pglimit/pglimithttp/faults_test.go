@@ -113,13 +113,7 @@ func TestFaultAnsweredWithinTimeout(t *testing.T) {
 				pool := testdb.Pool(t)
 				var proxy *testdb.StallProxy
 				if fault != "locked" {
-					var pcfg *pgxpool.Config
-					proxy, pcfg = testdb.NewStallProxy(t)
-					var err error
-					if pool, err = pgxpool.NewWithConfig(t.Context(), pcfg); err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(pool.Close)
+					proxy, pool = testdb.StallPool(t)
 				}
 				send, b := faultServer(t, l, pool, schema)
 				if resp := send("alice"); resp.StatusCode != 200 {
