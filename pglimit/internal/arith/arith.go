@@ -76,47 +76,7 @@ type Evaluation struct {
 // the binding limit) from the state it decided on, and decides Peek.
 func Evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode Mode, maxDelay int64) Evaluation {
 	k := len(limits)
-	single := Single(limits)
-	fresh := len(state) != 3*k
-	type rolled struct{ a, b, c, cap int64 }
-	st := make([]rolled, k)
-
-	// Each limit's state rolled forward to now, and the units it admits.
-	for i, l := range limits {
-		P, R, T, BT := l.Period, l.Rate, l.T, l.BurstT
-		s := &st[i]
-		switch l.Algorithm {
-		case GCRA:
-			s.a = now
-			switch {
-			case single && tat != nil:
-				s.a = max(*tat, now)
-			case !single && !fresh:
-				s.a = max(state[3*i], now)
-			}
-			s.cap = (now + BT - s.a) / T
-		case FixedWindow:
-			s.a, s.c = now, now+P // the window's start and end
-			switch {
-			case l.Calendar != nil && !fresh && now < state[3*i+2]:
-				s.a, s.b, s.c = state[3*i], state[3*i+1], state[3*i+2]
-			case l.Calendar != nil:
-				s.a, s.c = l.Calendar.Window(now)
-			case !fresh && now < state[3*i]+P:
-				s.a, s.b, s.c = state[3*i], state[3*i+1], state[3*i]+P
-			}
-			s.cap = R - s.b
-		case SlidingWindow:
-			s.a = now / P * P
-			switch {
-			case !fresh && state[3*i] == s.a:
-				s.b, s.c = state[3*i+1], state[3*i+2]
-			case !fresh && state[3*i] == s.a-P:
-				s.b = state[3*i+2]
-			}
-			s.cap = max(R-s.c-ceilMulDiv(s.b, P-(now-s.a), P), 0)
-		}
-	}
+	st := roll(limits, state, tat, now)
 
 	u := n
 	if mode == AtMost {
@@ -216,6 +176,90 @@ func Evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode Mode
 		}
 	}
 	return e
+}
+
+// rolled is a limit's state rolled forward to now: a GCRA limit's TAT (a);
+// a fixed window's start, count and end (a, b, c); a sliding window's
+// start, previous and current counts (a, b, c); and the units it admits
+// now (cap).
+type rolled struct{ a, b, c, cap int64 }
+
+// roll rolls each limit's state (see Evaluate) forward to now.
+func roll(limits []Limit, state []int64, tat *int64, now int64) []rolled {
+	single := Single(limits)
+	fresh := len(state) != 3*len(limits)
+	st := make([]rolled, len(limits))
+	for i, l := range limits {
+		P, R, T, BT := l.Period, l.Rate, l.T, l.BurstT
+		s := &st[i]
+		switch l.Algorithm {
+		case GCRA:
+			s.a = now
+			switch {
+			case single && tat != nil:
+				s.a = max(*tat, now)
+			case !single && !fresh:
+				s.a = max(state[3*i], now)
+			}
+			s.cap = (now + BT - s.a) / T
+		case FixedWindow:
+			s.a, s.c = now, now+P // the window's start and end
+			switch {
+			case l.Calendar != nil && !fresh && now < state[3*i+2]:
+				s.a, s.b, s.c = state[3*i], state[3*i+1], state[3*i+2]
+			case l.Calendar != nil:
+				s.a, s.c = l.Calendar.Window(now)
+			case !fresh && now < state[3*i]+P:
+				s.a, s.b, s.c = state[3*i], state[3*i+1], state[3*i]+P
+			}
+			s.cap = R - s.b
+		case SlidingWindow:
+			s.a = now / P * P
+			switch {
+			case !fresh && state[3*i] == s.a:
+				s.b, s.c = state[3*i+1], state[3*i+2]
+			case !fresh && state[3*i] == s.a-P:
+				s.b = state[3*i+2]
+			}
+			s.cap = max(R-s.c-ceilMulDiv(s.b, P-(now-s.a), P), 0)
+		}
+	}
+	return st
+}
+
+// Admit is the row once u units are admitted at now (µs) on its state and
+// expires_at (tat, in µs), as the statements write it (DecisionSQL's
+// newState and newExpires): a single GCRA limit's state is nil and its TAT
+// the new expires_at; otherwise the state holds every limit's, and
+// expires_at is when the last of them is back to full.
+func Admit(limits []Limit, state []int64, tat *int64, now, u int64) (newState []int64, expires int64) {
+	st := roll(limits, state, tat, now)
+	expires = now
+	if !Single(limits) {
+		newState = make([]int64, 0, 3*len(limits))
+	}
+	for i, l := range limits {
+		s := st[i]
+		var next [3]int64
+		switch l.Algorithm {
+		case GCRA:
+			next[0] = s.a + u*l.T
+			expires = max(expires, next[0])
+		case FixedWindow:
+			next = [3]int64{s.a, s.b + u, 0}
+			if l.Calendar != nil {
+				next[2] = s.c
+			}
+			expires = max(expires, s.c)
+		case SlidingWindow:
+			next = [3]int64{s.a, s.b, s.c + u}
+			expires = max(expires, s.a+2*l.Period)
+		}
+		if newState != nil {
+			newState = append(newState, next[:]...)
+		}
+	}
+	return newState, expires
 }
 
 // ceilMulDiv is ⌈x·y/z⌉ for x, y >= 0 and z > 0, exact where x·y

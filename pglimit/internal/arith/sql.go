@@ -44,8 +44,60 @@ func Shaped(limits []Limit, col string) string {
 // time it runs it, evaluated or not, and a subquery costs more to prepare
 // than the few expressions it would save.
 func DecisionSQL(limits []Limit, mode Mode, state, tat, now string, params Params) (admits, newState, newExpires string) {
+	w := write(limits, mode, state, tat, now, "$4::bigint", params)
+	admits = "(" + strings.Join(w.oks, " AND ") + ")"
+	units := "$4::bigint"
+	if mode == AtMost {
+		units = fmt.Sprintf("least($4::bigint, %s)", strings.Join(w.caps, ", "))
+	}
+	newState, newExpires = w.after(limits, now, units)
+	return admits, newState, newExpires
+}
+
+// BatchSQL writes the SQL of a batch statement's decision for limits on
+// one key (Allow's): how many of calls requests of n units each (both
+// SQL) the row admits, one after the other in order, each all or nothing;
+// whether it admits the first (guard); and the row's new state and
+// expires_at once granted (a column holding the former) have been. Its
+// other inputs are DecisionSQL's.
+//
+// Every limit's capacity falls by exactly the units it admits at one clock
+// reading, so the calls admitted in order are those that fit together:
+// the fewest capacity/n of any limit, and at most calls.
+func BatchSQL(limits []Limit, state, tat, now, n, calls, granted string, params Params) (count, guard, newState, newExpires string) {
+	w := write(limits, Allow, state, tat, now, n, params)
+	per := make([]string, len(w.caps))
+	for i, c := range w.caps {
+		per[i] = fmt.Sprintf("(%s) / %s", c, n)
+	}
+	count = fmt.Sprintf("greatest(least(%s, %s), 0)", calls, strings.Join(per, ", "))
+	guard = "(" + strings.Join(w.oks, " AND ") + ")"
+	newState, newExpires = w.after(limits, now, fmt.Sprintf("(%s * %s)", granted, n))
+	return count, guard, newState, newExpires
+}
+
+// written is a decision's SQL for each limit, as write leaves it: the
+// units it admits now (caps), whether it admits the request (oks), and
+// its part of the new state and of expires_at, where {u} stands for the
+// units admitted.
+type written struct {
+	caps, oks, next, expires []string
+}
+
+// after is the new state and expires_at once units (SQL) are admitted.
+func (w written) after(limits []Limit, now, units string) (newState, newExpires string) {
+	newState = "NULL::bigint[]"
+	if !Single(limits) {
+		newState = "ARRAY[" + strings.ReplaceAll(strings.Join(w.next, ", "), "{u}", units) + "]"
+	}
+	newExpires = "greatest(" + now + ", " + strings.ReplaceAll(strings.Join(w.expires, ", "), "{u}", units) + ")"
+	return newState, newExpires
+}
+
+// write writes each limit's part of a decision of n units (SQL) in mode.
+func write(limits []Limit, mode Mode, state, tat, now, n string, params Params) written {
 	single := Single(limits)
-	var caps, oks, next, expires []string
+	var w written
 	for i, l := range limits {
 		P := l.Period
 		R, T, BT := params.of(l, i)
@@ -58,8 +110,8 @@ func DecisionSQL(limits []Limit, mode Mode, state, tat, now string, params Param
 			}
 			a = fmt.Sprintf("greatest(%s, %s)", tat, now)
 			capacity = fmt.Sprintf("(%s + %s - %s) / %s", now, BT, a, T)
-			next = append(next, fmt.Sprintf("%s + {u} * %s", a, T), "0", "0")
-			expires = append(expires, fmt.Sprintf("%s + {u} * %s", a, T))
+			w.next = append(w.next, fmt.Sprintf("%s + {u} * %s", a, T), "0", "0")
+			w.expires = append(w.expires, fmt.Sprintf("%s + {u} * %s", a, T))
 		case FixedWindow:
 			if l.Calendar != nil {
 				// The window's end is kept in the state: the zone's rules
@@ -70,16 +122,16 @@ func DecisionSQL(limits []Limit, mode Mode, state, tat, now string, params Param
 				b = fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", live, s(2))
 				e := fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(3), end)
 				capacity = fmt.Sprintf("%s - %s", R, b)
-				next = append(next, a, b+" + {u}", e)
-				expires = append(expires, e)
+				w.next = append(w.next, a, b+" + {u}", e)
+				w.expires = append(w.expires, e)
 				break
 			}
 			live := fmt.Sprintf("%s < %s + %d", now, s(1), P)
 			a = fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(1), now)
 			b = fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", live, s(2))
 			capacity = fmt.Sprintf("%s - %s", R, b)
-			next = append(next, a, b+" + {u}", "0")
-			expires = append(expires, fmt.Sprintf("%s + %d", a, P))
+			w.next = append(w.next, a, b+" + {u}", "0")
+			w.expires = append(w.expires, fmt.Sprintf("%s + %d", a, P))
 		case SlidingWindow:
 			a = fmt.Sprintf("(%s / %d * %d)", now, P, P)
 			b = fmt.Sprintf("CASE %s WHEN %s THEN %s WHEN %s - %d THEN %s ELSE 0 END", s(1), a, s(2), a, P, s(3))
@@ -87,32 +139,22 @@ func DecisionSQL(limits []Limit, mode Mode, state, tat, now string, params Param
 			// The previous window's count weighs by its overlap with the
 			// sliding window that ends now.
 			capacity = fmt.Sprintf("%s - %s - ceil((%s)::numeric * (%d - %s %% %d) / %d)::bigint", R, c, b, P, now, P, P)
-			next = append(next, a, b, c+" + {u}")
-			expires = append(expires, fmt.Sprintf("%s + %d", a, 2*P)) // this window's count weighs until then
+			w.next = append(w.next, a, b, c+" + {u}")
+			w.expires = append(w.expires, fmt.Sprintf("%s + %d", a, 2*P)) // this window's count weighs until then
 		}
-		caps = append(caps, capacity)
+		w.caps = append(w.caps, capacity)
 		switch mode {
 		case Reserve: // GCRA only
 			// a + n*T - now - BT <= maxDelay, with no product that a cost
 			// past the key's own limits (an override's) could overflow.
-			oks = append(oks, fmt.Sprintf("$4::bigint <= ($5::bigint + %s + %s - %s) / %s", BT, now, a, T))
+			w.oks = append(w.oks, fmt.Sprintf("%s <= ($5::bigint + %s + %s - %s) / %s", n, BT, now, a, T))
 		case AtMost: // any units at all
-			oks = append(oks, fmt.Sprintf("(%s) >= 1", capacity))
+			w.oks = append(w.oks, fmt.Sprintf("(%s) >= 1", capacity))
 		default:
-			oks = append(oks, fmt.Sprintf("$4::bigint <= (%s)", capacity))
+			w.oks = append(w.oks, fmt.Sprintf("%s <= (%s)", n, capacity))
 		}
 	}
-	admits = "(" + strings.Join(oks, " AND ") + ")"
-	units := "$4::bigint"
-	if mode == AtMost {
-		units = fmt.Sprintf("least($4::bigint, %s)", strings.Join(caps, ", "))
-	}
-	newState = "NULL::bigint[]"
-	if !single {
-		newState = "ARRAY[" + strings.ReplaceAll(strings.Join(next, ", "), "{u}", units) + "]"
-	}
-	newExpires = "greatest(" + now + ", " + strings.ReplaceAll(strings.Join(expires, ", "), "{u}", units) + ")"
-	return admits, newState, newExpires
+	return w
 }
 
 // RefundSQL writes the refund statement's new state and flags for limits

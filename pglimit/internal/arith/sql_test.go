@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/pglimit/cooldown/internal/testdb"
@@ -19,19 +20,9 @@ func TestDecisionSQL(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	rng := rand.New(rand.NewPCG(uint64(testSeed), 7))
-	const second = int64(1_000_000)
 	var admissions, refusals int
 	for seq := range 40 {
-		limits := make([]arith.Limit, 1+rng.IntN(3))
-		for i := range limits {
-			period := second * int64(1+rng.IntN(60))
-			rate := int64(1 + rng.IntN(20))
-			l := arith.Limit{Algorithm: arith.Algorithm(rng.IntN(3)), Period: period, Rate: rate, T: (period + rate - 1) / rate}
-			if l.Algorithm == arith.GCRA {
-				l.BurstT = int64(1+rng.IntN(int(rate))) * l.T
-			}
-			limits[i] = l
-		}
+		limits := randomLimits(rng)
 		stmt := make(map[arith.Mode]string)
 		for _, mode := range []arith.Mode{arith.Allow, arith.AtMost, arith.Reserve} {
 			if mode == arith.Reserve && !arith.AllGCRA(limits) {
@@ -72,6 +63,11 @@ func TestDecisionSQL(t *testing.T) {
 			}
 			if admitted {
 				admissions++
+				wantState, wantTAT := arith.Admit(limits, state, tat, now, e.Granted)
+				if !slices.Equal(newState, wantState) || newTAT != wantTAT {
+					t.Fatalf("sequence %d step %d (%+v, n %d, state %v, tat %v): the SQL leaves %v, %d; Admit %v, %d",
+						seq, step, limits, n, state, tat, newState, newTAT, wantState, wantTAT)
+				}
 				state, tat = newState, &newTAT
 			} else {
 				refusals++
@@ -80,5 +76,86 @@ func TestDecisionSQL(t *testing.T) {
 	}
 	if admissions < 100 || refusals < 100 {
 		t.Errorf("%d admissions and %d refusals: the sequences do not reach both", admissions, refusals)
+	}
+}
+
+const second = int64(1_000_000)
+
+// randomLimits returns one to three limits of any algorithm, of up to 20
+// units a minute.
+func randomLimits(rng *rand.Rand) []arith.Limit {
+	limits := make([]arith.Limit, 1+rng.IntN(3))
+	for i := range limits {
+		period := second * int64(1+rng.IntN(60))
+		rate := int64(1 + rng.IntN(20))
+		l := arith.Limit{Algorithm: arith.Algorithm(rng.IntN(3)), Period: period, Rate: rate, T: (period + rate - 1) / rate}
+		if l.Algorithm == arith.GCRA {
+			l.BurstT = int64(1+rng.IntN(int(rate))) * l.T
+		}
+		limits[i] = l
+	}
+	return limits
+}
+
+// BatchSQL admits, of calls requests of n units, those that Evaluate
+// admits one after the other on the state each leaves, and leaves the row
+// as they do: random limits, costs, numbers of calls and gaps, each batch
+// decided by the SQL on the state the SQL left.
+func TestBatchSQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	rng := rand.New(rand.NewPCG(uint64(testSeed), 8))
+	var partial, whole, none int
+	for seq := range 40 {
+		limits := randomLimits(rng)
+		count, guard, state, expires := arith.BatchSQL(limits, "x.state", "x.tat", "x.now", "x.n", "x.calls", "g.granted", nil)
+		stmt := fmt.Sprintf(`SELECT g.granted, %s, %s, %s FROM (SELECT %s AS state, $2::bigint AS tat, $3::bigint AS now, $4::bigint AS n, $5::bigint AS calls) AS x
+			CROSS JOIN LATERAL (SELECT %s AS granted) AS g`, guard, state, expires, arith.Shaped(limits, "$1::bigint[]"), count)
+		var st []int64
+		var tat *int64
+		now := int64(1_800_000_000) * second
+		for step := range 20 {
+			now += int64(rng.IntN(int(3 * second)))
+			n, calls := int64(1+rng.IntN(3)), int64(1+rng.IntN(6))
+			var granted int64
+			var first bool
+			var newState []int64
+			var newTAT int64
+			if err := pool.QueryRow(ctx, stmt, st, tat, now, n, calls).Scan(&granted, &first, &newState, &newTAT); err != nil {
+				t.Fatalf("sequence %d step %d: %v", seq, step, err)
+			}
+			// Evaluate, call after call, on the state each admission leaves.
+			want, wantState, wantTAT := int64(0), st, tat
+			for range calls {
+				if !arith.Evaluate(limits, wantState, wantTAT, now, n, arith.Allow, 0).Allowed {
+					break
+				}
+				var e int64
+				wantState, e = arith.Admit(limits, wantState, wantTAT, now, n)
+				wantTAT, want = &e, want+1
+			}
+			if granted != want || first != (want > 0) {
+				t.Fatalf("sequence %d step %d (%+v, %d calls of %d, state %v): the SQL admits %d (first %t), Evaluate %d",
+					seq, step, limits, calls, n, st, granted, first, want)
+			}
+			switch {
+			case granted == 0:
+				none++
+				continue
+			case granted == calls:
+				whole++
+			default:
+				partial++
+			}
+			if !slices.Equal(newState, wantState) || newTAT != *wantTAT {
+				t.Fatalf("sequence %d step %d (%+v, %d of %d calls of %d): the SQL leaves %v, %d; one by one, %v, %d",
+					seq, step, limits, granted, calls, n, newState, newTAT, wantState, *wantTAT)
+			}
+			st, tat = newState, &newTAT
+		}
+	}
+	if partial < 50 || whole < 50 || none < 50 {
+		t.Errorf("%d batches admitted in part, %d whole, %d none: the sequences do not reach each", partial, whole, none)
 	}
 }
