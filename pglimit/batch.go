@@ -17,9 +17,10 @@ import (
 
 // batcher is group commit for Allow and AllowN: concurrent calls of one
 // limiter in one process share statements, so that many decisions cost one
-// round trip, one transaction and one WAL flush. It serves a single GCRA
-// limit (a cooldown among them) on Upsert and NoWait; everything else
-// bypasses it. All methods are safe on a nil *batcher: no batching.
+// round trip, one transaction and one WAL flush. It serves any limits on
+// Upsert and NoWait: a single GCRA limit (a cooldown among them) with
+// batch.allow, which also leases; any other set with batch.general
+// (batch_general.go). All methods are safe on a nil *batcher: no batching.
 //
 // While fewer than inFlightLimit of the limiter's statements run, a call
 // runs its own single-key statement at once, on its own goroutine: a lone
@@ -40,9 +41,10 @@ import (
 // callers have all returned still ends within Config.Timeout.
 type batcher struct {
 	l       *limiter
-	sql     string      // batch.allow, skipping rows locked by concurrent decisions
-	waitSQL string      // batch.allow for one key, waiting for its row's lock
-	backSQL string      // batch.give_back
+	general bool        // any set of limits but a single GCRA limit: batch.general decides
+	sql     string      // batch.allow or batch.general, skipping rows locked by concurrent decisions
+	waitSQL string      // the same for one key, waiting for its row's lock
+	backSQL string      // batch.give_back; "" for batch.general, which leases nothing
 	size    int         // keys that fill a batch: maxBatchKeys (tests set it)
 	leases  *leases     // nil when the limit does not lease (lease.go)
 	sweeper *time.Timer // drops idle lease state (leases.sweep); nil while none is kept
@@ -103,25 +105,30 @@ type call struct {
 	alone bool // the batch could not decide it: the caller runs its own statement
 }
 
-// newBatcher returns l's batcher, or nil when l does not batch: l is not a
-// single GCRA limit on Upsert or NoWait. table and column fill batch.allow
-// as they fill the single-key statements.
+// newBatcher returns l's batcher, or nil when l does not batch: l is not
+// on Upsert or NoWait, or has per-key limits. table and column fill the
+// batch statements as they fill the single-key statements: batch.allow
+// for a single GCRA limit, batch.general for any other set of limits.
 func newBatcher(l *limiter, table, column string) *batcher {
-	if !l.single || l.cfg.Strategy == Range {
+	if l.cfg.Strategy == Range || l.cfg.Overrides {
 		return nil
 	}
 	patience := "true" // Upsert waits for a lock as long as Config.Timeout lets it
 	if l.cfg.Strategy == NoWait {
 		patience = queries.Static("nowait.condition") // set before the first lock
 	}
-	return &batcher{
-		l:       l,
-		sql:     queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "skip": "SKIP LOCKED", "patience": "true"}),
-		waitSQL: queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "skip": "", "patience": patience}),
-		backSQL: queries.Text("batch.give_back", queries.Args{"table": table}),
-		size:    maxBatchKeys,
-		leases:  newLeases(l.emission, l.burstT), keys: make(map[string]*entry),
+	b := &batcher{l: l, size: maxBatchKeys, keys: make(map[string]*entry)}
+	if !l.single {
+		b.general = true
+		b.sql = generalBatch(l, table, column, "SKIP LOCKED", "true")
+		b.waitSQL = generalBatch(l, table, column, "", patience)
+		return b
 	}
+	b.sql = queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "skip": "SKIP LOCKED", "patience": "true"})
+	b.waitSQL = queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "skip": "", "patience": patience})
+	b.backSQL = queries.Text("batch.give_back", queries.Args{"table": table})
+	b.leases = newLeases(l.emission, l.burstT)
+	return b
 }
 
 // do decides q, a request of n units on key, in a batch.
@@ -483,7 +490,7 @@ func (b *batcher) Clear() {
 // follow is the refusal, for a call of n units that waited for e, that e's
 // answer implies: ok when the key has no room for the call even now.
 func (b *batcher) follow(e *entry, n int) (Decision, bool) {
-	if e.last.at == 0 { // not decided by the database: nothing to share
+	if e.last.at == 0 || b.general { // not decided by the database, or not GCRA's: nothing to share
 		return Decision{}, false
 	}
 	return b.l.followGCRA(e.last, n, time.Since(e.sent))
@@ -622,6 +629,9 @@ func (b *batcher) alone(e *entry) {
 // and answers the calls of those it decided. It returns those it did not:
 // their rows were locked, or changed after the statement's snapshot.
 func (b *batcher) query(ctx context.Context, sql string, bt []*entry) (skipped []*entry, err error) {
+	if b.general {
+		return b.queryGeneral(ctx, sql, bt)
+	}
 	var reach int64 // how far past the burst a lease reaches
 	if b.leases != nil {
 		reach = b.leases.reach

@@ -63,6 +63,46 @@ func allowAll(ctx context.Context, lim pglimit.Limiter, keys []string, repeat in
 	return out, errs
 }
 
+// batchSet is a set of limits the batch tests run with: Config.Cooldown,
+// which batch.allow decides, or the same limit beside a daily window,
+// which batch.general does. Each admits a key at most once an hour.
+type batchSet struct {
+	name    string
+	general bool
+}
+
+var batchSets = []batchSet{{"cooldown", false}, {"general", true}}
+
+// limits returns base, and for the general set a window of 100 a day
+// beside it, which binds none of the tests' keys.
+func (b batchSet) limits(base ...pglimit.Limit) []pglimit.Limit {
+	if b.general {
+		base = append(base, pglimit.Limit{Name: "day", Rate: 100, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow})
+	}
+	return base
+}
+
+// edit sets cfg's limits: a cooldown of an hour as one GCRA limit, or
+// with the window.
+func (b batchSet) edit(cfg *pglimit.Config) {
+	if b.general {
+		cfg.Cooldown, cfg.Limits = 0, b.limits(pglimit.Limit{Name: "hour", Rate: 1, Period: time.Hour, Burst: 1})
+	}
+}
+
+// eachBatchSet runs f in a parallel subtest for each strategy that
+// batches and each of batchSets.
+func eachBatchSet(t *testing.T, f func(t *testing.T, s pglimit.Strategy, set batchSet)) {
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		for _, set := range batchSets {
+			t.Run(string(s)+"/"+set.name, func(t *testing.T) {
+				t.Parallel()
+				f(t, s, set)
+			})
+		}
+	}
+}
+
 func keysN(prefix string, n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
@@ -77,54 +117,51 @@ func keysN(prefix string, n int) []string {
 func TestBatchCoalesces(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
-		t.Run(string(s), func(t *testing.T) {
-			t.Parallel()
-			db := &heldDB{countingDB: countingDB{Pool: testdb.Pool(t)}}
-			lim, _ := newBatchLimiter(t, db, s, nil)
-			keys := keysN("k", 64)
-			for round, admit := range []bool{true, false} {
-				before := db.statements.Load()
-				// The first statements wait until every other request has
-				// gathered: on a loaded machine, the requests' goroutines
-				// could otherwise trickle in one statement at a time.
-				release := db.hold(pglimit.InFlightLimit)
-				t.Cleanup(release)
-				var (
-					got map[string][]pglimit.Decision
-					err error
-				)
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					got, err = allowAll(ctx, lim, keys, 1)
-				}()
-				waitFor(t, "the requests to gather", func() bool { return pglimit.BatchPending(lim) == len(keys)-pglimit.InFlightLimit })
-				release()
-				<-done
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, key := range keys {
-					d := got[key][0]
-					switch {
-					case d.Allowed != admit:
-						t.Fatalf("round %d, %s: %+v, want Allowed=%t", round, key, d, admit)
-					case admit && (d.ResetAfter <= 0 || d.ResetAfter > time.Hour):
-						t.Fatalf("round %d, %s: ResetAfter %s, want in (0, 1h]", round, key, d.ResetAfter)
-					case !admit && (d.RetryAfter <= 0 || d.RetryAfter > time.Hour):
-						t.Fatalf("round %d, %s: RetryAfter %s, want in (0, 1h]", round, key, d.RetryAfter)
-					}
-				}
-				if n := db.statements.Load() - before; n >= int64(len(keys)) {
-					t.Errorf("round %d: %d statements for %d concurrent requests on distinct keys; want fewer", round, n, len(keys))
+	eachBatchSet(t, func(t *testing.T, s pglimit.Strategy, set batchSet) {
+		db := &heldDB{countingDB: countingDB{Pool: testdb.Pool(t)}}
+		lim, _ := newBatchLimiter(t, db, s, set.edit)
+		keys := keysN("k", 64)
+		for round, admit := range []bool{true, false} {
+			before := db.statements.Load()
+			// The first statements wait until every other request has
+			// gathered: on a loaded machine, the requests' goroutines
+			// could otherwise trickle in one statement at a time.
+			release := db.hold(pglimit.InFlightLimit)
+			t.Cleanup(release)
+			var (
+				got map[string][]pglimit.Decision
+				err error
+			)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				got, err = allowAll(ctx, lim, keys, 1)
+			}()
+			waitFor(t, "the requests to gather", func() bool { return pglimit.BatchPending(lim) == len(keys)-pglimit.InFlightLimit })
+			release()
+			<-done
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, key := range keys {
+				d := got[key][0]
+				switch {
+				case d.Allowed != admit:
+					t.Fatalf("round %d, %s: %+v, want Allowed=%t", round, key, d, admit)
+				case admit && (d.ResetAfter <= 0 || d.ResetAfter > time.Hour):
+					t.Fatalf("round %d, %s: ResetAfter %s, want in (0, 1h]", round, key, d.ResetAfter)
+				case !admit && (d.RetryAfter <= 0 || d.RetryAfter > time.Hour):
+					t.Fatalf("round %d, %s: RetryAfter %s, want in (0, 1h]", round, key, d.RetryAfter)
 				}
 			}
-			if f := pglimit.BatchFailures(lim); f != 0 {
-				t.Errorf("%d batch statements failed", f)
+			if n := db.statements.Load() - before; n >= int64(len(keys)) {
+				t.Errorf("round %d: %d statements for %d concurrent requests on distinct keys; want fewer", round, n, len(keys))
 			}
-		})
-	}
+		}
+		if f := pglimit.BatchFailures(lim); f != 0 {
+			t.Errorf("%d batch statements failed", f)
+		}
+	})
 }
 
 // heldDB is a countingDB whose next statements can be held.
@@ -185,40 +222,37 @@ func rowVersions(t *testing.T, pool *pgxpool.Pool, schema, table string) map[str
 func TestBatchRefusalWritesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
-		t.Run(string(s), func(t *testing.T) {
-			t.Parallel()
-			db := &countingDB{Pool: testdb.Pool(t)}
-			lim, schema := newBatchLimiter(t, db, s, nil)
-			keys := keysN("k", 48)
-			if _, err := allowAll(ctx, lim, keys, 1); err != nil {
-				t.Fatal(err)
-			}
-			table := "pglimit_" + string(s)
-			before := rowVersions(t, db.Pool, schema, table)
-			statements := db.statements.Load()
-			got, err := allowAll(ctx, lim, keys, 2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n := db.statements.Load() - statements; n >= int64(2*len(keys)) {
-				t.Fatalf("%d statements for %d requests: the refusals were not batched", n, 2*len(keys))
-			}
-			for _, key := range keys {
-				for _, d := range got[key] {
-					if d.Allowed {
-						t.Fatalf("%s admitted again within its cooldown", key)
-					}
+	eachBatchSet(t, func(t *testing.T, s pglimit.Strategy, set batchSet) {
+		db := &countingDB{Pool: testdb.Pool(t)}
+		lim, schema := newBatchLimiter(t, db, s, set.edit)
+		keys := keysN("k", 48)
+		if _, err := allowAll(ctx, lim, keys, 1); err != nil {
+			t.Fatal(err)
+		}
+		table := "pglimit_" + string(s)
+		before := rowVersions(t, db.Pool, schema, table)
+		statements := db.statements.Load()
+		got, err := allowAll(ctx, lim, keys, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := db.statements.Load() - statements; n >= int64(2*len(keys)) {
+			t.Fatalf("%d statements for %d requests: the refusals were not batched", n, 2*len(keys))
+		}
+		for _, key := range keys {
+			for _, d := range got[key] {
+				if d.Allowed {
+					t.Fatalf("%s admitted again within its cooldown", key)
 				}
 			}
-			after := rowVersions(t, db.Pool, schema, table)
-			for _, key := range keys {
-				if before[key] != after[key] || len(before) != len(after) {
-					t.Errorf("%s: row xmin/xmax %s before the refusals, %s after: a refusal locked or wrote it", key, before[key], after[key])
-				}
+		}
+		after := rowVersions(t, db.Pool, schema, table)
+		for _, key := range keys {
+			if before[key] != after[key] || len(before) != len(after) {
+				t.Errorf("%s: row xmin/xmax %s before the refusals, %s after: a refusal locked or wrote it", key, before[key], after[key])
 			}
-		})
-	}
+		}
+	})
 }
 
 // Requests for one key in one batch are decided one after the other: a
@@ -228,35 +262,32 @@ func TestBatchRefusalWritesNothing(t *testing.T) {
 func TestBatchSameKeyNoOverAdmission(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
-		t.Run(string(s), func(t *testing.T) {
-			t.Parallel()
-			lim, _ := newBatchLimiter(t, testdb.Pool(t), s, func(c *pglimit.Config) {
-				c.Cooldown = 0
-				c.Limits = []pglimit.Limit{{Rate: 3, Period: time.Hour, Burst: 3}}
-			})
-			keys := keysN("hot", 4)
-			got, err := allowAll(ctx, lim, keys, 40)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, key := range keys {
-				admitted := 0
-				for _, d := range got[key] {
-					if d.Allowed {
-						admitted++
-					} else if d.RetryAfter <= 0 || d.RetryAfter > time.Hour {
-						t.Errorf("%s: refusal with RetryAfter %s, want in (0, 1h]", key, d.RetryAfter)
-					}
-				}
-				// NoWait refuses a request that finds the row locked, so it
-				// may admit fewer under contention, never more.
-				if admitted > 3 || (s == pglimit.Upsert && admitted != 3) {
-					t.Errorf("%s: %d of 40 concurrent requests admitted, want 3", key, admitted)
-				}
-			}
+	eachBatchSet(t, func(t *testing.T, s pglimit.Strategy, set batchSet) {
+		lim, _ := newBatchLimiter(t, testdb.Pool(t), s, func(c *pglimit.Config) {
+			c.Cooldown = 0
+			c.Limits = set.limits(pglimit.Limit{Rate: 3, Period: time.Hour, Burst: 3})
 		})
-	}
+		keys := keysN("hot", 4)
+		got, err := allowAll(ctx, lim, keys, 40)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range keys {
+			admitted := 0
+			for _, d := range got[key] {
+				if d.Allowed {
+					admitted++
+				} else if d.RetryAfter <= 0 || d.RetryAfter > time.Hour {
+					t.Errorf("%s: refusal with RetryAfter %s, want in (0, 1h]", key, d.RetryAfter)
+				}
+			}
+			// NoWait refuses a request that finds the row locked, so it
+			// may admit fewer under contention, never more.
+			if admitted > 3 || (s == pglimit.Upsert && admitted != 3) {
+				t.Errorf("%s: %d of 40 concurrent requests admitted, want 3", key, admitted)
+			}
+		}
+	})
 }
 
 // Several instances (pools) batching requests on overlapping keys, in
@@ -265,56 +296,55 @@ func TestBatchSameKeyNoOverAdmission(t *testing.T) {
 func TestBatchInstancesDoNotDeadlock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
-		t.Run(string(s), func(t *testing.T) {
-			t.Parallel()
-			schema := testdb.Schema(t)
-			var lims []pglimit.Limiter
-			for range 3 {
-				lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour})
-				if err != nil {
-					t.Fatal(err)
-				}
-				lims = append(lims, lim)
+	eachBatchSet(t, func(t *testing.T, s pglimit.Strategy, set batchSet) {
+		schema := testdb.Schema(t)
+		var lims []pglimit.Limiter
+		for range 3 {
+			cfg := &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour}
+			set.edit(cfg)
+			lim, err := pglimit.New(testdb.Pool(t), cfg)
+			if err != nil {
+				t.Fatal(err)
 			}
-			keys := keysN("k", 30)
-			var (
-				mu       sync.Mutex
-				wg       sync.WaitGroup
-				errs     error
-				admitted = make(map[string]int)
-			)
-			for i := range 48 {
-				wg.Go(func() {
-					lim := lims[i%len(lims)]
-					order := rand.Perm(len(keys))
-					for _, j := range order {
-						d, err := lim.Allow(ctx, keys[j])
-						mu.Lock()
-						errs = errors.Join(errs, err)
-						if d.Allowed {
-							admitted[keys[j]]++
-						}
-						mu.Unlock()
+			lims = append(lims, lim)
+		}
+		keys := keysN("k", 30)
+		var (
+			mu       sync.Mutex
+			wg       sync.WaitGroup
+			errs     error
+			admitted = make(map[string]int)
+		)
+		for i := range 48 {
+			wg.Go(func() {
+				lim := lims[i%len(lims)]
+				order := rand.Perm(len(keys))
+				for _, j := range order {
+					d, err := lim.Allow(ctx, keys[j])
+					mu.Lock()
+					errs = errors.Join(errs, err)
+					if d.Allowed {
+						admitted[keys[j]]++
 					}
-				})
-			}
-			wg.Wait()
-			if errs != nil {
-				t.Fatal(errs)
-			}
-			for _, key := range keys {
-				if n := admitted[key]; n > 1 || (s == pglimit.Upsert && n != 1) {
-					t.Errorf("%s admitted %d times, want once", key, n)
+					mu.Unlock()
 				}
+			})
+		}
+		wg.Wait()
+		if errs != nil {
+			t.Fatal(errs)
+		}
+		for _, key := range keys {
+			if n := admitted[key]; n > 1 || (s == pglimit.Upsert && n != 1) {
+				t.Errorf("%s admitted %d times, want once", key, n)
 			}
-			for i, lim := range lims {
-				if f := pglimit.BatchFailures(lim); f != 0 {
-					t.Errorf("instance %d: %d batch statements failed", i, f)
-				}
+		}
+		for i, lim := range lims {
+			if f := pglimit.BatchFailures(lim); f != 0 {
+				t.Errorf("instance %d: %d batch statements failed", i, f)
 			}
-		})
-	}
+		}
+	})
 }
 
 // heldBatcher is a batching limiter over a gated pool whose statements in
@@ -504,13 +534,13 @@ func TestBatchAllowTxIsNotBatched(t *testing.T) {
 	}
 }
 
-// Other limits and Range bypass the batcher.
+// Range and per-key limits bypass the batcher.
 func TestBatchBypassed(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
 	for _, c := range []pglimit.Config{
 		{Strategy: pglimit.Range, Cooldown: time.Second},
-		{Limits: []pglimit.Limit{{Rate: 1, Period: time.Second}, {Rate: 5, Period: time.Minute}}},
+		{Namespace: "per-key", Overrides: true, Limits: []pglimit.Limit{{Rate: 1, Period: time.Second}, {Rate: 5, Period: time.Minute}}},
 	} {
 		lim, err := pglimit.New(pool, &c)
 		if err != nil {
@@ -530,68 +560,65 @@ func TestBatchBypassed(t *testing.T) {
 func TestBatchMergesSameKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
-		t.Run(string(s), func(t *testing.T) {
-			t.Parallel()
-			db := newGatedDB(t)
-			lim, _ := newBatchLimiter(t, db, s, func(c *pglimit.Config) {
-				c.Cooldown, c.Limits = 0, []pglimit.Limit{{Rate: 3, Period: time.Hour, Burst: 3}}
-			})
-			close(db.open) // the first decision checks the table
-			if _, err := lim.Allow(ctx, "warm-up"); err != nil {
-				t.Fatal(err)
-			}
-			for len(db.entered) > 0 {
-				<-db.entered
-			}
-			db.open = make(chan struct{})
-			var held sync.WaitGroup
-			for i := range pglimit.InFlightLimit {
-				held.Go(func() {
-					if _, err := lim.Allow(ctx, fmt.Sprintf("held-%d", i)); err != nil {
-						t.Error(err)
-					}
-				})
-				<-db.entered
-			}
-			const calls = 5
-			got := make([]pglimit.Decision, calls)
-			var wg sync.WaitGroup
-			for i := range calls {
-				wg.Go(func() {
-					d, err := lim.Allow(ctx, "hot")
-					if err != nil {
-						t.Error(err)
-					}
-					got[i] = d
-				})
-				for deadline := time.Now().Add(30 * time.Second); pglimit.BatchPending(lim) != i+1; time.Sleep(time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatalf("call %d did not gather in 30s", i)
-					}
-				}
-			}
-			before := db.statements.Load() // the held statements were counted as they entered
-			close(db.open)
-			wg.Wait()
-			held.Wait()
-			if n := db.statements.Load() - before; n != 1 {
-				t.Errorf("%d statements for %d calls on one key, want 1", n, calls)
-			}
-			for i, d := range got {
-				wantAllowed, wantRemaining := i < 3, max(2-i, 0)
-				if d.Allowed != wantAllowed || d.Remaining != wantRemaining {
-					t.Errorf("call %d: Allowed %t, Remaining %d; want %t, %d", i, d.Allowed, d.Remaining, wantAllowed, wantRemaining)
-				}
-				if !d.Allowed && (d.RetryAfter <= 19*time.Minute || d.RetryAfter > 20*time.Minute) {
-					t.Errorf("call %d: RetryAfter %s, want about the emission interval of 20m", i, d.RetryAfter)
-				}
-			}
-			if d, err := lim.Peek(ctx, "hot", 1); err != nil || d.Allowed {
-				t.Errorf("after the burst: Peek %+v, %v; want refused", d, err)
-			}
+	eachBatchSet(t, func(t *testing.T, s pglimit.Strategy, set batchSet) {
+		db := newGatedDB(t)
+		lim, _ := newBatchLimiter(t, db, s, func(c *pglimit.Config) {
+			c.Cooldown, c.Limits = 0, set.limits(pglimit.Limit{Rate: 3, Period: time.Hour, Burst: 3})
 		})
-	}
+		close(db.open) // the first decision checks the table
+		if _, err := lim.Allow(ctx, "warm-up"); err != nil {
+			t.Fatal(err)
+		}
+		for len(db.entered) > 0 {
+			<-db.entered
+		}
+		db.open = make(chan struct{})
+		var held sync.WaitGroup
+		for i := range pglimit.InFlightLimit {
+			held.Go(func() {
+				if _, err := lim.Allow(ctx, fmt.Sprintf("held-%d", i)); err != nil {
+					t.Error(err)
+				}
+			})
+			<-db.entered
+		}
+		const calls = 5
+		got := make([]pglimit.Decision, calls)
+		var wg sync.WaitGroup
+		for i := range calls {
+			wg.Go(func() {
+				d, err := lim.Allow(ctx, "hot")
+				if err != nil {
+					t.Error(err)
+				}
+				got[i] = d
+			})
+			for deadline := time.Now().Add(30 * time.Second); pglimit.BatchPending(lim) != i+1; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("call %d did not gather in 30s", i)
+				}
+			}
+		}
+		before := db.statements.Load() // the held statements were counted as they entered
+		close(db.open)
+		wg.Wait()
+		held.Wait()
+		if n := db.statements.Load() - before; n != 1 {
+			t.Errorf("%d statements for %d calls on one key, want 1", n, calls)
+		}
+		for i, d := range got {
+			wantAllowed, wantRemaining := i < 3, max(2-i, 0)
+			if d.Allowed != wantAllowed || d.Remaining != wantRemaining {
+				t.Errorf("call %d: Allowed %t, Remaining %d; want %t, %d", i, d.Allowed, d.Remaining, wantAllowed, wantRemaining)
+			}
+			if !d.Allowed && (d.RetryAfter <= 19*time.Minute || d.RetryAfter > 20*time.Minute) {
+				t.Errorf("call %d: RetryAfter %s, want about the emission interval of 20m", i, d.RetryAfter)
+			}
+		}
+		if d, err := lim.Peek(ctx, "hot", 1); err != nil || d.Allowed {
+			t.Errorf("after the burst: Peek %+v, %v; want refused", d, err)
+		}
+	})
 }
 
 // Two instances, eight workers each, hammer four keys with a 50 ms
@@ -599,57 +626,63 @@ func TestBatchMergesSameKey(t *testing.T) {
 // statements race on every key. An audit trigger records every write of
 // the table: consecutive admissions of a key are never less than the
 // cooldown apart on the database clock, and the database admitted no more
-// than the callers were told.
+// than the callers were told. The general set's cooldown is its GCRA
+// limit's, whose TAT leads its state.
 func TestBatchAuditCooldown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
-		t.Run(string(s), func(t *testing.T) {
-			t.Parallel()
-			const cooldown = 50 * time.Millisecond
-			schema := testdb.Schema(t)
-			record := audit(t, testdb.Pool(t), schema, s)
-			var lims []pglimit.Limiter
-			for range 2 {
-				lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Strategy: s, Schema: schema, Cooldown: cooldown})
-				if err != nil {
-					t.Fatal(err)
-				}
-				lims = append(lims, lim)
+	eachBatchSet(t, func(t *testing.T, s pglimit.Strategy, set batchSet) {
+		const cooldown = 50 * time.Millisecond
+		schema := testdb.Schema(t)
+		record := audit(t, testdb.Pool(t), schema, s)
+		var lims []pglimit.Limiter
+		for range 2 {
+			cfg := &pglimit.Config{Strategy: s, Schema: schema, Cooldown: cooldown}
+			if set.general {
+				cfg.Cooldown, cfg.Limits = 0, set.limits(pglimit.Limit{Name: "cooldown", Rate: 1, Period: cooldown, Burst: 1})
 			}
-			keys := keysN("k", 4)
-			var (
-				wg       sync.WaitGroup
-				admitted atomic.Int64
-			)
-			stop := time.Now().Add(time.Second)
-			for i := range 16 {
-				wg.Go(func() {
-					for time.Now().Before(stop) {
-						d, err := lims[i%2].Allow(ctx, keys[rand.IntN(len(keys))])
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						if d.Allowed {
-							admitted.Add(1)
-						}
+			lim, err := pglimit.New(testdb.Pool(t), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lims = append(lims, lim)
+		}
+		keys := keysN("k", 4)
+		var (
+			wg       sync.WaitGroup
+			admitted atomic.Int64
+		)
+		stop := time.Now().Add(time.Second)
+		for i := range 16 {
+			wg.Go(func() {
+				for time.Now().Before(stop) {
+					d, err := lims[i%2].Allow(ctx, keys[rand.IntN(len(keys))])
+					if err != nil {
+						t.Error(err)
+						return
 					}
-				})
-			}
-			wg.Wait()
-			last := map[string]int64{}
-			var writes int64
-			for _, r := range record() {
-				writes++
-				if prev, ok := last[r.key]; ok && r.expires-prev < cooldown.Microseconds() {
-					t.Errorf("%s admitted twice %dµs apart, less than the cooldown of %s", r.key, r.expires-prev, cooldown)
+					if d.Allowed {
+						admitted.Add(1)
+					}
 				}
-				last[r.key] = r.expires
+			})
+		}
+		wg.Wait()
+		last := map[string]int64{}
+		var writes int64
+		for _, r := range record() {
+			writes++
+			tat := r.expires
+			if set.general {
+				tat = r.state[0]
 			}
-			if writes != admitted.Load() {
-				t.Errorf("the database recorded %d admissions, the callers were told of %d", writes, admitted.Load())
+			if prev, ok := last[r.key]; ok && tat-prev < cooldown.Microseconds() {
+				t.Errorf("%s admitted twice %dµs apart, less than the cooldown of %s", r.key, tat-prev, cooldown)
 			}
-		})
-	}
+			last[r.key] = tat
+		}
+		if writes != admitted.Load() {
+			t.Errorf("the database recorded %d admissions, the callers were told of %d", writes, admitted.Load())
+		}
+	})
 }

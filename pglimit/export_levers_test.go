@@ -53,7 +53,10 @@ func Statements(lim Limiter) map[string]string {
 	if l.plain.general != nil {
 		s["general"] = l.plain.general.own[modeAllow]
 	}
-	if l.batch != nil {
+	switch {
+	case l.batch != nil && l.batch.general:
+		s["generalbatch"], s["generalbatchwait"] = l.batch.sql, l.batch.waitSQL
+	case l.batch != nil:
 		s["batch"], s["batchwait"], s["giveback"] = l.batch.sql, l.batch.waitSQL, l.batch.backSQL
 	}
 	return s

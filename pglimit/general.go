@@ -86,7 +86,17 @@ func (l *limiter) scanGeneral(row pgx.Row, n, mode int, maxDelay int64, setting 
 	if r.admitted != nil && *r.admitted != e.Allowed {
 		return Decision{}, false, fmt.Errorf("the database's decision (admitted %t) differs from the library's on the same state: a bug; please report it", *r.admitted)
 	}
-	d = Decision{
+	d = evaluated(e, limits, policy, r.now, n, mode)
+	if r.admitted != nil { // a decision, not a Peek: the caller sets the key
+		d = l.withTicket(d, "", limits, e.Anchors)
+	}
+	return d, true, nil
+}
+
+// evaluated is the Decision of e, a request of n units in mode on limits
+// (policy's) at now (µs).
+func evaluated(e arith.Evaluation, limits []Limit, policy *Policy, now int64, n, mode int) Decision {
+	d := Decision{
 		Allowed:    e.Allowed,
 		Granted:    int(e.Granted),
 		Remaining:  int(e.Remaining),
@@ -96,13 +106,10 @@ func (l *limiter) scanGeneral(row pgx.Row, n, mode int, maxDelay int64, setting 
 		Limit:      limits[e.Binding],
 		violated:   e.Violated,
 		policy:     policy,
-		at:         r.now,
+		at:         now,
 	}
 	if !e.Allowed && (n == 1 || mode == modeAtMost) && mode != modeReserve {
 		d.next = d.RetryAfter // the wait for one unit
 	}
-	if r.admitted != nil { // a decision, not a Peek: the caller sets the key
-		d = l.withTicket(d, "", limits, e.Anchors)
-	}
-	return d, true, nil
+	return d
 }

@@ -26,60 +26,74 @@ func TestPlansReachKeysByIndex(t *testing.T) {
 	t.Parallel()
 	const rowsAfter = 20_000
 	keys := []string{"k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"}
+	// One GCRA limit, whose statements are the cheapest, and two limits,
+	// which the general statements decide.
+	sets := map[string][]pglimit.Limit{
+		"one": {{Rate: 10, Period: time.Second, Burst: 5}},
+		"two": {{Name: "second", Rate: 10, Period: time.Second, Burst: 5}, {Name: "day", Rate: 1000, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow}},
+	}
 	for _, mode := range []string{"force_generic_plan", "auto"} {
 		for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
-			t.Run(mode+"/"+string(s), func(t *testing.T) {
-				t.Parallel()
-				ctx := context.Background()
-				schema := testdb.Schema(t)
-				pool := testdb.Pool(t)
-				lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Limits: []pglimit.Limit{{Rate: 10, Period: time.Second, Burst: 5}}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				table := pgx.Identifier{schema, "pglimit_" + string(s)}.Sanitize()
-				conn, err := pool.Acquire(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer conn.Release()
-				if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
-					t.Fatal(err)
-				}
-				defer conn.Exec(ctx, "RESET plan_cache_mode; DEALLOCATE ALL") //nolint:errcheck // the pool closes the connection at the end
+			for set, limits := range sets {
+				t.Run(mode+"/"+string(s)+"/"+set, func(t *testing.T) {
+					t.Parallel()
+					planReachesKeysByIndex(t, s, limits, mode, keys, rowsAfter)
+				})
+			}
+		}
+	}
+}
 
-				stmts := pglimit.Statements(lim)
-				args := planArgs(keys)
-				for name, sql := range stmts {
-					if _, err := conn.Exec(ctx, fmt.Sprintf("PREPARE %s AS %s", name, sql)); err != nil {
-						t.Fatalf("prepare %s: %v", name, err)
-					}
-					// Six runs on the small table: from the sixth the plan
-					// cache may keep a generic plan.
-					for range 6 {
-						if _, err := conn.Exec(ctx, fmt.Sprintf("EXECUTE %s(%s)", name, args[name])); err != nil {
-							t.Fatalf("execute %s: %v", name, err)
-						}
-					}
-				}
-				if _, err := conn.Exec(ctx, fmt.Sprintf(
-					`INSERT INTO %s (namespace, key, expires_at) SELECT 'default', 'g' || i, now() - interval '1 hour'
+// planReachesKeysByIndex is TestPlansReachKeysByIndex for the statements
+// of one limiter of limits on s, planned in mode.
+func planReachesKeysByIndex(t *testing.T, s pglimit.Strategy, limits []pglimit.Limit, mode string, keys []string, rowsAfter int) {
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Limits: limits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := pgx.Identifier{schema, "pglimit_" + string(s)}.Sanitize()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, "RESET plan_cache_mode; DEALLOCATE ALL") //nolint:errcheck // the pool closes the connection at the end
+
+	stmts := pglimit.Statements(lim)
+	args := planArgs(keys)
+	for name, sql := range stmts {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("PREPARE %s AS %s", name, sql)); err != nil {
+			t.Fatalf("prepare %s: %v", name, err)
+		}
+		// Six runs on the small table: from the sixth the plan
+		// cache may keep a generic plan.
+		for range 6 {
+			if _, err := conn.Exec(ctx, fmt.Sprintf("EXECUTE %s(%s)", name, args[name])); err != nil {
+				t.Fatalf("execute %s: %v", name, err)
+			}
+		}
+	}
+	if _, err := conn.Exec(ctx, fmt.Sprintf(
+		`INSERT INTO %s (namespace, key, expires_at) SELECT 'default', 'g' || i, now() - interval '1 hour'
 					 FROM generate_series(1, %d) AS i`, table, rowsAfter)); err != nil {
-					t.Fatal(err)
-				}
-				for name := range stmts {
-					var plan []struct{ Plan planNode }
-					if err := conn.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE %s(%s)", name, args[name])).Scan(&plan); err != nil {
-						t.Fatalf("explain %s: %v", name, err)
-					}
-					touched := plan[0].Plan.touched("pglimit_" + string(s))
-					t.Logf("%s: %d rows touched", name, touched)
-					if limit := 4 * len(keys); touched > limit {
-						t.Errorf("%s: the cached plan touched %d rows of a %d-row table for %d keys (at most %d expected):\n%s",
-							name, touched, rowsAfter, len(keys), limit, plan[0].Plan)
-					}
-				}
-			})
+		t.Fatal(err)
+	}
+	for name := range stmts {
+		var plan []struct{ Plan planNode }
+		if err := conn.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE %s(%s)", name, args[name])).Scan(&plan); err != nil {
+			t.Fatalf("explain %s: %v", name, err)
+		}
+		touched := plan[0].Plan.touched("pglimit_" + string(s))
+		t.Logf("%s: %d rows touched", name, touched)
+		if limit := 4 * len(keys); touched > limit {
+			t.Errorf("%s: the cached plan touched %d rows of a %d-row table for %d keys (at most %d expected):\n%s",
+				name, touched, rowsAfter, len(keys), limit, plan[0].Plan)
 		}
 	}
 }
@@ -89,12 +103,14 @@ func planArgs(keys []string) map[string]string {
 	n := len(keys)
 	repeat := func(v string) string { return "'{" + strings.TrimSuffix(strings.Repeat(v+",", n), ",") + "}'" }
 	return map[string]string{
-		"allow":     "'default', 'k1', 100000, 7, 400000",
-		"general":   "'default', 'k1', 7, 1",
-		"peek":      "'default', 'k1'",
-		"reset":     "'default', 'g1', 7", // a key of the grown table: the others stay
-		"batchwait": "'default', '{k1}', '{100000}', 7, '{400000}', '{2}', '{1}', '{1000}', 100000, 500000, 0",
-		"giveback":  "'default', 'k1', 100000, 0, 0",
+		"allow":            "'default', 'k1', 100000, 7, 400000",
+		"general":          "'default', 'k1', 7, 1",
+		"peek":             "'default', 'k1'",
+		"reset":            "'default', 'g1', 7", // a key of the grown table: the others stay
+		"batchwait":        "'default', '{k1}', '{100000}', 7, '{400000}', '{2}', '{1}', '{1000}', 100000, 500000, 0",
+		"generalbatch":     fmt.Sprintf("'default', '{%s}', %s, 7, %s", strings.Join(keys, ","), repeat("1"), repeat("2")),
+		"generalbatchwait": "'default', '{k1}', '{1}', 7, '{2}'",
+		"giveback":         "'default', 'k1', 100000, 0, 0",
 		"batch": fmt.Sprintf("'default', '{%s}', %s, 7, %s, %s, %s, %s, 100000, 500000, 0", strings.Join(keys, ","),
 			repeat("100000"), repeat("400000"), repeat("2"), repeat("1"), repeat("1000")),
 	}

@@ -1,0 +1,110 @@
+package pglimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
+)
+
+// generalBatch writes batch.general, the batch statement of any set of
+// limits, for l's limits on table: skip and patience as batch.allow's.
+func generalBatch(l *limiter, table, column, skip, patience string) string {
+	count, _, state, expires := arith.BatchSQL(l.specs, "x.state", "x.tat", "x.now", "x.n", "x.calls", "g.granted", nil)
+	_, guard, _, _ := arith.BatchSQL(l.specs, "c.state", "c.tat", "c.now", "c.n", "1", "1", nil)
+	return queries.Text("batch.general", queries.Args{
+		"table": table, "setting": column, "skip": skip, "patience": patience,
+		"state": arith.Shaped(l.specs, "t.state"), "width": strconv.Itoa(3 * len(l.specs)),
+		"guard": guard, "count": count, "new_state": state, "new_expires": expires,
+	})
+}
+
+// queryGeneral is query for a batcher of any set of limits: it runs sql,
+// batch.general in one of its variants, for bt's entries, and answers the
+// calls of those it decided. It returns those it did not.
+func (b *batcher) queryGeneral(ctx context.Context, sql string, bt []*entry) (skipped []*entry, err error) {
+	var in struct {
+		keys     []string
+		n, calls []int64
+	}
+	for _, e := range bt {
+		if len(e.calls) == 0 {
+			continue
+		}
+		in.keys = append(in.keys, e.key)
+		in.n = append(in.n, int64(e.n))
+		in.calls = append(in.calls, int64(len(e.calls)))
+	}
+	if len(in.keys) == 0 {
+		return nil, nil // every caller left before the batch was sent
+	}
+	var out struct {
+		keys         []string
+		granted, now []int64
+		state        [][]int64
+		stated       []bool
+		tat          []*int64
+	}
+	err = b.l.db.QueryRow(ctx, sql, b.l.args.namespace, in.keys, in.n, b.l.args.lockClass, in.calls).
+		Scan(&out.keys, &out.granted, &out.state, &out.stated, &out.tat, &out.now, nil)
+	if err != nil {
+		return nil, unknownZone(b.l.cfg.Limits, err)
+	}
+	for _, k := range []int{len(out.granted), len(out.state), len(out.stated), len(out.tat), len(out.now)} {
+		if k != len(out.keys) {
+			return nil, errors.New("batch answer arrays differ in length")
+		}
+	}
+	byKey := make(map[string]int, len(out.keys))
+	for i, k := range out.keys {
+		byKey[k] = i
+	}
+	for _, e := range bt {
+		i, ok := byKey[e.key]
+		switch {
+		case !ok:
+			skipped = append(skipped, e)
+			continue
+		case len(e.calls) == 0:
+			continue
+		}
+		var state []int64
+		if out.stated[i] {
+			state = out.state[i]
+		}
+		err := b.l.decideCalls(e, state, out.tat[i], out.now[i], out.granted[i])
+		for _, c := range e.calls {
+			if err != nil {
+				c.err = err
+			}
+		}
+		e.last = e.calls[len(e.calls)-1].d
+	}
+	return skipped, nil
+}
+
+// decideCalls writes the Decision of each of e's calls, of which the
+// statement admitted the first granted, one after the other, on the key's
+// row as it read it (state, tat) at now: each call is evaluated on the row
+// the calls before it left.
+func (l *limiter) decideCalls(e *entry, state []int64, tat *int64, now, granted int64) error {
+	n := int64(e.n)
+	for j, c := range e.calls {
+		ev := arith.Evaluate(l.specs, state, tat, now, n, arith.Allow, 0)
+		if ev.Allowed != (int64(j) < granted) {
+			return fmt.Errorf("the database admitted %d of %d calls of %d units; the library's arithmetic differs at call %d on the same state: a bug; please report it",
+				granted, len(e.calls), n, j+1)
+		}
+		c.d = evaluated(ev, l.cfg.Limits, l.policy, now, e.n, modeAllow)
+		if ev.Allowed {
+			c.d = l.withTicket(c.d, e.key, l.cfg.Limits, ev.Anchors)
+			var expires int64
+			state, expires = arith.Admit(l.specs, state, tat, now, n)
+			tat = &expires
+		}
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+-- batch.general is batch.allow for any set of limits (the general
+-- statement's, general.sql): it decides many keys at once, each key
+-- admitting as many of its calls, in order, each all or nothing, as its
+-- limits admit at the statement's clock reading. $2 the keys, $3 each
+-- key's units per call and $5 its number of calls; $4 the keys' lock class.
+-- It never waits for a lock and skips what batch.allow skips, for the same
+-- reasons (read batch.allow's comment): a row locked by a concurrent
+-- decision, a new key whose advisory lock is held, a key that changed
+-- after the snapshot. Their callers decide them with the statement for
+-- one key, which waits (Upsert) or refuses (NoWait).
+--
+-- Every access to the table is one key's lookup by the primary key (a
+-- LATERAL subquery per key), or ON CONFLICT's probe of it; a refusal takes
+-- no lock and writes nothing.
+--
+-- The answer is one row of arrays, one element per key decided: the key,
+-- the calls admitted, the state the statement decided on (zeros where it
+-- is NULL, with a flag that says so, as arrays of arrays must be of one
+-- shape), the row's expires_at in µs and the time in µs it decided at;
+-- the last column evaluates the admitting branches' setting. The limiter
+-- computes each call's Decision from them (arith.Evaluate and arith.Admit).
+--
+-- Placeholders: table; setting, as in upsert.allow; skip and patience, as
+-- in batch.allow; state, the state column t.state as the statement reads
+-- it (arith.Shaped); width, the length of a state; guard, whether one call
+-- (c.n units) fits c (state, tat, now); count, how many of x's calls fit
+-- (x.calls of x.n units), and new_state and new_expires, x's row once
+-- g.granted of them are admitted (arith.BatchSQL).
+{{define "batch.general"}}
+WITH req AS (
+    SELECT r.key, r.n, r.calls
+    FROM unnest($2::text[], $3::bigint[], $5::bigint[]) AS r(key, n, calls)
+    WHERE {{.patience}}
+), locked AS (
+    SELECT r.key, r.n, r.calls, l.state, l.expires_at FROM req AS r CROSS JOIN LATERAL (
+        SELECT {{.state}} AS state, t.expires_at FROM {{.table}} AS t
+        WHERE t.namespace = $1 AND t.key = r.key
+          AND (SELECT {{.guard}} FROM (SELECT {{.state}} AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+               (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, r.n) AS c)
+        FOR UPDATE OF t {{.skip}}
+    ) AS l
+), current AS (
+    SELECT r.key, r.n, c.state, c.tat, c.now FROM req AS r CROSS JOIN LATERAL (
+        SELECT {{.state}} AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+            (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
+        FROM {{.table}} AS t WHERE t.namespace = $1 AND t.key = r.key
+        OFFSET 0
+    ) AS c
+), first AS (
+    SELECT r.key, r.n, r.calls, pg_try_advisory_xact_lock($4::integer, hashtext(r.key)) AS got FROM req AS r
+    WHERE NOT EXISTS (SELECT FROM current AS c WHERE c.key = r.key)
+    ORDER BY r.key
+), found AS (
+    SELECT l.key, l.n, l.calls, l.state, (extract(epoch FROM l.expires_at) * 1000000)::bigint AS tat,
+        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS fresh
+    FROM locked AS l
+    UNION ALL
+    SELECT f.key, f.n, f.calls, NULL::bigint[], NULL::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true
+    FROM first AS f WHERE f.got
+), decided AS (
+    SELECT x.key, x.state, x.tat, x.now, x.fresh, g.granted, {{.new_state}} AS new_state, {{.new_expires}} AS new_expires
+    FROM found AS x CROSS JOIN LATERAL (SELECT {{.count}} AS granted) AS g
+    WHERE g.granted > 0
+), updated AS (
+    INSERT INTO {{.table}} AS t (namespace, key, state, expires_at)
+    SELECT $1, d.key, d.new_state, timestamptz 'epoch' + d.new_expires * interval '1 microsecond' FROM decided AS d
+    WHERE NOT d.fresh
+    ON CONFLICT (namespace, key) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at
+    RETURNING t.key
+), inserted AS (
+    INSERT INTO {{.table}} AS t (namespace, key, state, expires_at)
+    SELECT $1, d.key, d.new_state, timestamptz 'epoch' + d.new_expires * interval '1 microsecond' FROM decided AS d
+    WHERE d.fresh
+    ORDER BY d.key
+    ON CONFLICT (namespace, key) DO NOTHING
+    RETURNING t.key
+), answer AS (
+    SELECT d.key, d.granted, d.state, d.tat, d.now, {{.setting}} AS setting
+    FROM decided AS d JOIN (SELECT * FROM updated UNION ALL SELECT * FROM inserted) AS w ON w.key = d.key
+    UNION ALL
+    SELECT c.key, 0, c.state, c.tat, c.now, NULL::text FROM current AS c
+    WHERE NOT {{.guard}} AND NOT EXISTS (SELECT FROM updated AS u WHERE u.key = c.key)
+)
+SELECT array_agg(key), array_agg(granted), array_agg(coalesce(state, array_fill(0::bigint, ARRAY[{{.width}}]))),
+    array_agg(state IS NOT NULL), array_agg(tat), array_agg(now), max(setting)
+FROM answer
+{{end}}
