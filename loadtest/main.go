@@ -294,10 +294,8 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		fl = nil // the limit scenarios measure no floor
 	}
 
-	extra := scenarioVariants(o)
-	if o.targets != nil {
-		extra = nil
-	}
+	scenarios := buildScenarios(o)
+	extra := scenarioVariants(scenarios) // none over HTTP
 	// First, so that a machine without redis-server fails at once.
 	var rds *redisServer
 	if slices.Contains(fl, pingFloor) || slices.ContainsFunc(extra, func(v variant) bool { return v.Redis }) {
@@ -384,7 +382,7 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		}
 	}
 
-	for _, sc := range buildScenarios(o) {
+	for _, sc := range scenarios {
 		res, err := r.scenario(ctx, &sc)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", sc.Name, err)

@@ -25,12 +25,13 @@ const (
 
 var scenarioNames = []string{scSeed, scContention, scManyKeys, scNaive, scLimits, scCostKeys, scCostHot, scBusy}
 
-// limitScenarios compare their own variants (limitVariants), in-process
-// only: over HTTP the demo's cooldown is the only policy there is.
+// limitScenarios compare their own variants (scenario.Variants),
+// in-process only: over HTTP the demo's cooldown is the only policy there
+// is.
 var limitScenarios = []string{scLimits, scCostKeys, scCostHot, scBusy}
 
-// Names of the limit sets a limit variant enforces (variant.Limits); each
-// scenario of limitScenarios defines both.
+// Names of the limit sets a limit variant enforces (variant.Limits): the
+// limits and cost-* scenarios define the first two, busy-key its own.
 const (
 	// setGCRA is one GCRA limit with a burst: the cooldown's statement with
 	// a tolerance.
@@ -48,10 +49,10 @@ var limitStrategies = []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait}
 func limitVariants() []variant {
 	var out []variant
 	for _, s := range limitStrategies {
-		out = append(out,
-			variant{Name: string(s), Strategy: s},
-			variant{Name: string(s) + "-" + setGCRA, Strategy: s, Limits: setGCRA},
-			variant{Name: string(s) + "-" + setThree, Strategy: s, Limits: setThree})
+		v := strategyVariant(s)
+		out = append(out, v)
+		out = append(out, withLimits(setGCRA, v)...)
+		out = append(out, withLimits(setThree, v)...)
 	}
 	return out
 }
@@ -72,23 +73,36 @@ var busySets = []struct {
 func busyVariants() []variant {
 	var out []variant
 	for _, set := range busySets {
-		out = append(out,
-			variant{Name: peerName + "-" + set.name, Redis: true, Limits: set.name},
-			variant{Name: string(pglimit.Upsert) + "-" + set.name, Strategy: pglimit.Upsert, Limits: set.name},
-			variant{Name: string(pglimit.NoWait) + "-" + set.name, Strategy: pglimit.NoWait, Limits: set.name})
+		out = append(out, withLimits(set.name, peer, strategyVariant(pglimit.Upsert), strategyVariant(pglimit.NoWait))...)
 	}
 	return out
 }
 
-// scenarioVariants returns the variants the scenarios o selects compare
-// on their own (scenario.Variants).
-func scenarioVariants(o *options) []variant {
-	var out []variant
-	if slices.ContainsFunc(o.scenarios, func(n string) bool { return n != scBusy && slices.Contains(limitScenarios, n) }) {
-		out = append(out, limitVariants()...)
+// strategyVariant is strategy s with the default Config.
+func strategyVariant(s pglimit.Strategy) variant { return variant{Name: string(s), Strategy: s} }
+
+// withLimits returns vs enforcing the limit set named set instead of the
+// cooldown, each named <name>-<set>.
+func withLimits(set string, vs ...variant) []variant {
+	out := make([]variant, len(vs))
+	for i, v := range vs {
+		v.Name += "-" + set
+		v.Limits = set
+		out[i] = v
 	}
-	if slices.Contains(o.scenarios, scBusy) {
-		out = append(out, busyVariants()...)
+	return out
+}
+
+// scenarioVariants returns the variants scenarios compare on their own
+// (scenario.Variants), each once.
+func scenarioVariants(scenarios []scenario) []variant {
+	var out []variant
+	for _, sc := range scenarios {
+		for _, v := range sc.Variants {
+			if !slices.ContainsFunc(out, func(o variant) bool { return o.Name == v.Name }) {
+				out = append(out, v)
+			}
+		}
 	}
 	return out
 }
