@@ -60,6 +60,7 @@ type options struct {
 	concurrency    []int
 	concurrencySet bool
 	keys           int
+	audit          bool
 	rounds         int
 	poolSize       int
 	out            string
@@ -94,6 +95,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	concurrency := fs.String("concurrency", "16", "many-keys: concurrent workers (comma-separated levels)")
 	busyLevels := fs.String("busy-levels", "8,64", "busy-key: concurrency levels")
 	fs.IntVar(&o.keys, "keys", 100_000, "many-keys: distinct users")
+	fs.BoolVar(&o.audit, "audit", false, "in-process: the audit trigger records every admission in every scenario, "+
+		"also where it is off for throughput (many-keys, cost-*), and the admissions are checked on that record too")
 	fs.IntVar(&o.rounds, "rounds", 0, "cost-many-keys, cost-hot-key: rounds of the variants taking turns (default 3, 2 with -short)")
 	fs.IntVar(&o.poolSize, "pool-size", 10, "seed: connections per instance")
 	fs.StringVar(&o.out, "out", "out", "directory for report.md, results.json and the charts (relative to loadtest/, where it runs)")
@@ -119,8 +122,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-citus-url runs its own comparison: it takes no -target, -strategies, -scenarios or -database-url")
 	}
 	if *target != "" {
-		if set["strategies"] {
-			return nil, errors.New("-strategies applies in-process only: the demo instances run one strategy, name it with -label")
+		if set["strategies"] || o.audit {
+			return nil, errors.New("-strategies and -audit apply in-process only: the demo instances run one strategy, name it with -label")
 		}
 		if set["scenarios"] {
 			for _, n := range o.scenarios {

@@ -410,6 +410,7 @@ func TestParseOptions(t *testing.T) {
 		{"-label", "x"},
 		{"-target", "http://127.0.0.1:1", "-strategies", "upsert"}, // in-process only
 		{"-target", "http://127.0.0.1:1", "-scenarios", "seed,limits"},
+		{"-target", "http://127.0.0.1:1", "-audit"},
 		{"-rounds", "-1"},
 		{"-soak", "-1s"},
 		{"-soak", "1m", "-scenarios", "seed"}, // the soak runs its own load

@@ -226,6 +226,10 @@ func buildScenarios(o *options) []scenario {
 			s.Instances = len(o.targets)
 			s.Cooldown = o.cooldown
 		}
+		if o.audit && !s.Audit {
+			s.Audit = true
+			s.About += " With -audit, the audit trigger records every admission all the same: one more write each."
+		}
 		out = append(out, s)
 	}
 	return out
