@@ -87,16 +87,18 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		"strategies to compare, in-process; each of upsert, nowait and range also comes as <name>-async (Config.AsyncCommit) and <name>-preblock (Config.PreBlockSize); upsert-unlogged on the unlogged table, upsert-preblock-inv with the pre-block and an Invalidator; "+
 			"redis_rate is the peer (github.com/go-redis/redis_rate on redis-server, which must be installed), without persistence; "+
 			"redis_rate-aof-everysec and redis_rate-aof-always the same with Redis's append-only file (appendfsync everysec, always). "+
-			"The limits and cost-* scenarios compare their own: upsert and nowait as a cooldown, with one GCRA limit and with three limits")
+			"The limits and cost-* scenarios compare their own: upsert and nowait as a cooldown, with one GCRA limit and with three limits; "+
+			"busy-key and tiers theirs: redis_rate, upsert and nowait with each of their limit sets (tiers: redis_rate-aof-always too)")
 	scens := fs.String("scenarios", strings.Join(scenarioNames, ","), "scenarios to run")
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every duration (0.1 runs the 10-minute seed load in 1 minute)")
 	fs.BoolVar(&o.short, "short", false, "every scenario, the default strategies and the peer in 3 to 4 minutes (make bench; docs/benchmarks.md)")
 	levels := fs.String("levels", "1,4,16,64,256", "contention: concurrency levels")
-	concurrency := fs.String("concurrency", "16", "many-keys: concurrent workers (comma-separated levels)")
+	concurrency := fs.String("concurrency", "16", "many-keys, cost-many-keys, cost-hot-key: concurrent workers (comma-separated levels); "+
+		"tiers: the same when given, else 1,8,64")
 	busyLevels := fs.String("busy-levels", "8,64", "busy-key: concurrency levels")
-	fs.IntVar(&o.keys, "keys", 100_000, "many-keys: distinct users")
+	fs.IntVar(&o.keys, "keys", 100_000, "many-keys, cost-many-keys, tiers: distinct users")
 	fs.BoolVar(&o.audit, "audit", false, "in-process: the audit trigger records every admission in every scenario, "+
-		"also where it is off for throughput (many-keys, cost-*), and the admissions are checked on that record too")
+		"also where it is off for throughput (many-keys, cost-*, tiers), and the admissions are checked on that record too")
 	fs.IntVar(&o.rounds, "rounds", 0, "cost-many-keys, cost-hot-key: rounds of the variants taking turns (default 3, 2 with -short)")
 	fs.IntVar(&o.poolSize, "pool-size", 10, "seed: connections per instance")
 	fs.StringVar(&o.out, "out", "out", "directory for report.md, results.json and the charts (relative to loadtest/, where it runs)")
