@@ -42,6 +42,10 @@ func writeCharts(dir string, rep *report) ([]string, error) {
 		case scNaive:
 			err = admissionsOverTime(filepath.Join(dir, "range-naive-admissions.png"), s, rep.variants)
 			names = append(names, "range-naive-admissions.png")
+		case scTiers:
+			err = byConcurrency(filepath.Join(dir, "tiers-throughput.png"), s, m, "Decisions per second, two limits per user (tiers)",
+				"decisions/s", func(r *result) float64 { return r.Rate })
+			names = append(names, "tiers-throughput.png")
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Name, err)
@@ -57,6 +61,7 @@ func writeCharts(dir string, rep *report) ([]string, error) {
 // with its own dashes; the peer, the limiter the strategies are measured
 // against, a thick solid line.
 func style(name string) draw.LineStyle {
+	name = strings.TrimSuffix(name, "-"+setTiers) // drawn as the variant it enforces the tiers with
 	ls := draw.LineStyle{Width: vg.Points(1.5), Color: color.Gray{Y: 90}}
 	switch name {
 	case floorName:

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -56,6 +57,12 @@ func TestChartStyles(t *testing.T) {
 	}
 	if style(peerName).Dashes != nil || style(peerName).Width <= style("upsert").Width {
 		t.Errorf("the peer is not a thick solid line: %+v", style(peerName))
+	}
+	for _, v := range tiersVariants() {
+		base := strings.TrimSuffix(v.Name, "-"+setTiers)
+		if got, want := style(v.Name), style(base); rgba(got.Color) != rgba(want.Color) || fmtDashes(got.Dashes) != fmtDashes(want.Dashes) {
+			t.Errorf("%s is not drawn as %s", v.Name, base)
+		}
 	}
 }
 

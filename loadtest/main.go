@@ -60,6 +60,7 @@ type options struct {
 	concurrency    []int
 	concurrencySet bool
 	keys           int
+	audit          bool
 	rounds         int
 	poolSize       int
 	out            string
@@ -86,14 +87,18 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		"strategies to compare, in-process; each of upsert, nowait and range also comes as <name>-async (Config.AsyncCommit) and <name>-preblock (Config.PreBlockSize); upsert-unlogged on the unlogged table, upsert-preblock-inv with the pre-block and an Invalidator; "+
 			"redis_rate is the peer (github.com/go-redis/redis_rate on redis-server, which must be installed), without persistence; "+
 			"redis_rate-aof-everysec and redis_rate-aof-always the same with Redis's append-only file (appendfsync everysec, always). "+
-			"The limits and cost-* scenarios compare their own: upsert and nowait as a cooldown, with one GCRA limit and with three limits")
+			"The limits and cost-* scenarios compare their own: upsert and nowait as a cooldown, with one GCRA limit and with three limits; "+
+			"busy-key and tiers theirs: redis_rate, upsert and nowait with each of their limit sets (tiers: redis_rate-aof-always too)")
 	scens := fs.String("scenarios", strings.Join(scenarioNames, ","), "scenarios to run")
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every duration (0.1 runs the 10-minute seed load in 1 minute)")
 	fs.BoolVar(&o.short, "short", false, "every scenario, the default strategies and the peer in 3 to 4 minutes (make bench; docs/benchmarks.md)")
 	levels := fs.String("levels", "1,4,16,64,256", "contention: concurrency levels")
-	concurrency := fs.String("concurrency", "16", "many-keys: concurrent workers (comma-separated levels)")
+	concurrency := fs.String("concurrency", "16", "many-keys, cost-many-keys, cost-hot-key: concurrent workers (comma-separated levels); "+
+		"tiers: the same when given, else 1,8,64")
 	busyLevels := fs.String("busy-levels", "8,64", "busy-key: concurrency levels")
-	fs.IntVar(&o.keys, "keys", 100_000, "many-keys: distinct users")
+	fs.IntVar(&o.keys, "keys", 100_000, "many-keys, cost-many-keys, tiers: distinct users")
+	fs.BoolVar(&o.audit, "audit", false, "in-process: the audit trigger records every admission in every scenario, "+
+		"also where it is off for throughput (many-keys, cost-*, tiers), and the admissions are checked on that record too")
 	fs.IntVar(&o.rounds, "rounds", 0, "cost-many-keys, cost-hot-key: rounds of the variants taking turns (default 3, 2 with -short)")
 	fs.IntVar(&o.poolSize, "pool-size", 10, "seed: connections per instance")
 	fs.StringVar(&o.out, "out", "out", "directory for report.md, results.json and the charts (relative to loadtest/, where it runs)")
@@ -119,8 +124,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-citus-url runs its own comparison: it takes no -target, -strategies, -scenarios or -database-url")
 	}
 	if *target != "" {
-		if set["strategies"] {
-			return nil, errors.New("-strategies applies in-process only: the demo instances run one strategy, name it with -label")
+		if set["strategies"] || o.audit {
+			return nil, errors.New("-strategies and -audit apply in-process only: the demo instances run one strategy, name it with -label")
 		}
 		if set["scenarios"] {
 			for _, n := range o.scenarios {
@@ -294,10 +299,8 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		fl = nil // the limit scenarios measure no floor
 	}
 
-	extra := scenarioVariants(o)
-	if o.targets != nil {
-		extra = nil
-	}
+	scenarios := buildScenarios(o)
+	extra := scenarioVariants(scenarios) // none over HTTP
 	// First, so that a machine without redis-server fails at once.
 	var rds *redisServer
 	if slices.Contains(fl, pingFloor) || slices.ContainsFunc(extra, func(v variant) bool { return v.Redis }) {
@@ -384,7 +387,7 @@ func execute(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		}
 	}
 
-	for _, sc := range buildScenarios(o) {
+	for _, sc := range scenarios {
 		res, err := r.scenario(ctx, &sc)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", sc.Name, err)

@@ -103,6 +103,8 @@ func checkResults(t *testing.T, rep *report, floors, variants []string, levels m
 		switch {
 		case s.Name == scBusy:
 			want = levels[s.Name] * len(busyVariants())
+		case s.Name == scTiers:
+			want = levels[s.Name] * len(tiersVariants())
 		case slices.Contains(limitScenarios, s.Name):
 			want = levels[s.Name] * len(limitVariants())
 		}
@@ -281,6 +283,58 @@ func TestLimits(t *testing.T) {
 	}
 }
 
+// TestTiers runs the tiers scenario with the audit trigger: every request
+// admitted by every variant, the peer's two calls per request by Redis's
+// own count, and every pglimit admission in the database's record, checked
+// against both limits.
+func TestTiers(t *testing.T) {
+	t.Parallel()
+	needRedis(t)
+	// 10,000 users keep every request admitted up to 30,000 decisions in a
+	// run of 150 ms.
+	args := append([]string{"-database-url", testdb.URL(t), "-scenarios", scTiers, "-concurrency", "1,8", "-audit"}, tiny...)
+	rep, out := runLoadtest(t, exitOK, append(args, "-keys", "10000")...)
+	checkResults(t, rep, nil, nil, map[string]int{scTiers: 2})
+	checkOutputs(t, out, rep, []string{"tiers-throughput.png"})
+	if len(rep.Notes) > 0 {
+		t.Errorf("notes %q, want none: every request admitted", rep.Notes)
+	}
+	for _, r := range rep.Scenarios[0].Results {
+		name := strconv.Itoa(r.Concurrency) + "/" + r.Variant
+		if r.Admitted != r.Decisions || r.ErrorCount > 0 {
+			t.Errorf("%s: %d of %d admitted, errors %v; want every request admitted", name, r.Admitted, r.Decisions, r.Errors)
+		}
+		if strings.HasPrefix(r.Variant, peerName) {
+			if r.RedisCalls != 2*r.Decisions || r.DB != nil || r.Record != nil {
+				t.Errorf("%s: %d Redis calls for %d decisions, database %+v, record %+v; want two calls each and nothing in PostgreSQL",
+					name, r.RedisCalls, r.Decisions, r.DB, r.Record)
+			}
+			continue
+		}
+		if r.PeerRate == 0 || r.RedisCalls != 0 {
+			t.Errorf("%s: ratio to %s-%s %.2f, Redis calls %d; want a ratio and no calls", name, peerName, setTiers, r.PeerRatio, r.RedisCalls)
+		}
+		if r.Record == nil || r.Record.Admitted != r.Client.Admitted {
+			t.Errorf("%s: database record %+v, want the %d admissions the client saw", name, r.Record, r.Client.Admitted)
+			continue
+		}
+		for _, l := range tiersLimits {
+			if _, ok := r.Record.Headroom[l.Name]; !ok {
+				t.Errorf("%s: limit %s not checked on the record (headroom %v)", name, l.Name, r.Record.Headroom)
+			}
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range []string{"| 8 | nowait-tiers |", "| 1 | redis_rate-aof-always-tiers |"} {
+		if !bytes.Contains(md, []byte(row)) || !bytes.Contains(md, []byte("× redis_rate AOF always")) {
+			t.Errorf("report.md has no tiers table row %q", row)
+		}
+	}
+}
+
 // TestNoRedis runs the peer on a machine without redis-server: the load
 // test must stop at once and say how to get it. Not parallel: it empties
 // PATH.
@@ -410,6 +464,8 @@ func TestParseOptions(t *testing.T) {
 		{"-label", "x"},
 		{"-target", "http://127.0.0.1:1", "-strategies", "upsert"}, // in-process only
 		{"-target", "http://127.0.0.1:1", "-scenarios", "seed,limits"},
+		{"-target", "http://127.0.0.1:1", "-scenarios", "tiers"},
+		{"-target", "http://127.0.0.1:1", "-audit"},
 		{"-rounds", "-1"},
 		{"-soak", "-1s"},
 		{"-soak", "1m", "-scenarios", "seed"}, // the soak runs its own load

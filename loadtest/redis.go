@@ -188,7 +188,7 @@ func (s *redisServer) open(ctx context.Context, v variant, instances, conns int)
 	if err := s.persist(ctx, v.Fsync); err != nil {
 		return nil, err
 	}
-	rs := &redisSession{size: conns}
+	rs := &redisSession{size: conns, admin: s.admin}
 	for range instances {
 		c := s.client(conns)
 		rs.clients = append(rs.clients, c)
@@ -251,6 +251,7 @@ func warmRedis(ctx context.Context, c *redis.Client, n int) error {
 type redisSession struct {
 	clients []*redis.Client
 	size    int
+	admin   *redis.Client // the server's, for its statistics
 }
 
 func (s *redisSession) conns() int { return s.size }
@@ -258,17 +259,13 @@ func (s *redisSession) conns() int { return s.size }
 // deciders runs the Redis floor (PING) or the peer. The cooldown is GCRA
 // with an emission interval of one cooldown and a burst of 1, as
 // pglimit's is (docs/limits.md): redis_rate's Limit{Rate: 1, Period:
-// cooldown, Burst: 1}.
-// Where the scenario gives the peer a limit, it is one GCRA limit, which
-// redis_rate takes as it is.
+// cooldown, Burst: 1}. Where the scenario gives the peer limits, it checks
+// them as peerLimits says.
 func (s *redisSession) deciders(v variant, cooldown time.Duration, limits []pglimit.Limit) ([]decideFunc, error) {
 	out := make([]decideFunc, len(s.clients))
-	limit := redis_rate.Limit{Rate: 1, Period: cooldown, Burst: 1}
-	switch {
-	case len(limits) == 1 && limits[0].Algorithm == pglimit.GCRA:
-		limit = redis_rate.Limit{Rate: limits[0].Rate, Period: limits[0].Period, Burst: limits[0].Burst}
-	case limits != nil:
-		return nil, fmt.Errorf("%s: redis_rate enforces one GCRA limit, not %d limits", v.Name, len(limits))
+	checks := []peerLimit{{limit: redis_rate.Limit{Rate: 1, Period: cooldown, Burst: 1}}}
+	if limits != nil {
+		checks = peerLimits(limits)
 	}
 	for i, c := range s.clients {
 		switch {
@@ -280,17 +277,89 @@ func (s *redisSession) deciders(v variant, cooldown time.Duration, limits []pgli
 		case v.Redis:
 			lim := redis_rate.NewLimiter(c)
 			out[i] = func(ctx context.Context, key string) outcome {
-				res, err := lim.Allow(ctx, key, limit)
-				if err != nil {
-					return outcome{err: err}
+				for _, pl := range checks {
+					res, err := lim.Allow(ctx, key+pl.suffix, pl.limit)
+					if err != nil {
+						return outcome{err: err}
+					}
+					if res.Allowed == 0 {
+						return outcome{}
+					}
 				}
-				return outcome{allowed: res.Allowed > 0}
+				return outcome{allowed: true}
 			}
 		default:
 			return nil, fmt.Errorf("%s does not run on Redis", v.Name)
 		}
 	}
 	return out, nil
+}
+
+// peerLimit is one of the peer's calls for a decision: a redis_rate limit
+// on the key with suffix appended.
+type peerLimit struct {
+	limit  redis_rate.Limit
+	suffix string
+}
+
+// peerLimits returns how the peer checks limits: one redis_rate call per
+// limit, in order, each only when the ones before it admitted, since
+// redis_rate checks one limit per call and has no form that checks several
+// at once. A later limit's refusal leaves the earlier ones charged (pglimit
+// decides every limit of a key on one row, all or nothing); the scenarios
+// that give the peer several limits admit every request. With several
+// limits each keeps its own Redis key, the call's key and ":<name>".
+//
+// redis_rate is GCRA only: a GCRA limit is taken as it is, and a window of
+// Rate per Period becomes GCRA of Rate per Period with a burst of Rate. It
+// admits as many at once as the window, and then refills smoothly rather
+// than at the window's end: at most Rate + floor(w*Rate/Period) in any
+// interval w, within the bound the clients' check holds a window to,
+// Rate*(floor(w/Period)+2).
+func peerLimits(limits []pglimit.Limit) []peerLimit {
+	out := make([]peerLimit, len(limits))
+	for i, l := range limits {
+		burst := l.Burst
+		if l.Algorithm != pglimit.GCRA {
+			burst = l.Rate
+		}
+		out[i].limit = redis_rate.Limit{Rate: l.Rate, Period: l.Period, Burst: max(burst, 1)}
+		if len(limits) > 1 {
+			out[i].suffix = ":" + l.Name
+		}
+	}
+	return out
+}
+
+// scripts counts the scripts the server has run (EVAL and EVALSHA, by its
+// command statistics, less those that failed, such as an EVALSHA that
+// found no script): redis_rate runs one per call.
+func (s *redisSession) scripts(ctx context.Context) (int64, error) {
+	info, err := s.admin.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, fmt.Errorf("redis INFO commandstats: %w", err)
+	}
+	var n int64
+	for line := range strings.Lines(info) {
+		cmd, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (cmd != "cmdstat_eval" && cmd != "cmdstat_evalsha") {
+			continue
+		}
+		for kv := range strings.SplitSeq(stats, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			x, err := strconv.ParseInt(v, 10, 64)
+			switch {
+			case k != "calls" && k != "failed_calls":
+			case err != nil:
+				return 0, fmt.Errorf("redis %s: %q: %w", cmd, kv, err)
+			case k == "calls":
+				n += x
+			default:
+				n -= x
+			}
+		}
+	}
+	return n, nil
 }
 
 func (s *redisSession) close() {

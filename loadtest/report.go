@@ -91,6 +91,9 @@ func (rep *report) add(sc *scenario, res []*result) {
 	if isCostScenario(sc.Name) {
 		rep.Costs = append(rep.Costs, costFigures(rep.Scenarios[len(rep.Scenarios)-1])...)
 	}
+	if sc.Name == scTiers {
+		rep.Notes = append(rep.Notes, tiersNotes(sc, res)...)
+	}
 	for _, r := range res {
 		v := rep.variants[r.Variant]
 		rep.Failures = append(rep.Failures, failures(r, v)...)
@@ -257,8 +260,11 @@ func writeMarkdown(w io.Writer, rep *report) {
 				deadlocksCol(r), waiters, walPerDecision(r), dbCol(r, func(d *dbStats) int64 { return d.WALSyncs }))
 		}
 		fmt.Fprintln(w)
-		if s.Name == scLimits {
+		switch s.Name {
+		case scLimits:
 			writeLimitsTable(w, s)
+		case scTiers:
+			writeTiersTable(w, s)
 		}
 		for _, c := range rep.Charts {
 			if strings.HasPrefix(c, s.Name+"-") {
@@ -300,6 +306,51 @@ func writeLimitsTable(w io.Writer, s *scenarioReport) {
 	fmt.Fprintln(w)
 }
 
+// tiersNotes says which runs of the tiers scenario sc refused requests:
+// its users were too few for the run's pace, and a refusal costs both
+// sides less than the admission the workload stands for.
+func tiersNotes(sc *scenario, res []*result) []string {
+	burst := tiersLimits[0].Burst
+	var out []string
+	for _, r := range res {
+		if r.Refused == 0 {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: %s at %d workers refused %d of %d requests. With %d users taken in turn a run "+
+			"admits every request while it makes at most %d (the minute's burst, %d, per user); for the every-request-admitted "+
+			"workload raise -keys or lower -scale.", sc.Name, r.Variant, r.Concurrency, r.Refused, r.Decisions, sc.Keys, burst*sc.Keys, burst))
+	}
+	return out
+}
+
+// writeTiersTable shows, for the tiers scenario, each run beside the peer
+// without persistence and with appendfsync always at its level, how much
+// it admitted, and how many calls the peer made per decision.
+func writeTiersTable(w io.Writer, s *scenarioReport) {
+	always := peerAlways.Name + "-" + setTiers
+	alwaysRate := map[int]float64{}
+	for _, r := range s.Results {
+		if r.Variant == always {
+			alwaysRate[r.Concurrency] = r.Rate
+		}
+	}
+	fmt.Fprintln(w, "| conc | strategy | decisions/s | × redis_rate | × redis_rate AOF always | p99 ms | admitted | Redis calls per decision |")
+	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|")
+	for _, r := range s.Results {
+		vsAlways := 0.0
+		if b := alwaysRate[r.Concurrency]; b > 0 && r.Variant != always {
+			vsAlways = r.Rate / b
+		}
+		calls := "–"
+		if r.RedisCalls > 0 && r.Decisions > 0 {
+			calls = fmt.Sprintf("%.2f", float64(r.RedisCalls)/float64(r.Decisions))
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %d of %d | %s |\n", conc(r), r.Variant, num(r.Rate), ratio(r.PeerRatio),
+			ratio(vsAlways), num(r.Latency.P99), r.Admitted, r.Decisions, calls)
+	}
+	fmt.Fprintln(w)
+}
+
 const readingGuide = `## How to read this
 
 - **decisions/s** counts every answered request (admitted, refused or failed) over the run. **× floor** divides it by
@@ -335,6 +386,11 @@ const readingGuide = `## How to read this
   records, at most Rate each (fixed windows never overlap, sliding ones are aligned). **headroom** is, per limit,
   how far the closest interval or window stayed below its bound: 0 means the limit was reached, so the check bit.
   The client's check is the same with [sent, received] brackets and, for windows, Rate × (floor(w/Period) + 2).
+- **tiers** (variants named ` + "`<name>-tiers`" + `): Upsert and NoWait decide both limits in one statement on one
+  row; redis_rate checks them with two calls, the day (its own Redis key) only if the minute admitted, and takes the
+  day's fixed window as GCRA with a burst of 1,000, having no window algorithm. **Redis calls per decision** is the
+  server's count of scripts run (` + "`INFO commandstats`" + `) over the run's decisions: 2 when every request is
+  admitted. **× redis_rate AOF always** divides by the peer with appendfsync always, pglimit's durability class.
 - **max gap / lost periods**: the longest time between two admissions of a key, and the whole cooldown periods in
   which nobody was admitted though requests kept coming (meaningful for a hot key whose cooldown keeps expiring).
 - **Database columns** are server-side differences across each run: commits and rollbacks from pg_stat_database

@@ -53,8 +53,11 @@ type result struct {
 	Client         *admissionCheck `json:"client_check,omitempty"`
 	Record         *admissionCheck `json:"db_record_check,omitempty"`
 	DB             *dbStats        `json:"db_delta,omitempty"`
-	LockWaitMax    int             `json:"lock_waiters_max"` // most backends seen waiting on a lock at once
-	Timeline       []point         `json:"timeline,omitempty"`
+	// RedisCalls are the scripts the peer's run made Redis run, by the
+	// server's count: one per limit checked.
+	RedisCalls  int64   `json:"redis_calls,omitempty"`
+	LockWaitMax int     `json:"lock_waiters_max"` // most backends seen waiting on a lock at once
+	Timeline    []point `json:"timeline,omitempty"`
 }
 
 func (r *runner) scenario(ctx context.Context, sc *scenario) ([]*result, error) {
@@ -144,7 +147,15 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 	var (
 		before  dbStats
 		dbStart time.Time // the run's start on the database clock
+		scripts int64     // the peer's, before the run
 	)
+	counter, peerRun := sess.(scriptCounter)
+	peerRun = peerRun && !v.Floor
+	if peerRun {
+		if scripts, err = counter.scripts(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if pg {
 		if before, err = r.db.snapshot(ctx); err != nil {
 			return nil, err
@@ -171,6 +182,13 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 	sess.close() // before settle, which waits for the pools' backends to exit
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if peerRun {
+		after, err := counter.scripts(ctx)
+		if err != nil {
+			return nil, err
+		}
+		res.RedisCalls = after - scripts
 	}
 	res.DurationS = elapsed.Seconds()
 	res.Decisions = rec.decisions.Load()
@@ -203,6 +221,12 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		}
 	}
 	return res, nil
+}
+
+// scriptCounter is a session on the peer's Redis, which counts the scripts
+// it runs.
+type scriptCounter interface {
+	scripts(ctx context.Context) (int64, error)
 }
 
 // drive sends the scenario's load on keys named from prefix and records it,

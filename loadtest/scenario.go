@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/pglimit/cooldown/pglimit"
@@ -21,16 +22,19 @@ const (
 	scCostKeys   = "cost-many-keys"
 	scCostHot    = "cost-hot-key"
 	scBusy       = "busy-key"
+	scTiers      = "tiers"
 )
 
-var scenarioNames = []string{scSeed, scContention, scManyKeys, scNaive, scLimits, scCostKeys, scCostHot, scBusy}
+var scenarioNames = []string{scSeed, scContention, scManyKeys, scNaive, scLimits, scCostKeys, scCostHot, scBusy, scTiers}
 
-// limitScenarios compare their own variants (limitVariants), in-process
-// only: over HTTP the demo's cooldown is the only policy there is.
-var limitScenarios = []string{scLimits, scCostKeys, scCostHot, scBusy}
+// limitScenarios compare their own variants (scenario.Variants),
+// in-process only: over HTTP the demo's cooldown is the only policy there
+// is.
+var limitScenarios = []string{scLimits, scCostKeys, scCostHot, scBusy, scTiers}
 
-// Names of the limit sets a limit variant enforces (variant.Limits); each
-// scenario of limitScenarios defines both.
+// Names of the limit sets a limit variant enforces (variant.Limits): the
+// limits and cost-* scenarios define the first two, busy-key and tiers
+// their own.
 const (
 	// setGCRA is one GCRA limit with a burst: the cooldown's statement with
 	// a tolerance.
@@ -38,6 +42,9 @@ const (
 	// setThree is a GCRA limit, a fixed window and a sliding window in one
 	// row: the general statement.
 	setThree = "3limits"
+	// setTiers is the tiers scenario's plan: a GCRA limit per minute and a
+	// fixed window per day.
+	setTiers = "tiers"
 )
 
 // limitStrategies are the strategies that support every algorithm.
@@ -48,10 +55,10 @@ var limitStrategies = []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait}
 func limitVariants() []variant {
 	var out []variant
 	for _, s := range limitStrategies {
-		out = append(out,
-			variant{Name: string(s), Strategy: s},
-			variant{Name: string(s) + "-" + setGCRA, Strategy: s, Limits: setGCRA},
-			variant{Name: string(s) + "-" + setThree, Strategy: s, Limits: setThree})
+		v := strategyVariant(s)
+		out = append(out, v)
+		out = append(out, withLimits(setGCRA, v)...)
+		out = append(out, withLimits(setThree, v)...)
 	}
 	return out
 }
@@ -72,23 +79,47 @@ var busySets = []struct {
 func busyVariants() []variant {
 	var out []variant
 	for _, set := range busySets {
-		out = append(out,
-			variant{Name: peerName + "-" + set.name, Redis: true, Limits: set.name},
-			variant{Name: string(pglimit.Upsert) + "-" + set.name, Strategy: pglimit.Upsert, Limits: set.name},
-			variant{Name: string(pglimit.NoWait) + "-" + set.name, Strategy: pglimit.NoWait, Limits: set.name})
+		out = append(out, withLimits(set.name, peer, strategyVariant(pglimit.Upsert), strategyVariant(pglimit.NoWait))...)
 	}
 	return out
 }
 
-// scenarioVariants returns the variants the scenarios o selects compare
-// on their own (scenario.Variants).
-func scenarioVariants(o *options) []variant {
-	var out []variant
-	if slices.ContainsFunc(o.scenarios, func(n string) bool { return n != scBusy && slices.Contains(limitScenarios, n) }) {
-		out = append(out, limitVariants()...)
+// tiersVariants returns the variants of the tiers scenario: the peer
+// without persistence and with appendfsync always, then each strategy of
+// limitStrategies, all with the tiers limits.
+func tiersVariants() []variant {
+	vs := []variant{peer, peerAlways}
+	for _, s := range limitStrategies {
+		vs = append(vs, strategyVariant(s))
 	}
-	if slices.Contains(o.scenarios, scBusy) {
-		out = append(out, busyVariants()...)
+	return withLimits(setTiers, vs...)
+}
+
+// strategyVariant is strategy s with the default Config.
+func strategyVariant(s pglimit.Strategy) variant { return variant{Name: string(s), Strategy: s} }
+
+// withLimits returns vs enforcing the limit set named set instead of the
+// cooldown, each named <name>-<set>.
+func withLimits(set string, vs ...variant) []variant {
+	out := make([]variant, len(vs))
+	for i, v := range vs {
+		v.Name += "-" + set
+		v.Limits = set
+		out[i] = v
+	}
+	return out
+}
+
+// scenarioVariants returns the variants scenarios compare on their own
+// (scenario.Variants), each once.
+func scenarioVariants(scenarios []scenario) []variant {
+	var out []variant
+	for _, sc := range scenarios {
+		for _, v := range sc.Variants {
+			if !slices.ContainsFunc(out, func(o variant) bool { return o.Name == v.Name }) {
+				out = append(out, v)
+			}
+		}
 	}
 	return out
 }
@@ -104,6 +135,9 @@ type scenario struct {
 	Instances int           // app instances: pools in-process
 	Phases    []phase       // open loop when set, per instance
 	Keys      int           // distinct keys; 1 is one hot key
+	// RoundRobin sends the requests to the keys in turn, each key once
+	// per Keys requests, instead of to one drawn at random.
+	RoundRobin bool
 	// Audit records every admission in the database (a trigger on the
 	// Upsert and NoWait tables; Range tables are their own record). Off
 	// where it would cost a write per decision and skew throughput.
@@ -125,9 +159,10 @@ func (s *scenario) openLoop() bool { return s.Phases != nil }
 // durations per scenario, for the full run (scale 1) and for -short.
 var (
 	fullDurations = map[string]time.Duration{scSeed: 10 * time.Minute, scContention: 20 * time.Second, scManyKeys: time.Minute, scNaive: time.Minute,
-		scLimits: 30 * time.Second, scCostKeys: 20 * time.Second, scCostHot: 10 * time.Second, scBusy: 10 * time.Second}
+		scLimits: 30 * time.Second, scCostKeys: 20 * time.Second, scCostHot: 10 * time.Second, scBusy: 10 * time.Second,
+		scTiers: 5 * time.Second}
 	shortDurations = map[string]time.Duration{scSeed: 5 * time.Second, scContention: time.Second, scManyKeys: 3 * time.Second, scNaive: 3 * time.Second,
-		scLimits: 3 * time.Second, scCostKeys: 1500 * time.Millisecond, scCostHot: time.Second, scBusy: time.Second}
+		scLimits: 3 * time.Second, scCostKeys: 1500 * time.Millisecond, scCostHot: time.Second, scBusy: time.Second, scTiers: time.Second}
 )
 
 // limitsKeys is how many keys the limits scenario shares its load among.
@@ -212,6 +247,10 @@ func buildScenarios(o *options) []scenario {
 			s.Instances = len(o.targets)
 			s.Cooldown = o.cooldown
 		}
+		if o.audit && !s.Audit {
+			s.Audit = true
+			s.About += " With -audit, the audit trigger records every admission all the same: one more write each."
+		}
 		out = append(out, s)
 	}
 	return out
@@ -291,7 +330,46 @@ func limitScenarioList(o *options, dur func(string) time.Duration) []scenario {
 			Variants:  busyVariants(),
 			Rounds:    1,
 		},
+		{
+			Name: scTiers,
+			About: fmt.Sprintf("A plan's two limits on each user: %d users taken in turn (round robin), closed-loop workers at "+
+				"each concurrency (-concurrency; 1, 8 and 64 by default), %s = %s, so that every request is admitted (see the notes "+
+				"if not). Upsert and NoWait decide both limits in one statement on one row; the peer, without persistence "+
+				"and with appendfsync always, makes two calls per request (redis_rate checks one limit per call): the "+
+				"minute, then the day if the minute admitted, whose window it enforces as GCRA with a burst of its rate. "+
+				"No audit trigger.", o.keys, setTiers, describeLimits(tiersLimits)),
+			Levels:     tiersLevels(o),
+			Duration:   dur(scTiers),
+			Instances:  1,
+			Keys:       o.keys,
+			RoundRobin: true,
+			Limits:     map[string][]pglimit.Limit{setTiers: tiersLimits},
+			Variants:   tiersVariants(),
+			Rounds:     1,
+		},
 	}
+}
+
+// tiersLimits are the tiers scenario's: a plan of 5 a minute with a burst
+// of 3, and 1,000 a day, on every user. Users take requests in turn, so
+// that every request is admitted: a user may take Burst (3) at once, and
+// the run's requests stay within that while they number at most 3 per
+// user, 300,000 for 100,000 users. A run lasts 5 s (-scale 1), so up to
+// 60,000 decisions/s; a faster run is refused now and then, which the
+// report's notes say, with the remedy (more -keys, a smaller -scale). The
+// day's window never binds; it is evaluated on every request all the same.
+var tiersLimits = []pglimit.Limit{
+	{Name: "minute", Rate: 5, Period: time.Minute, Burst: 3},
+	{Name: "day", Rate: 1000, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+}
+
+// tiersLevels are the tiers scenario's concurrency levels: -concurrency
+// when given, else 1, 8 and 64.
+func tiersLevels(o *options) []int {
+	if o.concurrencySet {
+		return o.concurrency
+	}
+	return []int{1, 8, 64}
 }
 
 // busyLimits is busySets as scenario.Limits.
@@ -335,7 +413,8 @@ func describeLimits(limits []pglimit.Limit) string {
 }
 
 // keyFunc returns how a run picks keys: the hot key, or one of s.Keys users
-// uniformly at random. prefix keeps runs over HTTP from seeing each other's
+// uniformly at random, or in turn (RoundRobin; each call's turn starts at
+// the first user). prefix keeps runs over HTTP from seeing each other's
 // cooldowns.
 func (s *scenario) keyFunc(prefix string) func(*rand.Rand) string {
 	if s.Keys <= 1 {
@@ -343,6 +422,10 @@ func (s *scenario) keyFunc(prefix string) func(*rand.Rand) string {
 		return func(*rand.Rand) string { return hot }
 	}
 	n := s.Keys
+	if s.RoundRobin {
+		var next atomic.Uint64
+		return func(*rand.Rand) string { return userKey(prefix, int((next.Add(1)-1)%uint64(n))) }
+	}
 	return func(rng *rand.Rand) string { return userKey(prefix, rng.IntN(n)) }
 }
 

@@ -77,7 +77,7 @@ func allVariants() []variant {
 	vs := make([]variant, 0, 3*len(pglimit.Strategies())+9)
 	vs = append(vs, peer, peerEverysec, peerAlways)
 	for _, s := range pglimit.Strategies() {
-		vs = append(vs, variant{Name: string(s), Strategy: s})
+		vs = append(vs, strategyVariant(s))
 	}
 	vs = append(vs, naive)
 	for _, s := range pglimit.Strategies() {
