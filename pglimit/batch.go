@@ -106,11 +106,11 @@ type call struct {
 }
 
 // newBatcher returns l's batcher, or nil when l does not batch: l is not
-// on Upsert or NoWait, or has per-key limits. table and column fill the
+// on Upsert or NoWait. table and column fill the
 // batch statements as they fill the single-key statements: batch.allow
 // for a single GCRA limit, batch.general for any other set of limits.
 func newBatcher(l *limiter, table, column string) *batcher {
-	if l.cfg.Strategy == Range || l.cfg.Overrides {
+	if l.cfg.Strategy == Range {
 		return nil
 	}
 	patience := "true" // Upsert waits for a lock as long as Config.Timeout lets it
@@ -118,7 +118,7 @@ func newBatcher(l *limiter, table, column string) *batcher {
 		patience = queries.Static("nowait.condition") // set before the first lock
 	}
 	b := &batcher{l: l, size: maxBatchKeys, keys: make(map[string]*entry)}
-	if !l.single {
+	if !l.single { // per-key limits among them
 		b.general = true
 		b.sql = generalBatch(l, table, column, "SKIP LOCKED", "true")
 		b.waitSQL = generalBatch(l, table, column, "", patience)

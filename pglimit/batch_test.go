@@ -351,10 +351,10 @@ func TestBatchInstancesDoNotDeadlock(t *testing.T) {
 // flight are all held (lone requests whose statements wait at the gate),
 // so that the next requests gather in one open batch of size keys that is
 // sent only when it is full.
-func heldBatcher(t *testing.T, s pglimit.Strategy, size int) (pglimit.Limiter, *gatedDB, string, *sync.WaitGroup) {
+func heldBatcher(t *testing.T, s pglimit.Strategy, size int, edit func(*pglimit.Config)) (pglimit.Limiter, *gatedDB, string, *sync.WaitGroup) {
 	t.Helper()
 	db := newGatedDB(t)
-	lim, schema := newBatchLimiter(t, db, s, nil)
+	lim, schema := newBatchLimiter(t, db, s, edit)
 	pglimit.SetBatchSize(lim, size)
 	var held sync.WaitGroup
 	for i := range pglimit.InFlightLimit {
@@ -379,7 +379,7 @@ func TestBatchErrorFailsOnlyItsKey(t *testing.T) {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			const size = 8
-			lim, db, schema, held := heldBatcher(t, s, size)
+			lim, db, schema, held := heldBatcher(t, s, size, nil)
 			table := pgx.Identifier{schema, "pglimit_" + string(s)}.Sanitize()
 			_, err := db.Pool.Exec(ctx, fmt.Sprintf(`
 CREATE FUNCTION %[1]s.poison() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -433,7 +433,7 @@ CREATE TRIGGER poison BEFORE INSERT OR UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNC
 func TestBatchCallerCancelLeavesOthers(t *testing.T) {
 	t.Parallel()
 	const size = 4
-	lim, db, _, held := heldBatcher(t, pglimit.Upsert, size)
+	lim, db, _, held := heldBatcher(t, pglimit.Upsert, size, nil)
 	ctx := context.Background()
 	result := func(key string, ctx context.Context) chan error {
 		ch := make(chan error, 1)
@@ -494,7 +494,7 @@ func TestBatchCallerCancelLeavesOthers(t *testing.T) {
 // call waits for a window or for the batch to fill.
 func TestBatchSentWhenAStatementReturns(t *testing.T) {
 	t.Parallel()
-	lim, db, _, held := heldBatcher(t, pglimit.Upsert, 64)
+	lim, db, _, held := heldBatcher(t, pglimit.Upsert, 64, nil)
 	done := make(chan error, 1)
 	go func() {
 		_, err := lim.Allow(context.Background(), "lone")
@@ -518,7 +518,7 @@ func TestBatchSentWhenAStatementReturns(t *testing.T) {
 // while every batch of the limiter is held.
 func TestBatchAllowTxIsNotBatched(t *testing.T) {
 	t.Parallel()
-	lim, db, _, held := heldBatcher(t, pglimit.Upsert, 64)
+	lim, db, _, held := heldBatcher(t, pglimit.Upsert, 64, nil)
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, testdb.Pool(t), func(tx pgx.Tx) error {
 		d, err := lim.AllowTx(ctx, tx, "in-tx")
@@ -534,13 +534,12 @@ func TestBatchAllowTxIsNotBatched(t *testing.T) {
 	}
 }
 
-// Range and per-key limits bypass the batcher.
+// Range bypasses the batcher.
 func TestBatchBypassed(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
 	for _, c := range []pglimit.Config{
 		{Strategy: pglimit.Range, Cooldown: time.Second},
-		{Namespace: "per-key", Overrides: true, Limits: []pglimit.Limit{{Rate: 1, Period: time.Second}, {Rate: 5, Period: time.Minute}}},
 	} {
 		lim, err := pglimit.New(pool, &c)
 		if err != nil {
@@ -685,4 +684,89 @@ func TestBatchAuditCooldown(t *testing.T) {
 			t.Errorf("the database recorded %d admissions, the callers were told of %d", writes, admitted.Load())
 		}
 	})
+}
+
+// Keys with limits of their own (Config.Overrides) batch too, each decided
+// by its own limits: requests gathered in one batch on keys of a limiter
+// of one per hour, half of them given a burst of 3 of their own, admit 3
+// and 1 of 4 calls each. A key whose own row names a limit the limiter
+// lacks, and a cost past a key's burst, fail their calls alone, with the
+// errors their own statements give.
+func TestBatchOwnLimits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			var cfg pglimit.Config
+			lim, db, schema, held := heldBatcher(t, s, 1000, func(c *pglimit.Config) {
+				c.Cooldown, c.Namespace, c.Overrides = 0, "own", true
+				c.Limits = []pglimit.Limit{{Name: "hour", Rate: 1, Period: time.Hour, Burst: 1}, {Name: "day", Rate: 100, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow}}
+				cfg = *c
+			})
+			keys := keysN("k", 32)
+			for _, key := range keys[:16] {
+				if err := pglimit.SetKeyLimits(ctx, db.Pool, &cfg, key, pglimit.Limit{Name: "hour", Rate: 3, Burst: 3}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := db.Pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "pglimit_overrides"}.Sanitize()+
+				` (namespace, key, limits) VALUES ('own', 'bad', '{"nosuch": {"rate": 1}}')`); err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				key string
+				d   pglimit.Decision
+				err error
+			}
+			results := make(chan result, 4*(len(keys)+2))
+			var wg sync.WaitGroup
+			send := func(key string, n int) {
+				wg.Go(func() {
+					d, err := lim.AllowN(ctx, key, n)
+					results <- result{key, d, err}
+				})
+			}
+			for range 4 {
+				for _, key := range keys {
+					send(key, 1)
+				}
+				send("bad", 1)
+				send("big", 2) // past the burst of 1 of a key with no limits of its own
+			}
+			waitFor(t, "the requests to gather", func() bool { return pglimit.BatchPending(lim) == 4*(len(keys)+2) })
+			before := db.statements.Load()
+			close(db.open)
+			wg.Wait()
+			held.Wait()
+			close(results)
+			admitted := map[string]int{}
+			for r := range results {
+				switch {
+				case r.key == "bad":
+					if !errors.Is(r.err, pglimit.ErrInvalidConfig) {
+						t.Errorf("bad: %+v, %v; want ErrInvalidConfig", r.d, r.err)
+					}
+				case r.key == "big":
+					if !errors.Is(r.err, pglimit.ErrInvalidCost) {
+						t.Errorf("2 units on big: %+v, %v; want ErrInvalidCost", r.d, r.err)
+					}
+				case r.err != nil:
+					t.Errorf("%s: %v", r.key, r.err)
+				case r.d.Allowed:
+					admitted[r.key]++
+				}
+			}
+			for i, key := range keys {
+				if want := 1 + 2*max(1-i/16, 0); admitted[key] != want {
+					t.Errorf("%s: %d of 4 calls admitted, want %d", key, admitted[key], want)
+				}
+			}
+			// The batch's, and for bad and big, which it cannot decide,
+			// their callers' own.
+			if n := db.statements.Load() - before; n >= int64(len(keys)) {
+				t.Errorf("%d statements for the requests on %d keys; want fewer than one a key", n, len(keys)+2)
+			}
+		})
+	}
 }

@@ -72,15 +72,10 @@ func (l *limiter) scanGeneral(row pgx.Row, n, mode int, maxDelay int64, setting 
 	}
 	limits, sp, policy := l.cfg.Limits, l.specs, l.policy
 	if l.cfg.Overrides {
-		if limits, err = keyLimits(limits, r.rates, r.bursts, r.unknown); err != nil {
-			return Decision{}, false, err
-		}
-		// The limiter checked n against no limits: the key's decide.
-		if err = costFits(limits, n, mode, maxDelay); err != nil {
+		if limits, policy, err = l.ownLimits(r.rates, r.bursts, r.unknown, n, mode, maxDelay); err != nil {
 			return Decision{}, false, err
 		}
 		sp = specs(limits)
-		policy = &Policy{Namespace: policy.Namespace, Strategy: policy.Strategy, Limits: limits}
 	}
 	e := arith.Evaluate(sp, r.state, r.tat, r.now, int64(n), arith.Mode(mode), maxDelay)
 	if r.admitted != nil && *r.admitted != e.Allowed {
@@ -112,4 +107,19 @@ func evaluated(e arith.Evaluation, limits []Limit, policy *Policy, now int64, n,
 		d.next = d.RetryAfter // the wait for one unit
 	}
 	return d
+}
+
+// ownLimits is a key's own limits and their Policy, from the rates, bursts
+// and unknown names a statement read for it (Config.Overrides), and
+// whether n units fit them in mode: the limiter checked n against no
+// limits.
+func (l *limiter) ownLimits(rates, bursts []int64, unknown []string, n, mode int, maxDelay int64) ([]Limit, *Policy, error) {
+	limits, err := keyLimits(l.cfg.Limits, rates, bursts, unknown)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err = costFits(limits, n, mode, maxDelay); err != nil {
+		return nil, nil, err
+	}
+	return limits, &Policy{Namespace: l.policy.Namespace, Strategy: l.policy.Strategy, Limits: limits}, nil
 }

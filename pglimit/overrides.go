@@ -28,7 +28,49 @@ const overridesTable = "pglimit_overrides"
 // reports the error. The arithmetic reads a burst cut to the bound even
 // then, so that no product overflows.
 func newOverrideStatements(limits []Limit, table, overrides, column, lock string) generalStatements {
-	var raw, derived, oks, names, rates, bursts []string
+	o := newOverrideSQL(limits)
+	var g generalStatements
+	sp := specs(limits)
+	for mode := range modes {
+		if mode == modeReserve && !arith.AllGCRA(sp) {
+			continue
+		}
+		admits, state, expires := arith.DecisionSQL(sp, arith.Mode(mode), "x.state", "x.tat", "x.now", o.params("x."))
+		guard, _, _ := arith.DecisionSQL(sp, arith.Mode(mode), "c.state", "c.tat", "c.now", o.params("c."))
+		admits, guard = "(x.ok AND "+admits+")", "(c.ok AND "+guard+")"
+		// A cost past the key's capacity is refused, and n*T may then
+		// overflow: the new state is computed for an admission only.
+		state = "CASE WHEN " + admits + " THEN " + state + " END"
+		expires = "CASE WHEN " + admits + " THEN " + expires + " END"
+		stmt := func(column, returning string) string {
+			return queries.Text("overrides.allow", queries.Args{
+				"table": table, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
+				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
+				"overrides": overrides, "raw": o.raw, "derived": o.derived, "limits_out": o.out("x", true),
+			})
+		}
+		g.own[mode], g.tx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
+	}
+	g.peek = queries.Text("overrides.peek", queries.Args{
+		"table": table, "overrides": overrides, "raw": o.raw, "derived": o.derived, "limits_out": o.out("x", true),
+	})
+	return g
+}
+
+// overrideSQL is the SQL that reads a key's own limits from the overrides
+// table: raw, each limit's rate and burst (the limiter's where the key has
+// none) and the names the key's row gives that the limiter lacks; derived,
+// the columns the decision reads, from raw (r<i>, t<i>, bt<i>: rate,
+// emission interval and burst span; ok, whether the limits can use the
+// row).
+type overrideSQL struct {
+	raw, derived  string
+	rates, bursts []string // each limit's rate and burst column, unqualified
+}
+
+func newOverrideSQL(limits []Limit) overrideSQL {
+	var raw, derived, oks, names []string
+	var o overrideSQL
 	maxP := maxPeriod.Microseconds()
 	for i, l := range limits {
 		name := "'" + strings.ReplaceAll(l.Name, "'", "''") + "'"
@@ -46,44 +88,39 @@ func newOverrideStatements(limits []Limit, table, overrides, column, lock string
 			ok = fmt.Sprintf("r%d <= %d AND b%d <= %d / %s", i, P, i, maxP, t)
 		}
 		oks = append(oks, ok)
-		rates = append(rates, fmt.Sprintf("x.r%d", i))
-		bursts = append(bursts, fmt.Sprintf("x.b%d", i))
+		o.rates = append(o.rates, fmt.Sprintf("r%d", i))
+		o.bursts = append(o.bursts, fmt.Sprintf("b%d", i))
 	}
 	raw = append(raw, fmt.Sprintf("ARRAY(SELECT k FROM jsonb_object_keys(o.limits) AS k WHERE k <> ALL (ARRAY[%s])) AS unknown", strings.Join(names, ", ")))
 	derived = append(derived, fmt.Sprintf("unknown, cardinality(unknown) = 0 AND %s AS ok", strings.Join(oks, " AND ")))
-	out := fmt.Sprintf("ARRAY[%s]::bigint[], ARRAY[%s]::bigint[], x.unknown", strings.Join(rates, ", "), strings.Join(bursts, ", "))
-	params := func(prefix string) arith.Params {
-		return func(i int) (string, string, string) {
-			n := strconv.Itoa(i)
-			return prefix + "r" + n, prefix + "t" + n, prefix + "bt" + n
-		}
+	o.raw, o.derived = strings.Join(raw, ", "), strings.Join(derived, ", ")
+	return o
+}
+
+// params names the columns of the key's limits, of the row prefix.
+func (o overrideSQL) params(prefix string) arith.Params {
+	return func(i int) (string, string, string) {
+		n := strconv.Itoa(i)
+		return prefix + "r" + n, prefix + "t" + n, prefix + "bt" + n
 	}
-	var g generalStatements
-	sp := specs(limits)
-	for mode := range modes {
-		if mode == modeReserve && !arith.AllGCRA(sp) {
-			continue
+}
+
+// out is the answer's columns of the key's limits, of row r: their rates
+// and bursts (named rates and bursts), and, with unknown, the names the
+// limiter lacks.
+func (o overrideSQL) out(r string, unknown bool) string {
+	q := func(cols []string) string {
+		out := make([]string, len(cols))
+		for i, c := range cols {
+			out[i] = r + "." + c
 		}
-		admits, state, expires := arith.DecisionSQL(sp, arith.Mode(mode), "x.state", "x.tat", "x.now", params("x."))
-		guard, _, _ := arith.DecisionSQL(sp, arith.Mode(mode), "c.state", "c.tat", "c.now", params("c."))
-		admits, guard = "(x.ok AND "+admits+")", "(c.ok AND "+guard+")"
-		// A cost past the key's capacity is refused, and n*T may then
-		// overflow: the new state is computed for an admission only.
-		state = "CASE WHEN " + admits + " THEN " + state + " END"
-		expires = "CASE WHEN " + admits + " THEN " + expires + " END"
-		stmt := func(column, returning string) string {
-			return queries.Text("overrides.allow", queries.Args{
-				"table": table, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
-				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
-				"overrides": overrides, "raw": strings.Join(raw, ", "), "derived": strings.Join(derived, ", "), "limits_out": out,
-			})
-		}
-		g.own[mode], g.tx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
+		return strings.Join(out, ", ")
 	}
-	g.peek = queries.Text("overrides.peek", queries.Args{
-		"table": table, "overrides": overrides, "raw": strings.Join(raw, ", "), "derived": strings.Join(derived, ", "), "limits_out": out,
-	})
-	return g
+	s := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates, ARRAY[%s]::bigint[] AS bursts", q(o.rates), q(o.bursts))
+	if unknown {
+		s += ", " + r + ".unknown"
+	}
+	return s
 }
 
 // keyLimits returns limits with the rates and bursts a statement read for

@@ -26,18 +26,21 @@ func TestPlansReachKeysByIndex(t *testing.T) {
 	t.Parallel()
 	const rowsAfter = 20_000
 	keys := []string{"k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"}
-	// One GCRA limit, whose statements are the cheapest, and two limits,
-	// which the general statements decide.
-	sets := map[string][]pglimit.Limit{
-		"one": {{Rate: 10, Period: time.Second, Burst: 5}},
-		"two": {{Name: "second", Rate: 10, Period: time.Second, Burst: 5}, {Name: "day", Rate: 1000, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow}},
+	// One GCRA limit, whose statements are the cheapest; two limits,
+	// which the general statements decide; and the same with per-key
+	// limits, which they read from the overrides table.
+	two := []pglimit.Limit{{Name: "second", Rate: 10, Period: time.Second, Burst: 5}, {Name: "day", Rate: 1000, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow}}
+	sets := map[string]pglimit.Config{
+		"one": {Limits: []pglimit.Limit{{Rate: 10, Period: time.Second, Burst: 5}}},
+		"two": {Limits: two},
+		"own": {Limits: two, Overrides: true, Namespace: "default"},
 	}
 	for _, mode := range []string{"force_generic_plan", "auto"} {
 		for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
-			for set, limits := range sets {
+			for set, cfg := range sets {
 				t.Run(mode+"/"+string(s)+"/"+set, func(t *testing.T) {
 					t.Parallel()
-					planReachesKeysByIndex(t, s, limits, mode, keys, rowsAfter)
+					planReachesKeysByIndex(t, s, cfg, mode, keys, rowsAfter)
 				})
 			}
 		}
@@ -45,12 +48,13 @@ func TestPlansReachKeysByIndex(t *testing.T) {
 }
 
 // planReachesKeysByIndex is TestPlansReachKeysByIndex for the statements
-// of one limiter of limits on s, planned in mode.
-func planReachesKeysByIndex(t *testing.T, s pglimit.Strategy, limits []pglimit.Limit, mode string, keys []string, rowsAfter int) {
+// of one limiter of cfg on s, planned in mode.
+func planReachesKeysByIndex(t *testing.T, s pglimit.Strategy, cfg pglimit.Config, mode string, keys []string, rowsAfter int) {
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	pool := testdb.Pool(t)
-	lim, err := pglimit.New(pool, &pglimit.Config{Strategy: s, Schema: schema, Limits: limits})
+	cfg.Strategy, cfg.Schema = s, schema
+	lim, err := pglimit.New(pool, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,19 +85,31 @@ func planReachesKeysByIndex(t *testing.T, s pglimit.Strategy, limits []pglimit.L
 	}
 	if _, err := conn.Exec(ctx, fmt.Sprintf(
 		`INSERT INTO %s (namespace, key, expires_at) SELECT 'default', 'g' || i, now() - interval '1 hour'
-					 FROM generate_series(1, %d) AS i`, table, rowsAfter)); err != nil {
+		 FROM generate_series(1, %d) AS i`, table, rowsAfter)); err != nil {
 		t.Fatal(err)
+	}
+	tables := []string{"pglimit_" + string(s)}
+	if cfg.Overrides {
+		// The keys' own limits are read by primary key too.
+		if _, err := conn.Exec(ctx, fmt.Sprintf(
+			`INSERT INTO %s (namespace, key, limits) SELECT 'default', 'g' || i, '{"second": {"rate": 20}}'
+			 FROM generate_series(1, %d) AS i`, pgx.Identifier{schema, "pglimit_overrides"}.Sanitize(), rowsAfter)); err != nil {
+			t.Fatal(err)
+		}
+		tables = append(tables, "pglimit_overrides")
 	}
 	for name := range stmts {
 		var plan []struct{ Plan planNode }
 		if err := conn.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE %s(%s)", name, args[name])).Scan(&plan); err != nil {
 			t.Fatalf("explain %s: %v", name, err)
 		}
-		touched := plan[0].Plan.touched("pglimit_" + string(s))
-		t.Logf("%s: %d rows touched", name, touched)
-		if limit := 4 * len(keys); touched > limit {
-			t.Errorf("%s: the cached plan touched %d rows of a %d-row table for %d keys (at most %d expected):\n%s",
-				name, touched, rowsAfter, len(keys), limit, plan[0].Plan)
+		for _, table := range tables {
+			touched := plan[0].Plan.touched(table)
+			t.Logf("%s: %d rows of %s touched", name, touched, table)
+			if limit := 4 * len(keys); touched > limit {
+				t.Errorf("%s: the cached plan touched %d rows of %s, of %d rows, for %d keys (at most %d expected):\n%s",
+					name, touched, table, rowsAfter, len(keys), limit, plan[0].Plan)
+			}
 		}
 	}
 }

@@ -20,45 +20,56 @@
 -- the last column evaluates the admitting branches' setting. The limiter
 -- computes each call's Decision from them (arith.Evaluate and arith.Admit).
 --
+-- With per-key limits (Config.Overrides), each key's are read first, as
+-- overrides.allow reads them, and the answer has their rates and bursts. A
+-- key whose row of the overrides table the limits cannot use, or with no
+-- room for a call however long it waits, gets no answer: its callers'
+-- own statements report why.
+--
 -- Placeholders: table; setting, as in upsert.allow; skip and patience, as
 -- in batch.allow; state, the state column t.state as the statement reads
 -- it (arith.Shaped); width, the length of a state; guard, whether one call
--- (c.n units) fits c (state, tat, now); count, how many of x's calls fit
--- (x.calls of x.n units), and new_state and new_expires, x's row once
--- g.granted of them are admitted (arith.BatchSQL).
+-- (c.n units) fits c (state, tat, now); refuses, whether c refuses one;
+-- count, how many of x's calls fit (x.calls of x.n units), and new_state
+-- and new_expires, x's row once g.granted of them are admitted
+-- (arith.BatchSQL); own, the LATERAL join that reads the key's own limits
+-- (columns of req), or nothing; own_d and own_c, their columns in the
+-- answer from d and c, and own_agg, aggregated, each with a leading comma,
+-- or nothing.
 {{define "batch.general"}}
 WITH req AS (
-    SELECT r.key, r.n, r.calls
-    FROM unnest($2::text[], $3::bigint[], $5::bigint[]) AS r(key, n, calls)
+    SELECT * FROM unnest($2::text[], $3::bigint[], $5::bigint[]) AS r(key, n, calls){{.own}}
     WHERE {{.patience}}
 ), locked AS (
-    SELECT r.key, r.n, r.calls, l.state, l.expires_at FROM req AS r CROSS JOIN LATERAL (
+    SELECT r.key, l.state, l.expires_at FROM req AS r CROSS JOIN LATERAL (
         SELECT {{.state}} AS state, t.expires_at FROM {{.table}} AS t
         WHERE t.namespace = $1 AND t.key = r.key
           AND (SELECT {{.guard}} FROM (SELECT {{.state}} AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
-               (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, r.n) AS c)
+               (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, r.*) AS c)
         FOR UPDATE OF t {{.skip}}
     ) AS l
 ), current AS (
-    SELECT r.key, r.n, c.state, c.tat, c.now FROM req AS r CROSS JOIN LATERAL (
+    SELECT r.*, c.state, c.tat, c.now FROM req AS r CROSS JOIN LATERAL (
         SELECT {{.state}} AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
             (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
         FROM {{.table}} AS t WHERE t.namespace = $1 AND t.key = r.key
         OFFSET 0
     ) AS c
 ), first AS (
-    SELECT r.key, r.n, r.calls, pg_try_advisory_xact_lock($4::integer, hashtext(r.key)) AS got FROM req AS r
+    SELECT r.key, pg_try_advisory_xact_lock($4::integer, hashtext(r.key)) AS got FROM req AS r
     WHERE NOT EXISTS (SELECT FROM current AS c WHERE c.key = r.key)
     ORDER BY r.key
 ), found AS (
-    SELECT l.key, l.n, l.calls, l.state, (extract(epoch FROM l.expires_at) * 1000000)::bigint AS tat,
-        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS fresh
-    FROM locked AS l
-    UNION ALL
-    SELECT f.key, f.n, f.calls, NULL::bigint[], NULL::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true
-    FROM first AS f WHERE f.got
+    SELECT r.*, s.state, s.tat, s.now, s.fresh FROM req AS r JOIN (
+        SELECT l.key, l.state, (extract(epoch FROM l.expires_at) * 1000000)::bigint AS tat,
+            (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS fresh
+        FROM locked AS l
+        UNION ALL
+        SELECT f.key, NULL::bigint[], NULL::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true
+        FROM first AS f WHERE f.got
+    ) AS s ON s.key = r.key
 ), decided AS (
-    SELECT x.key, x.state, x.tat, x.now, x.fresh, g.granted, {{.new_state}} AS new_state, {{.new_expires}} AS new_expires
+    SELECT x.*, g.granted, {{.new_state}} AS new_state, {{.new_expires}} AS new_expires
     FROM found AS x CROSS JOIN LATERAL (SELECT {{.count}} AS granted) AS g
     WHERE g.granted > 0
 ), updated AS (
@@ -75,13 +86,13 @@ WITH req AS (
     ON CONFLICT (namespace, key) DO NOTHING
     RETURNING t.key
 ), answer AS (
-    SELECT d.key, d.granted, d.state, d.tat, d.now, {{.setting}} AS setting
+    SELECT d.key, d.granted, d.state, d.tat, d.now{{.own_d}}, {{.setting}} AS setting
     FROM decided AS d JOIN (SELECT * FROM updated UNION ALL SELECT * FROM inserted) AS w ON w.key = d.key
     UNION ALL
-    SELECT c.key, 0, c.state, c.tat, c.now, NULL::text FROM current AS c
-    WHERE NOT {{.guard}} AND NOT EXISTS (SELECT FROM updated AS u WHERE u.key = c.key)
+    SELECT c.key, 0, c.state, c.tat, c.now{{.own_c}}, NULL::text FROM current AS c
+    WHERE {{.refuses}} AND NOT EXISTS (SELECT FROM updated AS u WHERE u.key = c.key)
 )
 SELECT array_agg(key), array_agg(granted), array_agg(coalesce(state, array_fill(0::bigint, ARRAY[{{.width}}]))),
-    array_agg(state IS NOT NULL), array_agg(tat), array_agg(now), max(setting)
+    array_agg(state IS NOT NULL), array_agg(tat), array_agg(now), max(setting){{.own_agg}}
 FROM answer
 {{end}}
