@@ -116,8 +116,8 @@ func newBatcher(l *limiter, table, column string) *batcher {
 	}
 	return &batcher{
 		l:       l,
-		sql:     queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "skip": "SKIP LOCKED", "patience": "true"}),
-		waitSQL: queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "skip": "", "patience": patience}),
+		sql:     queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "wait": "", "patience": "true"}),
+		waitSQL: queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "wait": "true", "patience": patience}),
 		backSQL: queries.Text("batch.give_back", queries.Args{"table": table}),
 		size:    maxBatchKeys,
 		leases:  newLeases(l.emission, l.burstT), keys: make(map[string]*entry),
