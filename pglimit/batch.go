@@ -106,9 +106,9 @@ type call struct {
 }
 
 // newBatcher returns l's batcher, or nil when l does not batch: l is not
-// on Upsert or NoWait. table and column fill the
-// batch statements as they fill the single-key statements: batch.allow
-// for a single GCRA limit, batch.general for any other set of limits.
+// on Upsert or NoWait. table and column fill the batch statements as they
+// fill the single-key statements: batch.allow for a single GCRA limit,
+// batch.general for any other set of limits.
 func newBatcher(l *limiter, table, column string) *batcher {
 	if l.cfg.Strategy == Range {
 		return nil
@@ -120,12 +120,12 @@ func newBatcher(l *limiter, table, column string) *batcher {
 	b := &batcher{l: l, size: maxBatchKeys, keys: make(map[string]*entry)}
 	if !l.single { // per-key limits among them
 		b.general = true
-		b.sql = generalBatch(l, table, column, "SKIP LOCKED", "true")
-		b.waitSQL = generalBatch(l, table, column, "", patience)
+		b.sql = generalBatch(l, table, column, "", "true")
+		b.waitSQL = generalBatch(l, table, column, "true", patience)
 		return b
 	}
-	b.sql = queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "skip": "SKIP LOCKED", "patience": "true"})
-	b.waitSQL = queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "skip": "", "patience": patience})
+	b.sql = queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "wait": "", "patience": "true"})
+	b.waitSQL = queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "wait": "true", "patience": patience})
 	b.backSQL = queries.Text("batch.give_back", queries.Args{"table": table})
 	b.leases = newLeases(l.emission, l.burstT)
 	return b

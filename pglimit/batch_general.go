@@ -13,13 +13,13 @@ import (
 )
 
 // generalBatch writes batch.general, the batch statement of any set of
-// limits, for l's limits on table: skip and patience as batch.allow's.
-func generalBatch(l *limiter, table, column, skip, patience string) string {
+// limits, for l's limits on table: wait and patience as batch.allow's.
+func generalBatch(l *limiter, table, column, wait, patience string) string {
 	var params func(prefix string) arith.Params
 	args := queries.Args{
-		"table": table, "setting": column, "skip": skip, "patience": patience,
+		"table": table, "setting": column, "wait": wait, "patience": patience,
 		"state": arith.Shaped(l.specs, "t.state"), "width": strconv.Itoa(3 * len(l.specs)),
-		"own": "", "own_d": "", "own_c": "", "own_agg": "",
+		"own": "", "own_cols": "", "own_d": "", "own_c": "", "own_agg": "",
 	}
 	if l.cfg.Overrides {
 		o := newOverrideSQL(l.cfg.Limits)
@@ -29,6 +29,7 @@ func generalBatch(l *limiter, table, column, skip, patience string) string {
         SELECT %s FROM (SELECT) AS one
         LEFT JOIN %s AS o ON o.namespace = $1 AND o.key = r.key) AS raw) AS own`,
 			o.derived, o.raw, pgx.Identifier{l.cfg.Schema, overridesTable}.Sanitize())
+		args["own_cols"] = ", " + o.columns("c")
 		args["own_d"] = ", " + o.out("d", false)
 		args["own_c"] = ", " + o.out("c", false)
 		args["own_agg"] = ", array_agg(rates), array_agg(bursts)"

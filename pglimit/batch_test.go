@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -766,6 +768,98 @@ func TestBatchOwnLimits(t *testing.T) {
 			// their callers' own.
 			if n := db.statements.Load() - before; n >= int64(len(keys)) {
 				t.Errorf("%d statements for the requests on %d keys; want fewer than one a key", n, len(keys)+2)
+			}
+		})
+	}
+}
+
+// A row that another statement updates after a batch statement took its
+// snapshot, and before it locks the row, has moved. The batch statement
+// locks and writes only the version it read, so it leaves the key
+// unanswered (its callers decide it with the statement that waits) and
+// the other write stands; the statement that waits for one key follows the
+// row to its latest version and decides it. The statement is held after
+// its snapshot by an advisory lock the other connection holds while it
+// updates the row, and released by that connection's commit. The same
+// holds for the batch statements of several limits.
+func TestBatchMovedRowUnanswered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, name := range []string{"batch", "batchwait", "generalbatch", "generalbatchwait"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool := testdb.Pool(t)
+			general := strings.HasPrefix(name, "general")
+			lim, schema := newBatchLimiter(t, pool, pglimit.Upsert, func(c *pglimit.Config) {
+				c.Namespace = "ns"
+				if general {
+					c.Cooldown, c.Limits = 0, batchSets[1].limits(pglimit.Limit{Name: "hour", Rate: 1, Period: time.Hour, Burst: 1})
+				}
+			})
+			table := pgx.Identifier{schema, "pglimit_upsert"}.Sanitize()
+			if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (namespace, key, expires_at)
+				VALUES ('ns', 'moved', now() - interval '2 hours'), ('ns', 'still', now() - interval '2 hours')`, table)); err != nil {
+				t.Fatal(err)
+			}
+			lock := rand.Int32()
+			sql := pglimit.Statements(lim)[name]
+			held := strings.Replace(sql, "WHERE ", fmt.Sprintf("WHERE pg_advisory_xact_lock(%d, 0) IS NOT NULL AND ", lock), 1)
+			if !strings.HasPrefix(sql, "WITH req AS") || held == sql {
+				t.Fatalf("%s no longer begins with req, whose WHERE the test holds:\n%s", name, sql)
+			}
+
+			mover, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mover.Rollback(ctx) //nolint:errcheck // committed below
+			var moved time.Time
+			if err := mover.QueryRow(ctx, fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d, 0) IS NOT NULL`, lock)).Scan(new(bool)); err != nil {
+				t.Fatal(err)
+			}
+			if err := mover.QueryRow(ctx, fmt.Sprintf(`UPDATE %s SET expires_at = now() - interval '1 hour'
+				WHERE namespace = 'ns' AND key = 'moved' RETURNING expires_at`, table)).Scan(&moved); err != nil {
+				t.Fatal(err)
+			}
+
+			hour := time.Hour.Microseconds()
+			var keys []string
+			var granted []int64
+			done := make(chan error, 1)
+			go func() {
+				if general {
+					done <- pool.QueryRow(ctx, held, "ns", []string{"moved", "still"}, []int64{1, 1}, int32(7), []int64{1, 1}).
+						Scan(&keys, &granted, nil, nil, nil, nil, nil)
+					return
+				}
+				done <- pool.QueryRow(ctx, held, "ns", []string{"moved", "still"}, []int64{hour, hour}, int32(7),
+					[]int64{0, 0}, []int64{1, 1}, []int64{0, 0}, []int64{0, 0}, hour, hour, int64(0)).
+					Scan(&keys, &granted, nil, nil, nil, nil, nil, nil)
+			}()
+			waitFor(t, "the statement to wait for the advisory lock", func() bool {
+				var n int
+				err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+					AND classid = $1::integer::oid`, lock).Scan(&n)
+				return err == nil && n > 0
+			})
+			if err := mover.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+
+			var after time.Time
+			if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT expires_at FROM %s WHERE namespace = 'ns' AND key = 'moved'`, table)).Scan(&after); err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case !strings.HasSuffix(name, "wait") && (!slices.Equal(keys, []string{"still"}) || !after.Equal(moved)):
+				t.Errorf("%s answered %v (granted %v), moved row's TAT %v, the other write's %v: "+
+					"want only still answered and the other write standing", name, keys, granted, after, moved)
+			case strings.HasSuffix(name, "wait") && (!slices.Contains(keys, "moved") || !after.After(moved)):
+				t.Errorf("%s answered %v (granted %v), moved row's TAT %v, the other write's %v: "+
+					"want moved admitted and written", name, keys, granted, after, moved)
 			}
 		})
 	}

@@ -66,6 +66,7 @@ func newOverrideStatements(limits []Limit, table, overrides, column, lock string
 type overrideSQL struct {
 	raw, derived  string
 	rates, bursts []string // each limit's rate and burst column, unqualified
+	n             int      // the number of limits
 }
 
 func newOverrideSQL(limits []Limit) overrideSQL {
@@ -93,7 +94,7 @@ func newOverrideSQL(limits []Limit) overrideSQL {
 	}
 	raw = append(raw, fmt.Sprintf("ARRAY(SELECT k FROM jsonb_object_keys(o.limits) AS k WHERE k <> ALL (ARRAY[%s])) AS unknown", strings.Join(names, ", ")))
 	derived = append(derived, fmt.Sprintf("unknown, cardinality(unknown) = 0 AND %s AS ok", strings.Join(oks, " AND ")))
-	o.raw, o.derived = strings.Join(raw, ", "), strings.Join(derived, ", ")
+	o.raw, o.derived, o.n = strings.Join(raw, ", "), strings.Join(derived, ", "), len(limits)
 	return o
 }
 
@@ -103,6 +104,16 @@ func (o overrideSQL) params(prefix string) arith.Params {
 		n := strconv.Itoa(i)
 		return prefix + "r" + n, prefix + "t" + n, prefix + "bt" + n
 	}
+}
+
+// columns lists the columns of row r that a decision reads (params), and
+// ok.
+func (o overrideSQL) columns(r string) string {
+	var cols []string
+	for i := range o.n {
+		cols = append(cols, fmt.Sprintf("%s.r%d, %s.t%d, %s.bt%d", r, i, r, i, r, i))
+	}
+	return strings.Join(append(cols, r+".ok"), ", ")
 }
 
 // out is the answer's columns of the key's limits, of row r: their rates

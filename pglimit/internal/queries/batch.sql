@@ -18,61 +18,82 @@
 -- callers decide them with the limiter's own statement, which waits (Upsert)
 -- or refuses (NoWait) as it always does.
 --
--- Its plan cannot degrade as the table grows: every access to the table is
--- one key's lookup by the primary key, a LATERAL subquery per key (which
--- the planner cannot turn into a join that scans the namespace) or ON
--- CONFLICT's own probe of the key. A plain join, or key = ANY($2), lets a
--- generic plan made while the table was empty and never analysed scan the
--- whole namespace for ever after (TestPlansReachKeysByIndex). The admitted
--- rows are written by INSERT ... ON CONFLICT DO UPDATE: the statement holds
--- their locks already, so the conflict is certain, and its probe is the
--- primary key's.
+-- It reads each key once. current looks the key up by the primary key,
+-- keeping the row's ctid, and decides a refusal on what it read; a key
+-- that fits is locked and written through that ctid (Tid Scans), one heap
+-- page each, where a lookup reads the index from its root. The row it
+-- locks is the very version current read: a row another statement updated
+-- after the snapshot has moved, and the lock's recheck (EvalPlanQual)
+-- rejects the moved version, whose ctid is not the one asked for, so the
+-- key goes unanswered. The write, through the ctid it locked, can only
+-- find that version. (Minor releases older than the fix that gave Tid
+-- Scans this recheck, back-patched to 13, lock the moved version; the
+-- write through its ctid then finds nothing, since the snapshot cannot see
+-- it, and the key goes unanswered all the same, with nothing written.)
 --
--- A refusal, as in the single-key statement, matches no row in locked:
--- it takes no lock and writes nothing. A batch of refusals writes nothing.
+-- With wait set, the statement decides one key that a batch skipped, and
+-- waits for its row's lock, after which the row has usually moved: so it
+-- locks the key's row by the primary key, which follows the row to its
+-- latest version, and writes it with INSERT ... ON CONFLICT DO UPDATE,
+-- whose probe finds that version too (the statement holds its lock
+-- already, so the conflict is certain).
+--
+-- Its plan cannot degrade as the table grows: every access to the table is
+-- one key's lookup by the primary key or by ctid, in a LATERAL subquery
+-- per key (which the planner cannot turn into a join that scans the
+-- namespace), or ON CONFLICT's probe; the write joins the decided rows to
+-- the table by ctid, which the generic plan made on an empty, never
+-- analysed table does as a Tid Scan per row. A plain join on the key, or
+-- key = ANY($2), lets such a plan scan the whole namespace for ever after
+-- (TestPlansReachKeysByIndex, which runs every part of the statement).
+--
+-- A refusal, as in the single-key statement, takes no lock and writes
+-- nothing. A batch of refusals writes nothing.
 --
 -- The answer is one row of arrays (key, calls admitted, TAT µs after them,
 -- now µs, units leased, the TAT µs the lease starts from, the transaction
 -- that wrote the row or 0), so the statement runs through QueryRow like
 -- every other; the last column evaluates the admitting branches' setting.
+-- locked reads the clock once the row is locked, as upsert.allow's stamp
+-- does.
 --
--- Placeholders: table; setting, as in upsert.allow; skip, SKIP LOCKED or
--- nothing; patience, true or nowait.condition for the statement that waits
--- for one key.
+-- Placeholders: table; setting, as in upsert.allow; wait, empty for the
+-- batch, true for the statement that waits for one key; patience, true or
+-- nowait.condition for the statement that waits.
 {{define "batch.allow"}}
 WITH req AS (
     SELECT r.key, r.nt, r.tau, r.calls, r.want, r.ahead
     FROM unnest($2::text[], $3::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[]) AS r(key, nt, tau, calls, want, ahead)
     WHERE {{.patience}}
-), locked AS (
-    SELECT r.key, r.nt, r.calls, r.want, r.ahead, l.expires_at FROM req AS r CROSS JOIN LATERAL (
-        SELECT t.expires_at FROM {{.table}} AS t
-        WHERE t.namespace = $1 AND t.key = r.key AND t.expires_at <= clock_timestamp() + r.tau * interval '1 microsecond'
-        FOR UPDATE OF t {{.skip}}
-    ) AS l
-), stamp AS (
-    SELECT l.key, l.nt, l.calls, l.want, l.ahead, (extract(epoch FROM l.expires_at) * 1000000)::bigint AS tat,
-        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS fresh
-    FROM locked AS l
 ), current AS (
-    SELECT r.key, r.tau, c.tat, c.now FROM req AS r CROSS JOIN LATERAL (
-        SELECT (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+    SELECT r.key, r.nt, r.tau, r.calls, r.want, r.ahead, c.ctid, c.tat, c.now FROM req AS r CROSS JOIN LATERAL (
+        SELECT t.ctid, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
             (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
         FROM {{.table}} AS t WHERE t.namespace = $1 AND t.key = r.key
         OFFSET 0
     ) AS c
+), locked AS (
+    SELECT c.key, l.ctid, c.nt, c.calls, c.want, c.ahead, (extract(epoch FROM l.expires_at) * 1000000)::bigint AS tat,
+        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS fresh
+    FROM current AS c CROSS JOIN LATERAL (
+        SELECT t.ctid, t.expires_at FROM {{.table}} AS t
+        WHERE {{if .wait}}t.namespace = $1 AND t.key = c.key{{else}}t.ctid = c.ctid{{end}}
+            AND t.expires_at <= clock_timestamp() + c.tau * interval '1 microsecond'
+        FOR UPDATE OF t{{if not .wait}} SKIP LOCKED{{end}}
+    ) AS l
+    WHERE c.tat <= c.now + c.tau
 ), first AS (
     SELECT r.key, r.nt, r.calls, r.want, r.ahead, pg_try_advisory_xact_lock($4::integer, hashtext(r.key)) AS got FROM req AS r
     WHERE NOT EXISTS (SELECT FROM current AS c WHERE c.key = r.key)
     ORDER BY r.key
 ), found AS (
-    SELECT * FROM stamp
+    SELECT * FROM locked
     UNION ALL
-    SELECT f.key, f.nt, f.calls, f.want, f.ahead, n.now, n.now, true FROM first AS f
+    SELECT f.key, NULL::tid, f.nt, f.calls, f.want, f.ahead, n.now, n.now, true FROM first AS f
     CROSS JOIN LATERAL (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now) AS n
     WHERE f.got
 ), decided AS (
-    SELECT s.key, s.now, s.fresh, g.granted, g.after AS tat, k.leased, k.start,
+    SELECT s.key, s.ctid, s.now, s.fresh, g.granted, g.after AS tat, k.leased, k.start,
         CASE WHEN k.leased > 0 THEN k.start + k.leased * $9 ELSE g.after END AS new_tat
     FROM found AS s
     CROSS JOIN LATERAL (
@@ -87,10 +108,16 @@ WITH req AS (
     ) AS k
     WHERE g.granted > 0 OR k.leased > 0
 ), updated AS (
+{{- if .wait}}
     INSERT INTO {{.table}} AS t (namespace, key, expires_at)
     SELECT $1, d.key, timestamptz 'epoch' + d.new_tat * interval '1 microsecond' FROM decided AS d
     WHERE NOT d.fresh
     ON CONFLICT (namespace, key) DO UPDATE SET expires_at = excluded.expires_at
+{{- else}}
+    UPDATE {{.table}} AS t SET expires_at = timestamptz 'epoch' + d.new_tat * interval '1 microsecond'
+    FROM decided AS d
+    WHERE t.ctid = d.ctid AND NOT d.fresh
+{{- end}}
     RETURNING t.key, t.xmin
 ), inserted AS (
     INSERT INTO {{.table}} AS t (namespace, key, expires_at)
@@ -104,7 +131,7 @@ WITH req AS (
     FROM decided AS d JOIN (SELECT * FROM updated UNION ALL SELECT * FROM inserted) AS w ON w.key = d.key
     UNION ALL
     SELECT c.key, 0, c.tat, c.now, 0, 0, 0, NULL::text FROM current AS c
-    WHERE c.tat > c.now + c.tau AND NOT EXISTS (SELECT FROM updated AS u WHERE u.key = c.key)
+    WHERE c.tat > c.now + c.tau
 )
 SELECT array_agg(key), array_agg(granted), array_agg(tat), array_agg(now), array_agg(leased), array_agg(start), array_agg(xid), max(setting)
 FROM answer

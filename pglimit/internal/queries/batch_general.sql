@@ -9,9 +9,13 @@
 -- after the snapshot. Their callers decide them with the statement for
 -- one key, which waits (Upsert) or refuses (NoWait).
 --
--- Every access to the table is one key's lookup by the primary key (a
--- LATERAL subquery per key), or ON CONFLICT's probe of it; a refusal takes
--- no lock and writes nothing.
+-- It reads each key once, as batch.allow does: by the primary key (a
+-- LATERAL subquery per key), keeping the row's ctid, through which a key
+-- that fits is locked and written; a row that moved after the snapshot is
+-- left unanswered. A refusal is decided on the row as read: it takes no
+-- lock and writes nothing. With wait set, the statement for one key locks
+-- its row by the primary key and writes it with ON CONFLICT's probe, as
+-- batch.allow's does.
 --
 -- The answer is one row of arrays, one element per key decided: the key,
 -- the calls admitted, the state the statement decided on (zeros where it
@@ -26,46 +30,48 @@
 -- room for a call however long it waits, gets no answer: its callers'
 -- own statements report why.
 --
--- Placeholders: table; setting, as in upsert.allow; skip and patience, as
+-- Placeholders: table; setting, as in upsert.allow; wait and patience, as
 -- in batch.allow; state, the state column t.state as the statement reads
 -- it (arith.Shaped); width, the length of a state; guard, whether one call
 -- (c.n units) fits c (state, tat, now); refuses, whether c refuses one;
 -- count, how many of x's calls fit (x.calls of x.n units), and new_state
 -- and new_expires, x's row once g.granted of them are admitted
 -- (arith.BatchSQL); own, the LATERAL join that reads the key's own limits
--- (columns of req), or nothing; own_d and own_c, their columns in the
--- answer from d and c, and own_agg, aggregated, each with a leading comma,
--- or nothing.
+-- (columns of req), or nothing; own_cols, the columns of them that guard
+-- reads, from c; own_d and own_c, their rates and bursts in the answer,
+-- from d and c, and own_agg, aggregated; each of the own_ with a leading
+-- comma, or nothing.
 {{define "batch.general"}}
 WITH req AS (
     SELECT * FROM unnest($2::text[], $3::bigint[], $5::bigint[]) AS r(key, n, calls){{.own}}
     WHERE {{.patience}}
-), locked AS (
-    SELECT r.key, l.state, l.expires_at FROM req AS r CROSS JOIN LATERAL (
-        SELECT {{.state}} AS state, t.expires_at FROM {{.table}} AS t
-        WHERE t.namespace = $1 AND t.key = r.key
-          AND (SELECT {{.guard}} FROM (SELECT {{.state}} AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
-               (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, r.*) AS c)
-        FOR UPDATE OF t {{.skip}}
-    ) AS l
 ), current AS (
-    SELECT r.*, c.state, c.tat, c.now FROM req AS r CROSS JOIN LATERAL (
-        SELECT {{.state}} AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+    SELECT r.*, c.ctid, c.state, c.tat, c.now FROM req AS r CROSS JOIN LATERAL (
+        SELECT t.ctid, {{.state}} AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
             (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
         FROM {{.table}} AS t WHERE t.namespace = $1 AND t.key = r.key
         OFFSET 0
     ) AS c
+), locked AS (
+    SELECT c.key, l.ctid, l.state, (extract(epoch FROM l.expires_at) * 1000000)::bigint AS tat,
+        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS fresh
+    FROM current AS c CROSS JOIN LATERAL (
+        SELECT t.ctid, {{.state}} AS state, t.expires_at FROM {{.table}} AS t
+        WHERE {{if .wait}}t.namespace = $1 AND t.key = c.key{{else}}t.ctid = c.ctid{{end}}
+          AND (SELECT {{.guard}} FROM (SELECT {{.state}} AS state, (extract(epoch FROM t.expires_at) * 1000000)::bigint AS tat,
+               (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, c.n{{.own_cols}}) AS c)
+        FOR UPDATE OF t{{if not .wait}} SKIP LOCKED{{end}}
+    ) AS l
+    WHERE {{.guard}}
 ), first AS (
     SELECT r.key, pg_try_advisory_xact_lock($4::integer, hashtext(r.key)) AS got FROM req AS r
     WHERE NOT EXISTS (SELECT FROM current AS c WHERE c.key = r.key)
     ORDER BY r.key
 ), found AS (
-    SELECT r.*, s.state, s.tat, s.now, s.fresh FROM req AS r JOIN (
-        SELECT l.key, l.state, (extract(epoch FROM l.expires_at) * 1000000)::bigint AS tat,
-            (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, false AS fresh
-        FROM locked AS l
+    SELECT r.*, s.ctid, s.state, s.tat, s.now, s.fresh FROM req AS r JOIN (
+        SELECT * FROM locked
         UNION ALL
-        SELECT f.key, NULL::bigint[], NULL::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true
+        SELECT f.key, NULL::tid, NULL::bigint[], NULL::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, true
         FROM first AS f WHERE f.got
     ) AS s ON s.key = r.key
 ), decided AS (
@@ -73,10 +79,16 @@ WITH req AS (
     FROM found AS x CROSS JOIN LATERAL (SELECT {{.count}} AS granted) AS g
     WHERE g.granted > 0
 ), updated AS (
+{{- if .wait}}
     INSERT INTO {{.table}} AS t (namespace, key, state, expires_at)
     SELECT $1, d.key, d.new_state, timestamptz 'epoch' + d.new_expires * interval '1 microsecond' FROM decided AS d
     WHERE NOT d.fresh
     ON CONFLICT (namespace, key) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at
+{{- else}}
+    UPDATE {{.table}} AS t SET state = d.new_state, expires_at = timestamptz 'epoch' + d.new_expires * interval '1 microsecond'
+    FROM decided AS d
+    WHERE t.ctid = d.ctid AND NOT d.fresh
+{{- end}}
     RETURNING t.key
 ), inserted AS (
     INSERT INTO {{.table}} AS t (namespace, key, state, expires_at)
@@ -90,7 +102,7 @@ WITH req AS (
     FROM decided AS d JOIN (SELECT * FROM updated UNION ALL SELECT * FROM inserted) AS w ON w.key = d.key
     UNION ALL
     SELECT c.key, 0, c.state, c.tat, c.now{{.own_c}}, NULL::text FROM current AS c
-    WHERE {{.refuses}} AND NOT EXISTS (SELECT FROM updated AS u WHERE u.key = c.key)
+    WHERE {{.refuses}}
 )
 SELECT array_agg(key), array_agg(granted), array_agg(coalesce(state, array_fill(0::bigint, ARRAY[{{.width}}]))),
     array_agg(state IS NOT NULL), array_agg(tat), array_agg(now), max(setting){{.own_agg}}

@@ -65,6 +65,16 @@ WITH locked AS (
 -- as this statement's snapshot sees it, the insertion of a key it does not
 -- see, and the answer.
 --
+-- Each part reads the key's row only when locked leaves it something to
+-- do (the EXISTS conditions, evaluated once, before the part's lookup): an
+-- admission reads the row to lock it and to update it, a refusal to lock
+-- it (the guard refuses) and for current. At 100,000 keys that is 11.5
+-- buffer hits per admission and 8 per refusal, where every part looking
+-- the key up took 15.5 and 12. The update cannot go through the locked
+-- row's ctid as batch.allow's does: after a wait for the lock the row has
+-- moved to a version this statement's snapshot cannot see, and only a
+-- lookup by the key follows it there.
+--
 -- A first request takes a transaction-level advisory lock on the key
 -- (table, namespace and key: $4 hashes the first two) before it stamps its
 -- row: a concurrent first request (in a caller's open transaction, say)
@@ -84,14 +94,14 @@ stamp AS (
     UPDATE {{.table}} AS t
     SET expires_at = greatest(s.expires_at, s.now) + $3::bigint * interval '1 microsecond'
     FROM stamp AS s
-    WHERE t.namespace = $1 AND t.key = $2
+    WHERE t.namespace = $1 AND t.key = $2 AND EXISTS (SELECT FROM locked)
     RETURNING t.expires_at, s.now{{.returning}}
 ), current AS (
     SELECT t.expires_at, clock_timestamp() AS now FROM {{.table}} AS t
     WHERE t.namespace = $1 AND t.key = $2
 ), first AS (
     SELECT pg_advisory_xact_lock($4::integer, hashtext($2))
-    WHERE NOT EXISTS (SELECT FROM current)
+    WHERE NOT EXISTS (SELECT FROM locked) AND NOT EXISTS (SELECT FROM current)
 ), fresh AS (
     SELECT clock_timestamp() AS now FROM first
 ), inserted AS (
