@@ -69,6 +69,7 @@ type overrideSQL struct {
 	n             int      // the number of limits
 }
 
+// newOverrideSQL writes the SQL that reads a key's own limits of limits.
 func newOverrideSQL(limits []Limit) overrideSQL {
 	var raw, derived, oks, names []string
 	var o overrideSQL
