@@ -66,20 +66,21 @@ SELECT current_setting('max_connections')::int - current_setting('superuser_rese
 // of the database clock that bracket the instant the admission was decided
 // at: the start of its statement (statement_timestamp()) and the trigger's
 // own clock_timestamp(), read after the row was written and before its lock
-// is released. One write of a single GCRA limit's row may admit several
-// calls on the key at once (the library merges them): the expires_at it
-// replaced (previous) tells how many.
+// is released. One write may admit several calls on the key at once (the
+// library merges them): the expires_at it replaced (previous) tells how
+// many for a single GCRA limit, the state it replaced (previous_state) for
+// general limits.
 const (
 	auditTable   = "lt_admissions"
 	auditTrigger = "lt_record_admission"
 	auditSetup   = `
 CREATE TABLE %[1]s.lt_admissions (key text NOT NULL, expires_at timestamptz NOT NULL, state bigint[],
-    previous timestamptz, statement_at timestamptz NOT NULL, recorded_at timestamptz NOT NULL);
+    previous timestamptz, previous_state bigint[], statement_at timestamptz NOT NULL, recorded_at timestamptz NOT NULL);
 CREATE FUNCTION %[1]s.lt_record_admission() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO %[1]s.lt_admissions (key, expires_at, state, previous, statement_at, recorded_at)
+    INSERT INTO %[1]s.lt_admissions (key, expires_at, state, previous, previous_state, statement_at, recorded_at)
     VALUES (NEW.key, NEW.expires_at, NEW.state, CASE TG_OP WHEN 'UPDATE' THEN OLD.expires_at END,
-        statement_timestamp(), clock_timestamp());
+        CASE TG_OP WHEN 'UPDATE' THEN OLD.state END, statement_timestamp(), clock_timestamp());
     RETURN NULL;
 END $$;
 CREATE TRIGGER lt_record_admission AFTER INSERT OR UPDATE ON %[1]s.%[2]s
@@ -207,44 +208,85 @@ type auditRow struct {
 }
 
 // recordLimits returns, by key, the admissions the audit trigger recorded
-// in v's table, for its limits. A write of a single GCRA limit's row that
-// moved its TAT by k emission intervals past max(previous TAT, the time of
-// the decision) admitted k calls of one unit each: it counts k times.
+// in v's table, for its limits, each call of one unit: a write counts as
+// many admissions as units it admitted. For a single GCRA limit, a write
+// that moved its TAT by k emission intervals past max(previous TAT, the
+// time of the decision) admitted k; for general limits, the first window's
+// count grew by them (or, with GCRA limits only, the first one's TAT moved
+// by them).
 func (db *database) recordLimits(ctx context.Context, v variant, limits []pglimit.Limit) (map[string][]auditRow, error) {
 	rows, err := db.pool.Query(ctx, `
-SELECT key, state, (extract(epoch FROM expires_at) * 1000000)::bigint, (extract(epoch FROM previous) * 1000000)::bigint,
+SELECT key, state, previous_state, (extract(epoch FROM expires_at) * 1000000)::bigint, (extract(epoch FROM previous) * 1000000)::bigint,
     (extract(epoch FROM statement_at) * 1000000)::bigint, (extract(epoch FROM recorded_at) * 1000000)::bigint
 FROM `+ident(db.schemas[v.Name])+"."+auditTable)
 	if err != nil {
 		return nil, err
 	}
-	var t int64 // µs: the emission interval of a single GCRA limit, else 0
-	if len(limits) == 1 && limits[0].Algorithm == pglimit.GCRA {
-		t = limits[0].Period.Microseconds() / int64(limits[0].Rate)
-	}
 	byKey := map[string][]auditRow{}
 	var (
 		key      string
 		r        auditRow
+		was      []int64
 		expires  int64
 		previous *int64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&key, &r.state, &expires, &previous, &r.stmt, &r.at}, func() error {
-		calls := 1
-		if t > 0 {
-			base := r.at // the decision's time, to well within T (calls round)
-			if previous != nil {
-				base = max(base, *previous)
-			}
-			calls = max(int((expires-base+t/2)/t), 1)
-		}
+	_, err = pgx.ForEachRow(rows, []any{&key, &r.state, &was, &expires, &previous, &r.stmt, &r.at}, func() error {
+		calls := max(unitsWritten(limits, r, was, expires, previous), 1)
 		for range calls {
 			byKey[key] = append(byKey[key], r)
 		}
-		r.state, previous = nil, nil
+		r.state, was, previous = nil, nil, nil
 		return nil
 	})
 	return byKey, err
+}
+
+// unitsWritten is how many units the write r of limits admitted, from the
+// state (or, for a single GCRA limit, the TAT) it replaced, was (previous),
+// and the one it wrote. A GCRA limit's TAT moved from max(previous TAT, the
+// time of the decision) by its units' emission intervals; the decision's
+// time is taken to be the trigger's, well within an interval (the count
+// rounds).
+func unitsWritten(limits []pglimit.Limit, r auditRow, was []int64, expires int64, previous *int64) int {
+	gcra := func(l pglimit.Limit, prev *int64, tat int64) int {
+		t := emission(l).Microseconds()
+		base := r.at
+		if prev != nil {
+			base = max(base, *prev)
+		}
+		return int((tat - base + t/2) / t)
+	}
+	if len(limits) == 1 && limits[0].Algorithm == pglimit.GCRA {
+		return gcra(limits[0], previous, expires)
+	}
+	if len(r.state) != 3*len(limits) {
+		return 0
+	}
+	if len(was) != len(r.state) {
+		was = nil // a new key, or state of other limits: nothing before
+	}
+	for i, l := range limits {
+		s := r.state[3*i : 3*i+3]
+		var p []int64
+		if was != nil {
+			p = was[3*i : 3*i+3]
+		}
+		switch {
+		case l.Algorithm == pglimit.FixedWindow && p != nil && p[0] == s[0]:
+			return int(s[1] - p[1])
+		case l.Algorithm == pglimit.FixedWindow:
+			return int(s[1])
+		case l.Algorithm == pglimit.SlidingWindow && p != nil && p[0] == s[0]:
+			return int(s[2] - p[2])
+		case l.Algorithm == pglimit.SlidingWindow:
+			return int(s[2])
+		}
+	}
+	var prev *int64
+	if was != nil {
+		prev = &was[0]
+	}
+	return gcra(limits[0], prev, r.state[0])
 }
 
 // leaseWrite is one write of a single GCRA limit's row as the audit trigger

@@ -227,3 +227,34 @@ func TestCheckRecordLeases(t *testing.T) {
 		t.Errorf("a TAT 12.6 ms past its clock, beyond Burst*T + reach: not flagged: %+v", c)
 	}
 }
+
+// A write that merged several calls counts as their admissions: by the
+// TAT it moved for a single GCRA limit, by the first window's count for
+// general limits, by the first GCRA limit's TAT when there is no window.
+func TestUnitsWritten(t *testing.T) {
+	window := pglimit.Limit{Name: "window", Rate: 100, Period: time.Minute, Algorithm: pglimit.FixedWindow}
+	sliding := pglimit.Limit{Name: "sliding", Rate: 100, Period: time.Minute, Algorithm: pglimit.SlidingWindow}
+	const at = int64(1_000_000_000)
+	tat := func(v int64) *int64 { return &v }
+	for _, tc := range []struct {
+		name     string
+		limits   []pglimit.Limit
+		state    []int64
+		was      []int64
+		expires  int64
+		previous *int64
+		want     int
+	}{
+		{"gcra, new key", []pglimit.Limit{rate}, nil, nil, at + 300_000, nil, 3},
+		{"gcra, from a later TAT", []pglimit.Limit{rate}, nil, nil, at + 500_000, tat(at + 300_000), 2},
+		{"window, same window", []pglimit.Limit{rate, window}, []int64{at + 200_000, 0, 0, at - 5, 7, 0}, []int64{at, 0, 0, at - 5, 4, 0}, 0, nil, 3},
+		{"window, a new one", []pglimit.Limit{rate, window}, []int64{at + 200_000, 0, 0, at, 2, 0}, []int64{at, 0, 0, at - 70_000_000, 40, 0}, 0, nil, 2},
+		{"sliding, new key", []pglimit.Limit{sliding}, []int64{at / 60_000_000 * 60_000_000, 0, 4}, nil, 0, nil, 4},
+		{"two gcra", []pglimit.Limit{rate, rate}, []int64{at + 400_000, 0, 0, at + 400_000, 0, 0}, []int64{at + 100_000, 0, 0, at + 100_000, 0, 0}, 0, nil, 3},
+	} {
+		r := auditRow{stmt: at - 10, at: at, state: tc.state}
+		if got := unitsWritten(tc.limits, r, tc.was, tc.expires, tc.previous); got != tc.want {
+			t.Errorf("%s: %d units, want %d", tc.name, got, tc.want)
+		}
+	}
+}
