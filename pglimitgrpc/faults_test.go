@@ -74,7 +74,7 @@ func TestFaultAnsweredWithinTimeout(t *testing.T) {
 				proxy.Stall()
 				t.Cleanup(proxy.Unstall)
 			} else {
-				lockRow(t, schema, "alice")
+				testdb.Lock(t, testdb.Pool(t), schema, "pglimit_upsert", "alice")
 			}
 			start := time.Now()
 			err := call("alice")
@@ -90,23 +90,6 @@ func TestFaultAnsweredWithinTimeout(t *testing.T) {
 				t.Errorf("event %+v, want OutcomeUnavailable with ErrTimeout", ev)
 			}
 		})
-	}
-}
-
-// lockRow has a transaction of its own, open until the test ends, lock
-// key's row of the Upsert table.
-func lockRow(t *testing.T, schema, key string) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := testdb.Pool(t).Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	var n int
-	q := "SELECT count(*) FROM (SELECT FROM " + pgx.Identifier{schema, "pglimit_upsert"}.Sanitize() + " WHERE key = $1 FOR UPDATE) AS l"
-	if err := tx.QueryRow(ctx, q, key).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("lock %s's row: %d rows, %v", key, n, err)
 	}
 }
 

@@ -365,3 +365,30 @@ func Slow(t testing.TB) {
 		t.Skip("slow: the quick tier (-short) skips it; make test runs it")
 	}
 }
+
+// Lock has a transaction of its own on pool hold the rows of keys in
+// schema's table, each of which must exist, or with no keys the whole
+// table, until release is called or the test ends.
+func Lock(tb testing.TB, pool *pgxpool.Pool, schema, table string, keys ...string) (release func()) {
+	tb.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	release = sync.OnceFunc(func() { _ = tx.Rollback(ctx) })
+	tb.Cleanup(release)
+	name := pgx.Identifier{schema, table}.Sanitize()
+	if len(keys) == 0 {
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+name+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+			tb.Fatal(err)
+		}
+		return release
+	}
+	var n int
+	q := "SELECT count(DISTINCT key) FROM (SELECT key FROM " + name + " WHERE key = ANY($1) FOR UPDATE) AS l"
+	if err := tx.QueryRow(ctx, q, keys).Scan(&n); err != nil || n != len(keys) {
+		tb.Fatalf("lock the rows of %q in %s: %d of %d keys, %v", keys, name, n, len(keys), err)
+	}
+	return release
+}

@@ -123,7 +123,11 @@ func TestFaultAnsweredWithinTimeout(t *testing.T) {
 					proxy.Stall()
 					t.Cleanup(proxy.Unstall)
 				} else {
-					lockKey(t, schema, l.table, "alice", l.lockRow)
+					if l.lockRow {
+						testdb.Lock(t, testdb.Pool(t), schema, l.table, "alice")
+					} else {
+						testdb.Lock(t, testdb.Pool(t), schema, l.table)
+					}
 				}
 				start := time.Now()
 				resp := send("alice")
@@ -138,29 +142,6 @@ func TestFaultAnsweredWithinTimeout(t *testing.T) {
 				}
 			})
 		}
-	}
-}
-
-// lockKey has a transaction of its own, open until the test ends, lock
-// key's rows in table, or the whole table.
-func lockKey(t *testing.T, schema, table, key string, row bool) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := testdb.Pool(t).Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	name := pgx.Identifier{schema, table}.Sanitize()
-	if !row {
-		if _, err := tx.Exec(ctx, "LOCK TABLE "+name+" IN ACCESS EXCLUSIVE MODE"); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	var n int
-	if err := tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT FROM "+name+" WHERE key = $1 FOR UPDATE) AS l", key).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("lock %s's row: %d rows, %v", key, n, err)
 	}
 }
 
