@@ -75,18 +75,19 @@ func auditRecord(t *testing.T, pool *pgxpool.Pool, schema string) []auditRow {
 // ends, with the empty search_path of testdb.Pool.
 func bigPool(t *testing.T, maxConns int32) *pgxpool.Pool {
 	t.Helper()
+	return openPool(t, bigPoolConfig(t, maxConns))
+}
+
+// bigPoolConfig is bigPool's configuration, for a test to add to.
+func bigPoolConfig(t *testing.T, maxConns int32) *pgxpool.Config {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = maxConns
 	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return cfg
 }
 
 // hammer sends requests of random cost (1 to maxN) for key from workers

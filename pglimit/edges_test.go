@@ -853,12 +853,7 @@ func (tg *target) capacity() int {
 // every connection a caller takes.
 func settablePool(t *testing.T, maxConns int32) (*pgxpool.Pool, func(params map[string]string)) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = maxConns
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	cfg := bigPoolConfig(t, maxConns)
 	var set atomic.Pointer[map[string]string]
 	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
 		if p := set.Load(); p != nil {
@@ -870,12 +865,7 @@ func settablePool(t *testing.T, maxConns int32) (*pgxpool.Pool, func(params map[
 		}
 		return true, nil
 	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool, func(params map[string]string) { set.Store(&params) }
+	return openPool(t, cfg), func(params map[string]string) { set.Store(&params) }
 }
 
 // Typed errors: every error an entry point returns, for every mechanism,

@@ -44,6 +44,7 @@ func newDatabase(t *testing.T) *pgxpool.Config {
 	return cfg
 }
 
+// openPool opens a pool of cfg, closed when the test ends.
 func openPool(t *testing.T, cfg *pgxpool.Config) *pgxpool.Pool {
 	t.Helper()
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg.Copy())
