@@ -15,7 +15,7 @@ import (
 // generalBatch writes batch.general, the batch statement of any set of
 // limits, for l's limits on table: wait and patience as batch.allow's.
 func generalBatch(l *limiter, table, column, wait, patience string) string {
-	var params func(prefix string) arith.Params
+	var own *overrideSQL // nil: the limiter's own limits
 	args := queries.Args{
 		"table": table, "setting": column, "wait": wait, "patience": patience,
 		"state": arith.Shaped(l.specs, "t.state"), "width": strconv.Itoa(3 * len(l.specs)),
@@ -23,7 +23,7 @@ func generalBatch(l *limiter, table, column, wait, patience string) string {
 	}
 	if l.cfg.Overrides {
 		o := newOverrideSQL(l.cfg.Limits)
-		params = o.params
+		own = &o
 		args["own"] = fmt.Sprintf(`
     CROSS JOIN LATERAL (SELECT %s FROM (
         SELECT %s FROM (SELECT) AS one
@@ -34,14 +34,8 @@ func generalBatch(l *limiter, table, column, wait, patience string) string {
 		args["own_c"] = ", " + o.out("c", false)
 		args["own_agg"] = ", array_agg(rates), array_agg(bursts)"
 	}
-	p := func(prefix string) arith.Params {
-		if params == nil {
-			return nil
-		}
-		return params(prefix)
-	}
-	count, _, state, expires := arith.BatchSQL(l.specs, "x.state", "x.tat", "x.now", "x.n", "x.calls", "g.granted", p("x."))
-	_, guard, _, _ := arith.BatchSQL(l.specs, "c.state", "c.tat", "c.now", "c.n", "1", "1", p("c."))
+	count, _, state, expires := arith.BatchSQL(l.specs, "x.state", "x.tat", "x.now", "x.n", "x.calls", "g.granted", own.params("x."))
+	_, guard, _, _ := arith.BatchSQL(l.specs, "c.state", "c.tat", "c.now", "c.n", "1", "1", own.params("c."))
 	refuses := "NOT " + guard
 	if l.cfg.Overrides {
 		// A row the limits cannot use decides nothing: no call fits it,

@@ -99,8 +99,12 @@ func newOverrideSQL(limits []Limit) overrideSQL {
 	return o
 }
 
-// params names the columns of the key's limits, of the row prefix.
-func (o overrideSQL) params(prefix string) arith.Params {
+// params names the columns of the key's limits, of the row prefix; on a
+// nil o, none: the limiter's own limits.
+func (o *overrideSQL) params(prefix string) arith.Params {
+	if o == nil {
+		return nil
+	}
 	return func(i int) (string, string, string) {
 		n := strconv.Itoa(i)
 		return prefix + "r" + n, prefix + "t" + n, prefix + "bt" + n
