@@ -55,8 +55,8 @@ type mechanism struct {
 // mechanism a decision can go through: batching and same-key merging (a
 // single GCRA limit, whose keys have room left, so that a call waits for
 // a locked row rather than being refused by reading it), leases (a fast
-// limit with a burst), the general statement (several limits), per-key
-// limits, and the fallback; then the limiter on database/sql, and the
+// limit with a burst), the general statements, batched too (several
+// limits, and per-key limits), and the fallback; then the limiter on database/sql, and the
 // Semaphore. Flights, which serve a single limit on Range (a cooldown,
 // which has no room for this table's second admission), keep no caller
 // past its context either (TestSingleFlightContexts).
@@ -681,7 +681,8 @@ func TestServerTimeoutIsErrTimeout(t *testing.T) {
 // that never comes, and each backend that waits is terminated: its
 // transaction has committed locally, and its client gets an error. The
 // database's record then shows each caller charged at most once: a batch
-// whose statement may have committed is never run again by its callers.
+// whose statement may have committed is never run again by its callers,
+// for one limit or several.
 func TestChargedAtMostOnce(t *testing.T) {
 	testdb.Slow(t)
 	ctx := t.Context()
@@ -692,11 +693,7 @@ func TestChargedAtMostOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	burst := 1000
-	lim, err := pglimit.New(pool, &pglimit.Config{Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: burst}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	syncRep := func(names string) {
+	syncRep := func(t *testing.T, names string) {
 		t.Helper()
 		if _, err := admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'"); err != nil {
 			t.Fatal(err)
@@ -705,69 +702,82 @@ func TestChargedAtMostOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	syncRep("nobody")
-	stop := make(chan struct{})
-	var terminator sync.WaitGroup
-	var terminated int
-	terminator.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(2 * time.Millisecond):
+	// One GCRA limit (batch.allow), and the same beside a daily window
+	// (batch.general), whose binding limit stays the GCRA one.
+	for _, limits := range [][]pglimit.Limit{
+		{{Rate: 1, Period: time.Hour, Burst: burst}},
+		{{Name: "rate", Rate: 1, Period: time.Hour, Burst: burst}, {Name: "day", Rate: 10 * burst, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow}},
+	} {
+		t.Run(fmt.Sprintf("%d limits", len(limits)), func(t *testing.T) {
+			lim, err := pglimit.New(pool, &pglimit.Config{Limits: limits})
+			if err != nil {
+				t.Fatal(err)
 			}
-			var n int
-			if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n); err != nil {
-				t.Error(err)
-				return
-			}
-			terminated += n
-		}
-	})
-	keys := []string{"a", "b", "c", "d"}
-	var (
-		mu       sync.Mutex
-		callers  = map[string]int{}
-		admitted = map[string]int{}
-		failed   int
-		wg       sync.WaitGroup
-	)
-	for i := range 64 {
-		key := keys[i%len(keys)]
-		wg.Go(func() {
-			d, err := lim.Allow(ctx, key)
-			mu.Lock()
-			defer mu.Unlock()
-			callers[key]++
-			switch {
-			case err != nil:
-				if failed++; failed <= 3 {
-					t.Logf("%s: %v", key, err)
+			syncRep(t, "nobody")
+			stop := make(chan struct{})
+			var terminator sync.WaitGroup
+			var terminated int
+			terminator.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(2 * time.Millisecond):
+					}
+					var n int
+					if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n); err != nil {
+						t.Error(err)
+						return
+					}
+					terminated += n
 				}
-			case d.Allowed:
-				admitted[key]++
+			})
+			keys := []string{"a", "b", "c", "d"}
+			var (
+				mu       sync.Mutex
+				callers  = map[string]int{}
+				admitted = map[string]int{}
+				failed   int
+				wg       sync.WaitGroup
+			)
+			for i := range 64 {
+				key := keys[i%len(keys)]
+				wg.Go(func() {
+					d, err := lim.Allow(ctx, key)
+					mu.Lock()
+					defer mu.Unlock()
+					callers[key]++
+					switch {
+					case err != nil:
+						if failed++; failed <= 3 {
+							t.Logf("%s: %v", key, err)
+						}
+					case d.Allowed:
+						admitted[key]++
+					}
+				})
 			}
+			wg.Wait()
+			close(stop)
+			terminator.Wait()
+			syncRep(t, "")
+			if terminated == 0 {
+				t.Fatal("no backend was terminated while its commit waited: the test proves nothing")
+			}
+			for _, key := range keys {
+				d, err := lim.Peek(ctx, key, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				charged := burst - 1 - d.Remaining // Peek's Remaining counts its own unit as taken
+				t.Logf("key %s: %d callers, %d admitted, %d units charged", key, callers[key], admitted[key], charged)
+				if charged > callers[key] || charged < admitted[key] {
+					t.Errorf("key %s: %d units charged for %d callers (%d admitted); each caller is charged at most once", key, charged, callers[key], admitted[key])
+				}
+			}
+			t.Logf("%d backends terminated at their commit; %d callers got an error", terminated, failed)
 		})
 	}
-	wg.Wait()
-	close(stop)
-	terminator.Wait()
-	syncRep("")
-	if terminated == 0 {
-		t.Fatal("no backend was terminated while its commit waited: the test proves nothing")
-	}
-	for _, key := range keys {
-		d, err := lim.Peek(ctx, key, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		charged := burst - 1 - d.Remaining // Peek's Remaining counts its own unit as taken
-		t.Logf("key %s: %d callers, %d admitted, %d units charged", key, callers[key], admitted[key], charged)
-		if charged > callers[key] || charged < admitted[key] {
-			t.Errorf("key %s: %d units charged for %d callers (%d admitted); each caller is charged at most once", key, charged, callers[key], admitted[key])
-		}
-	}
-	t.Logf("%d backends terminated at their commit; %d callers got an error", terminated, failed)
 }
 
 // errorClass is a way for a call to fail, for TestTypedErrors.
