@@ -307,8 +307,7 @@ func TestCitusRefusalTakesNoLock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		table := map[pglimit.Strategy]string{pglimit.Upsert: "pglimit_upsert", pglimit.NoWait: "pglimit_nowait", pglimit.Range: "pglimit_range"}[s]
-		if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT FROM %s.%s WHERE key = 'hot' FOR UPDATE", schema, table)); err != nil {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT FROM %s.%s WHERE key = 'hot' FOR UPDATE", schema, tableOf(s))); err != nil {
 			t.Fatal(err)
 		}
 		start := time.Now()
@@ -393,4 +392,113 @@ func TestCitusGeneralLimits(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A worker keeps no memory per decision. The function runs on the node
+// holding the key's shard in a connection that the coordinator keeps open,
+// so whatever the worker's backend keeps per call grows for as long as the
+// connection lives. The test calls the function as the coordinator does,
+// on that node, over one connection, then reads the backend's cached plans
+// (pg_backend_memory_contexts): on Citus 12.1.11+, 13.2.1+ and 14.0 a
+// cached generic plan of a statement in a function kept another local plan
+// on every execution, 30 to 40 kB a statement, until the connection
+// closed.
+func TestCitusWorkerMemoryBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := citusPool(t, 2)
+	schema := citusSchema(t, pool)
+	const calls, bound = 400, 4 << 20
+	for _, s := range pglimit.Strategies() {
+		for _, general := range []bool{false, true} {
+			if general && s == pglimit.Range {
+				continue
+			}
+			// Limits loose enough that most calls admit, so that every
+			// statement of the function runs: reads, locks and writes.
+			cfg := &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Microsecond}
+			if general {
+				cfg.Cooldown, cfg.Limits = 0, []pglimit.Limit{{Rate: 1_000_000, Period: time.Second}, {Rate: 1_000_000, Period: time.Hour, Algorithm: pglimit.FixedWindow}}
+			}
+			lim, err := pglimit.New(pool, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := fmt.Sprintf("mem-%s-%t", s, general)
+			if _, err := lim.Allow(ctx, key); err != nil { // finds out that the table is distributed
+				t.Fatal(err)
+			}
+			conn := citusNodeOf(t, pool, schema+"."+tableOf(s), key)
+			sql, args := pglimit.DecisionStatement(lim, key, general, false)
+			cached := func() int64 {
+				var n int64
+				if err := conn.QueryRow(ctx, "SELECT coalesce(sum(total_bytes), 0) FROM pg_backend_memory_contexts WHERE name = 'CachedPlan'").Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			run := func(n int) (admitted int) {
+				for range n {
+					ok := false // no row: the key changed, decide again
+					row, err := conn.Query(ctx, sql, args...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for row.Next() {
+						v, err := row.Values()
+						if err != nil {
+							t.Fatal(err)
+						}
+						ok, _ = v[0].(bool)
+					}
+					if err := row.Err(); err != nil {
+						t.Fatal(err)
+					}
+					if ok {
+						admitted++
+					}
+				}
+				return admitted
+			}
+			run(20) // past the first executions, which plan afresh anyway
+			before := cached()
+			if n := run(calls); n < calls/2 {
+				t.Fatalf("%s general=%t: %d of %d decisions admitted; want most, so that every statement runs", s, general, n, calls)
+			}
+			if grew := cached() - before; grew > bound {
+				t.Errorf("%s general=%t: the worker's cached plans grew by %d bytes over %d decisions on one connection; want at most %d",
+					s, general, grew, calls, bound)
+			}
+			conn.Close(ctx)
+		}
+	}
+}
+
+// tableOf is the table of strategy s.
+func tableOf(s pglimit.Strategy) string {
+	return map[pglimit.Strategy]string{pglimit.Upsert: "pglimit_upsert", pglimit.NoWait: "pglimit_nowait", pglimit.Range: "pglimit_range"}[s]
+}
+
+// citusNodeOf connects to the node that holds the shard of key in the
+// distributed table, with the coordinator's URL and credentials.
+func citusNodeOf(t *testing.T, pool *pgxpool.Pool, table, key string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	var host string
+	var port int
+	err := pool.QueryRow(ctx, `SELECT nodename, nodeport FROM pg_dist_shard_placement
+	                           WHERE shardid = get_shard_id_for_distribution_column($1, $2::text)`, table, key).Scan(&host, &port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(citusURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host, cfg.Port = host, uint16(port)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }
