@@ -24,12 +24,14 @@ import (
 // runs its own goose migrations in the same schema never collides with ours.
 const migrationsTable = "pglimit_goose_db_version"
 
-// ErrExtension reports that the btree_gist extension, which the Range
-// strategy's exclusion constraint needs, could not be created.
-var ErrExtension = errors.New("pglimit: cannot create extension btree_gist, which the Range strategy needs; " +
-	"install PostgreSQL's contrib modules (Debian/Ubuntu: apt-get install postgresql-contrib) " +
-	"and run CREATE SCHEMA " + extensionSchema + "; CREATE EXTENSION btree_gist SCHEMA " + extensionSchema +
-	" as a superuser or a role with CREATE on the database")
+// ErrExtension reports that the database lacks the btree_gist extension,
+// which the Range strategy's exclusion constraint needs, and that [Migrate]
+// could not create it. A Range limiter's decisions return it, wrapped with
+// [ErrNoExclusionConstraint]; the message says how to install it.
+var ErrExtension = errors.New("pglimit: the database has no btree_gist extension, which the Range strategy needs; " +
+	"install PostgreSQL's contrib modules (Debian/Ubuntu: apt-get install postgresql-contrib), " +
+	"run CREATE SCHEMA " + extensionSchema + "; CREATE EXTENSION btree_gist SCHEMA " + extensionSchema +
+	" as a superuser or a role with CREATE on the database, then pglimit.Migrate again")
 
 // extensionSchema is the schema in which [Migrate] creates btree_gist when
 // the database does not have it yet. A schema of its own, because a
@@ -49,14 +51,19 @@ const (
 
 // Migrate creates or upgrades pglimit's tables in schema ("" means
 // "public"), creating the schema, and btree_gist in pglimit_ext, if
-// needed. It is safe to run from every instance at start-up, on one schema
+// needed. A role that may not create btree_gist (it lacks CREATE on the
+// database) still migrates with privileges on its schema alone: only the
+// Range strategy needs the extension, and it refuses to decide, with
+// [ErrExtension], until someone who may installs it and Migrate runs again.
+// It is safe to run from every instance at start-up, on one schema
 // or many: creating schemas and the extension, which belong to the whole
 // database, is serialized by one advisory lock per database, and the
 // migrations of a schema by one per schema.
 //
 // It also repairs what a migrated schema can lose without goose noticing:
 // if the Range table's exclusion constraint is missing (dropping btree_gist
-// drops it), Migrate recreates the extension and the constraint, first
+// drops it, and a table migrated without the extension never had it),
+// Migrate recreates the extension, if it may, and the constraint, first
 // deleting the rows that overlap an earlier row of their key, which the
 // table admitted while it had no constraint.
 //
@@ -139,7 +146,7 @@ func prepareDatabase(ctx context.Context, connCfg *pgx.ConnConfig, schema string
 	if err := createSchema(ctx, conn, schema); err != nil {
 		return fmt.Errorf("pglimit: migrate: create schema %s: %w", schema, err)
 	}
-	if err := createExtension(ctx, conn); err != nil {
+	if err := createExtension(ctx, conn); err != nil && !outOfReach(err) {
 		return fmt.Errorf("%w: %w", ErrExtension, err)
 	}
 	if err := repairRange(ctx, conn, schema); err != nil {
@@ -193,16 +200,24 @@ func createExtension(ctx context.Context, conn *pgx.Conn) error {
 	return createdElsewhere(err)
 }
 
+// outOfReach reports an extension that this role may not create (42501),
+// or that the server does not have (58P01, 0A000): the schema migrates
+// without it, and Range waits for it.
+func outOfReach(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && (pgErr.Code == "42501" || pgErr.Code == "58P01" || pgErr.Code == "0A000")
+}
+
 // repairRange gives a Range table that exists without its exclusion
-// constraint the constraint back. The rows it admitted meanwhile may
+// constraint the constraint back, once the database has btree_gist. The rows it admitted meanwhile may
 // overlap; of two overlapping rows of one key the later one goes, so the
 // cooldown that began first stays in force. The table is locked against
 // writers throughout, so no overlap can slip in between.
 func repairRange(ctx context.Context, conn *pgx.Conn, schema string) error {
 	table := pgx.Identifier{schema, rangeTable}.Sanitize()
-	var missing bool
-	err := conn.QueryRow(ctx, queries.Static("migrate.range_unconstrained"), table, rangeConstraint).Scan(&missing)
-	if err != nil || !missing {
+	var missing, extension bool
+	err := conn.QueryRow(ctx, queries.Static("migrate.range_unconstrained"), table, rangeConstraint).Scan(&missing, &extension)
+	if err != nil || !missing || !extension {
 		return err
 	}
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {

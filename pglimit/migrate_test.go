@@ -361,52 +361,132 @@ func TestMigrateLeastPrivilegedRoles(t *testing.T) {
 	}
 }
 
-// A role that may not create extensions gets ErrExtension, which names the
-// fix, instead of a bare permission error.
-func TestMigrateExplainsMissingExtension(t *testing.T) {
+// The least-privileged set-up of docs/operations.md, in a database without
+// btree_gist: an owner role with every privilege on the schema public and
+// none on the database migrates; a runtime role with the table privileges
+// decides on Upsert and NoWait, and its Range limiter refuses with
+// ErrExtension, which names the fix; a cleanup role with SELECT, UPDATE (to
+// lock rows) and DELETE cleans. Once an administrator installs the
+// extension, the owner's next Migrate gives the Range table its constraint.
+func TestLeastPrivilegedRoles(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	admin := testdb.Pool(t)
-	name := fmt.Sprintf("pglimit_ext_%d", time.Now().UnixNano())
-	// A password, for servers that ask for one (a container's do).
-	for _, q := range []string{"CREATE ROLE " + name + " LOGIN PASSWORD 'pglimit'", "CREATE DATABASE " + name} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
+	super := testdb.Pool(t)
+	suffix := fmt.Sprintf("%d_%d", time.Now().UnixNano(), databaseSeq.Add(1))
+	owner, app, cleaner := "pglimit_owner_"+suffix, "pglimit_app_"+suffix, "pglimit_clean_"+suffix
+	for _, role := range []string{owner, app, cleaner} {
+		// A password, for servers that ask for one (a container's do).
+		if _, err := super.Exec(ctx, "CREATE ROLE "+role+" LOGIN PASSWORD 'pglimit'"); err != nil {
+			t.Fatal(err)
 		}
+		t.Cleanup(func() { // after the database is dropped
+			if _, err := super.Exec(context.Background(), "DROP ROLE IF EXISTS "+role); err != nil {
+				t.Errorf("drop role: %v", err)
+			}
+		})
 	}
-	t.Cleanup(func() {
-		for _, q := range []string{"DROP DATABASE IF EXISTS " + name + " WITH (FORCE)", "DROP ROLE IF EXISTS " + name} {
-			if _, err := admin.Exec(ctx, q); err != nil {
-				t.Errorf("%s: %v", q, err)
+	cfg := newDatabase(t)
+	admin := openPool(t, cfg)
+	exec := func(pool *pgxpool.Pool, qs ...string) {
+		t.Helper()
+		for _, q := range qs {
+			if _, err := pool.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
 			}
 		}
+	}
+	exec(admin, "GRANT ALL ON SCHEMA public TO "+owner, "GRANT USAGE ON SCHEMA public TO "+app+", "+cleaner)
+	as := func(role string) *pgxpool.Pool {
+		c := cfg.Copy()
+		c.ConnConfig.User, c.ConnConfig.Password = role, "pglimit"
+		return openPool(t, c)
+	}
+	ownerPool, appPool, cleanerPool := as(owner), as(app), as(cleaner)
+
+	if err := pglimit.Migrate(ctx, ownerPool, "public"); err != nil {
+		t.Fatalf("Migrate as a role without CREATE on the database: %v", err)
+	}
+	exec(ownerPool,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "+app,
+		"GRANT SELECT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "+cleaner)
+
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		for _, cfg := range []*pglimit.Config{
+			{Strategy: s, Cooldown: time.Hour},
+			{Strategy: s, Limits: []pglimit.Limit{
+				{Name: "rate", Rate: 1, Period: time.Hour},
+				{Name: "daily", Rate: 5, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+			}, Namespace: "tiers", Overrides: true},
+		} {
+			lim, err := pglimit.New(appPool, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := fmt.Sprintf("%s-%d", s, len(cfg.Limits))
+			first, err1 := lim.Allow(ctx, key)
+			second, err2 := lim.Allow(ctx, key)
+			if err1 != nil || err2 != nil || !first.Allowed || second.Allowed {
+				t.Fatalf("%s with %d limits as the runtime role: %+v, %v then %+v, %v; want admitted then refused",
+					s, len(cfg.Limits), first, err1, second, err2)
+			}
+			if ok, err := lim.Refund(ctx, first, 1); err != nil || !ok {
+				t.Fatalf("%s: Refund as the runtime role: %t, %v", s, ok, err)
+			}
+			if err := lim.Reset(ctx, key); err != nil {
+				t.Fatalf("%s: Reset as the runtime role: %v", s, err)
+			}
+			if cfg.Overrides {
+				raised := []pglimit.Limit{{Name: "rate", Rate: 2}}
+				if err := pglimit.SetKeyLimits(ctx, appPool, cfg, key, raised...); err != nil {
+					t.Fatalf("%s: SetKeyLimits as the runtime role: %v", s, err)
+				}
+			}
+		}
+	}
+	lim, err := pglimit.New(appPool, &pglimit.Config{Strategy: pglimit.Range, Cooldown: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := lim.Allow(ctx, "k")
+	if !errors.Is(err, pglimit.ErrNoExclusionConstraint) || !errors.Is(err, pglimit.ErrExtension) ||
+		!strings.Contains(err.Error(), "CREATE EXTENSION btree_gist") || d.Allowed {
+		t.Fatalf("Range without btree_gist: %+v, %v; want refused with ErrNoExclusionConstraint and ErrExtension naming the fix", d, err)
+	}
+
+	// The cleanup role deletes what has expired.
+	exec(admin, "INSERT INTO pglimit_upsert (namespace, key, expires_at) VALUES ('old', 'k', now() - interval '1 hour')")
+	var batchErr atomic.Pointer[error]
+	w := newWatch()
+	cleanCfg := &pglimit.CleanerConfig{Tables: []string{"pglimit_upsert"}, Interval: 20 * time.Millisecond, Retention: time.Nanosecond}
+	pglimit.SetCleanerHooks(cleanCfg, pglimit.CleanerHooks{BatchEnd: func(_ string, _ int64, err error) {
+		if err != nil {
+			batchErr.Store(&err)
+		}
+		w.poke()
+	}})
+	c, err := pglimit.NewCleaner(cleanerPool, cleanCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.until(t, "the old row cleaned or a batch failed", func() bool {
+		return batchErr.Load() != nil || c.Stats().RowsDeleted > 0
 	})
-
-	// In the new database the role may create tables in public, but not
-	// extensions, which need CREATE on the database.
-	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
-	if err != nil {
+	if err := c.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.Database = name
-	owner, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = owner.Exec(ctx, "GRANT CREATE ON SCHEMA public TO "+name)
-	owner.Close(ctx)
-	if err != nil {
-		t.Fatal(err)
+	if err := batchErr.Load(); err != nil {
+		t.Fatalf("cleanup as the cleanup role: %v", *err)
 	}
 
-	cfg.ConnConfig.User, cfg.ConnConfig.Password = name, "pglimit"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
+	// An administrator installs the extension; the owner migrates again.
+	exec(admin, "CREATE SCHEMA pglimit_ext", "CREATE EXTENSION btree_gist SCHEMA pglimit_ext")
+	if err := pglimit.Migrate(ctx, ownerPool, "public"); err != nil {
+		t.Fatalf("Migrate once the extension is installed: %v", err)
 	}
-	defer pool.Close()
-	err = pglimit.Migrate(ctx, pool, "public")
-	if !errors.Is(err, pglimit.ErrExtension) {
-		t.Fatalf("Migrate as a role without CREATE on the database: %v, want ErrExtension", err)
+	if !rangeHolds(t, appPool, "public", "k") {
+		t.Error("Range after the extension and Migrate: want one admission within the cooldown")
 	}
 }

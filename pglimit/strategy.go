@@ -60,15 +60,21 @@ func newRange(l *limiter, table string) Limiter {
 }
 
 // verifyExclusion fails with ErrNoExclusionConstraint when the Range
-// table has lost its exclusion constraint, which is the limiter: without
-// it every request is admitted (range.exclusion_exists).
+// table has no exclusion constraint, which is the limiter: without it
+// every request is admitted (range.exclusion_exists). Without btree_gist
+// in the database the error wraps ErrExtension too, which says how to
+// install it.
 func verifyExclusion(ctx context.Context, db DB, table string) error {
-	var ok bool
-	if err := db.QueryRow(ctx, queries.Static("range.exclusion_exists"), table).Scan(&ok); err != nil {
+	var ok, extension bool
+	if err := db.QueryRow(ctx, queries.Static("range.exclusion_exists"), table).Scan(&ok, &extension); err != nil {
 		return fmt.Errorf("check the exclusion constraint of %s: %w", table, err)
 	}
-	if !ok {
+	switch {
+	case ok:
+		return nil
+	case !extension:
+		return fmt.Errorf("%w: %s: %w", ErrNoExclusionConstraint, table, ErrExtension)
+	default:
 		return fmt.Errorf("%w: %s", ErrNoExclusionConstraint, table)
 	}
-	return nil
 }

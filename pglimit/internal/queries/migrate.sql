@@ -16,12 +16,14 @@
 {{define "migrate.create_btree_gist"}}CREATE EXTENSION IF NOT EXISTS btree_gist SCHEMA {{.schema}}{{end}}
 
 -- The repair of a Range table ($1) that lost its exclusion constraint
--- ($2; placeholders table and constraint, quoted): of two overlapping rows
+-- ($2; placeholders table and constraint, quoted), or was migrated without
+-- it, once the database has btree_gist: of two overlapping rows
 -- of one key the later one goes, under a lock against writers, and the
 -- constraint comes back.
 {{define "migrate.range_unconstrained"}}
 SELECT to_regclass($1) IS NOT NULL
-   AND NOT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2)
+   AND NOT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2),
+       EXISTS (SELECT FROM pg_extension WHERE extname = 'btree_gist')
 {{end}}
 {{define "migrate.range_lock"}}LOCK TABLE {{.table}} IN ACCESS EXCLUSIVE MODE{{end}}
 {{define "migrate.range_dedupe"}}

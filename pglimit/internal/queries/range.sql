@@ -49,5 +49,6 @@ FROM (SELECT clock_timestamp() AS now) AS c
 -- the constraint is the limiter. It can go missing behind the limiter's
 -- back, with the btree_gist extension it needs (DROP EXTENSION ... CASCADE).
 {{define "range.exclusion_exists"}}
-SELECT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass($1) AND contype = 'x')
+SELECT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass($1) AND contype = 'x'),
+       EXISTS (SELECT FROM pg_extension WHERE extname = 'btree_gist')
 {{end}}
