@@ -9,12 +9,14 @@ MODULES := . loadtest internal/pgcontainer pglimitgrpc pglimitotel pglimitorm
 
 .PHONY: demo test test-short test-matrix bench fmt vet lint
 
-# Built, then run: `go run` exits 1 when Ctrl-C reaches it, however the
-# program ends, and make would report that as an error. The demo itself
-# stops cleanly on SIGINT and exits 0.
+# Built, then run, so that Ctrl-C reaches the demo itself, which stops
+# cleanly on SIGINT (it drains its requests and exits 0). make receives the
+# same Ctrl-C and reports it as an interrupt whatever the demo did: the
+# shell then shows exit status 130, as for any interrupted make.
 DEMO_BIN ?= $(or $(TMPDIR),/tmp)/pglimit-demo
 
 demo:
+	@echo "make demo: building the demo (a first build downloads and compiles its dependencies, about a minute)"
 	@$(GO) build -o $(DEMO_BIN) ./demo
 	@$(DEMO_BIN)
 

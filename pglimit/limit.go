@@ -62,7 +62,9 @@ type Limit struct {
 
 	// Burst is, for GCRA, how many units a key may use at once. Must not
 	// be negative, and a full burst must replenish within 366 days
-	// (Burst*Period/Rate); window algorithms take none. Defaults to 1.
+	// (Burst*Period/Rate); window algorithms take none. Defaults to 1, so
+	// Limit{Rate: 5, Period: time.Minute} admits one request and then one
+	// every 12 s, where PerMinute(5), with a burst of 5, admits five at once.
 	Burst int
 
 	// Algorithm says how the limit counts. Defaults to [GCRA].
