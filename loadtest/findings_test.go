@@ -41,3 +41,25 @@ func TestOverAdmissionFailsOnlyPglimit(t *testing.T) {
 		t.Errorf("the peer within its limit: failures %q, notes %q; want none", f, n)
 	}
 }
+
+// Each run records the load average around it; the scenario's report gives
+// their span and names the runs that began on a busy machine.
+func TestLoadNotes(t *testing.T) {
+	t.Parallel()
+	res := []*result{
+		{Variant: "upsert", Concurrency: 8, LoadStart: 0.5, LoadEnd: 3.1},
+		{Variant: "redis_rate", Concurrency: 64, LoadStart: 2.5, LoadEnd: 4},
+	}
+	if got, want := loadSpan(res), "0.50-2.50 as the runs started, 3.10-4.00 as they ended"; !strings.Contains(got, want) {
+		t.Errorf("loadSpan: %q, want it to contain %q", got, want)
+	}
+	if got := busyRuns(res, 2); got != "redis_rate at concurrency 64 (2.50)" {
+		t.Errorf("busyRuns on 2 cores: %q", got)
+	}
+	if got := busyRuns(res, 4); got != "" {
+		t.Errorf("busyRuns on 4 cores: %q, want none", got)
+	}
+	if got := loadSpan([]*result{{Variant: "upsert"}}); got != "" {
+		t.Errorf("loadSpan without load figures: %q, want none", got)
+	}
+}

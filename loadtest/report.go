@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -54,6 +55,10 @@ type scenarioReport struct {
 	CooldownMS float64   `json:"cooldown_ms"`
 	DurationS  float64   `json:"planned_duration_s"`
 	Results    []*result `json:"results"`
+	// Load spans the 1-minute load average around its runs; Busy names the
+	// runs that started above the machine's cores, whose figures are noise.
+	Load string `json:"load_average,omitempty"`
+	Busy string `json:"busy_runs,omitempty"`
 }
 
 func newReport(o *options) *report {
@@ -84,6 +89,7 @@ func newReport(o *options) *report {
 func (rep *report) add(sc *scenario, res []*result) {
 	rep.Scenarios = append(rep.Scenarios, &scenarioReport{
 		Name: sc.Name, About: sc.About, CooldownMS: ms(sc.Cooldown), DurationS: sc.Duration.Seconds(), Results: res,
+		Load: loadSpan(res), Busy: busyRuns(res, runtime.NumCPU()),
 	})
 	for _, v := range sc.Variants {
 		rep.variants[v.Name] = v
@@ -99,11 +105,23 @@ func (rep *report) add(sc *scenario, res []*result) {
 		rep.Failures = append(rep.Failures, failures(r, v)...)
 		rep.Notes = append(rep.Notes, findings(r, v)...)
 	}
+
 }
 
 func (rep *report) finish() {
 	rep.Meta.Finished = time.Now().UTC().Format(time.RFC3339)
 	rep.Meta.LoadEnd = loadAverage()
+}
+
+// load1 reads the 1-minute load average, 0 where the system does not show
+// it.
+func load1() float64 {
+	f := strings.Fields(loadAverage())
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }
 
 // loadAverage reads the 1, 5 and 15 minute load averages, where the system
@@ -230,6 +248,13 @@ func writeMarkdown(w io.Writer, rep *report) {
 	for _, s := range rep.Scenarios {
 		fmt.Fprintf(w, "## %s\n\n%s Cooldown %s, %s per run.\n\n", s.Name, s.About,
 			short(time.Duration(s.CooldownMS*float64(time.Millisecond))), short(time.Duration(s.DurationS*float64(time.Second)).Round(time.Millisecond)))
+		if s.Load != "" {
+			fmt.Fprintf(w, "The %s.\n\n", s.Load)
+		}
+		if s.Busy != "" {
+			fmt.Fprintf(w, "**Noise:** %s started at a load average above this machine's %d cores; measure them again on a quiet machine.\n\n",
+				s.Busy, runtime.NumCPU())
+		}
 		fmt.Fprintln(w, "| conc | strategy | decisions/s | × floor | × write floor | × redis_rate | p50 ms | p95 ms | p99 ms | max ms | errors |")
 		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 		for _, r := range s.Results {
@@ -504,4 +529,32 @@ func num(v float64) string {
 	default:
 		return fmt.Sprintf("%.2f", v)
 	}
+}
+
+// busyRuns lists the runs of res that started at a load average above
+// cores, with the load of each, or "" if none did.
+func busyRuns(res []*result, cores int) string {
+	var busy []string
+	for _, r := range res {
+		if r.LoadStart > float64(cores) {
+			busy = append(busy, fmt.Sprintf("%s at concurrency %s (%.2f)", r.Variant, conc(r), r.LoadStart))
+		}
+	}
+	return strings.Join(busy, ", ")
+}
+
+// loadSpan gives the range of the 1-minute load average at the starts and
+// at the ends of the runs of res, or "" where the system shows none.
+func loadSpan(res []*result) string {
+	var starts, ends []float64
+	for _, r := range res {
+		if r.LoadStart > 0 || r.LoadEnd > 0 {
+			starts, ends = append(starts, r.LoadStart), append(ends, r.LoadEnd)
+		}
+	}
+	if len(starts) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("load average (1 min) was %.2f-%.2f as the runs started, %.2f-%.2f as they ended",
+		slices.Min(starts), slices.Max(starts), slices.Min(ends), slices.Max(ends))
 }

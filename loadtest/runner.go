@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -25,25 +26,29 @@ type runner struct {
 
 // result is one run: one variant, one scenario, one level.
 type result struct {
-	Scenario    string           `json:"scenario"`
-	Variant     string           `json:"strategy"`
-	HotKey      bool             `json:"hot_key"`     // one key, requested all run long
-	Concurrency int              `json:"concurrency"` // closed-loop workers; 0 for open loop
-	Instances   int              `json:"instances"`
-	Conns       int              `json:"conns_per_instance"`
-	CooldownMS  float64          `json:"cooldown_ms"`      // 0 for a variant with Limits
-	Limits      string           `json:"limits,omitempty"` // the limit set (scenario.Limits) it enforced
-	Round       int              `json:"round,omitempty"`  // of scenario.Rounds, when more than one
-	DurationS   float64          `json:"duration_s"`
-	Decisions   int64            `json:"decisions"`
-	Admitted    int64            `json:"admitted"`
-	Refused     int64            `json:"refused"`
-	ErrorCount  int64            `json:"error_count"`
-	Errors      map[string]int64 `json:"errors"`
-	Dropped     int64            `json:"dropped"`
-	Rate        float64          `json:"decisions_per_s"`
-	FloorRate   float64          `json:"floor_per_s"`
-	Ratio       float64          `json:"ratio_to_floor"`
+	Scenario    string  `json:"scenario"`
+	Variant     string  `json:"strategy"`
+	HotKey      bool    `json:"hot_key"`     // one key, requested all run long
+	Concurrency int     `json:"concurrency"` // closed-loop workers; 0 for open loop
+	Instances   int     `json:"instances"`
+	Conns       int     `json:"conns_per_instance"`
+	CooldownMS  float64 `json:"cooldown_ms"`      // 0 for a variant with Limits
+	Limits      string  `json:"limits,omitempty"` // the limit set (scenario.Limits) it enforced
+	Round       int     `json:"round,omitempty"`  // of scenario.Rounds, when more than one
+	// The 1-minute load average as the run started and ended; the start
+	// past the machine's cores makes the run's figures noise.
+	LoadStart  float64          `json:"load_average_start,omitempty"`
+	LoadEnd    float64          `json:"load_average_end,omitempty"`
+	DurationS  float64          `json:"duration_s"`
+	Decisions  int64            `json:"decisions"`
+	Admitted   int64            `json:"admitted"`
+	Refused    int64            `json:"refused"`
+	ErrorCount int64            `json:"error_count"`
+	Errors     map[string]int64 `json:"errors"`
+	Dropped    int64            `json:"dropped"`
+	Rate       float64          `json:"decisions_per_s"`
+	FloorRate  float64          `json:"floor_per_s"`
+	Ratio      float64          `json:"ratio_to_floor"`
 	// The write floor and the peer, at the same level, where they ran.
 	WriteFloorRate float64         `json:"write_floor_per_s,omitempty"`
 	WriteRatio     float64         `json:"ratio_to_write_floor,omitempty"`
@@ -178,7 +183,13 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 	if limits != nil {
 		res.CooldownMS = 0
 	}
+	res.LoadStart = load1()
+	if res.LoadStart > float64(runtime.NumCPU()) {
+		fmt.Fprintf(r.stderr, "loadtest: warning: load average %.2f on %d cores as %s starts: its figures are noise\n",
+			res.LoadStart, runtime.NumCPU(), res.where(v))
+	}
 	rec, elapsed := r.drive(ctx, sc, level, v, prefix, pg, decide, res)
+	res.LoadEnd = load1()
 	sess.close() // before settle, which waits for the pools' backends to exit
 	if err := ctx.Err(); err != nil {
 		return nil, err
