@@ -116,14 +116,6 @@ func writeCostTable(w io.Writer, costs []costFigure) {
 	fmt.Fprintln(w)
 }
 
-// writeCostLines prints the cost figures under the terminal table.
-func writeCostLines(w io.Writer, costs []costFigure) {
-	for _, f := range costs {
-		fmt.Fprintf(w, "cost %s c=%d: %s %.3f× %s (mean time; rounds %s; decisions/s %.3f×), target ≤ %.1f: %s\n",
-			f.Workload, f.Concurrency, f.Variant, f.Ratio, f.Strategy, roundRatios(f.RoundRatios), f.RateRatio, f.Target, yesNo(f.Met))
-	}
-}
-
 func roundRatios(rs []float64) string {
 	s := "["
 	for i, r := range rs {

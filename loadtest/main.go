@@ -25,6 +25,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -268,13 +269,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "loadtest:", err)
 		return exitError
 	}
-	writeTable(stdout, rep)
-	writeCostLines(stdout, rep.Costs)
+	writeVerdict(stdout, rep)
 	if err := writeOutputs(o.out, rep); err != nil {
 		fmt.Fprintln(stderr, "loadtest:", err)
 		return exitError
 	}
-	fmt.Fprintf(stderr, "loadtest: wrote %s\n", o.out)
+	where, err := filepath.Abs(o.out)
+	if err != nil {
+		where = o.out
+	}
+	fmt.Fprintf(stdout, "\nEvery figure: %s (tables and charts) and %s.\n",
+		filepath.Join(where, "report.md"), filepath.Join(where, "results.json"))
 	if len(rep.Failures) > 0 {
 		for _, f := range rep.Failures {
 			fmt.Fprintln(stderr, "FAIL:", f)

@@ -35,8 +35,8 @@ func runLoadtest(t *testing.T, want int, args ...string) (*report, string) {
 	if code != want {
 		t.Fatalf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", code, want, &stdout, &stderr)
 	}
-	if !strings.Contains(stdout.String(), "decisions/s") {
-		t.Errorf("no table on stdout:\n%s", &stdout)
+	if !strings.Contains(stdout.String(), "over-admitted") || !strings.Contains(stdout.String(), filepath.Join(out, "report.md")) {
+		t.Errorf("no verdict, or no path to report.md, on stdout:\n%s", &stdout)
 	}
 	b, err := os.ReadFile(filepath.Join(out, "results.json"))
 	if err != nil {

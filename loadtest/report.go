@@ -10,9 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 )
 
@@ -115,14 +113,7 @@ func (rep *report) finish() {
 
 // load1 reads the 1-minute load average, 0 where the system does not show
 // it.
-func load1() float64 {
-	f := strings.Fields(loadAverage())
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
-}
+func load1() float64 { return load1Of(loadAverage()) }
 
 // loadAverage reads the 1, 5 and 15 minute load averages, where the system
 // shows them: figures taken on a busy machine are noisy.
@@ -176,22 +167,6 @@ func writeOutputs(dir string, rep *report) error {
 	}
 	writeMarkdown(f, rep)
 	return f.Close()
-}
-
-// writeTable prints one line per run, the figures a reader compares first.
-func writeTable(w io.Writer, rep *report) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tconc\tstrategy\tdecisions/s\t×floor\t×write\t×redis_rate\tp50 ms\tp95 ms\tp99 ms\tmax ms\tadmitted\tallowed\tover\tdb record\terrors\tdeadlocks\tWAL B/dec\t")
-	for _, s := range rep.Scenarios {
-		for _, r := range s.Results {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-				r.Scenario, conc(r), r.Variant, num(r.Rate), ratio(r.Ratio), ratio(r.WriteRatio), ratio(r.PeerRatio),
-				num(r.Latency.P50), num(r.Latency.P95),
-				num(r.Latency.P99), num(r.Latency.Max), admittedCol(r), allowedCol(r), overCol(r.Client), recordCol(r),
-				errorsCol(r), deadlocksCol(r), walPerDecision(r))
-		}
-	}
-	tw.Flush()
 }
 
 func writeMarkdown(w io.Writer, rep *report) {

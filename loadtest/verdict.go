@@ -1,0 +1,138 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// writeVerdict prints what a reader wants from a run, in under 100
+// columns: for every scenario and level, pglimit's default strategy and
+// its fastest variant against the peer (or the floor, without the peer),
+// and how many admissions pglimit made past a limit. report.md and
+// results.json hold every figure.
+func writeVerdict(w io.Writer, rep *report) {
+	against, col := "redis_rate's (the peer, on Redis without persistence)", "× redis_rate"
+	if !slices.ContainsFunc(rep.Scenarios, func(s *scenarioReport) bool {
+		return slices.ContainsFunc(s.Results, func(r *result) bool { return r.PeerRatio > 0 })
+	}) {
+		against, col = "the floor's (the least work a request can do)", "× floor"
+	}
+	fmt.Fprintf(w, "pglimit load test on %d CPUs; load average %s at the start.\n", runtime.NumCPU(), orNone(rep.Meta.LoadStart))
+	if l := load1Of(rep.Meta.LoadStart); l > float64(runtime.NumCPU()) {
+		fmt.Fprintf(w, "WARNING: the load average exceeds the %d cores: the figures are noise; run again on a quiet machine.\n", runtime.NumCPU())
+	}
+	fmt.Fprintf(w, "Each ratio is pglimit's decisions/s over %s,\nat the same workers: above 1 is faster.\n\n", against)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "scenario\tworkers\tdefault\t%s\tfastest\t%s\tover-admitted\n", col, col)
+	for _, s := range rep.Scenarios {
+		for _, lv := range levelsOf(s) {
+			def, best, over := verdictAt(rep, lv)
+			if def == nil {
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", s.Name, conc(def.r), def.name, ratio(def.ratio), best.name, ratio(best.ratio), over)
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "default: Config's default (Upsert), durable. fastest: the quickest pglimit variant measured here;")
+	fmt.Fprintln(w, "  -async trades the last commits before a crash for speed, -preblock adds a local pre-check,")
+	fmt.Fprintln(w, "  nowait refuses at once what it would wait for. over-admitted must be 0: it fails the run.")
+}
+
+// A variant's mean over the rounds of one level of a scenario.
+type verdictRow struct {
+	name  string
+	rate  float64
+	ratio float64
+	r     *result
+}
+
+// levelsOf groups a scenario's results by level, in order.
+func levelsOf(s *scenarioReport) [][]*result {
+	var out [][]*result
+	at := map[int]int{}
+	for _, r := range s.Results {
+		i, ok := at[r.Concurrency]
+		if !ok {
+			i = len(out)
+			at[r.Concurrency] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], r)
+	}
+	return out
+}
+
+// verdictAt gives, for one level's results, the default strategy's row
+// (the first upsert variant), the fastest pglimit variant's, and pglimit's
+// over-admissions; def is nil when no pglimit variant ran there.
+func verdictAt(rep *report, res []*result) (def, best *verdictRow, over int) {
+	rows := map[string]*verdictRow{}
+	var order []string
+	n := map[string]int{}
+	for _, r := range res {
+		v := rep.variants[r.Variant]
+		if v.Floor || v.Redis || v == naive {
+			continue
+		}
+		if c := bestCheck(r); c != nil {
+			over += c.OverAdmitted
+		}
+		row, ok := rows[r.Variant]
+		if !ok {
+			row = &verdictRow{name: r.Variant, r: r}
+			rows[r.Variant] = row
+			order = append(order, r.Variant)
+		}
+		row.rate += r.Rate
+		row.ratio += cmpRatio(r)
+		n[r.Variant]++
+	}
+	for _, name := range order {
+		row := rows[name]
+		row.rate /= float64(n[name])
+		row.ratio /= float64(n[name])
+		if def == nil && strings.HasPrefix(name, "upsert") {
+			def = row
+		}
+		if best == nil || row.rate > best.rate {
+			best = row
+		}
+	}
+	if def == nil {
+		def = best
+	}
+	return def, best, over
+}
+
+// cmpRatio is r's ratio to the peer, or to the floor where the peer did
+// not run.
+func cmpRatio(r *result) float64 {
+	if r.PeerRatio > 0 {
+		return r.PeerRatio
+	}
+	return r.Ratio
+}
+
+// load1Of reads the 1-minute figure of a "1 5 15" load average.
+func load1Of(s string) float64 {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(not shown by this system)"
+	}
+	return s
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// The verdict fits in 100 columns, averages a variant's rounds, names the
+// default and the fastest pglimit variant against the peer, and counts
+// pglimit's over-admissions, not the peer's.
+func TestVerdict(t *testing.T) {
+	t.Parallel()
+	async := variant{Name: "upsert-async", Strategy: pglimit.Upsert, AsyncCommit: true}
+	up := variant{Name: "upsert", Strategy: pglimit.Upsert}
+	rep := &report{variants: map[string]variant{}}
+	for _, v := range []variant{floor, peer, up, async, naive} {
+		rep.variants[v.Name] = v
+	}
+	res := func(v variant, level int, rate, peerRatio float64, over int) *result {
+		return &result{Scenario: "many-keys", Variant: v.Name, Concurrency: level, Rate: rate, PeerRatio: peerRatio,
+			Client: &admissionCheck{OverAdmitted: over}}
+	}
+	rep.Scenarios = []*scenarioReport{{Name: "many-keys", Results: []*result{
+		res(floor, 8, 9000, 0, 0), res(peer, 8, 10000, 0, 3),
+		res(up, 8, 5000, 0.5, 0), res(up, 8, 7000, 0.7, 0), res(async, 8, 8000, 0.8, 1),
+		res(naive, 8, 9000, 0.9, 5),
+		res(up, 64, 20000, 1.1, 0),
+	}}}
+	var b bytes.Buffer
+	writeVerdict(&b, rep)
+	for _, line := range strings.Split(b.String(), "\n") {
+		if n := len([]rune(line)); n > 100 {
+			t.Errorf("%d columns, want at most 100: %q", n, line)
+		}
+	}
+	rows := map[string]string{}
+	for _, line := range strings.Split(b.String(), "\n") {
+		if f := strings.Fields(line); len(f) == 7 && f[0] == "many-keys" {
+			rows[f[1]] = strings.Join(f[2:], " ")
+		}
+	}
+	if !strings.Contains(b.String(), "× redis_rate") {
+		t.Errorf("the verdict does not compare with the peer:\n%s", &b)
+	}
+	// At 8 workers: upsert's two rounds averaged, upsert-async the fastest,
+	// its one over-admission counted, the peer's and range-naive's not.
+	for level, want := range map[string]string{"8": "upsert 0.60 upsert-async 0.80 1", "64": "upsert 1.10 upsert 1.10 0"} {
+		if rows[level] != want {
+			t.Errorf("at %s workers: %q, want %q\n%s", level, rows[level], want, &b)
+		}
+	}
+}
