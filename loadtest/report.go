@@ -227,8 +227,9 @@ func writeMarkdown(w io.Writer, rep *report) {
 			fmt.Fprintf(w, "The %s.\n\n", s.Load)
 		}
 		if s.Busy != "" {
-			fmt.Fprintf(w, "**Noise:** %s started at a load average above this machine's %d cores; measure them again on a quiet machine.\n\n",
-				s.Busy, runtime.NumCPU())
+			fmt.Fprintf(w, "Started at a load average above this machine's %d cores: %s. The 1-minute average still carries "+
+				"the load test's own earlier runs; where the run began on a busy machine too, measure them again on a quiet one.\n\n",
+				runtime.NumCPU(), s.Busy)
 		}
 		fmt.Fprintln(w, "| conc | strategy | decisions/s | × floor | × write floor | × redis_rate | p50 ms | p95 ms | p99 ms | max ms | errors |")
 		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -184,10 +183,6 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 		res.CooldownMS = 0
 	}
 	res.LoadStart = load1()
-	if res.LoadStart > float64(runtime.NumCPU()) {
-		fmt.Fprintf(r.stderr, "loadtest: warning: load average %.2f on %d cores as %s starts: its figures are noise\n",
-			res.LoadStart, runtime.NumCPU(), res.where(v))
-	}
 	rec, elapsed := r.drive(ctx, sc, level, v, prefix, pg, decide, res)
 	res.LoadEnd = load1()
 	sess.close() // before settle, which waits for the pools' backends to exit

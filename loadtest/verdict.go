@@ -35,14 +35,15 @@ func writeVerdict(w io.Writer, rep *report) {
 			if def == nil {
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", s.Name, conc(def.r), def.name, ratio(def.ratio), best.name, ratio(best.ratio), over)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", s.Name, conc(def.r), def.name, def.figure(), best.name, best.figure(), over)
 		}
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "default: Config's default (Upsert), durable. fastest: the quickest pglimit variant measured here;")
 	fmt.Fprintln(w, "  -async trades the last commits before a crash for speed, -preblock adds a local pre-check,")
-	fmt.Fprintln(w, "  nowait refuses at once what it would wait for. over-admitted must be 0: it fails the run.")
+	fmt.Fprintln(w, "  nowait refuses at once what it would wait for. A figure in /s: no peer in that scenario.")
+	fmt.Fprintln(w, "  over-admitted must be 0: any admission past a limit fails the run.")
 }
 
 // A variant's mean over the rounds of one level of a scenario.
@@ -51,6 +52,15 @@ type verdictRow struct {
 	rate  float64
 	ratio float64
 	r     *result
+}
+
+// figure is the row's ratio, or its decisions per second where the
+// scenario measured nothing to compare with.
+func (v *verdictRow) figure() string {
+	if v.ratio == 0 {
+		return num(v.rate) + "/s"
+	}
+	return fmt.Sprintf("%.2f", v.ratio)
 }
 
 // levelsOf groups a scenario's results by level, in order.
