@@ -24,11 +24,7 @@ func generalBatch(l *limiter, table, column, wait, patience string) string {
 	if l.cfg.Overrides {
 		o := newOverrideSQL(l.cfg.Limits)
 		own = &o
-		args["own"] = fmt.Sprintf(`
-    CROSS JOIN LATERAL (SELECT %s FROM (
-        SELECT %s FROM (SELECT) AS one
-        LEFT JOIN %s AS o ON o.namespace = $1 AND o.key = r.key) AS raw) AS own`,
-			o.derived, o.raw, pgx.Identifier{l.cfg.Schema, overridesTable}.Sanitize())
+		args["own"] = o.lateral(pgx.Identifier{l.cfg.Schema, overridesTable}.Sanitize(), "r.key")
 		args["own_cols"] = ", " + o.columns("c")
 		args["own_d"] = ", " + o.out("d", false)
 		args["own_c"] = ", " + o.out("c", false)

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -15,8 +17,12 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
-// overridesTable holds per-key limits (migration 00008).
+// overridesTable holds per-key limits (migrations 00008 and 00009).
 const overridesTable = "pglimit_overrides"
+
+// overrideCounts is whether the overrides row o counts now: it has not
+// lapsed (SetKeyLimitsFor). A lapsed row is the same as none.
+const overrideCounts = "(o.expires_at IS NULL OR o.expires_at > now())"
 
 // newOverrideStatements is newGeneralStatements for a limiter whose keys
 // may have limits of their own, in overrides, a table in the same schema.
@@ -46,13 +52,13 @@ func newOverrideStatements(limits []Limit, table, overrides, column, lock string
 			return queries.Text("overrides.allow", queries.Args{
 				"table": table, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
 				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
-				"overrides": overrides, "raw": o.raw, "derived": o.derived, "limits_out": o.out("x", true),
+				"overrides": overrides, "counts": overrideCounts, "raw": o.raw, "derived": o.derived, "limits_out": o.out("x", true),
 			})
 		}
 		g.own[mode], g.tx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
 	}
 	g.peek = queries.Text("overrides.peek", queries.Args{
-		"table": table, "overrides": overrides, "raw": o.raw, "derived": o.derived, "limits_out": o.out("x", true),
+		"table": table, "overrides": overrides, "counts": overrideCounts, "raw": o.raw, "derived": o.derived, "limits_out": o.out("x", true),
 	})
 	return g
 }
@@ -109,6 +115,16 @@ func (o *overrideSQL) params(prefix string) arith.Params {
 		n := strconv.Itoa(i)
 		return prefix + "r" + n, prefix + "t" + n, prefix + "bt" + n
 	}
+}
+
+// lateral is the LATERAL join that reads, as own, the limits of the key
+// (the SQL key) of namespace $1 from overrides, the table.
+func (o overrideSQL) lateral(overrides, key string) string {
+	return fmt.Sprintf(`
+    CROSS JOIN LATERAL (SELECT %s FROM (
+        SELECT %s FROM (SELECT) AS one
+        LEFT JOIN %s AS o ON o.namespace = $1 AND o.key = %s AND %s) AS raw) AS own`,
+		o.derived, o.raw, overrides, key, overrideCounts)
 }
 
 // columns lists the columns of row r that a decision reads (params), and
@@ -197,36 +213,54 @@ func costFits(limits []Limit, n, mode int, maxDelay int64) error {
 }
 
 // SetKeyLimits gives key its own rates and bursts for some of the limits
-// of the limiter cfg configures (with [Config.Overrides] set), or, with no
-// limits, takes them away. Each of limits names one of cfg's by Name and
-// gives its Rate, its Burst, or both; its other fields must be zero, as a
-// key's limit differs from the limiter's in rate and burst only. The next decision on the key, on every
-// instance, uses them; the key keeps what it has consumed (docs/limits.md).
-// The same can be done with plain SQL on pglimit_overrides. A limit name
-// the configuration does not have, or a rate or burst it would refuse
-// (such as a GCRA burst that takes more than 366 days to replenish at the
-// key's rate), is [ErrInvalidConfig], and nothing is written. Like a
-// decision, it waits at most [Config.Timeout] ([ErrTimeout]) and needs a
-// server that can write ([ErrReadOnly]).
+// of the limiter cfg configures (with [Config.Overrides] set), for good,
+// or, with no limits, takes them away. Each of limits names one of cfg's
+// by Name and gives its Rate, its Burst, or both; its other fields must be
+// zero, as a key's limit differs from the limiter's in rate and burst
+// only. The next decision on the key, on every instance, uses them; the
+// key keeps what it has consumed (docs/limits.md). The same can be done
+// with plain SQL on pglimit_overrides. A limit name the configuration does
+// not have, or a rate or burst it would refuse (such as a GCRA burst that
+// takes more than 366 days to replenish at the key's rate), is
+// [ErrInvalidConfig], and nothing is written. Like a decision, it waits at
+// most [Config.Timeout] ([ErrTimeout]) and needs a server that can write
+// ([ErrReadOnly]).
 func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ...Limit) error {
-	c, err := cfg.withDefaults()
+	return setKeyLimits(ctx, db, cfg, key, nil, limits)
+}
+
+// SetKeyLimitsFor is SetKeyLimits for ttl: the key's own limits lapse ttl
+// after they are written, on the database clock, and the key is back on
+// the limiter's limits, keeping what it consumed meanwhile. A ttl that is
+// not positive, or is longer than 366 days, is [ErrInvalidConfig].
+func SetKeyLimitsFor(ctx context.Context, db DB, cfg *Config, key string, ttl time.Duration, limits ...Limit) error {
+	if ttl <= 0 || ttl > maxPeriod {
+		return fmt.Errorf("%w: SetKeyLimitsFor: ttl %s, not in (0, %s]", ErrInvalidConfig, ttl, maxPeriod)
+	}
+	if len(limits) == 0 {
+		return fmt.Errorf("%w: SetKeyLimitsFor: no limits; SetKeyLimits with none takes a key's away", ErrInvalidConfig)
+	}
+	us := ttl.Microseconds()
+	return setKeyLimits(ctx, db, cfg, key, &us, limits)
+}
+
+// setKeyLimits writes key's own limits, lapsing after ttl µs (nil:
+// never), or deletes them when there are none.
+func setKeyLimits(ctx context.Context, db DB, cfg *Config, key string, ttl *int64, limits []Limit) error {
+	c, table, err := overridesOf(cfg, "SetKeyLimits")
 	if err != nil {
 		return err
-	}
-	if !c.Overrides {
-		return fmt.Errorf("%w: SetKeyLimits: the configuration does not set Overrides", ErrInvalidConfig)
 	}
 	if err := ValidateKey(key); err != nil {
 		return err
 	}
-	table := pgx.Identifier{c.Schema, overridesTable}.Sanitize()
 	sql, args := queries.Text("overrides.delete", queries.Args{"overrides": table}), []any{c.Namespace, key}
 	if len(limits) > 0 {
 		doc, err := keyLimitsDoc(c.Limits, limits)
 		if err != nil {
 			return err
 		}
-		sql, args = queries.Text("overrides.set", queries.Args{"overrides": table}), append(args, doc)
+		sql, args = queries.Text("overrides.set", queries.Args{"overrides": table}), append(args, doc, ttl)
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
@@ -234,6 +268,83 @@ func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ..
 		return wrapErr(ctx, "SetKeyLimits", c.Timeout, err)
 	}
 	return nil
+}
+
+// overridesOf is cfg with defaults, which must set Overrides, and its
+// overrides table, quoted; op names the caller in errors.
+func overridesOf(cfg *Config, op string) (Config, string, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return Config{}, "", err
+	}
+	if !c.Overrides {
+		return Config{}, "", fmt.Errorf("%w: %s: the configuration does not set Overrides", ErrInvalidConfig, op)
+	}
+	return c, pgx.Identifier{c.Schema, overridesTable}.Sanitize(), nil
+}
+
+// KeyLimits is a key's own limits, as [SetKeyLimits] wrote them.
+type KeyLimits struct {
+	Key string
+	// Limits are the limits the key has its own rate or burst for: Name,
+	// and the Rate and Burst the key's row gives (zero where it gives
+	// none, and the limiter's counts).
+	Limits []Limit
+	// Expires is when they lapse, on the database clock; zero if never.
+	Expires time.Time
+	// Updated is when they were last written.
+	Updated time.Time
+}
+
+// ListKeyLimits returns the keys of cfg's namespace that have their own
+// limits now (lapsed ones are left out), in key order, starting after the
+// key after ("" for the first page), at most max (1 to 1000) of them. It
+// is one statement, bounded by [Config.Timeout].
+func ListKeyLimits(ctx context.Context, db DB, cfg *Config, after string, max int) ([]KeyLimits, error) {
+	c, table, err := overridesOf(cfg, "ListKeyLimits")
+	if err != nil {
+		return nil, err
+	}
+	if max < 1 || max > maxPage {
+		return nil, fmt.Errorf("%w: ListKeyLimits: max %d, not in [1, %d]", ErrInvalidConfig, max, maxPage)
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
+	defer cancel()
+	sql := queries.Text("overrides.list", queries.Args{"overrides": table, "counts": overrideCounts})
+	var page []struct {
+		Key     string      `json:"key"`
+		Limits  overrideDoc `json:"limits"`
+		Expires *time.Time  `json:"expires"`
+		Updated time.Time   `json:"updated"`
+	}
+	if err := db.QueryRow(ctx, sql, c.Namespace, after, max).Scan(&page); err != nil {
+		return nil, wrapErr(ctx, "ListKeyLimits", c.Timeout, err)
+	}
+	out := make([]KeyLimits, len(page))
+	for i, p := range page {
+		out[i] = KeyLimits{Key: p.Key, Limits: docLimits(p.Limits), Updated: p.Updated}
+		if p.Expires != nil {
+			out[i].Expires = *p.Expires
+		}
+	}
+	return out, nil
+}
+
+// maxPage is the most rows a listing returns at once.
+const maxPage = 1000
+
+// overrideDoc is a row of pglimit_overrides' limits: by limit name, its
+// rate and burst. Numbers, not integers: the table takes 5.0 for 5 (its
+// CHECK holds them to whole numbers up to 2^30, exact in a float64).
+type overrideDoc map[string]map[string]float64
+
+// docLimits is the limits of a row of pglimit_overrides, by name.
+func docLimits(doc overrideDoc) []Limit {
+	var out []Limit
+	for _, name := range slices.Sorted(maps.Keys(doc)) {
+		out = append(out, Limit{Name: name, Rate: int(doc[name]["rate"]), Burst: int(doc[name]["burst"])})
+	}
+	return out
 }
 
 // keyLimitsDoc validates a key's limits against the limiter's, and

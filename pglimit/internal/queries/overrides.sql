@@ -10,12 +10,13 @@
 -- error. Placeholders: general.allow's, and overrides, the overrides
 -- table; raw, the raw rate and burst of each limit and the unknown names;
 -- derived, the columns derived from them, ok among them; limits_out, the
--- rates, bursts and unknown names returned.
+-- rates, bursts and unknown names returned; counts, whether the row o
+-- counts now (overrideCounts: it has not lapsed).
 {{define "overrides.allow"}}
 WITH eff AS (
     SELECT {{.derived}} FROM (
         SELECT {{.raw}} FROM (SELECT) AS one
-        LEFT JOIN {{.overrides}} AS o ON o.namespace = $1 AND o.key = $2) AS raw
+        LEFT JOIN {{.overrides}} AS o ON o.namespace = $1 AND o.key = $2 AND {{.counts}}) AS raw
 ), locked AS (
     SELECT t.state, t.expires_at FROM {{.table}} AS t
     WHERE t.namespace = $1 AND t.key = $2
@@ -50,7 +51,7 @@ SELECT false, x.state, x.tat, x.now, NULL::text, {{.limits_out}} FROM decided AS
 WITH eff AS (
     SELECT {{.derived}} FROM (
         SELECT {{.raw}} FROM (SELECT) AS one
-        LEFT JOIN {{.overrides}} AS o ON o.namespace = $1 AND o.key = $2) AS raw
+        LEFT JOIN {{.overrides}} AS o ON o.namespace = $1 AND o.key = $2 AND {{.counts}}) AS raw
 )
 SELECT NULL::boolean, t.state, (extract(epoch FROM t.expires_at) * 1000000)::bigint,
     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, NULL::text, {{.limits_out}}
@@ -58,10 +59,22 @@ FROM eff AS x LEFT JOIN {{.table}} AS t ON t.namespace = $1 AND t.key = $2
 {{end}}
 
 -- overrides.delete and overrides.set remove and set a key's own limits
--- (SetKeyLimits): $1 namespace, $2 key, $3 the limits as JSON. Placeholder:
--- overrides, the table.
+-- (SetKeyLimits): $1 namespace, $2 key, $3 the limits as JSON, $4 how long
+-- they count in µs (NULL: for good). Placeholder: overrides, the table.
 {{define "overrides.delete"}}DELETE FROM {{.overrides}} WHERE namespace = $1 AND key = $2{{end}}
 {{define "overrides.set"}}
-INSERT INTO {{.overrides}} (namespace, key, limits) VALUES ($1, $2, $3)
-ON CONFLICT (namespace, key) DO UPDATE SET limits = excluded.limits, updated_at = now()
+INSERT INTO {{.overrides}} (namespace, key, limits, expires_at)
+VALUES ($1, $2, $3, now() + $4::bigint * interval '1 microsecond')
+ON CONFLICT (namespace, key) DO UPDATE SET limits = excluded.limits, expires_at = excluded.expires_at, updated_at = now()
+{{end}}
+
+-- overrides.list is a page of a namespace's rows that count now, by key
+-- after $2, at most $3 of them (ListKeyLimits), as one JSON array: $1
+-- namespace. Placeholders: overrides, counts.
+{{define "overrides.list"}}
+SELECT coalesce(jsonb_agg(jsonb_build_object('key', p.key, 'limits', p.limits, 'expires', p.expires_at, 'updated', p.updated_at)
+    ORDER BY p.key), '[]') FROM (
+    SELECT o.key, o.limits, o.expires_at, o.updated_at FROM {{.overrides}} AS o
+    WHERE o.namespace = $1 AND o.key > $2 AND {{.counts}}
+    ORDER BY o.key LIMIT $3) AS p
 {{end}}
