@@ -90,29 +90,7 @@ func Evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode Mode
 	// would: the refusal's wait is the longest, its limit the binding one.
 	e := Evaluation{Allowed: true, Retry: -1}
 	for i, l := range limits {
-		P, R, T, BT := l.Period, l.Rate, l.T, l.BurstT
-		s := st[i]
-		ok := u <= s.cap
-		var w int64
-		switch l.Algorithm {
-		case GCRA:
-			w = s.a + u*T - now - BT // how far past the burst u units reach
-			if mode == Reserve {
-				ok = w <= maxDelay
-				w -= maxDelay
-			}
-		case FixedWindow:
-			w = s.c - now
-		case SlidingWindow:
-			elapsed := now - s.a
-			switch {
-			case ok:
-			case s.c+u <= R: // the previous window's weight (b > 0) must fall
-				w = P - floorMulDiv(R-s.c-u, P, s.b) - elapsed
-			default: // the next window, where this one's count (c > 0) weighs
-				w = 2*P - elapsed - floorMulDiv(R-u, P, s.c)
-			}
-		}
+		ok, w := fits(l, st[i], u, now, mode, maxDelay)
 		if !ok {
 			e.Allowed = false
 			e.Violated |= 1 << i
@@ -133,38 +111,15 @@ func Evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode Mode
 		e.Anchors = make([]int64, k)
 	}
 	for i, l := range limits {
-		P, R, T, BT := l.Period, l.Rate, l.T, l.BurstT
 		s := st[i]
 		if e.Allowed {
 			e.Anchors[i] = s.a
 			if l.Algorithm == GCRA {
-				e.Anchors[i] = s.a + g*T
+				e.Anchors[i] = s.a + g*l.T
+				e.Delay = max(e.Delay, s.a+u*l.T-now-l.BurstT)
 			}
 		}
-		var r, rs int64
-		switch l.Algorithm {
-		case GCRA:
-			after := s.a + g*T
-			r, rs = max((now+BT-after)/T, 0), max(after-now, 0)
-			if e.Allowed {
-				e.Delay = max(e.Delay, s.a+u*T-now-BT)
-			}
-		case FixedWindow:
-			b := s.b + g
-			r = R - b
-			if b > 0 {
-				rs = s.c - now
-			}
-		case SlidingWindow:
-			c := s.c + g
-			r = max(R-c-ceilMulDiv(s.b, P-(now-s.a), P), 0)
-			switch {
-			case c > 0:
-				rs = s.a + 2*P - now
-			case s.b > 0:
-				rs = s.a + P - now
-			}
-		}
+		r, rs := left(l, s, g, now)
 		if i == 0 || r < e.Remaining {
 			e.Remaining = r
 			if e.Allowed {
@@ -176,6 +131,89 @@ func Evaluate(limits []Limit, state []int64, tat *int64, now, n int64, mode Mode
 		}
 	}
 	return e
+}
+
+// fits reports whether limit l, its state rolled to now (s), admits u
+// units in mode, and if it does not, how long until it would (w, µs).
+func fits(l Limit, s rolled, u, now int64, mode Mode, maxDelay int64) (ok bool, w int64) {
+	P, R, T, BT := l.Period, l.Rate, l.T, l.BurstT
+	ok = u <= s.cap
+	switch l.Algorithm {
+	case GCRA:
+		w = s.a + u*T - now - BT // how far past the burst u units reach
+		if mode == Reserve {
+			ok = w <= maxDelay
+			w -= maxDelay
+		}
+	case FixedWindow:
+		w = s.c - now
+	case SlidingWindow:
+		elapsed := now - s.a
+		switch {
+		case ok:
+		case s.c+u <= R: // the previous window's weight (b > 0) must fall
+			w = P - floorMulDiv(R-s.c-u, P, s.b) - elapsed
+		default: // the next window, where this one's count (c > 0) weighs
+			w = 2*P - elapsed - floorMulDiv(R-u, P, s.c)
+		}
+	}
+	return ok, w
+}
+
+// left is what limit l, its state rolled to now (s), has left once g units
+// are granted (r), and how long until it is back to full (rs, µs).
+func left(l Limit, s rolled, g, now int64) (r, rs int64) {
+	P, R, T, BT := l.Period, l.Rate, l.T, l.BurstT
+	switch l.Algorithm {
+	case GCRA:
+		after := s.a + g*T
+		r, rs = max((now+BT-after)/T, 0), max(after-now, 0)
+	case FixedWindow:
+		b := s.b + g
+		r = R - b
+		if b > 0 {
+			rs = s.c - now
+		}
+	case SlidingWindow:
+		c := s.c + g
+		r = max(R-c-ceilMulDiv(s.b, P-(now-s.a), P), 0)
+		switch {
+		case c > 0:
+			rs = s.a + 2*P - now
+		case s.b > 0:
+			rs = s.a + P - now
+		}
+	}
+	return r, rs
+}
+
+// Standing is where a limit stands on a key now, in units and µs: how many
+// units it admits at once (Remaining), how long until it admits one
+// (Retry; zero when it does), and how long until it is back to full
+// (Reset); for a window, also the window's end (End; zero for GCRA).
+type Standing struct{ Remaining, Retry, Reset, End int64 }
+
+// Stand returns where each of limits stands on a key's row as a statement
+// saw it at now (Evaluate's inputs): what a request would meet, limit by
+// limit, without deciding one.
+func Stand(limits []Limit, state []int64, tat *int64, now int64) []Standing {
+	st := roll(limits, state, tat, now)
+	out := make([]Standing, len(limits))
+	for i, l := range limits {
+		s := st[i]
+		r, rs := left(l, s, 0, now)
+		out[i] = Standing{Remaining: r, Reset: rs}
+		if ok, w := fits(l, s, 1, now, Allow, 0); !ok {
+			out[i].Retry = w
+		}
+		switch l.Algorithm {
+		case FixedWindow:
+			out[i].End = s.c
+		case SlidingWindow:
+			out[i].End = s.a + l.Period
+		}
+	}
+	return out
 }
 
 // rolled is a limit's state rolled forward to now: a GCRA limit's TAT (a);

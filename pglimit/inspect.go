@@ -1,0 +1,267 @@
+package pglimit
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
+)
+
+// KeyState is where a key stands under each of a limiter's limits, read
+// by [Inspect] and [LimitedKeys]: for the person on call, who asks why a
+// key is refused and until when. It reads the row as the database holds
+// it, so units an instance holds on lease (docs/limits.md) count as used.
+type KeyState struct {
+	Key string
+	// At is the database time the figures are for.
+	At time.Time
+	// Limits are the key's standings, in the limiter's order.
+	Limits []LimitState
+	// Own is the key's own limits ([SetKeyLimits]) while they count; nil
+	// if it has none. LimitedKeys gives those that differ from the
+	// limiter's, without Expires and Updated.
+	Own *KeyLimits
+	// Invalid is the error a decision on the key returns because its row
+	// of own limits is one the limits cannot use (LimitedKeys only;
+	// Inspect returns it), else nil. Limits are then the limiter's.
+	Invalid error
+}
+
+// LimitState is where a key stands under one limit.
+type LimitState struct {
+	// Limit is the limit as the key is held to it: with its own rate and
+	// burst, if it has them.
+	Limit Limit
+	// Remaining is how many units the limit would admit at once now.
+	Remaining int
+	// RetryAfter is how long until the limit admits one unit; zero when
+	// it does now.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the limit is back to its full burst or
+	// quota.
+	ResetAfter time.Duration
+	// WindowEnd is, for a window limit, when its current window ends: a
+	// fixed window's quota renews then. Zero for GCRA.
+	WindowEnd time.Time
+}
+
+// Refused reports whether a request of one unit would be refused now, by
+// any limit.
+func (s KeyState) Refused() bool {
+	for _, l := range s.Limits {
+		if l.Remaining < 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// Inspect returns where key stands under each limit of the limiter cfg
+// configures, and its own limits, if any, reading one row and consuming
+// nothing. It is one statement, bounded by [Config.Timeout], and works on
+// a standby. [ErrUnsupported] for the Range strategy, whose rows are
+// admissions, not a key's state (use [Limiter.Peek]).
+func Inspect(ctx context.Context, db DB, cfg *Config, key string) (KeyState, error) {
+	c, err := inspectable(cfg, "Inspect")
+	if err != nil {
+		return KeyState{}, err
+	}
+	if err := ValidateKey(key); err != nil {
+		return KeyState{}, err
+	}
+	args := queries.Args{"table": pgx.Identifier{c.Schema, c.Table}.Sanitize(), "own": "", "own_cols": "NULL::jsonb, NULL::timestamptz"}
+	if c.Overrides {
+		args["own"] = queries.Text("inspect.own", queries.Args{"overrides": pgx.Identifier{c.Schema, overridesTable}.Sanitize(), "counts": overrideCounts})
+		args["own_cols"] = "o.limits, o.expires_at"
+	}
+	var (
+		state    []int64
+		tat      *int64
+		now      int64
+		doc      overrideDoc
+		ownUntil *time.Time
+	)
+	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
+	defer cancel()
+	err = db.QueryRow(ctx, queries.Text("inspect.key", args), c.Namespace, key).Scan(&state, &tat, &now, &doc, &ownUntil)
+	if err != nil {
+		return KeyState{}, wrapErr(ctx, "Inspect", c.Timeout, err)
+	}
+	limits := c.Limits
+	var own *KeyLimits
+	if doc != nil {
+		if limits, err = docKeyLimits(c.Limits, doc); err != nil {
+			return KeyState{}, err
+		}
+		own = &KeyLimits{Key: key, Limits: docLimits(doc)}
+		if ownUntil != nil {
+			own.Expires = *ownUntil
+		}
+	}
+	s := standing(key, limits, state, tat, now)
+	s.Own = own
+	return s, nil
+}
+
+// LimitedKeys returns the keys of cfg's namespace that would refuse a
+// request of n units now (n = 1: the keys at their limit), in key order,
+// starting after the key after ("" for the first page), at most max (1 to
+// 1000) of them, each as [Inspect] reads it. n is at least 1 and at most
+// what the smallest of the limits admits at once. It is one statement that
+// walks the namespace's rows in key order until it has found max, bounded
+// by [Config.Timeout]: on a namespace of millions of keys with few at their
+// limit, page through it or give a longer Timeout. [ErrUnsupported] for
+// the Range strategy.
+func LimitedKeys(ctx context.Context, db DB, cfg *Config, n int, after string, max int) ([]KeyState, error) {
+	c, err := inspectable(cfg, "LimitedKeys")
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 || costFits(c.Limits, n, modeAllow, 0) != nil {
+		return nil, fmt.Errorf("%w: LimitedKeys: n = %d, not in [1, the smallest capacity of the limits]", ErrInvalidCost, n)
+	}
+	if max < 1 || max > maxPage {
+		return nil, fmt.Errorf("%w: LimitedKeys: max %d, not in [1, %d]", ErrInvalidConfig, max, maxPage)
+	}
+	if after != "" {
+		if err := ValidateKey(after); err != nil {
+			return nil, fmt.Errorf("LimitedKeys: after: %w", err)
+		}
+	}
+	sp := specs(c.Limits)
+	args := queries.Args{
+		"table": pgx.Identifier{c.Schema, c.Table}.Sanitize(), "state": arith.Shaped(sp, "t.state"),
+		"own": "", "own_fields": "", "own_cols": "",
+	}
+	var params arith.Params
+	if c.Overrides {
+		o := newOverrideSQL(c.Limits)
+		params = o.params("x.")
+		args["own"] = o.lateral(pgx.Identifier{c.Schema, overridesTable}.Sanitize(), "t.key")
+		args["own_fields"] = ", own.*"
+		args["own_cols"] = fmt.Sprintf(", 'rates', ARRAY[%s], 'bursts', ARRAY[%s], 'unknown', p.unknown",
+			prefixed("p.", o.rates), prefixed("p.", o.bursts))
+	}
+	admits, _, _ := arith.DecisionSQL(sp, arith.Allow, "x.state", "x.tat", "x.now", params)
+	args["refuses"] = "NOT " + admits
+	if c.Overrides {
+		args["refuses"] = "(NOT x.ok OR NOT " + admits + ")"
+	}
+	var (
+		now  int64
+		page []struct {
+			Key     string   `json:"key"`
+			State   []int64  `json:"state"`
+			TAT     *int64   `json:"tat"`
+			Rates   []int64  `json:"rates"`
+			Bursts  []int64  `json:"bursts"`
+			Unknown []string `json:"unknown"`
+		}
+	)
+	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
+	defer cancel()
+	err = db.QueryRow(ctx, queries.Text("inspect.limited", args), c.Namespace, after, max, n).Scan(&now, &page)
+	if err != nil {
+		return nil, wrapErr(ctx, "LimitedKeys", c.Timeout, err)
+	}
+	out := make([]KeyState, len(page))
+	for i, p := range page {
+		limits, invalid := c.Limits, error(nil)
+		if c.Overrides {
+			if own, err := keyLimits(c.Limits, p.Rates, p.Bursts, p.Unknown); err != nil {
+				invalid = err
+			} else {
+				limits = own
+			}
+		}
+		out[i] = standing(p.Key, limits, p.State, p.TAT, now)
+		out[i].Invalid = invalid
+		if own := ownOf(c.Limits, limits); own != nil {
+			out[i].Own = &KeyLimits{Key: p.Key, Limits: own}
+		}
+	}
+	return out, nil
+}
+
+// inspectable is cfg with defaults, for op, which reads a key's state: not
+// on Range.
+func inspectable(cfg *Config, op string) (Config, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return Config{}, err
+	}
+	if c.Strategy == Range {
+		return Config{}, fmt.Errorf("%w: %s on the Range strategy, whose rows are admissions; use Peek", ErrUnsupported, op)
+	}
+	return c, nil
+}
+
+// standing is key's KeyState under limits, from its row (state, tat) at
+// now, all in µs, as the statements store them (arith).
+func standing(key string, limits []Limit, state []int64, tat *int64, now int64) KeyState {
+	s := KeyState{Key: key, At: time.UnixMicro(now), Limits: make([]LimitState, len(limits))}
+	for i, st := range arith.Stand(specs(limits), state, tat, now) {
+		s.Limits[i] = LimitState{Limit: limits[i], Remaining: int(st.Remaining), RetryAfter: micros(st.Retry), ResetAfter: micros(st.Reset)}
+		if st.End != 0 {
+			s.Limits[i].WindowEnd = time.UnixMicro(st.End)
+		}
+	}
+	return s
+}
+
+// docKeyLimits is limits with the rates and bursts of a key's row of
+// pglimit_overrides, checked as the statements check them (keyLimits).
+func docKeyLimits(limits []Limit, doc overrideDoc) ([]Limit, error) {
+	rates, bursts := make([]int64, len(limits)), make([]int64, len(limits))
+	var unknown []string
+	for name := range doc {
+		if !slices.ContainsFunc(limits, func(l Limit) bool { return l.Name == name }) {
+			unknown = append(unknown, name)
+		}
+	}
+	for i, l := range limits {
+		rates[i], bursts[i] = int64(l.Rate), int64(l.Burst)
+		if v, ok := doc[l.Name]["rate"]; ok {
+			rates[i] = int64(v)
+		}
+		if v, ok := doc[l.Name]["burst"]; ok {
+			bursts[i] = int64(v)
+		}
+	}
+	return keyLimits(limits, rates, bursts, unknown)
+}
+
+// ownOf is, of a key's limits, those that differ from the limiter's, as
+// KeyLimits lists them: name, and the rate and burst that differ.
+func ownOf(limiter, key []Limit) []Limit {
+	var out []Limit
+	for i, l := range key {
+		var o Limit
+		if l.Rate != limiter[i].Rate {
+			o.Rate = l.Rate
+		}
+		if l.Burst != limiter[i].Burst {
+			o.Burst = l.Burst
+		}
+		if o != (Limit{}) {
+			o.Name = l.Name
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// prefixed is cols, each with prefix, joined by commas.
+func prefixed(prefix string, cols []string) string {
+	out := make([]string, len(cols))
+	for i, c := range cols {
+		out[i] = prefix + c
+	}
+	return strings.Join(out, ", ")
+}
