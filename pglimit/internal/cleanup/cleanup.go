@@ -44,7 +44,7 @@ type Table struct {
 	// names a row across them.
 	Distributed bool
 
-	deleteSQL, sweepSQL, keysSQL string
+	deleteSQL, sweepSQL, keysSQL, backlogSQL string
 }
 
 // Which column ends a row, by the type the migrations give it.
@@ -74,8 +74,9 @@ func Describe(ctx context.Context, q Querier, schema, name string) (Table, error
 			}
 			t := Table{
 				Name: qualified, End: e.end, Sweep: e.end == "expires_at" && !indexed,
-				deleteSQL: queries.Text("cleanup.delete", queries.Args{"table": qualified, "end": e.end}),
-				sweepSQL:  queries.Text("cleanup.sweep", queries.Args{"table": qualified, "end": e.end}),
+				deleteSQL:  queries.Text("cleanup.delete", queries.Args{"table": qualified, "end": e.end}),
+				sweepSQL:   queries.Text("cleanup.sweep", queries.Args{"table": qualified, "end": e.end}),
+				backlogSQL: queries.Text("cleanup.backlog", queries.Args{"table": qualified, "end": e.end}),
 			}
 			return t, t.describeDistribution(ctx, q)
 		}
@@ -101,6 +102,24 @@ func (t *Table) describeDistribution(ctx context.Context, q Querier) error {
 		t.deleteSQL = queries.Text("cleanup.keyed_delete", queries.Args{"table": t.Name, "end": t.End})
 	}
 	return nil
+}
+
+// Backlog is a table's size and what a cleaner run would delete of it.
+type Backlog struct {
+	Bytes, Rows int64 // its size on disk, indexes included, and its estimated rows
+	Due         int64 // rows whose limits ended more than the retention ago
+	Overdue     int64 // µs since the oldest of those became due; 0 if none
+}
+
+// Backlog measures t against retention. It reads the whole table.
+func (t Table) Backlog(ctx context.Context, q Querier, retention time.Duration) (Backlog, error) {
+	var b Backlog
+	var overdue *int64
+	err := q.QueryRow(ctx, t.backlogSQL, retention, t.Name).Scan(&b.Bytes, &b.Rows, &b.Due, &overdue)
+	if overdue != nil {
+		b.Overdue = *overdue
+	}
+	return b, err
 }
 
 // DeleteBatch deletes at most limit rows of t whose limits ended more

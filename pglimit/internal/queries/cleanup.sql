@@ -77,3 +77,27 @@ SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_
 
 -- cleanup.statement_timeout bounds the leader's statements ($1, say '5000ms').
 {{define "cleanup.statement_timeout"}}SELECT set_config('statement_timeout', $1, false){{end}}
+
+-- cleanup.backlog is table $2's size in bytes, its estimated rows, and of
+-- its rows whose limits ended more than $1 ago (which a cleaner run
+-- deletes), how many and how long ago the oldest became so, in µs
+-- (NULL if none). It reads the whole table: for the person on call, never
+-- for a decision.
+{{define "cleanup.backlog"}}
+SELECT pg_total_relation_size($2::regclass), (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class AS c WHERE c.oid = $2::regclass),
+    count(*), (extract(epoch FROM now() - $1::interval - min({{.end}})) * 1000000)::bigint
+FROM {{.table}} WHERE {{.end}} < now() - $1::interval
+{{end}}
+
+-- cleanup.leader is the session that holds the cleaners' leader lock $1
+-- (a bigint advisory lock) in this database, if any: its process id,
+-- application name, when its connection began and when its state last
+-- changed (its last batch's end, when idle). Another role's session shows
+-- its process id only, unless the caller has pg_read_all_stats.
+{{define "cleanup.leader"}}
+SELECT l.pid, coalesce(a.application_name, ''), a.backend_start, a.state_change
+FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid
+{{end}}

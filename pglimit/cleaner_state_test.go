@@ -1,0 +1,77 @@
+package pglimit_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// InspectCleaner names the leading session while a cleaner leads and none
+// after it stops, and counts each table's due rows and how long overdue
+// the oldest is.
+func TestInspectCleaner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	upsert := pgx.Identifier{schema, "pglimit_upsert"}.Sanitize()
+	// Due since 50 minutes (ended an hour ago, at 10 minutes' retention),
+	// due since 10 minutes, and two rows that are not due.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+upsert+` (namespace, key, expires_at) VALUES
+		('n', 'a', now() - interval '60 minutes'), ('n', 'b', now() - interval '20 minutes'),
+		('n', 'c', now() - interval '5 minutes'), ('n', 'd', now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &pglimit.CleanerConfig{Schema: schema, Tables: []string{"pglimit_upsert", "pglimit_range"}, Interval: time.Hour}
+	st, err := pglimit.InspectCleaner(ctx, pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Leader != nil || len(st.Tables) != 2 {
+		t.Fatalf("with no cleaner: %+v, want no leader and two tables", st)
+	}
+	up := st.Tables[0]
+	if up.Table != "pglimit_upsert" || up.Due != 2 || up.Overdue < 49*time.Minute || up.Overdue > 51*time.Minute || up.Bytes <= 0 {
+		t.Errorf("pglimit_upsert: %+v, want 2 due, the oldest 50 minutes overdue", up)
+	}
+	if r := st.Tables[1]; r.Due != 0 || r.Overdue != 0 {
+		t.Errorf("an empty pglimit_range: %+v, want nothing due", r)
+	}
+
+	c, err := pglimit.NewCleaner(testdb.Pool(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for !c.Stats().Leader {
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, err = pglimit.InspectCleaner(ctx, pool, cfg)
+	if err != nil || st.Leader == nil || st.Leader.PID == 0 || st.Leader.Connected.IsZero() {
+		t.Errorf("while a cleaner leads: %+v, %v; want its session", st.Leader, err)
+	}
+	other, err := pglimit.InspectCleaner(ctx, pool, &pglimit.CleanerConfig{Schema: schema, Tables: []string{"pglimit_upsert"}})
+	if err != nil || other.Leader != nil {
+		t.Errorf("another set of tables: %+v, %v; want no leader of its own", other.Leader, err)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err = pglimit.InspectCleaner(ctx, pool, cfg)
+	if err != nil || st.Leader != nil {
+		t.Errorf("after Stop: %+v, %v; want no leader", st.Leader, err)
+	}
+
+	_, err = pglimit.InspectCleaner(ctx, pool, &pglimit.CleanerConfig{Schema: schema, Tables: []string{"missing"}})
+	if !errors.Is(err, pglimit.ErrInvalidConfig) {
+		t.Errorf("a missing table: %v, want ErrInvalidConfig", err)
+	}
+}
