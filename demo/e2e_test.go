@@ -567,12 +567,37 @@ func driveLoad(t *testing.T, demos []*process) *loadStats {
 			}
 		})
 	}
+	// Three exports of one user at once over both instances: its two slots
+	// are shared, so exactly one is refused. Counted apart, so that the
+	// cooldown's own 429s stay checked.
+	exports := make(chan int, 3)
+	for i := range cap(exports) {
+		wg.Go(func() {
+			resp, err := client.Get("http://" + demos[i%len(demos)].addr + "/exports/exporter")
+			if err != nil {
+				t.Errorf("export: %v", err)
+				exports <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			exports <- resp.StatusCode
+		})
+	}
 	for _, d := range demos {
 		send("POST", "http://"+d.addr+"/items", `{"user": `, "")
 		send("GET", "http://"+d.addr+"/nope", "", "")
 	}
 	wg.Wait()
 	st.took = time.Since(began)
+	close(exports)
+	got := map[int]int{}
+	for c := range exports {
+		got[c]++
+	}
+	if got[http.StatusOK] != 2 || got[http.StatusTooManyRequests] != 1 {
+		t.Errorf("three exports of one user at once: %v, want two 200 and one 429", got)
+	}
 	return st
 }
 
