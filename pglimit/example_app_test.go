@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,8 +24,24 @@ import (
 	"github.com/pglimit/cooldown/pglimit/pglimitprom"
 )
 
-// serve runs a service limited by pglimit until ctx ends. The README shows
-// this function as it is here (TestReadmeProgram keeps them equal).
+// main is the program's: Example_application runs serve as main would.
+// The README shows main and serve as they are here (TestDocGoBlocks keeps
+// them equal).
+//
+//lint:ignore U1000 the README's program; no test may listen on its port.
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ln, err := net.Listen("tcp", ":8080")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := serve(ctx, os.Getenv("DATABASE_URL"), ln); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// serve runs a service limited by pglimit until ctx ends.
 func serve(ctx context.Context, databaseURL string, ln net.Listener) error {
 	pool, err := pgxpool.New(ctx, databaseURL)
 	if err != nil {
@@ -109,9 +129,8 @@ func serve(ctx context.Context, databaseURL string, ln net.Listener) error {
 
 // A whole service: migrations, a limiter with two limits, its metrics, the
 // HTTP middleware, the cleanup job, and a shutdown that stops them in order.
-// A real main would call serve with a signal context
-// (signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)) and a listener
-// on its port.
+// main calls serve with a signal context and a listener on its port; here
+// the example stops it.
 func Example_application() {
 	ctx, stop := context.WithCancel(context.Background())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

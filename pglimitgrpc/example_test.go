@@ -2,6 +2,7 @@ package pglimitgrpc_test
 
 import (
 	"context"
+	"fmt"
 	"log"
 	"time"
 
@@ -46,13 +47,18 @@ func Example() {
 // A client that waits as a refusal tells it to.
 func ExampleRetryDelay() {
 	call := func(ctx context.Context) error { return nil } // a gRPC call
-	ctx := context.Background()
-	for {
-		err := call(ctx)
-		wait, refused := pglimitgrpc.RetryDelay(err)
-		if !refused {
-			return
+	// callWaiting makes the call again after each refusal, once the wait
+	// the refusal names has passed.
+	callWaiting := func(ctx context.Context) error {
+		for {
+			err := call(ctx)
+			wait, refused := pglimitgrpc.RetryDelay(err)
+			if !refused {
+				return err
+			}
+			time.Sleep(wait)
 		}
-		time.Sleep(wait)
 	}
+	fmt.Println(callWaiting(context.Background()))
+	// Output: <nil>
 }

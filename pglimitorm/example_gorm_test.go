@@ -13,11 +13,38 @@ import (
 	"github.com/pglimit/cooldown/pglimit/pglimitsql"
 )
 
-// Export is a row of the GORM example's table.
+// Export is a row of the application's exports table.
 type Export struct {
 	ID     uint
 	UserID string
 	Format string `gorm:"check:format IN ('csv', 'pdf')"`
+}
+
+// newExporter returns a function that records a user's export in db, the
+// GORM handle of the exports table, at most one an hour per user. The
+// limiter decides in the transaction that records the export, so an export
+// that fails is not counted. schema is pglimit's ("" for public).
+func newExporter(db *gorm.DB, schema string) (func(ctx context.Context, user, format string) error, error) {
+	sqlDB, err := db.DB() // GORM's PostgreSQL driver opens it with pgx's driver
+	if err != nil {
+		return nil, err
+	}
+	lim, err := pglimit.New(pglimitsql.DB(sqlDB), &pglimit.Config{Schema: schema, Namespace: "export", Cooldown: time.Hour})
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, user, format string) error {
+		return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			d, err := lim.AllowTx(ctx, pglimitsql.Tx(tx.Statement.ConnPool), user)
+			if err != nil {
+				return err
+			}
+			if !d.Allowed {
+				return errTooSoon // rolls back; d.RetryAfter says how long
+			}
+			return tx.Create(&Export{UserID: user, Format: format}).Error
+		})
+	}, nil
 }
 
 // A user may start one export an hour. The decision is taken inside the
@@ -29,8 +56,6 @@ func Example_gorm() {
 	url, schema, drop := setUp(ctx)
 	defer drop()
 
-	// GORM's PostgreSQL driver opens the *sql.DB with pgx's driver, which
-	// the limiter's own statements use.
 	db, err := gorm.Open(postgres.Open(url), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		panic(err)
@@ -40,31 +65,18 @@ func Example_gorm() {
 		panic(err)
 	}
 	defer sqlDB.Close()
-	lim, err := pglimit.New(pglimitsql.DB(sqlDB), &pglimit.Config{Schema: schema, Namespace: "export", Cooldown: time.Hour})
-	if err != nil {
-		panic(err)
-	}
 	exports := db.Table(schema + ".exports")
 	if err := exports.AutoMigrate(&Export{}); err != nil {
 		panic(err)
 	}
-
-	export := func(user, format string) error {
-		return exports.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			d, err := lim.AllowTx(ctx, pglimitsql.Tx(tx.Statement.ConnPool), user)
-			if err != nil {
-				return err
-			}
-			if !d.Allowed {
-				return errTooSoon
-			}
-			return tx.Create(&Export{UserID: user, Format: format}).Error
-		})
+	export, err := newExporter(exports, schema)
+	if err != nil {
+		panic(err)
 	}
-	fmt.Println("alice, csv:", outcome(export("alice", "csv")))
-	fmt.Println("alice, pdf:", outcome(export("alice", "pdf")))
-	fmt.Println("bob, xls:", outcome(export("bob", "xls")))
-	fmt.Println("bob, pdf:", outcome(export("bob", "pdf")))
+	fmt.Println("alice, csv:", outcome(export(ctx, "alice", "csv")))
+	fmt.Println("alice, pdf:", outcome(export(ctx, "alice", "pdf")))
+	fmt.Println("bob, xls:", outcome(export(ctx, "bob", "xls")))
+	fmt.Println("bob, pdf:", outcome(export(ctx, "bob", "pdf")))
 
 	var n int64
 	if err := db.Table(schema + ".exports").Count(&n).Error; err != nil {

@@ -32,22 +32,31 @@ func outcome(err error) string {
 	return "failed, not counted"
 }
 
+// migrate applies pglimit's migrations to schema ("" for public), for an
+// application that has only a *sql.DB: Migrate takes a *pgxpool.Pool, so
+// it opens one from the same URL for the time the migrations take.
+func migrate(ctx context.Context, databaseURL, schema string) error {
+	pool, err := pgxpool.New(ctx, databaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return pglimit.Migrate(ctx, pool, schema)
+}
+
 // setUp migrates a fresh schema on the test server for one example, and
 // returns the server's URL, the schema, and a function that drops it.
-//
-// Migrate takes a *pgxpool.Pool; an application that has only a *sql.DB
-// opens a small pool from the same URL for it at start-up, as here.
 func setUp(ctx context.Context) (url, schema string, drop func()) {
 	url, err := pglimittest.ServerURL()
 	if err != nil {
 		panic(err)
 	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
+	schema = fmt.Sprintf("orm_example_%d", time.Now().UnixNano())
+	if err := migrate(ctx, url, schema); err != nil {
 		panic(err)
 	}
-	schema = fmt.Sprintf("orm_example_%d", time.Now().UnixNano())
-	if err := pglimit.Migrate(ctx, pool, schema); err != nil {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
 		panic(err)
 	}
 	return url, schema, func() {

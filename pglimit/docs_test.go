@@ -1,0 +1,139 @@
+package pglimit_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestDocGoBlocks holds every ```go block of README.md and docs/*.md to code
+// that compiles and runs: a block is a copy of consecutive lines of a test
+// file, which an HTML comment on the line above it names by its path from
+// the repository's root:
+//
+//	<!-- from pglimitorm/example_gorm_test.go -->
+//	```go
+//
+// Lines are compared without their leading and trailing blanks, so that a
+// block may sit at any depth in the doc and in the file (tabs or spaces).
+// The file is a *_test.go of one of the Makefile's MODULES, so make test
+// compiles it, and runs it when it is an Example with an Output.
+func TestDocGoBlocks(t *testing.T) {
+	t.Parallel()
+	docs, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs = append([]string{"../README.md"}, docs...)
+	blocks := 0
+	for _, doc := range docs {
+		src, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.TrimPrefix(doc, "../")
+		bs, err := goBlocks(string(src))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		for _, b := range bs {
+			blocks++
+			if err := b.check(); err != nil {
+				t.Errorf("%s:%d: the ```go block %v", name, b.line, err)
+			}
+		}
+	}
+	if blocks == 0 {
+		t.Fatal("no ```go block in README.md or docs/*.md: are the docs where this test looks?")
+	}
+}
+
+var fromComment = regexp.MustCompile(`^<!-- from (\S+) -->$`)
+
+// A goBlock is a ```go block of a doc: its line (of the opening fence), the
+// file its marker names ("" for none), and its lines.
+type goBlock struct {
+	line  int
+	from  string
+	lines []string
+}
+
+// goBlocks returns the ```go blocks of a Markdown text.
+func goBlocks(doc string) ([]goBlock, error) {
+	var (
+		blocks []goBlock
+		open   *goBlock // the block being read, if its fence opened one
+		fenced bool     // in a fenced block of any language
+		above  string   // the last non-blank line outside blocks
+	)
+	for i, line := range strings.Split(doc, "\n") {
+		trimmed := strings.Trim(line, " \t")
+		switch {
+		case fenced && trimmed == "```":
+			if open != nil {
+				blocks = append(blocks, *open)
+				open = nil
+			}
+			fenced = false
+		case fenced:
+			if open != nil {
+				open.lines = append(open.lines, trimmed)
+			}
+		case strings.HasPrefix(trimmed, "```"):
+			fenced = true
+			if strings.TrimPrefix(trimmed, "```") == "go" {
+				open = &goBlock{line: i + 1}
+				if m := fromComment.FindStringSubmatch(above); m != nil {
+					open.from = m[1]
+				}
+			}
+		case trimmed != "":
+			above = trimmed
+		}
+	}
+	if fenced {
+		return nil, fmt.Errorf("a ``` block is not closed")
+	}
+	return blocks, nil
+}
+
+// check says what is wrong with the block, and how to mend it.
+func (b goBlock) check() error {
+	const mend = "copy consecutive lines of a tested Example or test helper " +
+		"(indentation aside), and name their file on the line above the block: " +
+		"<!-- from pglimitorm/example_gorm_test.go -->"
+	if b.from == "" {
+		return fmt.Errorf("has no <!-- from FILE --> comment above it: %s", mend)
+	}
+	if !strings.HasSuffix(b.from, "_test.go") || !filepath.IsLocal(b.from) {
+		return fmt.Errorf("comes from %s, which is not a *_test.go in the repository: %s", b.from, mend)
+	}
+	src, err := os.ReadFile(filepath.Join("..", b.from))
+	if err != nil {
+		return fmt.Errorf("comes from %s, which cannot be read (%v): %s", b.from, err, mend)
+	}
+	var file []string
+	for _, line := range strings.Split(string(src), "\n") {
+		file = append(file, strings.Trim(line, " \t"))
+	}
+	// The longest run of the block's lines found in the file, to name the
+	// first line that is not there.
+	longest := 0
+	for start := range file {
+		n := 0
+		for n < len(b.lines) && start+n < len(file) && file[start+n] == b.lines[n] {
+			n++
+		}
+		if n == len(b.lines) {
+			return nil
+		}
+		longest = max(longest, n)
+	}
+	return fmt.Errorf("is not in %s as it is: line %d of the doc (%q) does not follow the block's %d lines above it there; "+
+		"copy the code from %s again, or change it there first so that its test holds it",
+		b.from, b.line+1+longest, b.lines[longest], longest, b.from)
+}
