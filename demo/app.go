@@ -90,6 +90,9 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 		Limits:    cfg.itemLimits(),
 		Namespace: "create-item",
 		Schema:    cfg.schema,
+		// An operator may give a user limits of their own, for good or
+		// for an hour (cmd/pglimit overrides set).
+		Overrides: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("item limits: %w", err)

@@ -35,8 +35,9 @@ func TestInspect(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(fresh.Limits) != 2 || fresh.Limits[0].Remaining != 3 || fresh.Limits[1].Remaining != 5 || fresh.Refused() || fresh.Own != nil {
-				t.Fatalf("a key with no row: %+v, want full burst and quota", fresh)
+			if len(fresh.Limits) != 2 || fresh.Limits[0].Remaining != 3 || fresh.Limits[1].Remaining != 5 || fresh.Refused() || fresh.Own != nil ||
+				!fresh.Limits[1].WindowEnd.IsZero() {
+				t.Fatalf("a key with no row: %+v, want full burst and quota, and no window until its first request", fresh)
 			}
 
 			for range 3 {

@@ -190,7 +190,8 @@ func left(l Limit, s rolled, g, now int64) (r, rs int64) {
 // Standing is where a limit stands on a key now, in units and µs: how many
 // units it admits at once (Remaining), how long until it admits one
 // (Retry; zero when it does), and how long until it is back to full
-// (Reset); for a window, also the window's end (End; zero for GCRA).
+// (Reset); for a window, also the current window's end (End; zero for
+// GCRA, and for a fixed window that starts at the key's next request).
 type Standing struct{ Remaining, Retry, Reset, End int64 }
 
 // Stand returns where each of limits stands on a key's row as a statement
@@ -208,7 +209,9 @@ func Stand(limits []Limit, state []int64, tat *int64, now int64) []Standing {
 		}
 		switch l.Algorithm {
 		case FixedWindow:
-			out[i].End = s.c
+			if s.b > 0 || l.Calendar != nil { // else a window starts at the next request
+				out[i].End = s.c
+			}
 		case SlidingWindow:
 			out[i].End = s.a + l.Period
 		}

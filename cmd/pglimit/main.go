@@ -1,0 +1,309 @@
+// Command pglimit answers the questions of the person on call about a
+// pglimit limiter, and changes what they need changed: why a key is
+// refused and until when, lift its limit for an hour, reset it, which
+// keys are at their limits, and whether the cleanup job keeps up.
+//
+//	pglimit [flags] inspect KEY
+//	pglimit [flags] limited [-n N] [-after KEY] [-max M]
+//	pglimit [flags] overrides list [-after KEY] [-max M]
+//	pglimit [flags] overrides set [-for DURATION] KEY NAME=RATE[/BURST] ...
+//	pglimit [flags] overrides clear KEY
+//	pglimit [flags] reset KEY
+//	pglimit [flags] cleaner [-tables T1,T2] [-retention DURATION]
+//
+// The limiter is described as the application configures it: its
+// namespace, strategy, limits and whether it has per-key limits
+// (-namespace, -strategy, -limit, -cooldown, -overrides, or their
+// PGLIMIT_ variables). The database URL comes from -database-url or
+// DATABASE_URL. Every command is one statement of the library's Go API
+// (Inspect, LimitedKeys, ListKeyLimits, SetKeyLimits, SetKeyLimitsFor,
+// Reset, InspectCleaner). With -dry-run a command that writes runs in a
+// transaction that it rolls back, and prints what it would have done.
+// With -json it prints JSON instead of tables.
+//
+// Exit status: 0 done, 1 the database or the command failed, 2 bad input.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+// usageError is bad input: exit status 2.
+type usageError struct{ error }
+
+// options are the flags every command takes, before the command's name.
+type options struct {
+	databaseURL string
+	cfg         pglimit.Config
+	json        bool
+	dryRun      bool
+}
+
+const usage = `usage: pglimit [flags] COMMAND [ARGS]
+
+Commands:
+  inspect KEY                     where KEY stands under each limit, and its own limits
+  limited [-n N] [-after KEY] [-max M]
+                                  keys that would refuse N units now (N=1: at their limit)
+  overrides list [-after KEY] [-max M]
+                                  keys with limits of their own
+  overrides set [-for D] KEY NAME=RATE[/BURST] ...
+                                  give KEY its own rate and/or burst (for D, else for good)
+  overrides clear KEY             take KEY's own limits away
+  reset KEY                       clear KEY's state: every limit back to full
+  cleaner [-tables T,...] [-retention D]
+                                  the cleanup job's leader and each table's backlog
+
+A limit (-limit, repeated; or PGLIMIT_LIMITS, separated by ";"):
+  [NAME=]RATE/PERIOD[,burst=N][,fixed|,sliding][,tz=ZONE]
+  such as per-minute=5/1m,burst=3  daily=1000/day,tz=Europe/Paris  hourly=100/1h,sliding
+
+Flags:
+`
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	o, rest, err := parseFlags(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err == nil {
+		err = o.command(ctx, rest, stdout)
+	}
+	var ue usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ue) || errors.Is(err, pglimit.ErrInvalidKey) || errors.Is(err, pglimit.ErrInvalidConfig) ||
+		errors.Is(err, pglimit.ErrInvalidCost) || errors.Is(err, pglimit.ErrUnsupported):
+		fmt.Fprintln(stderr, "pglimit:", err)
+		return 2
+	default:
+		fmt.Fprintln(stderr, "pglimit:", err)
+		return 1
+	}
+}
+
+// parseFlags reads the flags before the command, with the environment's
+// values as defaults.
+func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, []string, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("pglimit", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	env := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	var limits []string
+	if v := getenv("PGLIMIT_LIMITS"); v != "" {
+		limits = strings.Split(v, ";")
+	}
+	fromEnv := limits != nil
+	var strategy string
+	fs.StringVar(&o.databaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL URL (env DATABASE_URL)")
+	fs.StringVar(&o.cfg.Schema, "schema", env("PGLIMIT_SCHEMA", ""), `the limiter's schema (env PGLIMIT_SCHEMA; "" means public)`)
+	fs.StringVar(&o.cfg.Namespace, "namespace", env("PGLIMIT_NAMESPACE", ""), "the limiter's Config.Namespace (env PGLIMIT_NAMESPACE; empty: derived from its limits, as the library does)")
+	fs.StringVar(&strategy, "strategy", env("PGLIMIT_STRATEGY", "upsert"), "upsert or nowait (env PGLIMIT_STRATEGY)")
+	fs.Func("limit", "one of the limiter's limits, in its order; repeat for each (env PGLIMIT_LIMITS)", func(s string) error {
+		if fromEnv {
+			limits, fromEnv = nil, false // the flags replace the environment's
+		}
+		limits = append(limits, s)
+		return nil
+	})
+	fs.DurationVar(&o.cfg.Cooldown, "cooldown", 0, "the limiter's Config.Cooldown, instead of -limit")
+	fs.BoolVar(&o.cfg.Overrides, "overrides", env("PGLIMIT_OVERRIDES", "") == "true", "the limiter reads per-key limits (Config.Overrides; env PGLIMIT_OVERRIDES=true)")
+	fs.DurationVar(&o.cfg.Timeout, "timeout", 10*time.Second, "the longest a command's statement may take")
+	fs.BoolVar(&o.json, "json", false, "print JSON instead of tables")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "run a command that writes in a transaction that is rolled back, and print what it would do")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, nil, err
+		}
+		return nil, nil, usageError{err}
+	}
+	var err error
+	if o.cfg.Strategy, err = pglimit.ParseStrategy(strategy); err != nil {
+		return nil, nil, err
+	}
+	for _, s := range limits {
+		l, err := parseLimit(strings.TrimSpace(s))
+		if err != nil {
+			return nil, nil, usageError{err}
+		}
+		o.cfg.Limits = append(o.cfg.Limits, l)
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return nil, nil, usageError{errors.New("no command")}
+	}
+	return o, fs.Args(), nil
+}
+
+// command runs the command args names.
+func (o *options) command(ctx context.Context, args []string, stdout io.Writer) error {
+	name, args := args[0], args[1:]
+	if name == "overrides" {
+		if len(args) == 0 {
+			return usageError{errors.New("overrides: want list, set or clear")}
+		}
+		name, args = "overrides "+args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("pglimit "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	n := fs.Int("n", 1, "units a request asks for")
+	after := fs.String("after", "", "list the keys after this one")
+	max := fs.Int("max", 50, "list at most this many")
+	ttl := fs.Duration("for", 0, "how long the key's own limits count (0: for good)")
+	tables := fs.String("tables", "", "the cleaner's tables, separated by commas (default: the library's)")
+	retention := fs.Duration("retention", 0, "the cleaner's Retention (default: the library's, 10m)")
+	// Also after the command, where they are easy to add to one.
+	fs.BoolVar(&o.json, "json", o.json, "print JSON instead of tables")
+	fs.BoolVar(&o.dryRun, "dry-run", o.dryRun, "roll back what the command writes")
+	if err := fs.Parse(args); err != nil {
+		return usageError{fmt.Errorf("%s: %w", name, err)}
+	}
+	args = fs.Args()
+	if usages[name] == "no arguments" && len(args) > 0 {
+		return usageError{fmt.Errorf("%s takes no arguments, got %q", name, args)}
+	}
+	// wantKey is the command's key, followed by more arguments or none.
+	wantKey := func(more bool) (string, error) {
+		if len(args) == 0 || more && len(args) == 1 || !more && len(args) > 1 {
+			return "", usageError{fmt.Errorf("%s: want %s", name, usages[name])}
+		}
+		return args[0], pglimit.ValidateKey(args[0])
+	}
+	if _, ok := usages[name]; !ok {
+		return usageError{fmt.Errorf("unknown command %q", name)}
+	}
+	if o.databaseURL == "" {
+		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
+	}
+	pool, err := pgxpool.New(ctx, o.databaseURL)
+	if err != nil {
+		return usageError{fmt.Errorf("database URL: %w", err)}
+	}
+	defer pool.Close()
+	p := printer{w: stdout, json: o.json}
+
+	switch name {
+	case "inspect":
+		key, err := wantKey(false)
+		if err != nil {
+			return err
+		}
+		st, err := pglimit.Inspect(ctx, pool, &o.cfg, key)
+		if err != nil {
+			return err
+		}
+		return p.state(o.cfg, st)
+	case "limited":
+		states, err := pglimit.LimitedKeys(ctx, pool, &o.cfg, *n, *after, *max)
+		if err != nil {
+			return err
+		}
+		return p.limited(*n, *max, states)
+	case "overrides list":
+		own, err := pglimit.ListKeyLimits(ctx, pool, &o.cfg, *after, *max)
+		if err != nil {
+			return err
+		}
+		return p.own(*max, own)
+	case "overrides set", "overrides clear", "reset":
+		key, err := wantKey(name == "overrides set")
+		if err != nil {
+			return err
+		}
+		var own []pglimit.Limit
+		for _, s := range args[1:] {
+			l, err := parseOwn(s)
+			if err != nil {
+				return usageError{err}
+			}
+			own = append(own, l)
+		}
+		return o.write(ctx, pool, p, name, key, own, *ttl)
+	case "cleaner":
+		cfg := pglimit.CleanerConfig{Schema: o.cfg.Schema, Retention: *retention}
+		if *tables != "" {
+			cfg.Tables = strings.Split(*tables, ",")
+		}
+		st, err := pglimit.InspectCleaner(ctx, pool, &cfg)
+		if err != nil {
+			return err
+		}
+		return p.cleaner(st)
+	}
+	return nil
+}
+
+// usages are the commands' arguments, for their errors.
+var usages = map[string]string{
+	"inspect": "KEY", "limited": "no arguments", "overrides list": "no arguments",
+	"overrides set": "KEY NAME=RATE[/BURST] ...", "overrides clear": "KEY", "reset": "KEY", "cleaner": "no arguments",
+}
+
+// write runs a command that writes (name), on key, then prints the key's
+// state as it leaves it. With -dry-run it runs in a transaction, reads the
+// state there, and rolls back.
+func (o *options) write(ctx context.Context, pool *pgxpool.Pool, p printer, name, key string, own []pglimit.Limit, ttl time.Duration) error {
+	var db pglimit.DB = pool
+	if o.dryRun {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the dry run's end
+		db = tx
+	}
+	var err error
+	switch {
+	case name == "reset":
+		var lim pglimit.Limiter
+		if lim, err = pglimit.New(db, &o.cfg); err == nil {
+			err = lim.Reset(ctx, key)
+		}
+	case name == "overrides clear":
+		err = pglimit.SetKeyLimits(ctx, db, &o.cfg, key)
+	case ttl != 0:
+		err = pglimit.SetKeyLimitsFor(ctx, db, &o.cfg, key, ttl, own...)
+	default:
+		err = pglimit.SetKeyLimits(ctx, db, &o.cfg, key, own...)
+	}
+	if err != nil {
+		return err
+	}
+	st, err := pglimit.Inspect(ctx, db, &o.cfg, key)
+	if errors.Is(err, pglimit.ErrUnsupported) { // Range: its write is done
+		return p.done(name, key, o.dryRun, nil)
+	}
+	if err != nil {
+		return err
+	}
+	return p.done(name, key, o.dryRun, &st)
+}
