@@ -440,6 +440,16 @@ func TestLeastPrivilegedRoles(t *testing.T) {
 				if err := pglimit.SetKeyLimits(ctx, appPool, cfg, key, raised...); err != nil {
 					t.Fatalf("%s: SetKeyLimits as the runtime role: %v", s, err)
 				}
+				if _, err := pglimit.ListKeyLimits(ctx, appPool, cfg, "", 10); err != nil {
+					t.Fatalf("%s: ListKeyLimits as the runtime role: %v", s, err)
+				}
+			}
+			// What the person on call reads (cmd/pglimit).
+			if _, err := pglimit.Inspect(ctx, appPool, cfg, key); err != nil {
+				t.Fatalf("%s: Inspect as the runtime role: %v", s, err)
+			}
+			if _, err := pglimit.LimitedKeys(ctx, appPool, cfg, 1, "", 10); err != nil {
+				t.Fatalf("%s: LimitedKeys as the runtime role: %v", s, err)
 			}
 		}
 	}
@@ -451,6 +461,10 @@ func TestLeastPrivilegedRoles(t *testing.T) {
 	if !errors.Is(err, pglimit.ErrNoExclusionConstraint) || !errors.Is(err, pglimit.ErrExtension) ||
 		!strings.Contains(err.Error(), "CREATE EXTENSION btree_gist") || d.Allowed {
 		t.Fatalf("Range without btree_gist: %+v, %v; want refused with ErrNoExclusionConstraint and ErrExtension naming the fix", d, err)
+	}
+
+	if st, err := pglimit.InspectCleaner(ctx, appPool, &pglimit.CleanerConfig{Tables: []string{"pglimit_upsert", "pglimit_nowait"}}); err != nil || len(st.Tables) != 2 {
+		t.Fatalf("InspectCleaner as the runtime role: %+v, %v", st, err)
 	}
 
 	// The cleanup role deletes what has expired.

@@ -88,18 +88,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err == nil {
 		err = o.command(ctx, rest, stdout)
 	}
-	var ue usageError
-	switch {
-	case err == nil:
+	if err == nil {
 		return 0
-	case errors.As(err, &ue) || errors.Is(err, pglimit.ErrInvalidKey) || errors.Is(err, pglimit.ErrInvalidConfig) ||
-		errors.Is(err, pglimit.ErrInvalidCost) || errors.Is(err, pglimit.ErrUnsupported):
-		fmt.Fprintln(stderr, "pglimit:", err)
-		return 2
-	default:
-		fmt.Fprintln(stderr, "pglimit:", err)
-		return 1
 	}
+	// The library's errors name it already.
+	fmt.Fprintln(stderr, "pglimit: "+strings.TrimPrefix(err.Error(), "pglimit: "))
+	var ue usageError
+	if errors.As(err, &ue) || errors.Is(err, pglimit.ErrInvalidKey) || errors.Is(err, pglimit.ErrInvalidConfig) ||
+		errors.Is(err, pglimit.ErrInvalidCost) || errors.Is(err, pglimit.ErrUnsupported) {
+		return 2
+	}
+	return 1
 }
 
 // parseFlags reads the flags before the command, with the environment's
