@@ -49,7 +49,7 @@ const InFlightLimit = inFlightLimit
 // tail).
 func Statements(lim Limiter) map[string]string {
 	l := lim.(*limiter)
-	s := map[string]string{"allow": l.plain.fast, "peek": l.plain.peek, "reset": l.resetSQL}
+	s := map[string]string{"allow": l.plain.fast, "peek": l.plain.peek, "reset": l.resetSQL, "inspect": inspectSQL(l.cfg)}
 	if l.plain.general != nil {
 		s["general"] = l.plain.general.own[modeAllow]
 	}

@@ -64,8 +64,8 @@ func (s KeyState) Refused() bool {
 
 // Inspect returns where key stands under each limit of the limiter cfg
 // configures, and its own limits, if any, reading one row and consuming
-// nothing. It is one statement, bounded by [Config.Timeout], and works on
-// a standby. [ErrUnsupported] for the Range strategy, whose rows are
+// nothing. It is one statement, bounded by [Config.Timeout], which writes
+// nothing. [ErrUnsupported] for the Range strategy, whose rows are
 // admissions, not a key's state (use [Limiter.Peek]).
 func Inspect(ctx context.Context, db DB, cfg *Config, key string) (KeyState, error) {
 	c, err := inspectable(cfg, "Inspect")
@@ -74,11 +74,6 @@ func Inspect(ctx context.Context, db DB, cfg *Config, key string) (KeyState, err
 	}
 	if err := ValidateKey(key); err != nil {
 		return KeyState{}, err
-	}
-	args := queries.Args{"table": pgx.Identifier{c.Schema, c.Table}.Sanitize(), "own": "", "own_cols": "NULL::jsonb, NULL::timestamptz"}
-	if c.Overrides {
-		args["own"] = queries.Text("inspect.own", queries.Args{"overrides": pgx.Identifier{c.Schema, overridesTable}.Sanitize(), "counts": overrideCounts})
-		args["own_cols"] = "o.limits, o.expires_at"
 	}
 	var (
 		state    []int64
@@ -89,7 +84,7 @@ func Inspect(ctx context.Context, db DB, cfg *Config, key string) (KeyState, err
 	)
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
-	err = db.QueryRow(ctx, queries.Text("inspect.key", args), c.Namespace, key).Scan(&state, &tat, &now, &doc, &ownUntil)
+	err = db.QueryRow(ctx, inspectSQL(c), c.Namespace, key).Scan(&state, &tat, &now, &doc, &ownUntil)
 	if err != nil {
 		return KeyState{}, wrapErr(ctx, "Inspect", c.Timeout, err)
 	}
@@ -107,6 +102,16 @@ func Inspect(ctx context.Context, db DB, cfg *Config, key string) (KeyState, err
 	s := standing(key, limits, state, tat, now)
 	s.Own = own
 	return s, nil
+}
+
+// inspectSQL is Inspect's statement for c, a Config with defaults.
+func inspectSQL(c Config) string {
+	args := queries.Args{"table": pgx.Identifier{c.Schema, c.Table}.Sanitize(), "own": "", "own_cols": "NULL::jsonb, NULL::timestamptz"}
+	if c.Overrides {
+		args["own"] = queries.Text("inspect.own", queries.Args{"overrides": pgx.Identifier{c.Schema, overridesTable}.Sanitize(), "counts": overrideCounts})
+		args["own_cols"] = "o.limits, o.expires_at"
+	}
+	return queries.Text("inspect.key", args)
 }
 
 // LimitedKeys returns the keys of cfg's namespace that would refuse a
