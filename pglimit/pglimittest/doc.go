@@ -17,6 +17,18 @@
 // [WithPool] runs it over pools of the test's choosing, and [OnServer]
 // against another server.
 //
+// # A clock the test moves
+//
+// NewClock gives a test a database clock that stands still until the test
+// sets or advances it; a limiter made on one of its pools (Clock.Pool)
+// decides at its time, so that a test of tomorrow's quota waits for
+// nothing:
+//
+//	clock := pglimittest.NewClock(t)
+//	lim, err := pglimit.New(clock.Pool(t), &cfg)
+//	...
+//	clock.Advance(24 * time.Hour)
+//
 // # Where the server comes from
 //
 // The server is, in order: the one PGLIMIT_TEST_DATABASE_URL names (tests
