@@ -65,9 +65,16 @@ func TestInspectCleaner(t *testing.T) {
 	if err := c.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	st, err = pglimit.InspectCleaner(ctx, pool, cfg)
+	// The leader's backend ends just after its client closes the
+	// connection, and its lock with it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		st, err = pglimit.InspectCleaner(ctx, pool, cfg)
+		if err != nil || st.Leader == nil || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil || st.Leader != nil {
-		t.Errorf("after Stop: %+v, %v; want no leader", st.Leader, err)
+		t.Errorf("10 s after Stop: %+v, %v; want no leader", st.Leader, err)
 	}
 
 	_, err = pglimit.InspectCleaner(ctx, pool, &pglimit.CleanerConfig{Schema: schema, Tables: []string{"missing"}})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // inspectLimits are two limits a key can stand differently under: a
@@ -156,11 +157,13 @@ func TestLimitedKeys(t *testing.T) {
 }
 
 // A key's own limits for a while count until they lapse, on the database
-// clock, and then the key is back on the limiter's, keeping what it used.
+// clock, to the microsecond, and then the key is back on the limiter's,
+// keeping what it used.
 func TestSetKeyLimitsFor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
+	clock := pglimittest.NewClock(t)
+	pool := clock.Pool(t)
 	cfg := pglimit.Config{Schema: testdb.Schema(t), Namespace: "lapse", Overrides: true, Limits: inspectLimits}
 	lim := newLimiterOn(t, pool, cfg)
 
@@ -174,7 +177,7 @@ func TestSetKeyLimitsFor(t *testing.T) {
 		t.Fatalf("after refused calls: %+v, %v; want nothing written", own, err)
 	}
 
-	const ttl = 1500 * time.Millisecond
+	const ttl = time.Hour
 	if err := pglimit.SetKeyLimitsFor(ctx, pool, &cfg, "bob", ttl, pglimit.Limit{Name: "per-minute", Burst: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -191,21 +194,21 @@ func TestSetKeyLimitsFor(t *testing.T) {
 		t.Fatalf("Inspect while it counts: %+v, %v", st, err)
 	}
 
-	// Once it lapses the limiter's burst of 3 applies to what bob used,
-	// while the hourly quota has one unit left.
-	time.Sleep(time.Until(st.Own.Expires))
+	// An hour on, the key is back on the limiter's burst of 3 to the
+	// microsecond (its minute and its hour have renewed meanwhile).
+	clock.Advance(ttl - time.Microsecond)
+	if st, err = pglimit.Inspect(ctx, pool, &cfg, "bob"); err != nil || st.Own == nil || st.Limits[0].Limit.Burst != 4 {
+		t.Fatalf("Inspect 1µs before they lapse: %+v, %v; want the burst of 4 still", st, err)
+	}
+	clock.Advance(time.Microsecond)
 	st, err = pglimit.Inspect(ctx, pool, &cfg, "bob")
-	for err == nil && st.Own != nil { // the server's clock may trail ours
-		time.Sleep(50 * time.Millisecond)
-		st, err = pglimit.Inspect(ctx, pool, &cfg, "bob")
+	if err != nil || st.Own != nil || st.Limits[0].Limit.Burst != 3 || st.Limits[0].Remaining != 3 {
+		t.Fatalf("Inspect once they lapsed: %+v, %v; want the limiter's burst of 3, all of it left", st, err)
 	}
-	if err != nil || st.Limits[0].Limit.Burst != 3 || st.Limits[0].Remaining != 0 {
-		t.Fatalf("Inspect after it lapsed: %+v, %v; want the limiter's burst of 3, none left", st, err)
-	}
-	if d, err := lim.Allow(ctx, "bob"); err != nil || d.Allowed || d.Limit.Name != "per-minute" || d.Limit.Burst != 3 {
-		t.Errorf("Allow after it lapsed: %+v, %v; want a refusal under the burst of 3", d, err)
+	if got := allowUntilRefused(t, lim, "bob", 10); got != 3 {
+		t.Errorf("once they lapsed: %d admitted, want the limiter's burst of 3", got)
 	}
 	if own, err := pglimit.ListKeyLimits(ctx, pool, &cfg, "", 10); err != nil || len(own) != 0 {
-		t.Errorf("ListKeyLimits after it lapsed: %+v, %v; want none", own, err)
+		t.Errorf("ListKeyLimits once they lapsed: %+v, %v; want none", own, err)
 	}
 }

@@ -63,8 +63,8 @@ FROM eff AS x LEFT JOIN {{.table}} AS t ON t.namespace = $1 AND t.key = $2
 -- they count in µs (NULL: for good). Placeholder: overrides, the table.
 {{define "overrides.delete"}}DELETE FROM {{.overrides}} WHERE namespace = $1 AND key = $2{{end}}
 {{define "overrides.set"}}
-INSERT INTO {{.overrides}} (namespace, key, limits, expires_at)
-VALUES ($1, $2, $3, now() + $4::bigint * interval '1 microsecond')
+INSERT INTO {{.overrides}} (namespace, key, limits, expires_at, updated_at)
+VALUES ($1, $2, $3, now() + $4::bigint * interval '1 microsecond', now())
 ON CONFLICT (namespace, key) DO UPDATE SET limits = excluded.limits, expires_at = excluded.expires_at, updated_at = now()
 {{end}}
 
