@@ -1,0 +1,70 @@
+package pglimit
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// giveBackTimeout bounds the Refund with which a waiter that gives up
+// returns its reserved units: WaitN returns at most this long after its
+// context ends.
+const giveBackTimeout = 250 * time.Millisecond
+
+// Wait is WaitN with n = 1.
+func Wait(ctx context.Context, lim Limiter, key string) (Decision, error) {
+	return WaitN(ctx, lim, key, 1)
+}
+
+// WaitN blocks until n units of key are the caller's, or ctx ends: it
+// reserves them ([Limiter.Reserve]) within the time ctx leaves, then waits
+// out the reservation's Delay. Like x/time/rate's WaitN, for background
+// work and outbound calls that would rather wait their turn than fail.
+//
+// Across instances the database hands out the slots, so waiters of every
+// instance are served in the order they reserved, at the limits' rate. A
+// wait longer than ctx allows consumes nothing and returns the refusal
+// with an error wrapping [context.DeadlineExceeded]. A caller whose ctx
+// ends during the wait gives its units back with [Limiter.Refund], which
+// succeeds while no later reservation has been made on the key (as
+// x/time/rate's Reservation.Cancel, as much as the reservations after it
+// allow); else the units stay spent, which never over-admits. WaitN then
+// returns ctx's error at most 250 ms after ctx ends.
+//
+// n must not exceed any limit's Burst ([ErrInvalidCost]); the limits must
+// be GCRA, as Reserve's ([ErrUnsupported]). Without a deadline on ctx a
+// wait may last up to 366 days.
+func WaitN(ctx context.Context, lim Limiter, key string, n int) (Decision, error) {
+	for _, l := range lim.Policy().Limits {
+		if l.Algorithm == GCRA && n > l.Burst {
+			return Decision{}, fmt.Errorf("%w: WaitN: n = %d is more than limit %q's burst (%d)", ErrInvalidCost, n, l.Name, l.Burst)
+		}
+	}
+	maxDelay := maxPeriod
+	if deadline, ok := ctx.Deadline(); ok {
+		if maxDelay = time.Until(deadline); maxDelay <= 0 {
+			return Decision{}, context.Cause(ctx)
+		}
+	}
+	d, err := lim.Reserve(ctx, key, n, maxDelay)
+	if err != nil {
+		return d, err
+	}
+	if !d.Allowed {
+		return d, fmt.Errorf("pglimit: WaitN: %d units of %q come after the context's deadline (in %s): %w", n, key, d.RetryAfter+maxDelay, context.DeadlineExceeded)
+	}
+	if d.Delay <= 0 {
+		return d, nil
+	}
+	t := time.NewTimer(d.Delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return d, nil
+	case <-ctx.Done():
+		giveBack, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+		defer cancel()
+		_, _ = lim.Refund(giveBack, d, n) // false or an error: the units stay spent
+		return Decision{}, context.Cause(ctx)
+	}
+}

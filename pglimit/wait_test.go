@@ -1,0 +1,111 @@
+package pglimit_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// Waiters of two instances are all served, in turn, at the limit's rate:
+// the k-th to return returns no sooner than (k-1) emission intervals
+// after the first decision.
+func TestWaitServesInTurn(t *testing.T) {
+	t.Parallel()
+	const T = 50 * time.Millisecond
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Namespace: "wait", Limits: []pglimit.Limit{{Name: "rate", Rate: 20, Period: time.Second, Burst: 1}}}
+	a, b := newLimiterOn(t, testdb.Pool(t), cfg), newLimiterOn(t, testdb.Pool(t), cfg)
+
+	const waiters = 8
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	var (
+		mu   sync.Mutex
+		back []time.Duration
+		wg   sync.WaitGroup
+	)
+	for i := range waiters {
+		lim := []pglimit.Limiter{a, b}[i%2]
+		wg.Go(func() {
+			d, err := pglimit.Wait(ctx, lim, "job")
+			if err != nil || !d.Allowed {
+				t.Errorf("Wait: %+v, %v", d, err)
+			}
+			mu.Lock()
+			back = append(back, time.Since(start))
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	slices.Sort(back)
+	for k, at := range back {
+		if at < time.Duration(k)*T {
+			t.Errorf("waiter %d of %d returned %s after the start, before its turn at %s: %s", k+1, waiters, at, time.Duration(k)*T, back)
+		}
+	}
+}
+
+// A wait longer than the context allows consumes nothing; a waiter that
+// gives up gives its units back when no one reserved after it.
+func TestWaitGivesUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Namespace: "give-up", Limits: []pglimit.Limit{{Name: "rate", Rate: 1, Period: time.Second, Burst: 1}}}
+	lim := newLimiterOn(t, pool, cfg)
+	resetIn := func() time.Duration {
+		t.Helper()
+		st, err := pglimit.Inspect(ctx, pool, &cfg, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Limits[0].ResetAfter
+	}
+
+	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	before := resetIn() // about 1 s: the next unit is a second away
+
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	d, err := pglimit.Wait(short, lim, "k")
+	if !errors.Is(err, context.DeadlineExceeded) || d.Allowed {
+		t.Fatalf("Wait with 300 ms for a unit a second away: %+v, %v; want DeadlineExceeded at once", d, err)
+	}
+	if after := resetIn(); after > before {
+		t.Fatalf("after a wait refused: the key is full in %s, was %s; it consumed units", after, before)
+	}
+
+	giveUp, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := pglimit.Wait(giveUp, lim, "k")
+		done <- err
+	}()
+	// The waiter has reserved once the key is full later than before.
+	for resetIn() < before {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a waiter that gives up: %v, want context.Canceled", err)
+	}
+	if after := resetIn(); after > before {
+		t.Errorf("after the waiter gave up: the key is full in %s, was %s; its unit was not given back", after, before)
+	}
+
+	if _, err := pglimit.WaitN(ctx, lim, "k", 2); !errors.Is(err, pglimit.ErrInvalidCost) {
+		t.Errorf("WaitN past the burst: %v, want ErrInvalidCost", err)
+	}
+	window := pglimit.Config{Schema: cfg.Schema, Namespace: "window", Limits: []pglimit.Limit{{Rate: 5, Period: time.Minute, Algorithm: pglimit.FixedWindow}}}
+	if _, err := pglimit.Wait(ctx, newLimiterOn(t, pool, window), "k"); !errors.Is(err, pglimit.ErrUnsupported) {
+		t.Errorf("Wait on a window: %v, want ErrUnsupported", err)
+	}
+}
