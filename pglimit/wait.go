@@ -35,26 +35,37 @@ func Wait(ctx context.Context, lim Limiter, key string) (Decision, error) {
 // be GCRA, as Reserve's ([ErrUnsupported]). Without a deadline on ctx a
 // wait may last up to 366 days.
 func WaitN(ctx context.Context, lim Limiter, key string, n int) (Decision, error) {
+	d, err := WaitAtMost(ctx, lim, key, n, maxPeriod)
+	if err == nil && !d.Allowed {
+		err = fmt.Errorf("pglimit: WaitN: %d units of %q come after the context's deadline: %w", n, key, context.DeadlineExceeded)
+	}
+	return d, err
+}
+
+// WaitAtMost is WaitN for a wait of at most maxDelay (and within ctx's
+// deadline): units that come later are refused at once, with the refusal
+// and no error, and nothing is consumed. An admission's Delay is how long
+// it waited. nginx's limit_req without nodelay holds requests this way
+// (pglimithttp's Config.MaxDelay).
+func WaitAtMost(ctx context.Context, lim Limiter, key string, n int, maxDelay time.Duration) (Decision, error) {
+	if maxDelay < 0 || maxDelay > maxPeriod {
+		return Decision{}, fmt.Errorf("%w: WaitAtMost: maxDelay %s, not in [0, %s]", ErrInvalidCost, maxDelay, maxPeriod)
+	}
 	for _, l := range lim.Policy().Limits {
 		if l.Algorithm == GCRA && n > l.Burst {
-			return Decision{}, fmt.Errorf("%w: WaitN: n = %d is more than limit %q's burst (%d)", ErrInvalidCost, n, l.Name, l.Burst)
+			return Decision{}, fmt.Errorf("%w: Wait: n = %d is more than limit %q's burst (%d)", ErrInvalidCost, n, l.Name, l.Burst)
 		}
 	}
-	maxDelay := maxPeriod
 	if deadline, ok := ctx.Deadline(); ok {
-		if maxDelay = time.Until(deadline); maxDelay <= 0 {
+		left := time.Until(deadline)
+		if left <= 0 {
 			return Decision{}, context.Cause(ctx)
 		}
+		maxDelay = min(maxDelay, left)
 	}
 	d, err := lim.Reserve(ctx, key, n, maxDelay)
-	if err != nil {
+	if err != nil || !d.Allowed || d.Delay <= 0 {
 		return d, err
-	}
-	if !d.Allowed {
-		return d, fmt.Errorf("pglimit: WaitN: %d units of %q come after the context's deadline (in %s): %w", n, key, d.RetryAfter+maxDelay, context.DeadlineExceeded)
-	}
-	if d.Delay <= 0 {
-		return d, nil
 	}
 	t := time.NewTimer(d.Delay)
 	defer t.Stop()

@@ -141,6 +141,20 @@ type Config struct {
 	// OnDecision, when set, is called once per request with what happened,
 	// before the handler runs or the refusal is written. Defaults to nil.
 	OnDecision func(r *http.Request, ev Event)
+
+	// MaxDelay shapes traffic as nginx's limit_req without nodelay: a
+	// request the limits would admit within MaxDelay is held until its
+	// slot and then served, so the handler sees requests at the limits'
+	// rate; one that would wait longer is refused. Slots are the
+	// database's, so the pace holds across instances, and a held request
+	// whose client goes away gives its slot back ([pglimit.WaitAtMost]).
+	// The limiter's limits must all be GCRA. nginx's "rate=r burst=b"
+	// is a limit of r with Burst 1 and MaxDelay b/r; "burst=b delay=d"
+	// is Burst d+1 and MaxDelay (b-d)/r; "nodelay" is MaxDelay 0.
+	// [DecisionFrom] gives the handler the decision, whose Delay is how
+	// long the request was held. Defaults to 0: admitted requests are
+	// served at once, refused ones refused.
+	MaxDelay time.Duration
 }
 
 // ErrInvalidConfig reports a [Config] that cannot be used; the message names
@@ -166,6 +180,14 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 	for i, l := range p.Limits {
 		if err := validatePolicy(l.Name); err != nil {
 			return nil, fmt.Errorf("%w: limiter's Limits[%d].Name: %w", ErrInvalidConfig, i, err)
+		}
+	}
+	if g.cfg.MaxDelay < 0 {
+		return nil, fmt.Errorf("%w: MaxDelay: must not be negative, got %s", ErrInvalidConfig, g.cfg.MaxDelay)
+	}
+	for i, l := range p.Limits {
+		if g.cfg.MaxDelay > 0 && l.Algorithm != pglimit.GCRA {
+			return nil, fmt.Errorf("%w: MaxDelay holds requests for GCRA limits only; limiter's Limits[%d] (%q) is %s", ErrInvalidConfig, i, l.Name, l.Algorithm)
 		}
 	}
 	m := &middleware{gate: g, lim: lim, limits: p.Limits, policy: formatPolicy(p.Limits), longest: p.LongestWait()}
@@ -228,7 +250,12 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 
-	d, err := m.lim.AllowN(r.Context(), key, cost)
+	var d pglimit.Decision
+	if m.cfg.MaxDelay > 0 {
+		d, err = pglimit.WaitAtMost(r.Context(), m.lim, key, cost, m.cfg.MaxDelay)
+	} else {
+		d, err = m.lim.AllowN(r.Context(), key, cost)
+	}
 	h := w.Header()
 	switch {
 	case errors.Is(err, pglimit.ErrInvalidCost):

@@ -1,0 +1,152 @@
+package pglimithttp_test
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimithttp"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
+)
+
+// shaped is two instances of a service whose middleware holds requests
+// (MaxDelay) under one limit on a test clock: nginx's "rate=20r/s
+// burst=5", 20 a second with Burst 1, held up to 5 slots of 50 ms.
+type shaped struct {
+	servers []*httptest.Server
+	lim     pglimit.Limiter // the first instance's
+}
+
+const slot = 50 * time.Millisecond
+
+func newShaped(t *testing.T) *shaped {
+	t.Helper()
+	clock := pglimittest.NewClock(t)
+	cfg := pglimit.Config{Schema: pglimittest.Schema(t), Namespace: "shaped", Limits: []pglimit.Limit{{Name: "rps", Rate: 20, Period: time.Second, Burst: 1}}}
+	s := &shaped{}
+	for range 2 {
+		lim, err := pglimit.New(clock.Pool(t), &cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw, err := pglimithttp.Middleware(lim, &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User"), MaxDelay: 5 * slot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d, _ := pglimithttp.DecisionFrom(r.Context())
+			w.Header().Set("X-Held", d.Delay.String())
+		})))
+		t.Cleanup(srv.Close)
+		s.servers = append(s.servers, srv)
+		s.lim = cmp.Or(s.lim, lim)
+	}
+	return s
+}
+
+// call sends a request of user to instance i, and returns its status and
+// how long the middleware held it.
+func (s *shaped) call(ctx context.Context, i int, user string) (int, time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", s.servers[i%len(s.servers)].URL, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("X-User", user)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp.Body.Close()
+	held, _ := time.ParseDuration(resp.Header.Get("X-Held"))
+	return resp.StatusCode, held, nil
+}
+
+// Ten requests at once over two instances: one is served at once, five are
+// held one slot apart, and four would wait past MaxDelay and are refused.
+// The clock stands still, so the slots are exact.
+func TestMaxDelayShapes(t *testing.T) {
+	t.Parallel()
+	s := newShaped(t)
+	var (
+		mu      sync.Mutex
+		held    []time.Duration
+		refused int
+		wg      sync.WaitGroup
+	)
+	start := time.Now()
+	for i := range 10 {
+		wg.Go(func() {
+			code, d, err := s.call(context.Background(), i, "alice")
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				t.Error(err)
+			case code == http.StatusOK:
+				held = append(held, d)
+				if since := time.Since(start); since < d {
+					t.Errorf("a request held %s was answered %s after the start", d, since)
+				}
+			case code == http.StatusTooManyRequests:
+				refused++
+			default:
+				t.Errorf("status %d", code)
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(held)
+	want := []time.Duration{0, slot, 2 * slot, 3 * slot, 4 * slot, 5 * slot}
+	if !slices.Equal(held, want) || refused != 4 {
+		t.Errorf("10 requests at once: served after %v and %d refused; want %v and 4 refused", held, refused, want)
+	}
+}
+
+// A held request whose client goes away gives its slot back: the next
+// request is held as long as the one that left would have been.
+func TestMaxDelayClientGone(t *testing.T) {
+	t.Parallel()
+	s := newShaped(t)
+	ctx := context.Background()
+	// Three slots taken at once, without waiting for them: the next
+	// request is held three slots (150 ms), long enough for the server to
+	// see its client leave after 20 ms.
+	for range 3 {
+		if d, err := s.lim.Reserve(ctx, "bob", 1, time.Hour); err != nil || !d.Allowed {
+			t.Fatalf("Reserve: %+v, %v", d, err)
+		}
+	}
+	gone, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if _, _, err := s.call(gone, 1, "bob"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a client that leaves while held: %v, want its own deadline", err)
+	}
+	// The server gives the slot back once it sees its client gone, within
+	// the 130 ms the hold had left.
+	time.Sleep(5 * slot)
+	if code, d, err := s.call(ctx, 0, "bob"); err != nil || code != http.StatusOK || d != 3*slot {
+		t.Errorf("after the held client left: %d, held %s, %v; want held %s, its slot given back", code, d, err, 3*slot)
+	}
+}
+
+// MaxDelay needs GCRA limits, and is not negative.
+func TestMaxDelayConfig(t *testing.T) {
+	t.Parallel()
+	window := pglimit.Config{Schema: pglimittest.Schema(t), Limits: []pglimit.Limit{{Rate: 5, Period: time.Minute, Algorithm: pglimit.FixedWindow}}}
+	lim, err := pglimit.New(pglimittest.Pool(t), &window)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []time.Duration{-time.Second, time.Second} {
+		if _, err := pglimithttp.Middleware(lim, &pglimithttp.Config{MaxDelay: d}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
+			t.Errorf("MaxDelay %s on a fixed window: %v, want ErrInvalidConfig", d, err)
+		}
+	}
+}
