@@ -152,8 +152,10 @@ type Config struct {
 	// is a limit of r with Burst 1 and MaxDelay b/r; "burst=b delay=d"
 	// is Burst d+1 and MaxDelay (b-d)/r; "nodelay" is MaxDelay 0.
 	// [DecisionFrom] gives the handler the decision, whose Delay is how
-	// long the request was held. Defaults to 0: admitted requests are
-	// served at once, refused ones refused.
+	// long the request was held. A limiter's Config.Fallback does not
+	// hold requests: while the database is unavailable they meet OnError.
+	// Defaults to 0: admitted requests are served at once, refused ones
+	// refused.
 	MaxDelay time.Duration
 }
 
