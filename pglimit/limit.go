@@ -2,7 +2,6 @@ package pglimit
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -115,10 +114,6 @@ const (
 	maxPeriod    = 366 * 24 * time.Hour
 	maxRate      = 1 << 30
 )
-
-// ErrInvalidCost reports a cost (n) that is not positive, or larger than
-// any of the limiter's limits could ever admit at once. Nothing is written.
-var ErrInvalidCost = errors.New("pglimit: invalid cost")
 
 // emission is a limit's interval per unit, in microseconds, rounded up so
 // that a limit is never faster than asked.

@@ -24,15 +24,6 @@ import (
 // runs its own goose migrations in the same schema never collides with ours.
 const migrationsTable = "pglimit_goose_db_version"
 
-// ErrExtension reports that the database lacks the btree_gist extension,
-// which the Range strategy's exclusion constraint needs, and that [Migrate]
-// could not create it. A Range limiter's decisions return it, wrapped with
-// [ErrNoExclusionConstraint]; the message says how to install it.
-var ErrExtension = errors.New("pglimit: the database has no btree_gist extension, which the Range strategy needs; " +
-	"install PostgreSQL's contrib modules (Debian/Ubuntu: apt-get install postgresql-contrib), " +
-	"run CREATE SCHEMA " + extensionSchema + "; CREATE EXTENSION btree_gist SCHEMA " + extensionSchema +
-	" as a superuser or a role with CREATE on the database, then pglimit.Migrate again")
-
 // extensionSchema is the schema in which [Migrate] creates btree_gist when
 // the database does not have it yet. A schema of its own, because a
 // database holds an extension once, in one schema, and dropping that schema

@@ -2,7 +2,6 @@ package pglimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -14,52 +13,6 @@ import (
 // accepts. Keys are stored in a primary key index, where long values cost
 // space and time; 256 bytes fits user ids, e-mail addresses and hashes.
 const MaxKeyLength = 256
-
-// Sentinel errors. Errors returned by this package wrap one of these (or a
-// database error) so callers can test them with [errors.Is].
-var (
-	// ErrInvalidKey reports a key or namespace that is empty, longer than
-	// [MaxKeyLength], not valid UTF-8, or contains a NUL byte.
-	ErrInvalidKey = errors.New("pglimit: invalid key")
-
-	// ErrInvalidConfig reports a [Config] that cannot be used; the message
-	// names the field. A decision returns it for what only the database
-	// shows: a key's row of per-key limits that its limits cannot use
-	// ([Config.Overrides]), or a calendar window's zone it does not know.
-	ErrInvalidConfig = errors.New("pglimit: invalid config")
-
-	// ErrTimeout reports a decision that did not finish within
-	// [Config.Timeout]. The caller's own context deadline is reported as
-	// [context.DeadlineExceeded] instead.
-	ErrTimeout = errors.New("pglimit: decision timed out")
-
-	// ErrNoExclusionConstraint reports a Range table without the exclusion
-	// constraint that makes it a limiter (its btree_gist extension was
-	// dropped, say). A Range limiter refuses to decide on such a table; run
-	// [Migrate] on its schema to restore the constraint.
-	ErrNoExclusionConstraint = errors.New("pglimit: the Range table has no exclusion constraint; run pglimit.Migrate on its schema to restore it")
-
-	// ErrUnsupported reports an operation the limiter's strategy or limits
-	// cannot do: Reserve on Range, or on a limit that is not GCRA.
-	ErrUnsupported = errors.New("pglimit: unsupported")
-
-	// ErrReadOnly reports a server that cannot write: a standby, a former
-	// primary that came back as one after a failover, or a server in
-	// read-only mode (default_transaction_read_only). Decisions, Reset and
-	// [Migrate] need the primary; [Limiter.Peek] works on a standby. It
-	// wraps the server's error (SQLSTATE 25006), or pgx's
-	// [pgconn.ErrReadOnlyConnection] when a pool that asks for a read-write
-	// server (target_session_attrs=read-write) reaches only read-only ones.
-	ErrReadOnly = errors.New("pglimit: the server is read-only (a standby?); decisions need the primary")
-
-	// ErrUnavailable reports a database that could not be reached or was
-	// lost during the call: no connection, a connection refused or cut, a
-	// server shutting down, starting up or out of connections. It wraps
-	// the driver's error. A call cut off after its statement was sent may
-	// still have been decided (docs/operations.md, "Bounds every call
-	// keeps").
-	ErrUnavailable = errors.New("pglimit: the database is unavailable")
-)
 
 // Limiter decides whether a key may pass now, with the database as the
 // single source of truth shared by every instance of the application. A

@@ -1,0 +1,66 @@
+package pglimit
+
+import "errors"
+
+// Sentinel errors, every one the package has. Errors returned by this
+// package wrap one of these (or a database error) so callers can test
+// them with [errors.Is].
+var (
+	// ErrInvalidKey reports a key or namespace that is empty, longer than
+	// [MaxKeyLength], not valid UTF-8, or contains a NUL byte.
+	ErrInvalidKey = errors.New("pglimit: invalid key")
+
+	// ErrInvalidConfig reports a [Config] that cannot be used; the message
+	// names the field. A decision returns it for what only the database
+	// shows: a key's row of per-key limits that its limits cannot use
+	// ([Config.Overrides]), or a calendar window's zone it does not know.
+	ErrInvalidConfig = errors.New("pglimit: invalid config")
+
+	// ErrTimeout reports a decision that did not finish within
+	// [Config.Timeout]. The caller's own context deadline is reported as
+	// [context.DeadlineExceeded] instead.
+	ErrTimeout = errors.New("pglimit: decision timed out")
+
+	// ErrNoExclusionConstraint reports a Range table without the exclusion
+	// constraint that makes it a limiter (its btree_gist extension was
+	// dropped, say). A Range limiter refuses to decide on such a table; run
+	// [Migrate] on its schema to restore the constraint.
+	ErrNoExclusionConstraint = errors.New("pglimit: the Range table has no exclusion constraint; run pglimit.Migrate on its schema to restore it")
+
+	// ErrUnsupported reports an operation the limiter's strategy, limits
+	// or table cannot do: Reserve and Wait on Range or on a limit that is
+	// not GCRA; Inspect, LimitedKeys and Refund on Range; Refund on a
+	// table Citus distributes, or of units served from a lease.
+	ErrUnsupported = errors.New("pglimit: unsupported")
+
+	// ErrReadOnly reports a server that cannot write: a standby, a former
+	// primary that came back as one after a failover, or a server in
+	// read-only mode (default_transaction_read_only). Decisions, Reset and
+	// [Migrate] need the primary; [Limiter.Peek] works on a standby. It
+	// wraps the server's error (SQLSTATE 25006), or pgx's
+	// [pgconn.ErrReadOnlyConnection] when a pool that asks for a read-write
+	// server (target_session_attrs=read-write) reaches only read-only ones.
+	ErrReadOnly = errors.New("pglimit: the server is read-only (a standby?); decisions need the primary")
+
+	// ErrUnavailable reports a database that could not be reached or was
+	// lost during the call: no connection, a connection refused or cut, a
+	// server shutting down, starting up or out of connections. It wraps
+	// the driver's error. A call cut off after its statement was sent may
+	// still have been decided (docs/operations.md, "Bounds every call
+	// keeps").
+	ErrUnavailable = errors.New("pglimit: the database is unavailable")
+
+	// ErrInvalidCost reports a cost (n) that is not positive, or larger
+	// than any of the limiter's limits could ever admit at once. Nothing
+	// is written.
+	ErrInvalidCost = errors.New("pglimit: invalid cost")
+
+	// ErrExtension reports that the database lacks the btree_gist extension,
+	// which the Range strategy's exclusion constraint needs, and that [Migrate]
+	// could not create it. A Range limiter's decisions return it, wrapped with
+	// [ErrNoExclusionConstraint]; the message says how to install it.
+	ErrExtension = errors.New("pglimit: the database has no btree_gist extension, which the Range strategy needs; " +
+		"install PostgreSQL's contrib modules (Debian/Ubuntu: apt-get install postgresql-contrib), " +
+		"run CREATE SCHEMA " + extensionSchema + "; CREATE EXTENSION btree_gist SCHEMA " + extensionSchema +
+		" as a superuser or a role with CREATE on the database, then pglimit.Migrate again")
+)
