@@ -24,7 +24,7 @@ func generalBatch(l *limiter, table, column, wait, patience string) string {
 	if l.cfg.Overrides {
 		o := newOverrideSQL(l.cfg.Limits)
 		own = &o
-		args["own"] = o.lateral(pgx.Identifier{l.cfg.Schema, overridesTable}.Sanitize(), "r.key")
+		args["own"] = o.lateral(pgx.Identifier{l.cfg.Schema, overridesTable}.Sanitize(), "$1", "r.key", "own")
 		args["own_cols"] = ", " + o.columns("c")
 		args["own_d"] = ", " + o.out("d", false)
 		args["own_c"] = ", " + o.out("c", false)

@@ -2,6 +2,7 @@ package pglimit_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"testing"
@@ -222,4 +223,62 @@ func BenchmarkFeatures(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkAllowAll is a hierarchical decision (AllowAll) of two and three
+// levels, an organisation, a user and an API key, against the same levels
+// decided by one Allow each, one after the other: what it costs to decide
+// them in one statement, all or none. Each is a lone caller; the users and
+// keys cycle over 100 whose rows exist after the first round.
+//
+//	go test -run '^$' -bench AllowAll -benchtime 3000x ./pglimit
+func BenchmarkAllowAll(b *testing.B) {
+	ctx := context.Background()
+	wide := func(ns string) pglimit.Config {
+		return pglimit.Config{Namespace: ns, Limits: []pglimit.Limit{{Name: ns, Rate: 1 << 30, Period: 24 * time.Hour, Burst: 1 << 20}}}
+	}
+	for _, levels := range []int{2, 3} {
+		setup := func(b *testing.B) []pglimit.Limiter {
+			pool, schema := testdb.Pool(b), testdb.Schema(b)
+			var lims []pglimit.Limiter
+			for _, ns := range []string{"org", "user", "api-key"}[:levels] {
+				cfg := wide(ns)
+				cfg.Schema = schema
+				lim, err := pglimit.New(pool, &cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				lims = append(lims, lim)
+			}
+			return lims
+		}
+		// One organisation; its users and API keys, 100 of each.
+		keys := func(lims []pglimit.Limiter, i int) []pglimit.Charge {
+			charges := []pglimit.Charge{{Limiter: lims[0], Key: "acme"}}
+			for _, lim := range lims[1:] {
+				charges = append(charges, pglimit.Charge{Limiter: lim, Key: "acme/" + strconv.Itoa(i%100)})
+			}
+			return charges
+		}
+		b.Run(fmt.Sprintf("levels-%d", levels), func(b *testing.B) {
+			lims := setup(b)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if d, err := pglimit.AllowAll(ctx, 1, keys(lims, i)...); err != nil || !d.Allowed {
+					b.Fatalf("%+v, %v", d, err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("calls-%d", levels), func(b *testing.B) {
+			lims := setup(b)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				for _, c := range keys(lims, i) {
+					if d, err := c.Limiter.Allow(ctx, c.Key); err != nil || !d.Allowed {
+						b.Fatalf("%+v, %v", d, err)
+					}
+				}
+			}
+		})
+	}
 }

@@ -148,7 +148,7 @@ func LimitedKeys(ctx context.Context, db DB, cfg *Config, n int, after string, m
 	if c.Overrides {
 		o := newOverrideSQL(c.Limits)
 		params = o.params("x.")
-		args["own"] = o.lateral(pgx.Identifier{c.Schema, overridesTable}.Sanitize(), "t.key")
+		args["own"] = o.lateral(pgx.Identifier{c.Schema, overridesTable}.Sanitize(), "$1", "t.key", "own")
 		args["own_fields"] = ", own.*"
 		args["own_cols"] = fmt.Sprintf(", 'rates', ARRAY[%s], 'bursts', ARRAY[%s], 'unknown', p.unknown",
 			prefixed("p.", o.rates), prefixed("p.", o.bursts))

@@ -117,14 +117,14 @@ func (o *overrideSQL) params(prefix string) arith.Params {
 	}
 }
 
-// lateral is the LATERAL join that reads, as own, the limits of the key
-// (the SQL key) of namespace $1 from overrides, the table.
-func (o overrideSQL) lateral(overrides, key string) string {
+// lateral is the LATERAL join that reads, as alias, the limits of the key
+// (the SQL key) of namespace ns (SQL too) from overrides, the table.
+func (o overrideSQL) lateral(overrides, ns, key, alias string) string {
 	return fmt.Sprintf(`
     CROSS JOIN LATERAL (SELECT %s FROM (
         SELECT %s FROM (SELECT) AS one
-        LEFT JOIN %s AS o ON o.namespace = $1 AND o.key = %s AND %s) AS raw) AS own`,
-		o.derived, o.raw, overrides, key, overrideCounts)
+        LEFT JOIN %s AS o ON o.namespace = %s AND o.key = %s AND %s) AS raw) AS %s`,
+		o.derived, o.raw, overrides, ns, key, overrideCounts, alias)
 }
 
 // columns lists the columns of row r that a decision reads (params), and

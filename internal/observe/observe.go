@@ -78,6 +78,11 @@ type observed struct {
 
 var _ pglimit.Limiter = (*observed)(nil)
 
+// Unwrap returns the limiter observed, for what reaches past the
+// interface: pglimit.AllowAll, which decides for several limiters at once
+// and is not observed.
+func (l *observed) Unwrap() pglimit.Limiter { return l.lim }
+
 func (l *observed) call(ctx context.Context, op, key string, fn func(context.Context) (pglimit.Decision, error)) (pglimit.Decision, error) {
 	ctx, done := l.start(ctx, op)
 	begin := time.Now()

@@ -1,0 +1,343 @@
+package pglimit
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
+)
+
+// MaxLevels is the most charges one AllowAll decides at once.
+const MaxLevels = 8
+
+// Charge is one level of a hierarchical decision: Key under Limiter, such
+// as an organisation under its limiter, a user of it under another, and an
+// API key under a third.
+type Charge struct {
+	Limiter Limiter
+	Key     string
+}
+
+// Decisions is the outcome of [AllowAll].
+type Decisions struct {
+	// Allowed reports whether every level admitted the request, and so
+	// was charged; when it is false none was.
+	Allowed bool
+	// RetryAfter is, for a refusal, the longest wait of the levels that
+	// refused it: when the request may pass at every level.
+	RetryAfter time.Duration
+	// Levels are the levels' decisions, in the order of the charges. A
+	// refusing level's is a refusal with its own RetryAfter and limit;
+	// a level that would have admitted, in a refused request, reports
+	// Allowed with Granted 0: it was charged nothing.
+	Levels []Decision
+}
+
+// Refused returns the indexes, in the charges, of the levels that refused.
+func (d Decisions) Refused() []int {
+	var out []int
+	for i, l := range d.Levels {
+		if !l.Allowed {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// AllowAll decides for a request of cost n at every level of charges at
+// once: it admits, and charges n units to every level, only if every level
+// admits it; otherwise it charges none. One statement decides, so no
+// instance can slip between the levels, and the levels are locked in one
+// global order whatever order the charges come in, so concurrent calls
+// never deadlock. A refusal names the levels that refused, each with its
+// RetryAfter (docs/limits.md, "Several keys at once").
+//
+// Each Limiter must come from [New] (an instrumented one is unwrapped, and
+// its metrics do not see the call), with the Upsert or NoWait strategy,
+// on one database, and no two charges may name one key of one limiter
+// ([ErrInvalidConfig]). A limiter in shadow mode is charged when it admits
+// and never refuses the request. n must fit every level's limits
+// ([ErrInvalidCost]). An admitted level's decision can be refunded with
+// its limiter's Refund.
+func AllowAll(ctx context.Context, n int, charges ...Charge) (Decisions, error) {
+	levels, err := hierarchyLevels(charges, n)
+	if err != nil {
+		return Decisions{}, err
+	}
+	db, first := levels[0].l.db, levels[0].l
+	sql := hierarchyStatements.get(levels)
+	args := make([]any, 0, 2*len(levels)+1)
+	for _, lv := range levels {
+		args = append(args, lv.l.cfg.Namespace, lv.key)
+	}
+	args = append(args, int64(n))
+	ctx, cancel := context.WithTimeoutCause(ctx, first.cfg.Timeout, ErrTimeout)
+	defer cancel()
+	for _, lv := range levels {
+		if err := lv.l.check(ctx, db); err != nil {
+			return Decisions{}, err
+		}
+	}
+	for range maxAttempts {
+		out, missing, err := runHierarchy(ctx, db, sql, args, levels, n)
+		if err != nil {
+			return Decisions{}, wrapErr(ctx, "AllowAll", first.cfg.Timeout, err)
+		}
+		if len(missing) == 0 {
+			return out, nil
+		}
+		// A key with no row yet: a blank row means the same as none, and
+		// gives the statement a row to lock.
+		for _, lv := range missing {
+			if _, err := db.Exec(ctx, lv.blank, lv.l.cfg.Namespace, lv.key); err != nil {
+				return Decisions{}, wrapErr(ctx, "AllowAll", first.cfg.Timeout, err)
+			}
+		}
+	}
+	// The keys kept changing: contention is a refusal.
+	out := Decisions{Levels: make([]Decision, len(levels))}
+	for _, lv := range levels {
+		out.Levels[lv.index] = lv.l.lostRace()
+		out.RetryAfter = max(out.RetryAfter, lv.l.worst)
+	}
+	return out, nil
+}
+
+// level is a charge as the statement decides it.
+type level struct {
+	l     *limiter
+	key   string
+	index int    // in the charges
+	table string // quoted
+	blank string // hierarchy.blank for its table
+}
+
+// hierarchyLevels checks charges and returns them in the global lock
+// order: table, namespace, key.
+func hierarchyLevels(charges []Charge, n int) ([]level, error) {
+	if len(charges) == 0 || len(charges) > MaxLevels {
+		return nil, fmt.Errorf("%w: AllowAll: %d charges, not in [1, %d]", ErrInvalidConfig, len(charges), MaxLevels)
+	}
+	if n <= 0 {
+		return nil, fmt.Errorf("%w: AllowAll: n must be positive, got %d", ErrInvalidCost, n)
+	}
+	levels := make([]level, len(charges))
+	for i, c := range charges {
+		l, ok := unwrapLimiter(c.Limiter)
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%w: AllowAll: charges[%d]: a Limiter that pglimit.New did not make", ErrInvalidConfig, i)
+		case l.cfg.Strategy == Range:
+			return nil, fmt.Errorf("%w: AllowAll on the Range strategy (charges[%d])", ErrUnsupported, i)
+		case i > 0 && !sameDB(l.db, levels[0].l.db):
+			return nil, fmt.Errorf("%w: AllowAll: charges[%d]'s limiter is on another DB than charges[0]'s: give them one pool", ErrInvalidConfig, i)
+		}
+		if err := ValidateKey(c.Key); err != nil {
+			return nil, fmt.Errorf("AllowAll: charges[%d]: %w", i, err)
+		}
+		if !l.cfg.Overrides {
+			if err := costFits(l.cfg.Limits, n, modeAllow, 0); err != nil {
+				return nil, fmt.Errorf("AllowAll: charges[%d]: %w", i, err)
+			}
+		}
+		table := pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()
+		levels[i] = level{l: l, key: c.Key, index: i, table: table, blank: queries.Text("hierarchy.blank", queries.Args{"table": table})}
+	}
+	slices.SortFunc(levels, func(a, b level) int {
+		return cmp.Or(strings.Compare(a.table, b.table), strings.Compare(a.l.cfg.Namespace, b.l.cfg.Namespace), strings.Compare(a.key, b.key))
+	})
+	for i := 1; i < len(levels); i++ {
+		a, b := levels[i-1], levels[i]
+		if a.table == b.table && a.l.cfg.Namespace == b.l.cfg.Namespace && a.key == b.key {
+			return nil, fmt.Errorf("%w: AllowAll: charges[%d] and charges[%d] name one key %q of one namespace %q", ErrInvalidConfig, min(a.index, b.index), max(a.index, b.index), a.key, a.l.cfg.Namespace)
+		}
+	}
+	return levels, nil
+}
+
+// sameDB reports whether a and b are the same handle (a pool, a
+// connection); handles that cannot be compared are not.
+func sameDB(a, b DB) bool {
+	t := reflect.TypeOf(a)
+	return t == reflect.TypeOf(b) && t.Comparable() && a == b
+}
+
+// unwrapLimiter returns the limiter New made that lim is, or wraps.
+func unwrapLimiter(lim Limiter) (*limiter, bool) {
+	for lim != nil {
+		switch l := lim.(type) {
+		case *limiter:
+			return l, true
+		case interface{ Unwrap() Limiter }:
+			lim = l.Unwrap()
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// hierarchyStatements keeps the statements of the sets of limiters that
+// AllowAll decided lately, as a limiter keeps its own: writing one takes
+// longer than running it.
+var hierarchyStatements = statementCache{m: map[[MaxLevels]*limiter]string{}}
+
+// statementCache maps limiters, in lock order, to their statement. It is
+// bounded: when full it starts afresh, so that limiters an application
+// dropped are not kept alive by it.
+type statementCache struct {
+	mu sync.Mutex
+	m  map[[MaxLevels]*limiter]string
+}
+
+// maxCachedStatements bounds statementCache.
+const maxCachedStatements = 64
+
+func (c *statementCache) get(levels []level) string {
+	var k [MaxLevels]*limiter
+	for i, lv := range levels {
+		k[i] = lv.l
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sql, ok := c.m[k]
+	if !ok {
+		if len(c.m) >= maxCachedStatements {
+			clear(c.m)
+		}
+		sql = hierarchySQL(levels)
+		c.m[k] = sql
+	}
+	return sql
+}
+
+// hierarchySQL writes the statement for levels' limiters (in lock order):
+// its parameters are each level's namespace and key, then n.
+func hierarchySQL(levels []level) string {
+	var locks, values, own, decisions, updates, answer, counted []string
+	async := true
+	nParam := "$" + strconv.Itoa(2*len(levels)+1) + "::bigint"
+	for i, lv := range levels {
+		is := strconv.Itoa(i)
+		ns, key := "$"+strconv.Itoa(2*i+1), "$"+strconv.Itoa(2*i+2)
+		after := ""
+		if i > 0 {
+			after = "(SELECT count(*) FROM l" + strconv.Itoa(i-1) + ") >= 0 AND "
+		}
+		locks = append(locks, queries.Text("hierarchy.lock", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key, "after": after}))
+		sp := lv.l.specs
+		values = append(values, queries.Text("hierarchy.values", queries.Args{"i": is, "state": arith.Shaped(sp, "l.state")}))
+		var params arith.Params
+		ok := "true"
+		answer = append(answer, fmt.Sprintf("d.f%s, d.s%s, d.tat%s", is, is, is))
+		if lv.l.cfg.Overrides {
+			o := newOverrideSQL(lv.l.cfg.Limits)
+			alias := "o" + is
+			own = append(own, o.lateral(pgx.Identifier{lv.l.cfg.Schema, overridesTable}.Sanitize(), ns, key, alias))
+			params, ok = o.params(alias+"."), alias+".ok"
+			decisions = append(decisions, fmt.Sprintf("ARRAY[%s]::bigint[] AS rates%s, ARRAY[%s]::bigint[] AS bursts%s, %s.unknown AS unknown%s",
+				prefixed(alias+".", o.rates), is, prefixed(alias+".", o.bursts), is, alias, is))
+			answer = append(answer, fmt.Sprintf("d.rates%s, d.bursts%s, d.unknown%s", is, is, is))
+		}
+		// The level's decision, as its limiter's general statement makes
+		// it, with n as a parameter of this statement.
+		admits, state, expires := arith.DecisionSQL(sp, arith.Allow, "x.s"+is, "x.tat"+is, "x.now", params)
+		admits = strings.ReplaceAll(admits, "$4::bigint", nParam)
+		admits = "(" + ok + " AND " + admits + ")"
+		state = "CASE WHEN " + admits + " THEN " + strings.ReplaceAll(state, "$4::bigint", nParam) + " END"
+		expires = "CASE WHEN " + admits + " THEN " + strings.ReplaceAll(expires, "$4::bigint", nParam) + " END"
+		decisions = append(decisions, fmt.Sprintf("%s AS a%s, %s AS ns%s, %s AS ne%s", admits, is, state, is, expires, is))
+		found := "x.f" + is + " = 1"
+		if lv.l.cfg.Shadow {
+			counted = append(counted, found)
+		} else {
+			counted = append(counted, found+" AND "+admits)
+		}
+		updates = append(updates, queries.Text("hierarchy.update", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key, "returning": ""}))
+		async = async && lv.l.cfg.AsyncCommit
+	}
+	setting := noSettingColumn
+	if async {
+		setting = asyncCommitColumn
+	}
+	return queries.Text("hierarchy.allow", queries.Args{
+		"locks": strings.Join(locks, ", "), "last": "l" + strconv.Itoa(len(levels)-1),
+		"values": strings.Join(values, ",\n        "), "own": strings.Join(own, ""),
+		"decisions": strings.Join(decisions, ",\n        "), "go": "(" + strings.Join(counted, ") AND (") + ")",
+		"updates": strings.Join(updates, ", "), "answer": strings.Join(answer, ", "), "setting": setting,
+	})
+}
+
+// runHierarchy runs the statement once and reads its answer: the decisions
+// (in the charges' order), or the levels whose key has no row yet.
+func runHierarchy(ctx context.Context, db DB, sql string, args []any, levels []level, n int) (Decisions, []level, error) {
+	type row struct {
+		found         int64
+		state         []int64
+		tat           *int64
+		rates, bursts []int64
+		unknown       []string
+	}
+	var (
+		admitted bool
+		now      int64
+		setting  *string
+		rows     = make([]row, len(levels))
+	)
+	dest := []any{&admitted, &now, &setting}
+	for i, lv := range levels {
+		dest = append(dest, &rows[i].found, &rows[i].state, &rows[i].tat)
+		if lv.l.cfg.Overrides {
+			dest = append(dest, &rows[i].rates, &rows[i].bursts, &rows[i].unknown)
+		}
+	}
+	if err := db.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
+		return Decisions{}, nil, unknownZone(levels[0].l.cfg.Limits, err)
+	}
+	var missing []level
+	for i, lv := range levels {
+		if rows[i].found == 0 {
+			missing = append(missing, lv)
+		}
+	}
+	if len(missing) > 0 {
+		return Decisions{}, missing, nil
+	}
+	out := Decisions{Allowed: admitted, Levels: make([]Decision, len(levels))}
+	for i, lv := range levels {
+		l, r := lv.l, rows[i]
+		limits, policy := l.cfg.Limits, l.policy
+		if l.cfg.Overrides {
+			var err error
+			if limits, policy, err = l.ownLimits(r.rates, r.bursts, r.unknown, n, modeAllow, 0); err != nil {
+				return Decisions{}, nil, fmt.Errorf("key %q: %w", lv.key, err)
+			}
+		}
+		e := arith.Evaluate(specs(limits), r.state, r.tat, now, int64(n), arith.Allow, 0)
+		d := evaluated(e, limits, policy, now, n, modeAllow)
+		switch {
+		case admitted && e.Allowed:
+			d = l.withTicket(d, lv.key, limits, e.Anchors)
+		case admitted: // a level in shadow mode that would have refused
+			d = d.shadowed(n)
+		case e.Allowed: // charged nothing: another level refused
+			d.Granted, d.Remaining = 0, int(e.Remaining)+n
+		case l.cfg.Shadow: // it would have refused, but never does
+			d = d.shadowed(n)
+		default:
+			out.RetryAfter = max(out.RetryAfter, d.RetryAfter)
+		}
+		out.Levels[lv.index] = d
+	}
+	return out, nil, nil
+}

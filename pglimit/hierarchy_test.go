@@ -1,0 +1,219 @@
+package pglimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// tenancy is an organisation's limiter and its users' on one pool: the
+// org on the Upsert table, its users on NoWait's with per-key limits.
+type tenancy struct {
+	pool      *pgxpool.Pool
+	org, user pglimit.Limiter
+	orgCfg    pglimit.Config
+	userCfg   pglimit.Config
+}
+
+func newTenancy(t *testing.T, schema string, pool *pgxpool.Pool, orgRate, userRate int) *tenancy {
+	t.Helper()
+	tn := &tenancy{pool: pool,
+		orgCfg: pglimit.Config{Schema: schema, Namespace: "org", Limits: []pglimit.Limit{{Name: "org", Rate: orgRate, Period: time.Hour, Burst: orgRate}}},
+		userCfg: pglimit.Config{Schema: schema, Namespace: "user", Strategy: pglimit.NoWait, Overrides: true, Limits: []pglimit.Limit{
+			{Name: "user", Rate: userRate, Period: time.Hour, Burst: userRate},
+			{Name: "user-daily", Rate: 100, Algorithm: pglimit.FixedWindow, Calendar: "day"},
+		}},
+	}
+	tn.org, tn.user = newLimiterOn(t, pool, tn.orgCfg), newLimiterOn(t, pool, tn.userCfg)
+	return tn
+}
+
+// left is what Inspect says key has left under cfg's first limit.
+func left(t *testing.T, pool *pgxpool.Pool, cfg pglimit.Config, key string) int {
+	t.Helper()
+	st, err := pglimit.Inspect(context.Background(), pool, &cfg, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Limits[0].Remaining
+}
+
+// A request refused at one level charges none: neither the user whom the
+// org refused nor the org of a user refused.
+func TestAllowAllAllOrNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tn := newTenancy(t, testdb.Schema(t), testdb.Pool(t), 3, 2)
+	call := func(user string) pglimit.Decisions {
+		t.Helper()
+		d, err := pglimit.AllowAll(ctx, 1, pglimit.Charge{Limiter: tn.user, Key: user}, pglimit.Charge{Limiter: tn.org, Key: "acme"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for range 2 {
+		if d := call("bob"); !d.Allowed || len(d.Levels) != 2 || d.Levels[0].Granted != 1 || d.Levels[1].Granted != 1 {
+			t.Fatalf("bob within both limits: %+v", d)
+		}
+	}
+	d := call("bob")
+	if d.Allowed || !slices.Equal(d.Refused(), []int{0}) || d.RetryAfter != d.Levels[0].RetryAfter || d.RetryAfter <= 0 || d.Levels[1].Granted != 0 {
+		t.Fatalf("bob past his limit: %+v; want refused by level 0 alone, nothing granted", d)
+	}
+	if got := left(t, tn.pool, tn.orgCfg, "acme"); got != 1 {
+		t.Fatalf("the org after bob's refusal: %d left, want 1: a refused request charged it", got)
+	}
+	if d := call("carol"); !d.Allowed {
+		t.Fatalf("carol, with one left in the org: %+v", d)
+	}
+	d = call("dave")
+	if d.Allowed || !slices.Equal(d.Refused(), []int{1}) || d.RetryAfter != d.Levels[1].RetryAfter || d.Levels[1].Limit.Name != "org" {
+		t.Fatalf("dave in a spent org: %+v; want refused by level 1, the org", d)
+	}
+	if got := left(t, tn.pool, tn.userCfg, "dave"); got != 2 {
+		t.Errorf("dave after the org refused him: %d left, want 2: a refused request charged him", got)
+	}
+
+	// Each admitted level's decision is its limiter's to refund; a level
+	// of a refused request was charged nothing.
+	tn2 := newTenancy(t, testdb.Schema(t), tn.pool, 3, 2)
+	ok, err := pglimit.AllowAll(ctx, 1, pglimit.Charge{Limiter: tn2.org, Key: "acme"}, pglimit.Charge{Limiter: tn2.user, Key: "erin"})
+	if err != nil || !ok.Allowed {
+		t.Fatalf("erin: %+v, %v", ok, err)
+	}
+	if back, err := tn2.user.Refund(ctx, ok.Levels[1], 1); err != nil || !back || left(t, tn.pool, tn2.userCfg, "erin") != 2 {
+		t.Errorf("Refund of erin's level: %t, %v; want her unit back", back, err)
+	}
+	if _, err := tn.org.Refund(ctx, d.Levels[0], 1); !errors.Is(err, pglimit.ErrInvalidCost) {
+		t.Errorf("Refund of a level of a refused request: %v, want ErrInvalidCost", err)
+	}
+}
+
+// Two instances, one through PgBouncer, users of one org calling with the
+// levels in either order: exactly the org's capacity is admitted, no user
+// past their own, every admission charged at both levels (audited on the
+// rows), and no call deadlocks or fails.
+func TestAllowAllConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	const orgRate, userRate, users, tries = 20, 5, 8, 8
+	instances := []*tenancy{newTenancy(t, schema, testdb.Pool(t), orgRate, userRate), newTenancy(t, schema, testdb.PgBouncerPool(t), orgRate, userRate)}
+	var (
+		admitted [users]atomic.Int64
+		wg       sync.WaitGroup
+	)
+	for u := range users {
+		for i, tn := range instances {
+			wg.Go(func() {
+				user := fmt.Sprintf("u%d", u)
+				for range tries {
+					charges := []pglimit.Charge{{Limiter: tn.org, Key: "acme"}, {Limiter: tn.user, Key: user}}
+					if rand.IntN(2) == i%2 {
+						slices.Reverse(charges)
+					}
+					d, err := pglimit.AllowAll(ctx, 1, charges...)
+					if err != nil {
+						t.Errorf("AllowAll: %v", err)
+						return
+					}
+					if d.Allowed {
+						admitted[u].Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	total := 0
+	for u := range users {
+		n := int(admitted[u].Load())
+		total += n
+		if n > userRate {
+			t.Errorf("u%d: %d admitted, past the user limit of %d", u, n, userRate)
+		}
+		if got := userRate - left(t, instances[0].pool, instances[0].userCfg, fmt.Sprintf("u%d", u)); got != n {
+			t.Errorf("u%d: %d admitted, %d charged to the user", u, n, got)
+		}
+	}
+	if total != orgRate {
+		t.Errorf("%d admitted in all, want exactly the org's %d", total, orgRate)
+	}
+	if got := orgRate - left(t, instances[0].pool, instances[0].orgCfg, "acme"); got != total {
+		t.Errorf("%d admitted, %d charged to the org", total, got)
+	}
+}
+
+// A user's own limits count at their level, and a limiter in shadow mode
+// is charged when it admits and never refuses.
+func TestAllowAllOwnLimitsAndShadow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	tn := newTenancy(t, schema, pool, 100, 1)
+	if err := pglimit.SetKeyLimits(ctx, pool, &tn.userCfg, "vip", pglimit.Limit{Name: "user", Burst: 3}); err != nil {
+		t.Fatal(err)
+	}
+	shadowCfg := pglimit.Config{Schema: schema, Namespace: "shadow-org", Shadow: true, Limits: []pglimit.Limit{{Name: "org", Rate: 1, Period: time.Hour, Burst: 1}}}
+	shadow := newLimiterOn(t, pool, shadowCfg)
+	for i := range 3 {
+		d, err := pglimit.AllowAll(ctx, 1, pglimit.Charge{Limiter: tn.user, Key: "vip"}, pglimit.Charge{Limiter: shadow, Key: "acme"})
+		if err != nil || !d.Allowed || d.Levels[0].Limit.Burst != 3 || d.Levels[1].Shadow != (i > 0) {
+			t.Fatalf("vip's call %d: %+v, %v; want admitted under his burst of 3, the shadow org refusing from the second", i+1, d, err)
+		}
+	}
+	if d, err := pglimit.AllowAll(ctx, 1, pglimit.Charge{Limiter: tn.user, Key: "vip"}, pglimit.Charge{Limiter: shadow, Key: "acme"}); err != nil || d.Allowed || !slices.Equal(d.Refused(), []int{0}) {
+		t.Fatalf("vip's 4th call: %+v, %v; want refused by his own burst, not by the shadow org", d, err)
+	}
+	if got := left(t, pool, shadowCfg, "acme"); got != 0 {
+		t.Errorf("the shadow org: %d left, want 0: charged by the one call it admitted", got)
+	}
+}
+
+// Bad charges are refused with typed errors, and charge nothing.
+func TestAllowAllBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	tn := newTenancy(t, schema, pool, 3, 2)
+	other := newLimiterOn(t, testdb.Pool(t), tn.orgCfg)
+	rng := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Strategy: pglimit.Range, Cooldown: time.Second})
+	org, user := pglimit.Charge{Limiter: tn.org, Key: "acme"}, pglimit.Charge{Limiter: tn.user, Key: "bob"}
+	for _, c := range []struct {
+		name    string
+		n       int
+		charges []pglimit.Charge
+		want    error
+	}{
+		{"no charges", 1, nil, pglimit.ErrInvalidConfig},
+		{"too many", 1, slices.Repeat([]pglimit.Charge{org}, pglimit.MaxLevels+1), pglimit.ErrInvalidConfig},
+		{"n = 0", 0, []pglimit.Charge{org, user}, pglimit.ErrInvalidCost},
+		{"n past the user's burst", 3, []pglimit.Charge{org, user}, pglimit.ErrInvalidCost},
+		{"a key twice", 1, []pglimit.Charge{org, user, {Limiter: tn.org, Key: "acme"}}, pglimit.ErrInvalidConfig},
+		{"an empty key", 1, []pglimit.Charge{org, {Limiter: tn.user, Key: ""}}, pglimit.ErrInvalidKey},
+		{"another pool", 1, []pglimit.Charge{user, {Limiter: other, Key: "x"}}, pglimit.ErrInvalidConfig},
+		{"Range", 1, []pglimit.Charge{org, {Limiter: rng, Key: "x"}}, pglimit.ErrUnsupported},
+		{"a nil limiter", 1, []pglimit.Charge{org, {Key: "x"}}, pglimit.ErrInvalidConfig},
+	} {
+		if _, err := pglimit.AllowAll(ctx, c.n, c.charges...); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	if got := left(t, pool, tn.orgCfg, "acme"); got != 3 {
+		t.Errorf("the org after bad calls: %d left, want 3", got)
+	}
+}
