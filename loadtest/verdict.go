@@ -29,6 +29,7 @@ func writeVerdict(w io.Writer, rep *report) {
 	fmt.Fprintf(w, "Each ratio is pglimit's decisions/s over %s,\nat the same workers: above 1 is faster.\n\n", against)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "scenario\tworkers\tdefault\t%s\tfastest\t%s\tover-admitted\n", col, col)
+	var picks []string
 	for _, s := range rep.Scenarios {
 		for _, lv := range levelsOf(s) {
 			def, best, over := verdictAt(rep, lv)
@@ -36,14 +37,47 @@ func writeVerdict(w io.Writer, rep *report) {
 				continue
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", s.Name, conc(def.r), def.name, def.figure(), best.name, best.figure(), over)
+			if best.rate >= pickMargin*def.rate {
+				picks = append(picks, fmt.Sprintf("  %s, %s workers: %s, %.1fx the default, %s", s.Name, conc(def.r), best.name, best.rate/def.rate, tradeOf(best.name)))
+			}
 		}
 	}
 	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "Which to pick, from these figures (a variant %.0f%% or more faster than the default):\n", 100*(pickMargin-1))
+	if len(picks) == 0 {
+		fmt.Fprintln(w, "  none: the default (Upsert, durable) is as fast as any variant here; keep it.")
+	}
+	for _, p := range picks {
+		fmt.Fprintln(w, p)
+	}
+	fmt.Fprintln(w, "  Elsewhere, keep the default: no variant beats it by that much.")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "default: Config's default (Upsert), durable. fastest: the quickest pglimit variant measured here;")
 	fmt.Fprintln(w, "  -async trades the last commits before a crash for speed, -preblock adds a local pre-check,")
 	fmt.Fprintln(w, "  nowait refuses at once what it would wait for. A figure in /s: no peer in that scenario.")
 	fmt.Fprintln(w, "  over-admitted must be 0: any admission past a limit fails the run.")
+}
+
+// pickMargin is how much faster than the default a variant must be for
+// the verdict to suggest it: less is within a run's noise.
+const pickMargin = 1.2
+
+// tradeOf says when a variant is worth what it trades, by its name.
+func tradeOf(name string) string {
+	switch {
+	case strings.Contains(name, "-async"):
+		return "if a crash may lose the last commits"
+	case strings.Contains(name, "-unlogged"):
+		return "if a crash may reset every key"
+	case strings.Contains(name, "-preblock"):
+		return "for keys refused over and over"
+	case strings.HasPrefix(name, "nowait"):
+		return "if a busy key may refuse instead of wait"
+	case strings.HasPrefix(name, "range"):
+		return "for a cooldown kept as rows"
+	}
+	return "at no cost to a promise"
 }
 
 // A variant's mean over the rounds of one level of a scenario.

@@ -42,6 +42,12 @@ func TestVerdict(t *testing.T) {
 			rows[f[0]+" "+f[1]] = strings.Join(f[2:], " ")
 		}
 	}
+	// upsert-async decided 8000/s where upsert averaged 6000/s: 1.3x, and
+	// what it trades; at 64 workers only the default ran.
+	if !strings.Contains(b.String(), "  many-keys, 8 workers: upsert-async, 1.3x the default, if a crash may lose the last commits") ||
+		strings.Contains(b.String(), "many-keys, 64 workers") {
+		t.Errorf("the verdict does not say what to pick from the figures:\n%s", &b)
+	}
 	if !strings.Contains(b.String(), "× redis_rate") {
 		t.Errorf("the verdict does not compare with the peer:\n%s", &b)
 	}
