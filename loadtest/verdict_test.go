@@ -16,7 +16,10 @@ func TestVerdict(t *testing.T) {
 	async := variant{Name: "upsert-async", Strategy: pglimit.Upsert, AsyncCommit: true}
 	up := variant{Name: "upsert", Strategy: pglimit.Upsert}
 	rep := &report{variants: map[string]variant{}}
-	for _, v := range []variant{floor, peer, up, async, naive} {
+	// Variants of other limits are not the default's rivals.
+	up5k, up20k := variant{Name: "upsert-5k", Strategy: pglimit.Upsert}, variant{Name: "upsert-20k", Strategy: pglimit.Upsert}
+	nowait5k := variant{Name: "nowait-5k", Strategy: pglimit.NoWait}
+	for _, v := range []variant{floor, peer, up, async, naive, up5k, up20k, nowait5k} {
 		rep.variants[v.Name] = v
 	}
 	res := func(v variant, level int, rate, peerRatio float64, over int) *result {
@@ -28,7 +31,9 @@ func TestVerdict(t *testing.T) {
 		res(up, 8, 5000, 0.5, 0), res(up, 8, 7000, 0.7, 0), res(async, 8, 8000, 0.8, 1),
 		res(naive, 8, 9000, 0.9, 5),
 		res(up, 64, 20000, 1.1, 0),
-	}}, {Name: "limits", Results: []*result{res(up, 16, 9000, 0, 0)}}}
+	}}, {Name: "limits", Results: []*result{res(up, 16, 9000, 0, 0)}}, {Name: "busy-key", Results: []*result{
+		res(up5k, 8, 5000, 5, 0), res(up20k, 8, 20000, 20, 0), res(nowait5k, 8, 6500, 6.5, 0),
+	}}}
 	var b bytes.Buffer
 	writeVerdict(&b, rep)
 	for _, line := range strings.Split(b.String(), "\n") {
@@ -45,7 +50,8 @@ func TestVerdict(t *testing.T) {
 	// upsert-async decided 8000/s where upsert averaged 6000/s: 1.3x, and
 	// what it trades; at 64 workers only the default ran.
 	if !strings.Contains(b.String(), "  many-keys, 8 workers: upsert-async, 1.3x the default, if a crash may lose the last commits") ||
-		strings.Contains(b.String(), "many-keys, 64 workers") {
+		strings.Contains(b.String(), "many-keys, 64 workers") ||
+		!strings.Contains(b.String(), "  busy-key, 8 workers: nowait-5k, 1.3x the default") {
 		t.Errorf("the verdict does not say what to pick from the figures:\n%s", &b)
 	}
 	if !strings.Contains(b.String(), "× redis_rate") {
@@ -58,6 +64,7 @@ func TestVerdict(t *testing.T) {
 		"many-keys 8":  "upsert 0.60 upsert-async 0.80 1",
 		"many-keys 64": "upsert 1.10 upsert 1.10 0",
 		"limits 16":    "upsert 9000/s upsert 9000/s 0",
+		"busy-key 8":   "upsert-5k 5.00 nowait-5k 6.50 0",
 	} {
 		if rows[level] != want {
 			t.Errorf("%s workers: %q, want %q\n%s", level, rows[level], want, &b)
