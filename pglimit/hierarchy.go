@@ -87,6 +87,9 @@ func AllowAll(ctx context.Context, n int, charges ...Charge) (Decisions, error) 
 		if err := lv.l.check(ctx, db); err != nil {
 			return Decisions{}, err
 		}
+		if lv.l.dist.Load() != nil {
+			return Decisions{}, fmt.Errorf("%w: AllowAll on a table Citus distributes (%s)", ErrUnsupported, lv.table)
+		}
 	}
 	for range maxAttempts {
 		out, missing, err := runHierarchy(ctx, db, sql, args, levels, n)
