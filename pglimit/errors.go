@@ -29,8 +29,9 @@ var (
 
 	// ErrUnsupported reports an operation the limiter's strategy, limits
 	// or table cannot do: Reserve and Wait on Range or on a limit that is
-	// not GCRA; Inspect, LimitedKeys and Refund on Range; Refund on a
-	// table Citus distributes, or of units served from a lease.
+	// not GCRA; Inspect, LimitedKeys, AllowAll and Refund on Range;
+	// AllowAll and Refund on a table Citus distributes; Refund of units
+	// served from a lease.
 	ErrUnsupported = errors.New("pglimit: unsupported")
 
 	// ErrReadOnly reports a server that cannot write: a standby, a former
