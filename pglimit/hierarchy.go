@@ -3,6 +3,7 @@ package pglimit
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -70,50 +72,96 @@ func (d Decisions) Refused() []int {
 // ([ErrInvalidCost]). An admitted level's decision can be refunded with
 // its limiter's Refund.
 func AllowAll(ctx context.Context, n int, charges ...Charge) (Decisions, error) {
+	return allowAll(ctx, nil, n, charges)
+}
+
+// AllowAllTx is AllowAll inside the caller's transaction tx: the units
+// count only if tx commits. Like [Limiter.AllowTxN], the statement runs
+// in a savepoint, so that a lost race (at any isolation level) is a
+// refusal and a wait past the first level's Timeout is [ErrTimeout],
+// and tx stays usable either way; an admitted level's Refund gives back
+// only what tx committed.
+func AllowAllTx(ctx context.Context, tx DB, n int, charges ...Charge) (Decisions, error) {
+	if tx == nil {
+		return Decisions{}, fmt.Errorf("%w: AllowAllTx: tx is nil", ErrInvalidConfig)
+	}
+	return allowAll(ctx, tx, n, charges)
+}
+
+// allowAll is AllowAll, in tx when it is not nil.
+func allowAll(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, error) {
 	levels, err := hierarchyLevels(charges, n)
 	if err != nil {
 		return Decisions{}, err
 	}
-	db, first := levels[0].l.db, levels[0].l
-	sql := hierarchyStatements.get(levels)
+	first := levels[0].l
+	sql := hierarchyStatements.get(levels, tx != nil)
 	args := make([]any, 0, 2*len(levels)+1)
 	for _, lv := range levels {
 		args = append(args, lv.l.cfg.Namespace, lv.key)
 	}
 	args = append(args, int64(n))
-	ctx, cancel := context.WithTimeoutCause(ctx, first.cfg.Timeout, ErrTimeout)
+	bound := first.cfg.Timeout
+	if tx != nil {
+		bound += txClientTimeoutMargin // the server bounds the waits: lock_timeout
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, bound, ErrTimeout)
 	defer cancel()
 	for _, lv := range levels {
-		if err := lv.l.check(ctx, db); err != nil {
+		if err := lv.l.check(ctx, first.db); err != nil {
 			return Decisions{}, err
 		}
 		if lv.l.dist.Load() != nil {
 			return Decisions{}, fmt.Errorf("%w: AllowAll on a table Citus distributes (%s)", ErrUnsupported, lv.table)
 		}
 	}
-	for range maxAttempts {
-		out, missing, err := runHierarchy(ctx, db, sql, args, levels, n)
-		if err != nil {
-			return Decisions{}, wrapErr(ctx, "AllowAll", first.cfg.Timeout, err)
+	// run runs sql with args, on the limiters' db or in a savepoint of tx.
+	run := func(sql string, args []any, scan func(pgx.Row) error) error {
+		if tx == nil {
+			return scan(first.db.QueryRow(ctx, sql, args...))
 		}
-		if len(missing) == 0 {
+		return pgtx.InSavepoint(ctx, tx, first.cfg.Timeout, sql, args, scan)
+	}
+	for range maxAttempts {
+		out, missing, err := runHierarchy(run, sql, args, levels, n, tx != nil)
+		switch code := pgtx.Code(err); {
+		case tx != nil && pgtx.ServerTimeout(err):
+			return Decisions{}, fmt.Errorf("%w (AllowAllTx, lock_timeout and statement_timeout %s): %w", ErrTimeout, first.cfg.Timeout, err)
+		case tx != nil && code == pgtx.CodeSerializationFailure:
+			// At REPEATABLE READ or above, a concurrent decision changed
+			// a level's row after the caller's snapshot: it won the race.
+			return lostRaces(levels), nil
+		case err != nil:
+			return Decisions{}, wrapErr(ctx, "AllowAll", first.cfg.Timeout, err)
+		case len(missing) == 0:
 			return out, nil
 		}
 		// A key with no row yet: a blank row means the same as none, and
 		// gives the statement a row to lock.
 		for _, lv := range missing {
-			if _, err := db.Exec(ctx, lv.blank, lv.l.cfg.Namespace, lv.key); err != nil {
+			err := run(lv.blank, []any{lv.l.cfg.Namespace, lv.key}, func(row pgx.Row) error {
+				if err := row.Scan(new(int)); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+					return err
+				}
+				return nil
+			})
+			if err != nil {
 				return Decisions{}, wrapErr(ctx, "AllowAll", first.cfg.Timeout, err)
 			}
 		}
 	}
 	// The keys kept changing: contention is a refusal.
+	return lostRaces(levels), nil
+}
+
+// lostRaces is the refusal of a request that lost a race at every level.
+func lostRaces(levels []level) Decisions {
 	out := Decisions{Levels: make([]Decision, len(levels))}
 	for _, lv := range levels {
 		out.Levels[lv.index] = lv.l.lostRace()
 		out.RetryAfter = max(out.RetryAfter, lv.l.worst)
 	}
-	return out, nil
+	return out
 }
 
 // level is a charge as the statement decides it.
@@ -193,23 +241,30 @@ func unwrapLimiter(lim Limiter) (*limiter, bool) {
 // hierarchyStatements keeps the statements of the sets of limiters that
 // AllowAll decided lately, as a limiter keeps its own: writing one takes
 // longer than running it.
-var hierarchyStatements = statementCache{m: map[[MaxLevels]*limiter]string{}}
+var hierarchyStatements = statementCache{m: map[statementKey]string{}}
 
 // statementCache maps limiters, in lock order, to their statement. It is
 // bounded: when full it starts afresh, so that limiters an application
 // dropped are not kept alive by it.
 type statementCache struct {
 	mu sync.Mutex
-	m  map[[MaxLevels]*limiter]string
+	m  map[statementKey]string
+}
+
+// statementKey names a statement: its limiters, and whether it runs in a
+// caller's transaction.
+type statementKey struct {
+	limiters [MaxLevels]*limiter
+	inTx     bool
 }
 
 // maxCachedStatements bounds statementCache.
 const maxCachedStatements = 64
 
-func (c *statementCache) get(levels []level) string {
-	var k [MaxLevels]*limiter
+func (c *statementCache) get(levels []level, inTx bool) string {
+	k := statementKey{inTx: inTx}
 	for i, lv := range levels {
-		k[i] = lv.l
+		k.limiters[i] = lv.l
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -218,16 +273,17 @@ func (c *statementCache) get(levels []level) string {
 		if len(c.m) >= maxCachedStatements {
 			clear(c.m)
 		}
-		sql = hierarchySQL(levels)
+		sql = hierarchySQL(levels, inTx)
 		c.m[k] = sql
 	}
 	return sql
 }
 
-// hierarchySQL writes the statement for levels' limiters (in lock order):
-// its parameters are each level's namespace and key, then n.
-func hierarchySQL(levels []level) string {
-	var locks, values, own, decisions, updates, answer, counted []string
+// hierarchySQL writes the statement for levels' limiters (in lock order),
+// in a caller's transaction or its own: its parameters are each level's
+// namespace and key, then n.
+func hierarchySQL(levels []level, inTx bool) string {
+	var locks, values, own, decisions, updates, answer, counted, writes []string
 	async := true
 	nParam := "$" + strconv.Itoa(2*len(levels)+1) + "::bigint"
 	for i, lv := range levels {
@@ -266,11 +322,19 @@ func hierarchySQL(levels []level) string {
 		} else {
 			counted = append(counted, found+" AND "+admits)
 		}
-		updates = append(updates, queries.Text("hierarchy.update", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key, "returning": ""}))
+		returning := ""
+		if inTx {
+			returning = xactReturning
+			writes = append(writes, "SELECT xmin FROM u"+is)
+		}
+		updates = append(updates, queries.Text("hierarchy.update", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key, "returning": returning}))
 		async = async && lv.l.cfg.AsyncCommit
 	}
 	setting := noSettingColumn
-	if async {
+	switch {
+	case inTx: // the subtransaction that wrote the rows, for Refund
+		setting = queries.Text("hierarchy.xact", queries.Args{"writes": strings.Join(writes, " UNION ALL ")})
+	case async:
 		setting = asyncCommitColumn
 	}
 	return queries.Text("hierarchy.allow", queries.Args{
@@ -283,7 +347,7 @@ func hierarchySQL(levels []level) string {
 
 // runHierarchy runs the statement once and reads its answer: the decisions
 // (in the charges' order), or the levels whose key has no row yet.
-func runHierarchy(ctx context.Context, db DB, sql string, args []any, levels []level, n int) (Decisions, []level, error) {
+func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string, args []any, levels []level, n int, inTx bool) (Decisions, []level, error) {
 	type row struct {
 		found         int64
 		state         []int64
@@ -304,7 +368,7 @@ func runHierarchy(ctx context.Context, db DB, sql string, args []any, levels []l
 			dest = append(dest, &rows[i].rates, &rows[i].bursts, &rows[i].unknown)
 		}
 	}
-	if err := db.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
+	if err := run(sql, args, func(row pgx.Row) error { return row.Scan(dest...) }); err != nil {
 		return Decisions{}, nil, unknownZone(levels[0].l.cfg.Limits, err)
 	}
 	var missing []level
@@ -331,6 +395,9 @@ func runHierarchy(ctx context.Context, db DB, sql string, args []any, levels []l
 		switch {
 		case admitted && e.Allowed:
 			d = l.withTicket(d, lv.key, limits, e.Anchors)
+			if inTx {
+				d.refund.xact = setting
+			}
 		case admitted: // a level in shadow mode that would have refused
 			d = d.shadowed(n)
 		case e.Allowed: // charged nothing: another level refused

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/internal/testdb"
@@ -215,5 +216,93 @@ func TestAllowAllBadInput(t *testing.T) {
 	}
 	if got := left(t, pool, tn.orgCfg, "acme"); got != 3 {
 		t.Errorf("the org after bad calls: %d left, want 3", got)
+	}
+}
+
+// AllowAllTx charges every level only if the caller's transaction commits,
+// leaves it usable after a refusal, and a level's refund gives back only
+// what committed.
+func TestAllowAllTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	tn := newTenancy(t, testdb.Schema(t), pool, 3, 2)
+	charges := []pglimit.Charge{{Limiter: tn.user, Key: "bob"}, {Limiter: tn.org, Key: "acme"}}
+	inTx := func(commit bool) pglimit.Decisions {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // after a commit, a no-op
+		d, err := pglimit.AllowAllTx(ctx, tx, 1, charges...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatalf("the transaction after AllowAllTx: %v", err)
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return d
+	}
+
+	rolledBack := inTx(false)
+	if !rolledBack.Allowed || left(t, pool, tn.userCfg, "bob") != 2 || left(t, pool, tn.orgCfg, "acme") != 3 {
+		t.Fatalf("a rolled-back AllowAllTx: %+v; want admitted in it, and nothing charged after the rollback", rolledBack)
+	}
+	if back, err := tn.user.Refund(ctx, rolledBack.Levels[0], 1); err != nil || back {
+		t.Errorf("Refund of a rolled-back level: %t, %v; want false, nothing to give back", back, err)
+	}
+	committed := inTx(true)
+	if !committed.Allowed || left(t, pool, tn.userCfg, "bob") != 1 || left(t, pool, tn.orgCfg, "acme") != 2 {
+		t.Fatalf("a committed AllowAllTx: %+v; want one unit charged at each level", committed)
+	}
+	if back, err := tn.org.Refund(ctx, committed.Levels[1], 1); err != nil || !back || left(t, pool, tn.orgCfg, "acme") != 3 {
+		t.Errorf("Refund of a committed level: %t, %v; want the org's unit back", back, err)
+	}
+	inTx(true)
+	refused := inTx(true)
+	if refused.Allowed || !slices.Equal(refused.Refused(), []int{0}) {
+		t.Errorf("bob past his limit in a transaction: %+v; want refused by level 0, the transaction usable", refused)
+	}
+	if _, err := pglimit.AllowAllTx(ctx, nil, 1, charges...); !errors.Is(err, pglimit.ErrInvalidConfig) {
+		t.Errorf("AllowAllTx with no transaction: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// At REPEATABLE READ, a level changed by another decision after the
+// caller's snapshot is a refusal, not an error, and the transaction stays
+// usable.
+func TestAllowAllTxRepeatableRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	tn := newTenancy(t, testdb.Schema(t), pool, 10, 10)
+	charges := []pglimit.Charge{{Limiter: tn.org, Key: "acme"}, {Limiter: tn.user, Key: "bob"}}
+	if d, err := pglimit.AllowAll(ctx, 1, charges...); err != nil || !d.Allowed {
+		t.Fatalf("AllowAll: %+v, %v", d, err)
+	}
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // the test's end
+	// The transaction's snapshot is taken here.
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := pglimit.AllowAll(ctx, 1, charges...); err != nil || !d.Allowed {
+		t.Fatalf("AllowAll after the snapshot: %+v, %v", d, err)
+	}
+	d, err := pglimit.AllowAllTx(ctx, tx, 1, charges...)
+	if err != nil || d.Allowed {
+		t.Fatalf("AllowAllTx on rows changed after its snapshot: %+v, %v; want a refusal", d, err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		t.Errorf("the transaction after the refusal: %v", err)
 	}
 }

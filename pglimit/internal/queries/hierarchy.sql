@@ -64,10 +64,17 @@ SELECT d.go, d.now, CASE WHEN d.go THEN {{.setting}} END, {{.answer}}
 FROM decided AS d
 {{end}}
 
+-- hierarchy.xact is the answer's extra column in a caller's transaction:
+-- setting.xact of the rows the levels' updates wrote (writes), all by one
+-- subtransaction, the statement's savepoint.
+{{define "hierarchy.xact"}}(SELECT (top.id + (w.xmin::text::bigint - top.id % 4294967296 + 4294967296) % 4294967296)::text
+    FROM ({{.writes}} LIMIT 1) AS w, (SELECT pg_current_xact_id()::text::bigint AS id) AS top){{end}}
+
 -- hierarchy.blank inserts the row of a key that has none, holding no
 -- state: a key with such a row stands as one without. $1 namespace, $2
 -- key. Placeholder: table.
 {{define "hierarchy.blank"}}
 INSERT INTO {{.table}} (namespace, key, expires_at) VALUES ($1, $2, now())
 ON CONFLICT (namespace, key) DO NOTHING
+RETURNING 1
 {{end}}
