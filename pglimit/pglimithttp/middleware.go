@@ -392,30 +392,46 @@ func newGate(cfg *Config) (gate, error) {
 // the request itself: served an exempt one, or refused one with no valid
 // key.
 func (g *gate) keyOf(w http.ResponseWriter, r *http.Request, next http.Handler) (string, bool) {
+	keys, ok := g.keysOf(w, r, next, []KeyFunc{g.cfg.KeyFunc})
+	if !ok {
+		return "", false
+	}
+	return keys[0], true
+}
+
+// keysOf is keyOf for one key of each of funcs: a request is exempt when
+// any of its keys is.
+func (g *gate) keysOf(w http.ResponseWriter, r *http.Request, next http.Handler, funcs []KeyFunc) ([]string, bool) {
 	if g.cfg.Exempt != nil && g.cfg.Exempt(r) {
 		g.report(r, Event{Outcome: OutcomeExempt})
 		next.ServeHTTP(w, r)
-		return "", false
+		return nil, false
 	}
-	key, err := g.cfg.KeyFunc(r)
-	if err == nil {
-		// Checked here so that a bad key is a 400, never a database error.
-		err = pglimit.ValidateKey(key)
+	keys := make([]string, len(funcs))
+	for i, f := range funcs {
+		key, err := f(r)
+		if err == nil {
+			// Checked here so that a bad key is a 400, never a database error.
+			err = pglimit.ValidateKey(key)
+		}
+		if err != nil {
+			g.report(r, Event{Key: key, Outcome: OutcomeBadKey, Err: err})
+			writeProblem(w, http.StatusBadRequest, problem{
+				Title:  "Bad Request",
+				Detail: "no valid rate limit key in the request: " + err.Error(),
+			})
+			return nil, false
+		}
+		keys[i] = key
 	}
-	if err != nil {
-		g.report(r, Event{Key: key, Outcome: OutcomeBadKey, Err: err})
-		writeProblem(w, http.StatusBadRequest, problem{
-			Title:  "Bad Request",
-			Detail: "no valid rate limit key in the request: " + err.Error(),
-		})
-		return "", false
+	for _, key := range keys {
+		if g.exemptKeys[key] {
+			g.report(r, Event{Key: key, Outcome: OutcomeExempt})
+			next.ServeHTTP(w, r)
+			return nil, false
+		}
 	}
-	if g.exemptKeys[key] {
-		g.report(r, Event{Key: key, Outcome: OutcomeExempt})
-		next.ServeHTTP(w, r)
-		return "", false
-	}
-	return key, true
+	return keys, true
 }
 
 // serviceUnavailable answers 503: the limiter cannot decide.

@@ -1,0 +1,166 @@
+package pglimithttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// Level is one level of a hierarchical limit: a limiter, and the key a
+// request has under it, such as its organisation, its user or its API key.
+type Level struct {
+	Limiter pglimit.Limiter
+	KeyFunc KeyFunc
+}
+
+// Levels returns a middleware that decides every request at every level
+// at once ([pglimit.AllowAll]): the request passes only if every level
+// admits it, and then counts at every level; a refused one counts at none.
+// Its 429 names the limits that refused it, of every level that did, with
+// the longest Retry-After of them. RateLimit-Policy lists every level's
+// limits, whose names must differ from level to level; RateLimit reports
+// the limit with the fewest units left, of any level.
+//
+// cfg is as for [Middleware], but each level has its own KeyFunc, so
+// cfg.KeyFunc must be nil; a request is exempt when any of its keys is one
+// of cfg.ExemptKeys; MaxDelay is not supported. [DecisionFrom] gives the
+// handler the binding level's decision, and [DecisionsFrom] every level's.
+// An Event's Key is the first level's key.
+func Levels(levels []Level, cfg *Config) (func(http.Handler) http.Handler, error) {
+	if len(levels) == 0 || len(levels) > pglimit.MaxLevels {
+		return nil, fmt.Errorf("%w: %d levels, not in [1, %d]", ErrInvalidConfig, len(levels), pglimit.MaxLevels)
+	}
+	if cfg != nil && (cfg.KeyFunc != nil || cfg.MaxDelay != 0) {
+		return nil, fmt.Errorf("%w: Levels: give each level its KeyFunc; Config.KeyFunc and MaxDelay must be unset", ErrInvalidConfig)
+	}
+	g, err := newGate(cfg)
+	if err != nil {
+		return nil, err
+	}
+	m := &middleware{gate: g}
+	lm := &levelsMiddleware{m: m}
+	var policies []string
+	names := map[string]int{}
+	for i, lv := range levels {
+		if lv.Limiter == nil || lv.KeyFunc == nil {
+			return nil, fmt.Errorf("%w: levels[%d]: a Limiter and a KeyFunc are required", ErrInvalidConfig, i)
+		}
+		p := lv.Limiter.Policy()
+		for j, l := range p.Limits {
+			if err := validatePolicy(l.Name); err != nil {
+				return nil, fmt.Errorf("%w: levels[%d]'s Limits[%d].Name: %w", ErrInvalidConfig, i, j, err)
+			}
+			if k, dup := names[l.Name]; dup {
+				return nil, fmt.Errorf("%w: levels[%d] and levels[%d] both have a limit named %q: the RateLimit headers could not tell them apart", ErrInvalidConfig, k, i, l.Name)
+			}
+			names[l.Name] = i
+			m.limits = append(m.limits, l)
+			d := (pglimit.Policy{Limits: []pglimit.Limit{l}}).LongestWait()
+			if d > m.longest {
+				m.longest, m.longestName = d, l.Name
+			}
+			unavailable := l.Period / time.Duration(l.Rate)
+			if m.unavailable == 0 || unavailable < m.unavailable {
+				m.unavailable = unavailable
+			}
+		}
+		policies = append(policies, formatPolicy(p.Limits))
+		lm.charges = append(lm.charges, pglimit.Charge{Limiter: lv.Limiter})
+		lm.keys = append(lm.keys, lv.KeyFunc)
+	}
+	if len(m.limits) == 0 {
+		return nil, fmt.Errorf("%w: the levels' policies have no limits", ErrInvalidConfig)
+	}
+	m.policy = strings.Join(policies, ", ")
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			lm.serve(w, r, next)
+		})
+	}, nil
+}
+
+type levelsMiddleware struct {
+	m       *middleware // the headers, failures and events, over every level's limits
+	charges []pglimit.Charge
+	keys    []KeyFunc
+}
+
+type decisionsKey struct{}
+
+// DecisionsFrom returns the decisions of the levels for the request whose
+// context is ctx, as [Levels] made them. It reports false when there were
+// none: an exempt request, a request of another middleware, or a failure
+// the error policy answered.
+func DecisionsFrom(ctx context.Context) (pglimit.Decisions, bool) {
+	d, ok := ctx.Value(decisionsKey{}).(pglimit.Decisions)
+	return d, ok
+}
+
+func (lm *levelsMiddleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	m := lm.m
+	keys, ok := m.keysOf(w, r, next, lm.keys)
+	if !ok {
+		return
+	}
+	var err error
+	cost := 1
+	if m.cfg.CostFunc != nil {
+		if cost, err = m.cfg.CostFunc(r); err != nil {
+			m.badCost(w, r, keys[0], fmt.Errorf("%w: CostFunc: %w", pglimit.ErrInvalidCost, err))
+			return
+		}
+	}
+	charges := slices.Clone(lm.charges)
+	for i := range charges {
+		charges[i].Key = keys[i]
+	}
+	ds, err := pglimit.AllowAll(r.Context(), cost, charges...)
+	switch {
+	case errors.Is(err, pglimit.ErrInvalidCost):
+		m.badCost(w, r, keys[0], err)
+	case err != nil && errors.Is(err, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled):
+		m.report(r, Event{Key: keys[0], Cost: cost, Outcome: OutcomeCanceled, Err: err})
+		w.WriteHeader(statusClientClosedRequest)
+	case err != nil:
+		m.fail(w, r, next, keys[0], cost, err)
+	case ds.Allowed:
+		// The binding level: the one with the fewest units left.
+		b := slices.MinFunc(ds.Levels, func(a, b pglimit.Decision) int { return a.Remaining - b.Remaining })
+		m.report(r, Event{Key: keys[0], Cost: cost, Outcome: OutcomeAdmitted, Decision: b})
+		h := w.Header()
+		h.Set("RateLimit-Policy", m.policy)
+		h.Set("RateLimit", formatRateLimit(m.binding(b.Limit), b.Remaining, ceilSeconds(b.ResetAfter)))
+		next.ServeHTTP(w, withDecisions(r, ds, b))
+	default:
+		// The binding level: the refusing one with the longest wait.
+		var b pglimit.Decision
+		var violated []string
+		for _, d := range ds.Levels {
+			if d.Allowed {
+				continue
+			}
+			if d.RetryAfter >= b.RetryAfter {
+				b = d
+			}
+			for _, l := range d.Violated() {
+				violated = append(violated, l.Name)
+			}
+		}
+		if len(violated) == 0 {
+			violated = append(violated, m.binding(b.Limit))
+		}
+		m.report(r, Event{Key: keys[0], Cost: cost, Outcome: OutcomeRefused, Decision: b})
+		m.refuse(w, withDecisions(r, ds, b), m.binding(b.Limit), b.Remaining, ds.RetryAfter, b.ResetAfter, violated)
+	}
+}
+
+func withDecisions(r *http.Request, ds pglimit.Decisions, binding pglimit.Decision) *http.Request {
+	ctx := context.WithValue(r.Context(), decisionsKey{}, ds)
+	return r.WithContext(context.WithValue(ctx, decisionKey{}, binding))
+}
