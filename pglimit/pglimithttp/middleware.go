@@ -392,46 +392,68 @@ func newGate(cfg *Config) (gate, error) {
 // the request itself: served an exempt one, or refused one with no valid
 // key.
 func (g *gate) keyOf(w http.ResponseWriter, r *http.Request, next http.Handler) (string, bool) {
-	keys, ok := g.keysOf(w, r, next, []KeyFunc{g.cfg.KeyFunc})
-	if !ok {
+	if g.exempt(w, r, next, "") {
 		return "", false
 	}
-	return keys[0], true
+	key, ok := g.extract(w, r, g.cfg.KeyFunc)
+	if !ok || g.exempt(w, r, next, key) {
+		return "", false
+	}
+	return key, true
 }
 
 // keysOf is keyOf for one key of each of funcs: a request is exempt when
 // any of its keys is.
 func (g *gate) keysOf(w http.ResponseWriter, r *http.Request, next http.Handler, funcs []KeyFunc) ([]string, bool) {
-	if g.cfg.Exempt != nil && g.cfg.Exempt(r) {
-		g.report(r, Event{Outcome: OutcomeExempt})
-		next.ServeHTTP(w, r)
+	if g.exempt(w, r, next, "") {
 		return nil, false
 	}
 	keys := make([]string, len(funcs))
 	for i, f := range funcs {
-		key, err := f(r)
-		if err == nil {
-			// Checked here so that a bad key is a 400, never a database error.
-			err = pglimit.ValidateKey(key)
-		}
-		if err != nil {
-			g.report(r, Event{Key: key, Outcome: OutcomeBadKey, Err: err})
-			writeProblem(w, http.StatusBadRequest, problem{
-				Title:  "Bad Request",
-				Detail: "no valid rate limit key in the request: " + err.Error(),
-			})
+		var ok bool
+		if keys[i], ok = g.extract(w, r, f); !ok {
 			return nil, false
 		}
-		keys[i] = key
 	}
 	for _, key := range keys {
-		if g.exemptKeys[key] {
-			g.report(r, Event{Key: key, Outcome: OutcomeExempt})
-			next.ServeHTTP(w, r)
+		if g.exempt(w, r, next, key) {
 			return nil, false
 		}
 	}
 	return keys, true
+}
+
+// exempt serves r, and reports true, when it is exempt: by Config.Exempt
+// (key ""), or by its key, one of Config.ExemptKeys.
+func (g *gate) exempt(w http.ResponseWriter, r *http.Request, next http.Handler, key string) bool {
+	is := g.exemptKeys[key]
+	if key == "" {
+		is = g.cfg.Exempt != nil && g.cfg.Exempt(r)
+	}
+	if !is {
+		return false
+	}
+	g.report(r, Event{Key: key, Outcome: OutcomeExempt})
+	next.ServeHTTP(w, r)
+	return true
+}
+
+// extract returns r's key by f, or answers 400 and reports false.
+func (g *gate) extract(w http.ResponseWriter, r *http.Request, f KeyFunc) (string, bool) {
+	key, err := f(r)
+	if err == nil {
+		// Checked here so that a bad key is a 400, never a database error.
+		err = pglimit.ValidateKey(key)
+	}
+	if err != nil {
+		g.report(r, Event{Key: key, Outcome: OutcomeBadKey, Err: err})
+		writeProblem(w, http.StatusBadRequest, problem{
+			Title:  "Bad Request",
+			Detail: "no valid rate limit key in the request: " + err.Error(),
+		})
+		return "", false
+	}
+	return key, true
 }
 
 // serviceUnavailable answers 503: the limiter cannot decide.
