@@ -35,13 +35,15 @@ type Limiter interface {
 	// AllowTx is AllowTxN with n = 1.
 	AllowTx(ctx context.Context, tx DB, key string) (Decision, error)
 
-	// AllowTxN is AllowN inside the caller's transaction tx: a pgx.Tx, or
-	// a database/sql transaction (GORM's, sqlx's, ...) through
-	// pglimitsql.Tx. The units are consumed only if tx commits, and the
-	// decision is dated from its write, not from the commit. While tx is open, other requests for the
-	// same key wait for it, up to Config.Timeout (NoWait refuses them
-	// instead, except for a key tx admits for the first time, whose new row
-	// they wait on). AllowTxN never aborts tx: its statement runs in a
+	// AllowTxN is AllowN inside the caller's transaction tx; its units
+	// count only if tx commits.
+	//
+	// tx is a pgx.Tx, or a database/sql transaction (GORM's, sqlx's, ...)
+	// through pglimitsql.Tx. The decision is dated from its write, not
+	// from the commit. While tx is open, other requests for the same key
+	// wait for it, up to Config.Timeout (NoWait refuses them instead,
+	// except for a key tx admits for the first time, whose new row they
+	// wait on). AllowTxN never aborts tx: its statement runs in a
 	// savepoint, so a lost race (at any isolation level) is a refusal and a
 	// wait past Config.Timeout, bounded on the server by lock_timeout, is
 	// [ErrTimeout], and tx stays usable either way. Cancelling ctx while the
