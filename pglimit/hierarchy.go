@@ -283,7 +283,7 @@ func (c *statementCache) get(levels []level, inTx bool) string {
 // in a caller's transaction or its own: its parameters are each level's
 // namespace and key, then n.
 func hierarchySQL(levels []level, inTx bool) string {
-	var locks, values, own, decisions, updates, answer, counted, writes []string
+	var locks, values, own, decisions, updates, answer, counted, writes, written []string
 	async := true
 	nParam := "$" + strconv.Itoa(2*len(levels)+1) + "::bigint"
 	for i, lv := range levels {
@@ -328,6 +328,7 @@ func hierarchySQL(levels []level, inTx bool) string {
 			writes = append(writes, "SELECT xmin FROM u"+is)
 		}
 		updates = append(updates, queries.Text("hierarchy.update", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key, "returning": returning}))
+		written = append(written, "(SELECT count(*) FROM u"+is+")")
 		async = async && lv.l.cfg.AsyncCommit
 	}
 	setting := noSettingColumn
@@ -342,6 +343,7 @@ func hierarchySQL(levels []level, inTx bool) string {
 		"values": strings.Join(values, ",\n        "), "own": strings.Join(own, ""),
 		"decisions": strings.Join(decisions, ",\n        "), "go": "(" + strings.Join(counted, ") AND (") + ")",
 		"updates": strings.Join(updates, ", "), "answer": strings.Join(answer, ", "), "setting": setting,
+		"written": "(" + strings.Join(written, " + ") + ")",
 	})
 }
 
@@ -359,9 +361,10 @@ func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string
 		admitted bool
 		now      int64
 		setting  *string
+		written  int64
 		rows     = make([]row, len(levels))
 	)
-	dest := []any{&admitted, &now, &setting}
+	dest := []any{&admitted, &now, &setting, &written}
 	for i, lv := range levels {
 		dest = append(dest, &rows[i].found, &rows[i].state, &rows[i].tat)
 		if lv.l.cfg.Overrides {
@@ -381,6 +384,7 @@ func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string
 		return Decisions{}, missing, nil
 	}
 	out := Decisions{Allowed: admitted, Levels: make([]Decision, len(levels))}
+	wrote := int64(0)
 	for i, lv := range levels {
 		l, r := lv.l, rows[i]
 		limits, policy := l.cfg.Limits, l.policy
@@ -394,6 +398,7 @@ func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string
 		d := evaluated(e, limits, policy, now, n, modeAllow)
 		switch {
 		case admitted && e.Allowed:
+			wrote++
 			d = l.withTicket(d, lv.key, limits, e.Anchors)
 			if inTx {
 				d.refund.xact = setting
@@ -408,6 +413,9 @@ func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string
 			out.RetryAfter = max(out.RetryAfter, d.RetryAfter)
 		}
 		out.Levels[lv.index] = d
+	}
+	if written != wrote || !admitted && len(out.Refused()) == 0 {
+		return Decisions{}, nil, fmt.Errorf("the database's decision (admitted %t, %d rows written) differs from the library's on the same rows (%d levels admitting): a bug; please report it", admitted, written, wrote)
 	}
 	return out, nil, nil
 }

@@ -47,8 +47,9 @@
 -- their hierarchy.values; own, the LATERAL joins of per-key limits;
 -- decisions, each level's admits (a<i>), new state (ns<i>) and new
 -- expires_at (ne<i>); go, whether the statement admits; updates, the
--- levels' hierarchy.update; answer, the answer's columns per level;
--- setting, the extra column of an admission (synchronous_commit).
+-- levels' hierarchy.update; written, how many rows they wrote; answer,
+-- the answer's columns per level; setting, the extra column of an
+-- admission (synchronous_commit, or the writer's id in a transaction).
 {{define "hierarchy.allow"}}
 WITH {{.locks}}, stamp AS MATERIALIZED (
     SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
@@ -60,7 +61,7 @@ WITH {{.locks}}, stamp AS MATERIALIZED (
     SELECT x.*, {{.decisions}}, {{.go}} AS go
     FROM x{{.own}}
 ), {{.updates}}
-SELECT d.go, d.now, CASE WHEN d.go THEN {{.setting}} END, {{.answer}}
+SELECT d.go, d.now, CASE WHEN d.go THEN {{.setting}} END, {{.written}}, {{.answer}}
 FROM decided AS d
 {{end}}
 
