@@ -188,12 +188,31 @@ func UnaryServerInterceptor(lim pglimit.Limiter, cfg *Config) (grpc.UnaryServerI
 	if err != nil {
 		return nil, err
 	}
+	return unary(l.decide), nil
+}
+
+// decideFunc decides a call of method, and returns the status that fails
+// it, or nil to let it through; trailer sets the call's trailer.
+type decideFunc func(ctx context.Context, method string, trailer func(metadata.MD)) error
+
+// unary is the unary interceptor that asks decide before every call.
+func unary(decide decideFunc) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if err := l.decide(ctx, info.FullMethod, func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) }); err != nil {
+		if err := decide(ctx, info.FullMethod, func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) }); err != nil {
 			return nil, err
 		}
 		return handler(ctx, req)
-	}, nil
+	}
+}
+
+// stream is the stream interceptor that asks decide when a stream opens.
+func stream(decide decideFunc) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := decide(ss.Context(), info.FullMethod, ss.SetTrailer); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
 }
 
 // StreamServerInterceptor limits streams as [UnaryServerInterceptor] limits
@@ -203,12 +222,7 @@ func StreamServerInterceptor(lim pglimit.Limiter, cfg *Config) (grpc.StreamServe
 	if err != nil {
 		return nil, err
 	}
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if err := l.decide(ss.Context(), info.FullMethod, ss.SetTrailer); err != nil {
-			return err
-		}
-		return handler(srv, ss)
-	}, nil
+	return stream(l.decide), nil
 }
 
 // RetryDelay returns how long err, a refusal by these interceptors (or any

@@ -33,12 +33,7 @@ func UnaryServerLevels(levels []Level, cfg *Config) (grpc.UnaryServerInterceptor
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if err := l.decideLevels(ctx, info.FullMethod, func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) }); err != nil {
-			return nil, err
-		}
-		return handler(ctx, req)
-	}, nil
+	return unary(l.decideLevels), nil
 }
 
 // StreamServerLevels limits streams as [UnaryServerLevels] limits unary
@@ -48,12 +43,7 @@ func StreamServerLevels(levels []Level, cfg *Config) (grpc.StreamServerIntercept
 	if err != nil {
 		return nil, err
 	}
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if err := l.decideLevels(ss.Context(), info.FullMethod, ss.SetTrailer); err != nil {
-			return err
-		}
-		return handler(srv, ss)
-	}, nil
+	return stream(l.decideLevels), nil
 }
 
 // levels is the state of the levels' interceptors: the limiter's, with a
