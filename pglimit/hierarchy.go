@@ -139,7 +139,8 @@ func allowAll(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, e
 		// A key with no row yet: a blank row means the same as none, and
 		// gives the statement a row to lock.
 		for _, lv := range missing {
-			err := run(lv.blank, []any{lv.l.cfg.Namespace, lv.key}, func(row pgx.Row) error {
+			blank := queries.Text("hierarchy.blank", queries.Args{"table": lv.table})
+			err := run(blank, []any{lv.l.cfg.Namespace, lv.key}, func(row pgx.Row) error {
 				if err := row.Scan(new(int)); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 					return err
 				}
@@ -170,7 +171,6 @@ type level struct {
 	key   string
 	index int    // in the charges
 	table string // quoted
-	blank string // hierarchy.blank for its table
 }
 
 // hierarchyLevels checks charges and returns them in the global lock
@@ -202,7 +202,7 @@ func hierarchyLevels(charges []Charge, n int) ([]level, error) {
 			}
 		}
 		table := pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()
-		levels[i] = level{l: l, key: c.Key, index: i, table: table, blank: queries.Text("hierarchy.blank", queries.Args{"table": table})}
+		levels[i] = level{l: l, key: c.Key, index: i, table: table}
 	}
 	slices.SortFunc(levels, func(a, b level) int {
 		return cmp.Or(strings.Compare(a.table, b.table), strings.Compare(a.l.cfg.Namespace, b.l.cfg.Namespace), strings.Compare(a.key, b.key))

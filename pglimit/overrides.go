@@ -141,14 +141,7 @@ func (o overrideSQL) columns(r string) string {
 // and bursts (named rates and bursts), and, with unknown, the names the
 // limiter lacks.
 func (o overrideSQL) out(r string, unknown bool) string {
-	q := func(cols []string) string {
-		out := make([]string, len(cols))
-		for i, c := range cols {
-			out[i] = r + "." + c
-		}
-		return strings.Join(out, ", ")
-	}
-	s := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates, ARRAY[%s]::bigint[] AS bursts", q(o.rates), q(o.bursts))
+	s := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates, ARRAY[%s]::bigint[] AS bursts", prefixed(r+".", o.rates), prefixed(r+".", o.bursts))
 	if unknown {
 		s += ", " + r + ".unknown"
 	}
