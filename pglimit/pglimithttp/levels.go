@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
-	"time"
 
 	"github.com/pglimit/cooldown/pglimit"
 )
@@ -43,9 +41,8 @@ func Levels(levels []Level, cfg *Config) (func(http.Handler) http.Handler, error
 	if err != nil {
 		return nil, err
 	}
-	m := &middleware{gate: g}
-	lm := &levelsMiddleware{m: m}
-	var policies []string
+	lm := &levelsMiddleware{}
+	var limits []pglimit.Limit
 	names := map[string]int{}
 	for i, lv := range levels {
 		if lv.Limiter == nil || lv.KeyFunc == nil {
@@ -60,24 +57,16 @@ func Levels(levels []Level, cfg *Config) (func(http.Handler) http.Handler, error
 				return nil, fmt.Errorf("%w: levels[%d] and levels[%d] both have a limit named %q: the RateLimit headers could not tell them apart", ErrInvalidConfig, k, i, l.Name)
 			}
 			names[l.Name] = i
-			m.limits = append(m.limits, l)
-			d := (pglimit.Policy{Limits: []pglimit.Limit{l}}).LongestWait()
-			if d > m.longest {
-				m.longest, m.longestName = d, l.Name
-			}
-			unavailable := l.Period / time.Duration(l.Rate)
-			if m.unavailable == 0 || unavailable < m.unavailable {
-				m.unavailable = unavailable
-			}
 		}
-		policies = append(policies, formatPolicy(p.Limits))
+		limits = append(limits, p.Limits...)
 		lm.charges = append(lm.charges, pglimit.Charge{Limiter: lv.Limiter})
 		lm.keys = append(lm.keys, lv.KeyFunc)
 	}
-	if len(m.limits) == 0 {
+	if len(limits) == 0 {
 		return nil, fmt.Errorf("%w: the levels' policies have no limits", ErrInvalidConfig)
 	}
-	m.policy = strings.Join(policies, ", ")
+	// RateLimit-Policy lists every level's limits, in the levels' order.
+	lm.m = newMiddleware(g, nil, limits)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			lm.serve(w, r, next)

@@ -192,23 +192,32 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 			return nil, fmt.Errorf("%w: MaxDelay holds requests for GCRA limits only; limiter's Limits[%d] (%q) is %s", ErrInvalidConfig, i, l.Name, l.Algorithm)
 		}
 	}
-	m := &middleware{gate: g, lim: lim, limits: p.Limits, policy: formatPolicy(p.Limits), longest: p.LongestWait()}
-	m.longestName = p.Limits[0].Name
-	m.unavailable = p.Limits[0].Period / time.Duration(p.Limits[0].Rate)
-	for _, l := range p.Limits {
-		m.unavailable = min(m.unavailable, l.Period/time.Duration(l.Rate))
-	}
-	for _, l := range p.Limits {
-		if (pglimit.Policy{Limits: []pglimit.Limit{l}}).LongestWait() == m.longest {
-			m.longestName = l.Name
-			break
-		}
-	}
+	m := newMiddleware(g, lim, p.Limits)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			m.serve(w, r, next)
 		})
 	}, nil
+}
+
+// newMiddleware is the middleware of g over limits (lim's, or several
+// levels' for Levels, with lim nil): its headers and its answers when the
+// limiter fails.
+func newMiddleware(g gate, lim pglimit.Limiter, limits []pglimit.Limit) *middleware {
+	p := pglimit.Policy{Limits: limits}
+	m := &middleware{gate: g, lim: lim, limits: limits, policy: formatPolicy(limits), longest: p.LongestWait()}
+	m.longestName = limits[0].Name
+	m.unavailable = limits[0].Period / time.Duration(limits[0].Rate)
+	for _, l := range limits {
+		m.unavailable = min(m.unavailable, l.Period/time.Duration(l.Rate))
+	}
+	for _, l := range limits {
+		if (pglimit.Policy{Limits: []pglimit.Limit{l}}).LongestWait() == m.longest {
+			m.longestName = l.Name
+			break
+		}
+	}
+	return m
 }
 
 type middleware struct {
