@@ -45,13 +45,14 @@ func writeVerdict(w io.Writer, rep *report) {
 	tw.Flush()
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "Which to pick, from these figures (a variant %.0f%% or more faster than the default):\n", 100*(pickMargin-1))
-	if len(picks) == 0 {
-		fmt.Fprintln(w, "  none: the default (Upsert, durable) is as fast as any variant here; keep it.")
-	}
 	for _, p := range picks {
 		fmt.Fprintln(w, p)
 	}
-	fmt.Fprintln(w, "  Elsewhere, keep the default: no variant beats it by that much.")
+	if len(picks) == 0 {
+		fmt.Fprintln(w, "  none: the default (Upsert, durable) is as fast as any variant here; keep it.")
+	} else {
+		fmt.Fprintln(w, "  Elsewhere, keep the default: no variant beats it by that much.")
+	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "default: Config's default (Upsert), durable. fastest: the quickest pglimit variant measured here;")
 	fmt.Fprintln(w, "  -async trades the last commits before a crash for speed, -preblock adds a local pre-check,")
