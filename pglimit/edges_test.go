@@ -296,6 +296,32 @@ var entryPoints = []entryPoint{
 			return false, pglimit.SetKeyLimits(ctx, tg.pool, &tg.cfg, in.key, pglimit.Limit{Name: "rate", Rate: 20, Burst: 5})
 		}
 	}},
+	{name: "AllowAll", keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, ks keyState) call {
+		if tg.lim == nil || tg.cfg.Strategy == pglimit.Range {
+			return nil
+		}
+		return limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+			_, err := pglimit.AllowAll(ctx, in.n, pglimit.Charge{Limiter: tg.lim, Key: in.key})
+			return false, err
+		})(t, tg, ks)
+	}},
+	{name: "Inspect", keyed: true, prepare: func(t *testing.T, tg *target, _ keyState) call {
+		if tg.lim == nil || tg.cfg.Strategy == pglimit.Range || tg.m.api == "sql" {
+			return nil
+		}
+		return func(ctx context.Context, in input) (bool, error) {
+			_, err := pglimit.Inspect(ctx, tg.pool, &tg.cfg, in.key)
+			return false, err
+		}
+	}},
+	{name: "SetKeyLimitsFor", keyed: true, prepare: func(t *testing.T, tg *target, _ keyState) call {
+		if !tg.cfg.Overrides {
+			return nil
+		}
+		return func(ctx context.Context, in input) (bool, error) {
+			return false, pglimit.SetKeyLimitsFor(ctx, tg.pool, &tg.cfg, in.key, time.Hour, pglimit.Limit{Name: "rate", Rate: 20, Burst: 5})
+		}
+	}},
 	{name: "Acquire", keyed: true, prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, _ keyState, in input) error {
 		_, err := sem.Acquire(ctx, in.key)
 		return err
@@ -833,8 +859,8 @@ var errorClasses = []errorClass{
 	{name: "lock_timeout", params: map[string]string{"lock_timeout": "300ms"}, lock: true, want: always(pglimit.ErrTimeout), outage: true},
 	{name: "statement_timeout", params: map[string]string{"statement_timeout": "300ms"}, lock: true, want: always(pglimit.ErrTimeout), outage: true},
 	{name: "read-only", params: map[string]string{"default_transaction_read_only": "on"}, outage: true, want: func(ep entryPoint) error {
-		if ep.name == "Peek" {
-			return nil // it works on a standby
+		if ep.name == "Peek" || ep.name == "Inspect" {
+			return nil // they work on a standby
 		}
 		return pglimit.ErrReadOnly
 	}},

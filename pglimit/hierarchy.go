@@ -80,7 +80,10 @@ func AllowAll(ctx context.Context, n int, charges ...Charge) (Decisions, error) 
 // in a savepoint, so that a lost race (at any isolation level) is a
 // refusal and a wait past the first level's Timeout is [ErrTimeout],
 // and tx stays usable either way; an admitted level's Refund gives back
-// only what tx committed.
+// only what tx committed. Unlike AllowTxN's, its refusal is not lock-free:
+// the statement locks every level's row before it decides, so a refused
+// AllowAllTx holds them until tx ends (AllowAll, until its statement
+// ends), and other requests for those keys wait for it.
 func AllowAllTx(ctx context.Context, tx DB, n int, charges ...Charge) (Decisions, error) {
 	if tx == nil {
 		return Decisions{}, fmt.Errorf("%w: AllowAllTx: tx is nil", ErrInvalidConfig)
