@@ -305,6 +305,16 @@ var entryPoints = []entryPoint{
 			return false, err
 		})(t, tg, ks)
 	}},
+	{name: "AllowAllTx", inTx: true, keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, _ keyState) call {
+		if tg.lim == nil || tg.cfg.Strategy == pglimit.Range {
+			return nil
+		}
+		tx := tg.begin(t)
+		return func(ctx context.Context, in input) (bool, error) {
+			_, err := pglimit.AllowAllTx(ctx, tx, in.n, pglimit.Charge{Limiter: tg.lim, Key: in.key})
+			return false, err
+		}
+	}},
 	{name: "Inspect", keyed: true, prepare: func(t *testing.T, tg *target, _ keyState) call {
 		if tg.lim == nil || tg.cfg.Strategy == pglimit.Range || tg.m.api == "sql" {
 			return nil

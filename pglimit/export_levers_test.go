@@ -1,6 +1,10 @@
 package pglimit
 
-import "time"
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // PreBlocks reports whether lim's pre-block refuses key now, without a
 // round trip.
@@ -50,6 +54,11 @@ const InFlightLimit = inFlightLimit
 func Statements(lim Limiter) map[string]string {
 	l := lim.(*limiter)
 	s := map[string]string{"allow": l.plain.fast, "peek": l.plain.peek, "reset": l.resetSQL, "inspect": inspectSQL(l.cfg)}
+	if l.cfg.Strategy != Range {
+		// AllowAll of two keys of lim, in lock order.
+		table := pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()
+		s["hierarchy"] = hierarchySQL([]level{{l: l, key: "k1", table: table}, {l: l, key: "k2", index: 1, table: table}}, false)
+	}
 	if l.plain.general != nil {
 		s["general"] = l.plain.general.own[modeAllow]
 	}

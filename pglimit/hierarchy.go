@@ -62,7 +62,9 @@ func (d Decisions) Refused() []int {
 // instance can slip between the levels, and the levels are locked in one
 // global order whatever order the charges come in, so concurrent calls
 // never deadlock. A refusal names the levels that refused, each with its
-// RetryAfter (docs/limits.md, "Several keys at once").
+// RetryAfter (docs/limits.md, "Several keys at once"); like a single
+// key's, it is decided on the statement's snapshot, with no lock and no
+// write.
 //
 // Each Limiter must come from [New] (an instrumented one is unwrapped, and
 // its metrics do not see the call), with the Upsert or NoWait strategy,
@@ -80,10 +82,7 @@ func AllowAll(ctx context.Context, n int, charges ...Charge) (Decisions, error) 
 // in a savepoint, so that a lost race (at any isolation level) is a
 // refusal and a wait past the first level's Timeout is [ErrTimeout],
 // and tx stays usable either way; an admitted level's Refund gives back
-// only what tx committed. Unlike AllowTxN's, its refusal is not lock-free:
-// the statement locks every level's row before it decides, so a refused
-// AllowAllTx holds them until tx ends (AllowAll, until its statement
-// ends), and other requests for those keys wait for it.
+// only what tx committed. A refusal on tx's snapshot takes no lock.
 func AllowAllTx(ctx context.Context, tx DB, n int, charges ...Charge) (Decisions, error) {
 	if tx == nil {
 		return Decisions{}, fmt.Errorf("%w: AllowAllTx: tx is nil", ErrInvalidConfig)
@@ -286,44 +285,55 @@ func (c *statementCache) get(levels []level, inTx bool) string {
 // in a caller's transaction or its own: its parameters are each level's
 // namespace and key, then n.
 func hierarchySQL(levels []level, inTx bool) string {
-	var locks, values, own, decisions, updates, answer, counted, writes, written []string
+	var snapshot, seen, ownSeen, fits, locks, values, own, decisions, updates, answer, seenAnswer, counted, writes, written []string
 	async := true
 	nParam := "$" + strconv.Itoa(2*len(levels)+1) + "::bigint"
 	for i, lv := range levels {
 		is := strconv.Itoa(i)
 		ns, key := "$"+strconv.Itoa(2*i+1), "$"+strconv.Itoa(2*i+2)
+		sp := lv.l.specs
+		snapshot = append(snapshot, queries.Text("hierarchy.snapshot", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key}))
+		seen = append(seen, queries.Text("hierarchy.seen", queries.Args{"i": is, "state": arith.Shaped(sp, "r"+is+".state")}))
 		after := ""
 		if i > 0 {
 			after = "(SELECT count(*) FROM l" + strconv.Itoa(i-1) + ") >= 0 AND "
 		}
 		locks = append(locks, queries.Text("hierarchy.lock", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key, "after": after}))
-		sp := lv.l.specs
 		values = append(values, queries.Text("hierarchy.values", queries.Args{"i": is, "state": arith.Shaped(sp, "l.state")}))
+		columns := fmt.Sprintf("%%[1]s.f%[1]s, %%[1]s.s%[1]s, %%[1]s.tat%[1]s", is)
 		var params arith.Params
 		ok := "true"
-		answer = append(answer, fmt.Sprintf("d.f%s, d.s%s, d.tat%s", is, is, is))
 		if lv.l.cfg.Overrides {
 			o := newOverrideSQL(lv.l.cfg.Limits)
 			alias := "o" + is
 			own = append(own, o.lateral(pgx.Identifier{lv.l.cfg.Schema, overridesTable}.Sanitize(), ns, key, alias))
 			params, ok = o.params(alias+"."), alias+".ok"
-			decisions = append(decisions, fmt.Sprintf("ARRAY[%s]::bigint[] AS rates%s, ARRAY[%s]::bigint[] AS bursts%s, %s.unknown AS unknown%s",
-				prefixed(alias+".", o.rates), is, prefixed(alias+".", o.bursts), is, alias, is))
-			answer = append(answer, fmt.Sprintf("d.rates%s, d.bursts%s, d.unknown%s", is, is, is))
+			limits := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates%s, ARRAY[%s]::bigint[] AS bursts%s, %s.unknown AS unknown%s",
+				prefixed(alias+".", o.rates), is, prefixed(alias+".", o.bursts), is, alias, is)
+			decisions, ownSeen = append(decisions, limits), append(ownSeen, ", "+limits)
+			columns += fmt.Sprintf(", %%[1]s.rates%[1]s, %%[1]s.bursts%[1]s, %%[1]s.unknown%[1]s", is)
 		}
+		answer, seenAnswer = append(answer, fmt.Sprintf(columns, "d")), append(seenAnswer, fmt.Sprintf(columns, "g"))
 		// The level's decision, as its limiter's general statement makes
-		// it, with n as a parameter of this statement.
-		admits, state, expires := arith.DecisionSQL(sp, arith.Allow, "x.s"+is, "x.tat"+is, "x.now", params)
-		admits = strings.ReplaceAll(admits, "$4::bigint", nParam)
-		admits = "(" + ok + " AND " + admits + ")"
-		state = "CASE WHEN " + admits + " THEN " + strings.ReplaceAll(state, "$4::bigint", nParam) + " END"
-		expires = "CASE WHEN " + admits + " THEN " + strings.ReplaceAll(expires, "$4::bigint", nParam) + " END"
-		decisions = append(decisions, fmt.Sprintf("%s AS a%s, %s AS ns%s, %s AS ne%s", admits, is, state, is, expires, is))
+		// it, with n as a parameter of this statement: on the snapshot's
+		// row (g), and on the locked one (x).
+		admits := func(row string) string {
+			a, _, _ := arith.DecisionSQL(sp, arith.Allow, row+".s"+is, row+".tat"+is, row+".now", params)
+			return "(" + ok + " AND " + strings.ReplaceAll(a, "$4::bigint", nParam) + ")"
+		}
+		if !lv.l.cfg.Shadow {
+			fits = append(fits, admits("g"))
+		}
+		_, state, expires := arith.DecisionSQL(sp, arith.Allow, "x.s"+is, "x.tat"+is, "x.now", params)
+		a := admits("x")
+		state = "CASE WHEN " + a + " THEN " + strings.ReplaceAll(state, "$4::bigint", nParam) + " END"
+		expires = "CASE WHEN " + a + " THEN " + strings.ReplaceAll(expires, "$4::bigint", nParam) + " END"
+		decisions = append(decisions, fmt.Sprintf("%s AS a%s, %s AS ns%s, %s AS ne%s", a, is, state, is, expires, is))
 		found := "x.f" + is + " = 1"
 		if lv.l.cfg.Shadow {
 			counted = append(counted, found)
 		} else {
-			counted = append(counted, found+" AND "+admits)
+			counted = append(counted, found+" AND "+a)
 		}
 		returning := ""
 		if inTx {
@@ -342,11 +352,13 @@ func hierarchySQL(levels []level, inTx bool) string {
 		setting = asyncCommitColumn
 	}
 	return queries.Text("hierarchy.allow", queries.Args{
+		"snapshot": strings.Join(snapshot, "\n    "), "seen": strings.Join(seen, ",\n        "),
+		"own_seen": strings.Join(ownSeen, ""), "fits": "(" + strings.Join(append(fits, "true"), " AND ") + ")",
 		"locks": strings.Join(locks, ", "), "last": "l" + strconv.Itoa(len(levels)-1),
 		"values": strings.Join(values, ",\n        "), "own": strings.Join(own, ""),
 		"decisions": strings.Join(decisions, ",\n        "), "go": "(" + strings.Join(counted, ") AND (") + ")",
-		"updates": strings.Join(updates, ", "), "answer": strings.Join(answer, ", "), "setting": setting,
-		"written": "(" + strings.Join(written, " + ") + ")",
+		"updates": strings.Join(updates, ", "), "answer": strings.Join(answer, ", "), "seen_answer": strings.Join(seenAnswer, ", "),
+		"setting": setting, "written": "(" + strings.Join(written, " + ") + ")",
 	})
 }
 
@@ -361,13 +373,14 @@ func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string
 		unknown       []string
 	}
 	var (
+		locked   bool
 		admitted bool
 		now      int64
 		setting  *string
 		written  int64
 		rows     = make([]row, len(levels))
 	)
-	dest := []any{&admitted, &now, &setting, &written}
+	dest := []any{&locked, &admitted, &now, &setting, &written}
 	for i, lv := range levels {
 		dest = append(dest, &rows[i].found, &rows[i].state, &rows[i].tat)
 		if lv.l.cfg.Overrides {
@@ -377,9 +390,11 @@ func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string
 	if err := run(sql, args, func(row pgx.Row) error { return row.Scan(dest...) }); err != nil {
 		return Decisions{}, nil, unknownZone(levels[0].l.cfg.Limits, err)
 	}
+	// Unlocked, the rows are the snapshot's, on which a level refused: a
+	// key without a row stands as a new one.
 	var missing []level
 	for i, lv := range levels {
-		if rows[i].found == 0 {
+		if locked && rows[i].found == 0 {
 			missing = append(missing, lv)
 		}
 	}

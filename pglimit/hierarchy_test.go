@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -304,5 +305,66 @@ func TestAllowAllTxRepeatableRead(t *testing.T) {
 	}
 	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
 		t.Errorf("the transaction after the refusal: %v", err)
+	}
+}
+
+// A refused AllowAll takes no row lock and writes nothing, in its own
+// transaction or in the caller's, which stays open: every level's row
+// keeps its version (xmin) and gets no locker (xmax), a key without a row
+// gets none, and another request for the admitting level's key does not
+// wait for the open transaction.
+func TestAllowAllRefusalTakesNoLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	tn := newTenancy(t, schema, pool, 3, 1)
+	bob := []pglimit.Charge{{Limiter: tn.org, Key: "acme"}, {Limiter: tn.user, Key: "bob"}}
+	if d, err := pglimit.AllowAll(ctx, 1, bob...); err != nil || !d.Allowed {
+		t.Fatalf("bob's first request: %+v, %v", d, err)
+	}
+	versions := func() map[string]string {
+		out := rowVersions(t, pool, schema, "pglimit_upsert")
+		for k, v := range rowVersions(t, pool, schema, "pglimit_nowait") {
+			out["user/"+k] = v
+		}
+		return out
+	}
+	before := versions()
+	if d, err := pglimit.AllowAll(ctx, 1, bob...); err != nil || d.Allowed {
+		t.Fatalf("bob past his limit: %+v, %v; want a refusal", d, err)
+	}
+	if after := versions(); !maps.Equal(after, before) {
+		t.Fatalf("rows after a refused AllowAll: %v, before %v; want untouched", after, before)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // the test's end
+	if d, err := pglimit.AllowAllTx(ctx, tx, 1, bob...); err != nil || d.Allowed {
+		t.Fatalf("bob past his limit in a transaction: %+v, %v; want a refusal", d, err)
+	}
+	if after := versions(); !maps.Equal(after, before) {
+		t.Fatalf("rows while a refused AllowAllTx's transaction is open: %v, before %v; want untouched", after, before)
+	}
+	quick, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if d, err := pglimit.AllowAll(quick, 1, pglimit.Charge{Limiter: tn.org, Key: "acme"}, pglimit.Charge{Limiter: tn.user, Key: "carol"}); err != nil || !d.Allowed {
+		t.Fatalf("carol, while bob's refused transaction is open: %+v, %v; want admitted at once", d, err)
+	}
+
+	// The org is spent: a new user is refused by it, and gets no row.
+	if d, err := pglimit.AllowAll(ctx, 1, pglimit.Charge{Limiter: tn.org, Key: "acme"}, pglimit.Charge{Limiter: tn.user, Key: "dave"}); err != nil || !d.Allowed {
+		t.Fatalf("dave, with the org's last unit: %+v, %v", d, err)
+	}
+	before = versions()
+	d, err := pglimit.AllowAllTx(ctx, tx, 1, pglimit.Charge{Limiter: tn.user, Key: "erin"}, pglimit.Charge{Limiter: tn.org, Key: "acme"})
+	if err != nil || d.Allowed || !slices.Equal(d.Refused(), []int{1}) || !d.Levels[0].Allowed || d.Levels[0].Granted != 0 {
+		t.Fatalf("erin, new, in a spent org: %+v, %v; want refused by the org alone", d, err)
+	}
+	if after := versions(); !maps.Equal(after, before) {
+		t.Fatalf("rows after erin's refusal: %v, before %v; want untouched, and no row for erin", after, before)
 	}
 }

@@ -131,6 +131,7 @@ func planArgs(keys []string) map[string]string {
 		"general":          "'default', 'k1', 7, 1",
 		"peek":             "'default', 'k1'",
 		"inspect":          "'default', 'k1'",
+		"hierarchy":        "'default', 'k1', 'default', 'k2', 1",
 		"reset":            "'default', 'g1', 7", // a key of the grown table: the others stay
 		"batchwait":        "'default', '{k1}', '{100000}', 7, '{400000}', '{2}', '{1}', '{1000}', 100000, 500000, 0",
 		"generalbatch":     fmt.Sprintf("'default', '{%s}', %s, 7, %s", strings.Join(keys, ","), repeat("1"), repeat("2")),

@@ -1,6 +1,12 @@
 -- The hierarchical statement (pglimit.AllowAll) charges n units to several
 -- keys, each under its own limiter (table, namespace, limits, per-key
--- limits), all or none, in one statement. The levels come in one global
+-- limits), all or none, in one statement.
+--
+-- It first decides every level on its row as the statement's snapshot sees
+-- it (guard), as the single-key general statement does: if a level that
+-- counts refuses there, that is the answer, with no lock and no write.
+-- Otherwise it locks the levels' rows and decides again on the latest
+-- versions. The levels come in one global
 -- order (table, namespace, key), whatever order the caller named them in,
 -- and their rows are locked in that order, one after the other: l<i+1>'s
 -- scan starts only once l<i>'s lock is held (its one-time filter reads
@@ -16,14 +22,24 @@
 -- caller inserts a blank row for it, which means the same as none, and
 -- runs the statement again.
 
--- hierarchy.lock is level i's lock: $ns and $key its parameters, after
--- the previous level's lock (prev, empty for the first). Placeholders:
--- i, table, ns, key, after.
+-- hierarchy.lock is level i's lock, taken only if the snapshot's levels
+-- fit (guard), after the previous level's lock (after, empty for the
+-- first). Placeholders: i, table, ns and key (its parameters), after.
 {{define "hierarchy.lock"}}l{{.i}} AS MATERIALIZED (
     SELECT t.state, t.expires_at FROM {{.table}} AS t
-    WHERE {{.after}}t.namespace = {{.ns}} AND t.key = {{.key}}
+    WHERE (SELECT g.fits FROM guard AS g) AND {{.after}}t.namespace = {{.ns}} AND t.key = {{.key}}
     FOR UPDATE
 ){{end}}
+
+-- hierarchy.snapshot joins level i's row as the snapshot sees it, r<i>,
+-- if it has one. Placeholders: i, table, ns, key.
+{{define "hierarchy.snapshot"}}LEFT JOIN {{.table}} AS r{{.i}} ON r{{.i}}.namespace = {{.ns}} AND r{{.i}}.key = {{.key}}{{end}}
+
+-- hierarchy.seen is level i's row r<i> as the guard reads it: found, its
+-- state (of its limits' shape, else NULL) and its expires_at in µs.
+-- Placeholders: i, state (arith.Shaped of r<i>.state).
+{{define "hierarchy.seen"}}(r{{.i}}.key IS NOT NULL)::int::bigint AS f{{.i}}, {{.state}} AS s{{.i}},
+        (extract(epoch FROM r{{.i}}.expires_at) * 1000000)::bigint AS tat{{.i}}{{end}}
 
 -- hierarchy.values is level i's row as the decision reads it: found, its
 -- state (of its limits' shape, else NULL) and its expires_at in µs.
@@ -42,16 +58,28 @@
     RETURNING 1{{.returning}}
 ){{end}}
 
--- hierarchy.allow assembles the statement. Placeholders: locks, the
--- levels' hierarchy.lock, in order; last, the last lock's name; values,
--- their hierarchy.values; own, the LATERAL joins of per-key limits;
--- decisions, each level's admits (a<i>), new state (ns<i>) and new
--- expires_at (ne<i>); go, whether the statement admits; updates, the
--- levels' hierarchy.update; written, how many rows they wrote; answer,
--- the answer's columns per level; setting, the extra column of an
--- admission (synchronous_commit, or the writer's id in a transaction).
+-- hierarchy.allow assembles the statement. Placeholders: snapshot, the
+-- levels' hierarchy.snapshot; seen, their hierarchy.seen; own_seen, the
+-- per-key limits read for them (as in decisions, each after a comma);
+-- fits, whether the levels that count admit there; locks, the levels' hierarchy.lock, in order;
+-- last, the last lock's name; values, their hierarchy.values; own, the
+-- LATERAL joins of per-key limits; decisions, each level's admits (a<i>),
+-- new state (ns<i>) and new expires_at (ne<i>); go, whether the statement
+-- admits; updates, the levels' hierarchy.update; written, how many rows
+-- they wrote; answer and seen_answer, the answer's columns per level, of
+-- d and of g; setting, the extra column of an admission
+-- (synchronous_commit, or the writer's id in a transaction). The answer's
+-- first column says whether the rows were locked: if not, the guard
+-- refused, and the rest is the snapshot's.
 {{define "hierarchy.allow"}}
-WITH {{.locks}}, stamp AS MATERIALIZED (
+WITH seen AS MATERIALIZED (
+    SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now, {{.seen}}
+    FROM (SELECT) AS one
+    {{.snapshot}}
+), guard AS MATERIALIZED (
+    SELECT g.*{{.own_seen}}, {{.fits}} AS fits
+    FROM seen AS g{{.own}}
+), {{.locks}}, stamp AS MATERIALIZED (
     SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
     WHERE (SELECT count(*) FROM {{.last}}) >= 0
 ), x AS MATERIALIZED (
@@ -61,8 +89,11 @@ WITH {{.locks}}, stamp AS MATERIALIZED (
     SELECT x.*, {{.decisions}}, {{.go}} AS go
     FROM x{{.own}}
 ), {{.updates}}
-SELECT d.go, d.now, CASE WHEN d.go THEN {{.setting}} END, {{.written}}, {{.answer}}
-FROM decided AS d
+SELECT true, d.go, d.now, CASE WHEN d.go THEN {{.setting}} END, {{.written}}, {{.answer}}
+FROM decided AS d WHERE (SELECT g.fits FROM guard AS g)
+UNION ALL
+SELECT false, false, g.now, NULL, 0, {{.seen_answer}}
+FROM guard AS g WHERE NOT g.fits
 {{end}}
 
 -- hierarchy.xact is the answer's extra column in a caller's transaction:
