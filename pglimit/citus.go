@@ -254,6 +254,12 @@ func (l *limiter) detectDistributed(ctx context.Context, db DB) error {
 	case !delegated:
 		return fmt.Errorf("%w: %s is a Citus distributed table without pglimit's functions; run pglimit.Distribute on schema %s", ErrUnsupported, table, l.cfg.Schema)
 	}
+	for _, lim := range l.cfg.Limits {
+		if lim.Debt > 0 {
+			// Its functions know no debt, and Settle does not run there.
+			return fmt.Errorf("%w: limit %s has a Debt, on %s, a Citus distributed table", ErrUnsupported, lim.Name, table)
+		}
+	}
 	s := l.distributedStatements()
 	l.dist.Store(&s)
 	return nil

@@ -29,9 +29,9 @@ var (
 
 	// ErrUnsupported reports an operation the limiter's strategy, limits
 	// or table cannot do: Reserve and Wait on Range or on a limit that is
-	// not GCRA; Inspect, LimitedKeys, AllowAll and Refund on Range;
-	// AllowAll and Refund on a table Citus distributes; Refund of units
-	// served from a lease.
+	// not GCRA; Inspect, LimitedKeys, AllowAll, Refund and Settle on
+	// Range; AllowAll, Refund, Settle and a limit's Debt on a table Citus
+	// distributes; Refund and Settle of units served from a lease.
 	ErrUnsupported = errors.New("pglimit: unsupported")
 
 	// ErrReadOnly reports a server that cannot write: a standby, a former
@@ -55,6 +55,19 @@ var (
 	// than any of the limiter's limits could ever admit at once. Nothing
 	// is written.
 	ErrInvalidCost = errors.New("pglimit: invalid cost")
+
+	// ErrNotAdmitted reports a [Settle] of a decision that took no units
+	// from the database: a refusal, a shadow or fallback admission, or an
+	// admission in a caller's transaction that rolled back.
+	ErrNotAdmitted = errors.New("pglimit: the decision admitted nothing")
+
+	// ErrAlreadySettled reports a [Settle] of a decision settled before,
+	// or a Refund of one settled.
+	ErrAlreadySettled = errors.New("pglimit: the decision was settled already")
+
+	// ErrForeignDecision reports a [Settle] of a decision that another
+	// limiter made.
+	ErrForeignDecision = errors.New("pglimit: the decision is another limiter's")
 
 	// ErrExtension reports that the database lacks the btree_gist extension,
 	// which the Range strategy's exclusion constraint needs, and that [Migrate]

@@ -69,6 +69,16 @@ type Limit struct {
 	// Algorithm says how the limit counts. Defaults to [GCRA].
 	Algorithm Algorithm
 
+	// Debt is how many units past the limit a [Settle] may charge a key
+	// whose real cost exceeded its estimate: the key is then refused until
+	// the debt is repaid at the limit's rate, and what would exceed Debt is
+	// forgiven. A window's count past Rate carries into the next window.
+	// Must not be negative; a window's must not exceed Rate, and a GCRA
+	// limit's Burst+Debt must replenish within 366 days. Defaults to 0: a
+	// settle charges only what the key has left. Not on a Citus
+	// distributed table.
+	Debt int
+
 	// Calendar, for a FixedWindow, aligns its windows to the calendar of
 	// TimeZone: "minute", "hour", "day", "week" (from Monday), "month" or
 	// "year", so that "20 a day" means per calendar day. A day lasts 23 or
@@ -133,7 +143,7 @@ func (l Limit) micros() (period, rate, t, burstT int64) {
 // spec is the limit as the decision arithmetic (internal/arith) reads it.
 func (l Limit) spec() arith.Limit {
 	P, R, T, BT := l.micros()
-	s := arith.Limit{Algorithm: arith.Algorithm(l.Algorithm), Period: P, Rate: R, T: T, BurstT: BT}
+	s := arith.Limit{Algorithm: arith.Algorithm(l.Algorithm), Period: P, Rate: R, T: T, BurstT: BT, Debt: int64(l.Debt)}
 	if l.Calendar != "" {
 		s.Calendar = &arith.Calendar{Unit: l.Calendar, Zone: l.TimeZone, Loc: l.loc}
 	}
@@ -184,6 +194,14 @@ func (l Limit) withDefaults(i int) (Limit, error) {
 	}
 	if l.Algorithm == GCRA && l.Burst == 0 {
 		l.Burst = 1
+	}
+	switch {
+	case l.Debt < 0 || l.Debt > maxRate:
+		return l, fmt.Errorf("%w: %s must be in [0, %d], got %d", ErrInvalidConfig, field("Debt"), maxRate, l.Debt)
+	case l.Algorithm != GCRA && l.Debt > l.Rate:
+		return l, fmt.Errorf("%w: %s of a window must not exceed its Rate (%d), got %d: a window repays at most Rate", ErrInvalidConfig, field("Debt"), l.Rate, l.Debt)
+	case l.Algorithm == GCRA && int64(l.Burst)+int64(l.Debt) > maxPeriod.Microseconds()/l.emission():
+		return l, fmt.Errorf("%w: %s: a burst of %d and a debt of %d at %d per %s take more than %s to replenish", ErrInvalidConfig, field("Debt"), l.Burst, l.Debt, l.Rate, l.Period, maxPeriod)
 	}
 	if l.Algorithm == GCRA && int64(l.Burst) > maxPeriod.Microseconds()/l.emission() {
 		// Keeps Burst*T, and every sum the statements make of it, far

@@ -56,6 +56,7 @@ type limiter struct {
 	plain     statements // on a table of one server
 	resetSQL  string
 	refundSQL string // "" where Refund is not supported (Range)
+	settleSQL string // "" where Settle is not supported (Range)
 	rangeArgs bool   // the fast statement takes no tau ($5)
 
 	// dist, once check has found the table distributed by Citus, holds the
@@ -150,6 +151,7 @@ func newStmtLimiter(l *limiter, table, fast, lock, contended string) *limiter {
 	}
 	if lock != "" {
 		l.refundSQL = refundStatement(l.cfg.Limits, table)
+		l.settleSQL = settleStatement(l.cfg.Limits, table)
 	}
 	if l.single {
 		lim := l.cfg.Limits[0]

@@ -34,6 +34,7 @@ type refundTicket struct {
 	refunded int
 	pending  int
 	anchors  []int64
+	settled  bool // by Settle: no refund after it
 }
 
 // refundStatement is a limiter's refund statement: refund.single for a
@@ -72,6 +73,10 @@ func (l *limiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
 		emissions[i] = lim.emission()
 	}
 	t.mu.Lock()
+	if t.settled {
+		t.mu.Unlock()
+		return false, fmt.Errorf("%w: Refund: the decision was settled", ErrAlreadySettled)
+	}
 	// Compared as what is left, which cannot overflow: n + refunded can.
 	// Then n <= granted, and n*T no more than the admission's own n*T.
 	if left := t.granted - t.refunded - t.pending; n > left {

@@ -27,6 +27,10 @@ type Limit struct {
 	T         int64     // the emission interval: Period/Rate, rounded up
 	BurstT    int64     // Burst*T
 	Calendar  *Calendar // a FixedWindow aligned to the calendar; nil otherwise
+	// Debt is how many units a settle may charge past the limit (see
+	// Settle): a window's count past Rate then carries into the next
+	// window. 0: none, and the arithmetic is that of a limit without debt.
+	Debt int64
 }
 
 // Mode is what a decision asks for.
@@ -147,17 +151,37 @@ func fits(l Limit, s rolled, u, now int64, mode Mode, maxDelay int64) (ok bool, 
 		}
 	case FixedWindow:
 		w = s.c - now
+		if u > R-carry(l, s.b) { // the next window starts in debt
+			w += P
+		}
 	case SlidingWindow:
 		elapsed := now - s.a
+		// The next window's previous and current counts: this one's, or
+		// in debt, Rate and what it owes past Rate.
+		b, c := s.c, int64(0)
+		if l.Debt > 0 {
+			b, c = min(s.c, R), carry(l, s.c)
+		}
 		switch {
 		case ok:
 		case s.c+u <= R: // the previous window's weight (b > 0) must fall
 			w = P - floorMulDiv(R-s.c-u, P, s.b) - elapsed
-		default: // the next window, where this one's count (c > 0) weighs
-			w = 2*P - elapsed - floorMulDiv(R-u, P, s.c)
+		case c+u <= R: // the next window, where this one's count (b > 0) weighs
+			w = 2*P - elapsed - floorMulDiv(R-c-u, P, b)
+		default: // the one after, where the debt carried (c > 0) weighs
+			w = 3*P - elapsed - floorMulDiv(R-u, P, c)
 		}
 	}
 	return ok, w
+}
+
+// carry is what a window's count past limit l's Rate carries into the
+// next window: the debt a settle left, if l has any.
+func carry(l Limit, count int64) int64 {
+	if l.Debt == 0 {
+		return 0
+	}
+	return max(count-l.Rate, 0)
 }
 
 // left is what limit l, its state rolled to now (s), has left once g units
@@ -170,14 +194,19 @@ func left(l Limit, s rolled, g, now int64) (r, rs int64) {
 		r, rs = max((now+BT-after)/T, 0), max(after-now, 0)
 	case FixedWindow:
 		b := s.b + g
-		r = R - b
-		if b > 0 {
+		r = R - b // below 0 only past a key's own lower Rate: as it stands
+		switch {
+		case l.Debt > 0 && b > R: // in debt: full once the next window repaid it
+			r, rs = 0, s.c+P-now
+		case b > 0:
 			rs = s.c - now
 		}
 	case SlidingWindow:
 		c := s.c + g
 		r = max(R-c-ceilMulDiv(s.b, P-(now-s.a), P), 0)
 		switch {
+		case l.Debt > 0 && c > R: // in debt: the next window carries it
+			rs = s.a + 3*P - now
 		case c > 0:
 			rs = s.a + 2*P - now
 		case s.b > 0:
@@ -250,8 +279,13 @@ func roll(limits []Limit, state []int64, tat *int64, now int64) []rolled {
 				s.a, s.b, s.c = state[3*i], state[3*i+1], state[3*i+2]
 			case l.Calendar != nil:
 				s.a, s.c = l.Calendar.Window(now)
+				if !fresh && state[3*i+2] == s.a { // the window after the row's
+					s.b = carry(l, state[3*i+1])
+				}
 			case !fresh && now < state[3*i]+P:
 				s.a, s.b, s.c = state[3*i], state[3*i+1], state[3*i]+P
+			case !fresh && now < state[3*i]+2*P: // within a window of the row's
+				s.b = carry(l, state[3*i+1])
 			}
 			s.cap = R - s.b
 		case SlidingWindow:
@@ -260,7 +294,8 @@ func roll(limits []Limit, state []int64, tat *int64, now int64) []rolled {
 			case !fresh && state[3*i] == s.a:
 				s.b, s.c = state[3*i+1], state[3*i+2]
 			case !fresh && state[3*i] == s.a-P:
-				s.b = state[3*i+2]
+				s.b, s.c = state[3*i+2], carry(l, state[3*i+2])
+				s.b -= s.c
 			}
 			s.cap = max(R-s.c-ceilMulDiv(s.b, P-(now-s.a), P), 0)
 		}
@@ -332,4 +367,110 @@ func mulDiv(x, y, z int64) (q, r int64) {
 		return math.MaxInt64, 0
 	}
 	return int64(uq), int64(ur)
+}
+
+// Settle is the row once a settle at now (µs) gives back back units of an
+// admission that left limits at anchors (Evaluation.Anchors), or charges
+// charge units past it: the cost it paid for exceeded or fell short of its
+// estimate, and at most one of back and charge is positive. Its inputs and
+// outputs are Admit's, with charged, the units it charged.
+//
+// A GCRA limit gets back the part of the admission's last back units that
+// lies ahead of now, and a window its count, if the admission's window
+// still counts (as a refund's). The charge is the same on every limit: at
+// most what each admits now plus its Debt, so that a key owes at most
+// Debt units on any limit, and more is forgiven. A window that ends owing
+// carries the debt into the next one (carry). SettleSQL computes the
+// same in the database.
+func Settle(limits []Limit, state []int64, tat *int64, now int64, anchors []int64, back, charge int64) (newState []int64, expires, charged int64) {
+	st := roll(limits, state, tat, now)
+	fresh := len(state) != 3*len(limits)
+	charged = charge
+	for i, l := range limits {
+		charged = min(charged, max(settleRoom(l, st[i], now), 0))
+	}
+	expires = now
+	if !Single(limits) {
+		newState = make([]int64, 0, 3*len(limits))
+	}
+	for i, l := range limits {
+		s, anchor := st[i], anchors[i]
+		var next [3]int64
+		var end int64
+		switch l.Algorithm {
+		case GCRA:
+			g := max(min(back*l.T, anchor-now), 0)
+			next[0] = s.a - g + charged*l.T
+			end = next[0]
+		case FixedWindow:
+			b := s.b + charged
+			if s.a == anchor {
+				b -= min(back, s.b)
+			}
+			end = s.c
+			next = [3]int64{s.a, b, 0}
+			if l.Calendar != nil {
+				next[2] = s.c
+			} else if !fresh && b == 0 && now >= state[3*i]+l.Period {
+				// Nothing counted in a window that has not begun: the
+				// row's window stays, ended, as a decision leaves it.
+				next = [3]int64{state[3*i], state[3*i+1], state[3*i+2]}
+			}
+			if b > l.Rate {
+				end += l.Period
+			}
+		case SlidingWindow:
+			b, c := s.b, s.c+charged
+			switch anchor {
+			case s.a:
+				c -= min(back, s.c)
+			case s.a - l.Period:
+				b -= min(back, s.b)
+			}
+			next = [3]int64{s.a, b, c}
+			end = s.a + 2*l.Period
+			if c > l.Rate {
+				end += l.Period
+			}
+		}
+		expires = max(expires, end)
+		if newState != nil {
+			newState = append(newState, next[:]...)
+		}
+	}
+	return newState, expires, charged
+}
+
+// settleRoom is how many units a settle may charge limit l, its state
+// rolled to now (s): what it admits now, plus its Debt.
+func settleRoom(l Limit, s rolled, now int64) int64 {
+	switch l.Algorithm {
+	case GCRA:
+		return (now + l.BurstT + l.Debt*l.T - s.a) / l.T
+	case FixedWindow:
+		return l.Rate + l.Debt - s.b
+	default:
+		return l.Rate + l.Debt - s.c - ceilMulDiv(s.b, l.Period-(now-s.a), l.Period)
+	}
+}
+
+// Owed is how many units a key owes on its worst limit, on its row as a
+// statement saw it at now (Evaluate's inputs): the debt a settle left,
+// not yet repaid; 0 when it owes none.
+func Owed(limits []Limit, state []int64, tat *int64, now int64) int64 {
+	var owed int64
+	for i, s := range roll(limits, state, tat, now) {
+		l := limits[i]
+		switch l.Algorithm {
+		case GCRA:
+			if over := s.a - now - l.BurstT; over > 0 {
+				owed = max(owed, (over+l.T-1)/l.T)
+			}
+		case FixedWindow:
+			owed = max(owed, s.b-l.Rate)
+		case SlidingWindow:
+			owed = max(owed, s.c+ceilMulDiv(s.b, l.Period-(now-s.a), l.Period)-l.Rate)
+		}
+	}
+	return owed
 }

@@ -2,7 +2,9 @@ package arith
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // gcra, fixed and sliding are limits of rate per period (µs).
@@ -83,5 +85,80 @@ func TestMulDiv(t *testing.T) {
 	}
 	if got := floorMulDiv(-1, 5, 2); got != math.MaxInt64 {
 		t.Errorf("a negative argument = %d, want it saturated", got)
+	}
+}
+
+// A key with debt never uses more than the limit admits plus its Debt: a
+// greedy caller that takes a unit whenever it may and settles at random
+// with up to 3 units past each estimate. Each charged unit counts when
+// settled. GCRA: at most Burst + Debt + (t1-t0)/T units in [t0, t1]; a
+// sliding or calendar window: at most k*Rate + Debt in k consecutive
+// windows (each window's count is at most Rate, but the debt's); a fixed
+// window that starts at a request: at most (m+1)*Rate + Debt in any m
+// periods, as without debt at most (m+1)*Rate. A debt forgotten at a
+// window's end (not carried) would add Debt per window, and fail these.
+func TestSettleRepaysDebt(t *testing.T) {
+	minute := int64(60) * second
+	for _, tc := range []struct {
+		name  string
+		limit Limit
+	}{
+		{"gcra", gcra(10, 4, minute)},
+		{"fixed", window(FixedWindow, 10, minute)},
+		{"calendar", func() Limit {
+			l := window(FixedWindow, 10, minute)
+			l.Calendar = &Calendar{Unit: "minute", Zone: "UTC", Loc: time.UTC}
+			return l
+		}()},
+		{"sliding", window(SlidingWindow, 10, minute)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := tc.limit
+			l.Debt = 6
+			limits := []Limit{l}
+			rng := rand.New(rand.NewPCG(1, uint64(len(tc.name))))
+			type use struct{ at, n int64 }
+			var uses []use
+			var state []int64
+			var tat *int64
+			start := int64(1_800_000_000) * second / minute * minute
+			now := start
+			for range 4000 {
+				now += int64(rng.IntN(int(5 * second)))
+				e := Evaluate(limits, state, tat, now, 1, Allow, 0)
+				if !e.Allowed {
+					continue
+				}
+				st, exp := Admit(limits, state, tat, now, 1)
+				state, tat = st, &exp
+				uses = append(uses, use{now, 1})
+				if rng.IntN(3) == 0 {
+					st, exp, charged := Settle(limits, state, tat, now, e.Anchors, 0, 1+int64(rng.IntN(3)))
+					state, tat = st, &exp
+					uses = append(uses, use{now, charged})
+				}
+			}
+			for i := range uses {
+				var sum int64
+				for j := i; j < len(uses); j++ {
+					sum += uses[j].n
+					span := uses[j].at - uses[i].at
+					var most int64
+					switch {
+					case l.Algorithm == GCRA:
+						most = l.BurstT/l.T + l.Debt + span/l.T + 1
+					case l.Algorithm == SlidingWindow || l.Calendar != nil:
+						k := uses[j].at/minute - uses[i].at/minute + 1
+						most = k*l.Rate + l.Debt
+					default:
+						most = (span/l.Period+2)*l.Rate + l.Debt
+					}
+					if sum > most {
+						t.Fatalf("%d units used from %d µs to %d µs after the start, more than %d", sum, uses[i].at-start, uses[j].at-start, most)
+					}
+				}
+			}
+			t.Logf("%d uses over %d minutes", len(uses), (now-start)/minute)
+		})
 	}
 }

@@ -82,6 +82,7 @@ func BatchSQL(limits []Limit, state, tat, now, n, calls, granted string, params 
 // units admitted.
 type written struct {
 	caps, oks, next, expires []string
+	rolled                   [][3]string // each limit's state rolled to now: a, b, c as in roll
 }
 
 // after is the new state and expires_at once units (SQL) are admitted.
@@ -119,23 +120,29 @@ func write(limits []Limit, mode Mode, state, tat, now, n string, params Params) 
 				live := fmt.Sprintf("%s < %s", now, s(3))
 				start, end := l.Calendar.WindowSQL(now)
 				a = fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(1), start)
-				b = fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", live, s(2))
+				b = fmt.Sprintf("CASE WHEN %s THEN %s%s ELSE 0 END", live, s(2), carrySQL(l, s(3)+" = "+start, s(2), R))
 				e := fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(3), end)
 				capacity = fmt.Sprintf("%s - %s", R, b)
 				w.next = append(w.next, a, b+" + {u}", e)
 				w.expires = append(w.expires, e)
+				c = e
 				break
 			}
 			live := fmt.Sprintf("%s < %s + %d", now, s(1), P)
 			a = fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", live, s(1), now)
-			b = fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", live, s(2))
+			b = fmt.Sprintf("CASE WHEN %s THEN %s%s ELSE 0 END", live, s(2), carrySQL(l, fmt.Sprintf("%s < %s + %d", now, s(1), 2*P), s(2), R))
 			capacity = fmt.Sprintf("%s - %s", R, b)
 			w.next = append(w.next, a, b+" + {u}", "0")
 			w.expires = append(w.expires, fmt.Sprintf("%s + %d", a, P))
+			c = fmt.Sprintf("%s + %d", a, P)
 		case SlidingWindow:
 			a = fmt.Sprintf("(%s / %d * %d)", now, P, P)
 			b = fmt.Sprintf("CASE %s WHEN %s THEN %s WHEN %s - %d THEN %s ELSE 0 END", s(1), a, s(2), a, P, s(3))
 			c = fmt.Sprintf("CASE WHEN %s = %s THEN %s ELSE 0 END", s(1), a, s(3))
+			if l.Debt > 0 { // the previous window's count past Rate carries
+				b = fmt.Sprintf("CASE %s WHEN %s THEN %s WHEN %s - %d THEN least(%s, %s) ELSE 0 END", s(1), a, s(2), a, P, s(3), R)
+				c = fmt.Sprintf("CASE %s WHEN %s THEN %s WHEN %s - %d THEN greatest(%s - %s, 0) ELSE 0 END", s(1), a, s(3), a, P, s(3), R)
+			}
 			// The previous window's count weighs by its overlap with the
 			// sliding window that ends now.
 			capacity = fmt.Sprintf("%s - %s - ceil((%s)::numeric * (%d - %s %% %d) / %d)::bigint", R, c, b, P, now, P, P)
@@ -143,6 +150,7 @@ func write(limits []Limit, mode Mode, state, tat, now, n string, params Params) 
 			w.expires = append(w.expires, fmt.Sprintf("%s + %d", a, 2*P)) // this window's count weighs until then
 		}
 		w.caps = append(w.caps, capacity)
+		w.rolled = append(w.rolled, [3]string{a, b, c})
 		switch mode {
 		case Reserve: // GCRA only
 			// a + n*T - now - BT <= maxDelay, with no product that a cost
@@ -155,6 +163,73 @@ func write(limits []Limit, mode Mode, state, tat, now, n string, params Params) 
 		}
 	}
 	return w
+}
+
+// SettleSQL writes the SQL of a settle for limits (Settle's): the units it
+// charges (charged), and the row's new state and expires_at once it has,
+// where units names the column that holds the former. Its inputs are SQL:
+// DecisionSQL's, and anchors (a bigint[], one per limit), back and charge.
+func SettleSQL(limits []Limit, state, tat, now, anchors, back, charge, units string, params Params) (charged, newState, newExpires string) {
+	single := Single(limits)
+	w := write(limits, Allow, state, tat, now, "1", params)
+	rooms := []string{charge}
+	var next, expires []string
+	for i, l := range limits {
+		P := l.Period
+		R, T, BT := params.of(l, i)
+		r := w.rolled[i]
+		a, b, c := r[0], r[1], r[2]
+		anchor := fmt.Sprintf("(%s)[%d]", anchors, i+1)
+		s := func(o int) string { return fmt.Sprintf("%s[%d]", state, 3*i+o) }
+		switch l.Algorithm {
+		case GCRA:
+			rooms = append(rooms, fmt.Sprintf("(%s + %s + %d * %s - %s) / %s", now, BT, l.Debt, T, a, T))
+			tat := fmt.Sprintf("%s - greatest(least(%s * %s, %s - %s), 0) + %s * %s", a, back, T, anchor, now, units, T)
+			next = append(next, tat, "0", "0")
+			expires = append(expires, tat)
+		case FixedWindow:
+			rooms = append(rooms, fmt.Sprintf("%s + %d - %s", R, l.Debt, b))
+			count := fmt.Sprintf("%s + %s - CASE WHEN %s = %s THEN least(%s, %s) ELSE 0 END", b, units, a, anchor, back, b)
+			end := c // the window's end
+			third := "0"
+			if l.Calendar != nil {
+				third = end
+				next = append(next, a, count, third)
+			} else {
+				// Nothing counted in a window that has not begun: the
+				// row's window stays, ended, as a decision leaves it.
+				kept := fmt.Sprintf("(%s) = 0 AND %s >= %s + %d", count, now, s(1), P)
+				next = append(next,
+					fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", kept, s(1), a),
+					fmt.Sprintf("CASE WHEN %s THEN %s ELSE %s END", kept, s(2), count),
+					fmt.Sprintf("CASE WHEN %s THEN %s ELSE 0 END", kept, s(3)))
+			}
+			expires = append(expires, fmt.Sprintf("%s + CASE WHEN (%s) > %s THEN %d ELSE 0 END", end, count, R, P))
+		case SlidingWindow:
+			rooms = append(rooms, fmt.Sprintf("(%s) + %d", w.caps[i], l.Debt))
+			prev := fmt.Sprintf("%s - CASE WHEN %s - %d = %s THEN least(%s, %s) ELSE 0 END", b, a, P, anchor, back, b)
+			count := fmt.Sprintf("%s + %s - CASE WHEN %s = %s THEN least(%s, %s) ELSE 0 END", c, units, a, anchor, back, c)
+			next = append(next, a, prev, count)
+			expires = append(expires, fmt.Sprintf("%s + %d + CASE WHEN (%s) > %s THEN %d ELSE 0 END", a, 2*P, count, R, P))
+		}
+	}
+	charged = "greatest(least(" + strings.Join(rooms, ", ") + "), 0)"
+	newState = "NULL::bigint[]"
+	if !single {
+		newState = "ARRAY[" + strings.Join(next, ", ") + "]"
+	}
+	return charged, newState, "greatest(" + now + ", " + strings.Join(expires, ", ") + ")"
+}
+
+// carrySQL is, for a limit with debt, the WHEN clause of a window's count
+// that carries its debt into the next window (when, SQL), where count is
+// the row's and rate the limit's: what Evaluate's carry computes. Empty
+// for a limit without debt.
+func carrySQL(l Limit, when, count, rate string) string {
+	if l.Debt == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" WHEN %s THEN greatest(%s - %s, 0)", when, count, rate)
 }
 
 // RefundSQL writes the refund statement's new state and flags for limits

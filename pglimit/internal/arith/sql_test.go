@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
@@ -158,4 +160,100 @@ func TestBatchSQL(t *testing.T) {
 	if partial < 50 || whole < 50 || none < 50 {
 		t.Errorf("%d batches admitted in part, %d whole, %d none: the sequences do not reach each", partial, whole, none)
 	}
+}
+
+// SettleSQL settles as Settle does, and the decisions after a settle (a
+// window's debt carried into the next among them) as Evaluate does:
+// random limits with debt, decisions and settles that give back or charge
+// past the estimate, each made by the SQL on the state the SQL left.
+func TestSettleSQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	rng := rand.New(rand.NewPCG(uint64(testSeed), 11))
+	var given, charged, forgiven, refusedInDebt int
+	for seq := range 60 {
+		limits := randomLimits(rng)
+		for i := range limits {
+			limits[i].Debt = int64(rng.IntN(int(limits[i].Rate) + 1))
+			if limits[i].Algorithm == arith.FixedWindow && rng.IntN(3) == 0 {
+				limits[i].Period = 60 * second
+				limits[i].T = (limits[i].Period + limits[i].Rate - 1) / limits[i].Rate
+				limits[i].Calendar = &arith.Calendar{Unit: "minute", Zone: "UTC", Loc: time.UTC}
+			}
+		}
+		params := func(i int) (string, string, string) {
+			n := strconv.Itoa(i + 1)
+			return "($7::bigint[])[" + n + "]", "($8::bigint[])[" + n + "]", "($9::bigint[])[" + n + "]"
+		}
+		admits, state, expires := arith.DecisionSQL(limits, arith.Allow, "x.state", "x.tat", "x.now", nil)
+		decide := fmt.Sprintf(`SELECT %s, %s, %s FROM (SELECT %s AS state, $2::bigint AS tat, $3::bigint AS now) AS x`,
+			admits, state, expires, arith.Shaped(limits, "$1::bigint[]"))
+		units, newState, newExpires := arith.SettleSQL(limits, "x.state", "x.tat", "x.now", "$4::bigint[]", "$5::bigint", "$6::bigint", "x.units", params)
+		settle := fmt.Sprintf(`SELECT x.units, %s, %s FROM (SELECT x.*, %s AS units FROM (SELECT %s AS state, $2::bigint AS tat, $3::bigint AS now) AS x) AS x
+			WHERE cardinality($7::bigint[]) + cardinality($8::bigint[]) + cardinality($9::bigint[]) >= 0`,
+			newState, newExpires, units, arith.Shaped(limits, "$1::bigint[]"))
+		var rates, ts, bts []int64
+		for _, l := range limits {
+			rates, ts, bts = append(rates, l.Rate), append(ts, l.T), append(bts, l.BurstT)
+		}
+		var st []int64
+		var tat *int64
+		var last *arith.Evaluation
+		now := int64(1_800_000_000) * second
+		for step := range 40 {
+			now += int64(rng.IntN(int(4 * second)))
+			where := fmt.Sprintf("sequence %d step %d (%+v, state %v, tat %v, now %d)", seq, step, limits, st, tat, now)
+			if last != nil && rng.IntN(2) == 0 {
+				back, charge := int64(0), int64(0)
+				if rng.IntN(2) == 0 {
+					back = 1 + int64(rng.IntN(int(last.Granted)))
+				} else {
+					charge = 1 + int64(rng.IntN(30))
+				}
+				var got, gotTAT int64
+				var gotState []int64
+				if err := pool.QueryRow(ctx, settle, st, tat, now, last.Anchors, back, charge, rates, ts, bts).Scan(&got, &gotState, &gotTAT); err != nil {
+					t.Fatalf("%s: settle: %v", where, err)
+				}
+				wantState, wantTAT, want := arith.Settle(limits, st, tat, now, last.Anchors, back, charge)
+				if got != want || !slices.Equal(gotState, wantState) || gotTAT != wantTAT {
+					t.Fatalf("%s: settling back %d, charge %d: the SQL charges %d and leaves %v, %d; Settle %d, %v, %d",
+						where, back, charge, got, gotState, gotTAT, want, wantState, wantTAT)
+				}
+				given += int(min(back, 1))
+				charged += int(got)
+				forgiven += int(charge - got)
+				st, tat, last = gotState, &gotTAT, nil
+				continue
+			}
+			n := int64(1 + rng.IntN(3))
+			var admitted bool
+			var newSt []int64
+			var newTAT int64
+			if err := pool.QueryRow(ctx, decide, st, tat, now, n).Scan(&admitted, &newSt, &newTAT); err != nil {
+				t.Fatalf("%s: decide: %v", where, err)
+			}
+			e := arith.Evaluate(limits, st, tat, now, n, arith.Allow, 0)
+			if admitted != e.Allowed {
+				t.Fatalf("%s: n %d: the SQL admits %t, Evaluate %t", where, n, admitted, e.Allowed)
+			}
+			if !admitted {
+				if arith.Owed(limits, st, tat, now) > 0 {
+					refusedInDebt++
+				}
+				continue
+			}
+			wantState, wantTAT := arith.Admit(limits, st, tat, now, e.Granted)
+			if !slices.Equal(newSt, wantState) || newTAT != wantTAT {
+				t.Fatalf("%s: n %d: the SQL leaves %v, %d; Admit %v, %d", where, n, newSt, newTAT, wantState, wantTAT)
+			}
+			st, tat, last = newSt, &newTAT, &e
+		}
+	}
+	if given < 50 || charged < 50 || forgiven < 50 || refusedInDebt < 50 {
+		t.Errorf("%d give-backs, %d units charged, %d forgiven, %d refusals in debt: the sequences do not reach every case",
+			given, charged, forgiven, refusedInDebt)
+	}
+	t.Logf("%d give-backs, %d units charged, %d forgiven, %d refusals in debt", given, charged, forgiven, refusedInDebt)
 }

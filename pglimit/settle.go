@@ -1,0 +1,175 @@
+package pglimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
+)
+
+// Settlement is what [Settle] did.
+type Settlement struct {
+	// Returned is how many units the estimate exceeded the cost by, given
+	// back to every limit still counting them (as [Limiter.Refund] does).
+	Returned int
+	// Charged is how many units the cost exceeded the estimate by and
+	// were charged: at most what the key's limits admitted at the settle
+	// plus their [Limit.Debt].
+	Charged int
+	// Forgiven is the rest of the excess, which the debt cap left
+	// uncharged.
+	Forgiven int
+}
+
+// maxSettleCost bounds a settle's cost, as maxRate bounds a limit's.
+const maxSettleCost = maxRate
+
+// settleStatement is a limiter's settle statement, for its limits (their
+// algorithms, periods and debts; the rates and bursts are parameters).
+func settleStatement(limits []Limit, table string) string {
+	sp := specs(limits)
+	params := func(i int) (string, string, string) {
+		n := strconv.Itoa(i + 1)
+		return "x.rates[" + n + "]", "x.ts[" + n + "]", "x.bts[" + n + "]"
+	}
+	charged, state, expires := arith.SettleSQL(sp, "x.state", "x.tat", "x.now", "$3::bigint[]", "x.back", "$5::bigint", "x.units", params)
+	return queries.Text("settle", queries.Args{
+		"table": table, "state": arith.Shaped(sp, "o.state"),
+		"charged": charged, "new_state": state, "new_expires": expires,
+	})
+}
+
+// Settle settles admission d of lim at its real cost, once the work it
+// paid for has told it: it gives back the units d's estimate (its
+// Granted) exceeded cost by, or charges those cost exceeded it by. A
+// charge may put the key into debt, up to each limit's [Limit.Debt]: the
+// key is then refused until the debt is repaid at the limit's rate, and
+// what the cap does not allow is forgiven (docs/limits.md, "Settling
+// with debt").
+//
+// A decision settles once ([ErrAlreadySettled]), by the limiter that made
+// it ([ErrForeignDecision]), and only if it took units from the database
+// ([ErrNotAdmitted]: a refusal, a shadow or fallback admission, or one in a
+// caller's transaction that rolled back, which took nothing and is
+// charged nothing). A decision in a caller's transaction settles once it
+// committed; before, Settle returns [ErrInvalidCost] and the decision
+// stays unsettled. cost must not be negative ([ErrInvalidCost]). Settle
+// takes a decision of the Upsert or NoWait strategy, not served from a
+// lease nor on a Citus distributed table ([ErrUnsupported]).
+func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (Settlement, error) {
+	l, ok := unwrapLimiter(lim)
+	t := d.refund
+	switch {
+	case !ok:
+		return Settlement{}, fmt.Errorf("%w: Settle: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	case l.settleSQL == "":
+		return Settlement{}, fmt.Errorf("%w: Settle on the %s strategy", ErrUnsupported, l.cfg.Strategy)
+	case l.dist.Load() != nil:
+		return Settlement{}, fmt.Errorf("%w: Settle on a Citus distributed table", ErrUnsupported)
+	case d.leased:
+		return Settlement{}, fmt.Errorf("%w: Settle of units served from a lease", ErrUnsupported)
+	case t == nil || !d.Allowed || d.Shadow || d.Fallback:
+		return Settlement{}, fmt.Errorf("%w: Settle: the decision took no units from the database", ErrNotAdmitted)
+	case t.owner != l:
+		return Settlement{}, fmt.Errorf("%w: Settle: the decision is another limiter's", ErrForeignDecision)
+	case cost < 0 || cost > maxSettleCost:
+		return Settlement{}, fmt.Errorf("%w: Settle: cost must be in [0, %d], got %d", ErrInvalidCost, maxSettleCost, cost)
+	}
+	t.mu.Lock()
+	switch {
+	case t.settled:
+		t.mu.Unlock()
+		return Settlement{}, fmt.Errorf("%w: Settle: the decision was settled before", ErrAlreadySettled)
+	case t.pending > 0:
+		t.mu.Unlock()
+		return Settlement{}, fmt.Errorf("%w: Settle: a Refund of the decision has not returned", ErrInvalidCost)
+	}
+	estimate := t.granted - t.refunded
+	back, charge := int64(max(estimate-cost, 0)), int64(max(cost-estimate, 0))
+	if back == 0 && charge == 0 && t.xact == nil {
+		// The estimate was right, and the admission committed.
+		t.settled = true
+		t.mu.Unlock()
+		return Settlement{}, nil
+	}
+	t.settled = true
+	rates, ts, bts := make([]int64, len(t.limits)), make([]int64, len(t.limits)), make([]int64, len(t.limits))
+	for i, lim := range t.limits {
+		_, rates[i], ts[i], bts[i] = lim.micros()
+	}
+	args := []any{l.cfg.Namespace, t.key, slices.Clone(t.anchors), back, charge, t.xact, rates, ts, bts}
+	t.mu.Unlock()
+
+	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
+	defer cancel()
+	out, err := l.settle(ctx, t, args)
+	switch {
+	case err == nil:
+		if out.Returned > 0 {
+			l.preblock.Forget(t.key)
+		}
+		return out, nil
+	case errors.Is(err, ErrNotAdmitted): // settled: there is nothing to settle
+		return Settlement{}, err
+	case !errors.Is(err, ErrInvalidCost) && unknownOutcome(err):
+		// It may have settled: it never does twice.
+		return Settlement{}, l.wrap(ctx, fmt.Errorf("settle, whose outcome is unknown: %w", err))
+	}
+	t.mu.Lock()
+	t.settled = false // nothing was written: the caller may settle again
+	t.mu.Unlock()
+	return Settlement{}, l.wrap(ctx, err)
+}
+
+// settle runs the settle statement with args (see settle.sql) for ticket
+// t, inserting a blank row first for a key that has none, and checks the
+// database's arithmetic against arith.Settle on the same row.
+func (l *limiter) settle(ctx context.Context, t *refundTicket, args []any) (Settlement, error) {
+	anchors, back, charge := args[2].([]int64), args[3].(int64), args[4].(int64)
+	for range 2 {
+		var (
+			status           *string
+			state, newState  []int64
+			tat, now, newTAT *int64
+			backed, units    *int64
+		)
+		if err := l.db.QueryRow(ctx, l.settleSQL, args...).Scan(&status, &state, &tat, &now, &backed, &units, &newState, &newTAT); err != nil {
+			return Settlement{}, unknownZone(l.cfg.Limits, err)
+		}
+		switch {
+		case status != nil && *status == "aborted":
+			return Settlement{}, fmt.Errorf("%w: Settle: the decision's transaction rolled back, so it took nothing and is charged nothing", ErrNotAdmitted)
+		case status != nil && *status == "in progress":
+			return Settlement{}, fmt.Errorf("%w: Settle: the transaction of the decision has not ended; settle after it commits", ErrInvalidCost)
+		case now == nil && charge == 0:
+			return Settlement{}, nil // no row: nothing counts the units any more
+		case now == nil:
+			// A key with no row (reset, or cleaned) is charged on a blank
+			// one, which means the same as none.
+			blank := queries.Text("hierarchy.blank", queries.Args{"table": pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()})
+			if _, err := l.db.Exec(ctx, blank, l.cfg.Namespace, t.key); err != nil {
+				return Settlement{}, err
+			}
+			continue
+		case newTAT == nil:
+			return Settlement{}, fmt.Errorf("settle: the key's row was found but not written: a bug; please report it")
+		}
+		wantState, wantTAT, want := arith.Settle(specs(t.limits), state, tat, *now, anchors, *backed, charge)
+		if *units != want || *newTAT != wantTAT || !slices.Equal(newState, wantState) {
+			return Settlement{}, fmt.Errorf("settle: the database left %v, %d charging %d; the library computes %v, %d charging %d on the same row: a bug; please report it",
+				newState, *newTAT, *units, wantState, wantTAT, want)
+		}
+		returned := 0
+		if *backed > 0 {
+			returned = int(back)
+		}
+		return Settlement{Returned: returned, Charged: int(want), Forgiven: int(charge - want)}, nil
+	}
+	return Settlement{}, fmt.Errorf("settle: the key's row kept disappearing")
+}
