@@ -125,7 +125,15 @@ func (lm *levelsMiddleware) serve(w http.ResponseWriter, r *http.Request, next h
 		h := w.Header()
 		h.Set("RateLimit-Policy", m.policy)
 		h.Set("RateLimit", formatRateLimit(m.binding(b.Limit), b.Remaining, ceilSeconds(b.ResetAfter)))
-		next.ServeHTTP(w, withDecisions(r, ds, b))
+		if !m.cfg.Settle {
+			next.ServeHTTP(w, withDecisions(r, ds, b))
+			return
+		}
+		r, rc := withCost(withDecisions(r, ds, b))
+		next.ServeHTTP(w, r)
+		for i, d := range ds.Levels {
+			m.settle(w, r, lm.charges[i].Limiter, d, rc)
+		}
 	default:
 		// The binding level: the refusing one with the longest wait.
 		var b pglimit.Decision

@@ -157,6 +157,23 @@ type Config struct {
 	// Defaults to 0: admitted requests are served at once, refused ones
 	// refused.
 	MaxDelay time.Duration
+
+	// Settle, when true, settles each admitted request at its real cost
+	// once the handler returns ([pglimit.Settle]): the cost the handler
+	// recorded with [SetCost], or else the integer it set in the response
+	// header CostHeader. The estimate, CostFunc's, is given back where it
+	// exceeded the real cost and the excess charged, into the limits'
+	// Debt. A request whose handler reports no cost keeps its estimate.
+	// The settle runs before the response is finished, within the
+	// limiter's Timeout, even if the client has gone; one that fails
+	// keeps the estimate and is logged. With [Levels], every level is
+	// settled at the same cost. Defaults to false.
+	Settle bool
+
+	// CostHeader names the response header in which a handler may report
+	// the real cost for Settle, such as "X-Cost". It reaches the client as
+	// the handler sets it. Defaults to "": only SetCost reports one.
+	CostHeader string
 }
 
 // ErrInvalidConfig reports a [Config] that cannot be used; the message names
@@ -285,7 +302,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.report(r, Event{Key: key, Cost: cost, Outcome: outcome, Decision: d})
 		h.Set("RateLimit-Policy", m.policy)
 		h.Set("RateLimit", formatRateLimit(m.binding(d.Limit), d.Remaining, ceilSeconds(d.ResetAfter)))
-		next.ServeHTTP(w, withDecision(r, d))
+		if !m.cfg.Settle {
+			next.ServeHTTP(w, withDecision(r, d))
+			return
+		}
+		r, rc := withCost(withDecision(r, d))
+		next.ServeHTTP(w, r)
+		m.settle(w, r, m.lim, d, rc)
 	default:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeRefused, Decision: d})
 		names := make([]string, 0, 1)
@@ -380,6 +403,12 @@ func newGate(cfg *Config) (gate, error) {
 	}
 	if c.LogInterval < 0 {
 		return gate{}, fmt.Errorf("%w: LogInterval: must not be negative, got %s", ErrInvalidConfig, c.LogInterval)
+	}
+	switch {
+	case c.CostHeader != "" && !isToken(c.CostHeader):
+		return gate{}, fmt.Errorf("%w: CostHeader: %q is not a header name", ErrInvalidConfig, c.CostHeader)
+	case c.CostHeader != "" && !c.Settle:
+		return gate{}, fmt.Errorf("%w: CostHeader %q without Settle", ErrInvalidConfig, c.CostHeader)
 	}
 	exemptKeys := make(map[string]bool, len(c.ExemptKeys))
 	for i, k := range c.ExemptKeys {
