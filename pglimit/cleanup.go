@@ -32,7 +32,8 @@ type CleanerConfig struct {
 	// have the shape the migrations create: an expires_at timestamptz column
 	// (Upsert, NoWait, a [Semaphore]'s slots) or a during tstzrange column
 	// (Range). Defaults to "pglimit_upsert", "pglimit_nowait",
-	// "pglimit_range" and "pglimit_slots". A table with
+	// "pglimit_range" and "pglimit_slots" (with pglimit_slot_waiters,
+	// which is cleaned with it). A table with
 	// no index on expires_at (the unlogged ones) is swept by ranges of
 	// blocks: each batch reads BatchSize/16 blocks, each run the table once.
 	Tables []string
@@ -78,8 +79,12 @@ type cleanerHooks struct {
 	batchWait  func(table string)                        // a batch is about to wait for the leader's connection
 }
 
-// slotsTable is pglimitsem's table, which migration 00007 creates.
-const slotsTable = "pglimit_slots"
+// slotsTable is pglimitsem's table, which migration 00007 creates, and
+// slotWaitersTable the queue of its waiters (00010), cleaned with it.
+const (
+	slotsTable       = "pglimit_slots"
+	slotWaitersTable = "pglimit_slot_waiters"
+)
 
 const (
 	defaultCleanInterval = time.Minute
@@ -227,16 +232,22 @@ func (c *Cleaner) Start(ctx context.Context) error {
 	if c.sched != nil {
 		return fmt.Errorf("pglimit: cleaner: %w", service.ErrStarted)
 	}
-	tables := make([]cleanup.Table, 0, len(c.cfg.Tables))
+	tables := make([]cleanup.Table, 0, len(c.cfg.Tables)+1)
 	for _, name := range c.cfg.Tables {
-		t, err := cleanup.Describe(ctx, c.pool, c.cfg.Schema, name)
-		switch {
-		case errors.Is(err, cleanup.ErrNotLimiterTable):
-			return fmt.Errorf("%w: Tables: %w", ErrInvalidConfig, err)
-		case err != nil:
-			return fmt.Errorf("pglimit: cleaner: %w", err)
+		names := []string{name}
+		if name == slotsTable { // and the queue of the slots' waiters
+			names = append(names, slotWaitersTable)
 		}
-		tables = append(tables, t)
+		for _, name := range names {
+			t, err := cleanup.Describe(ctx, c.pool, c.cfg.Schema, name)
+			switch {
+			case errors.Is(err, cleanup.ErrNotLimiterTable):
+				return fmt.Errorf("%w: Tables: %w", ErrInvalidConfig, err)
+			case err != nil:
+				return fmt.Errorf("pglimit: cleaner: %w", err)
+			}
+			tables = append(tables, t)
+		}
 	}
 	sched, err := gocron.NewScheduler(gocron.WithDistributedElector(c.elector))
 	if err != nil {

@@ -285,6 +285,15 @@ var entryPoints = []entryPoint{
 		}
 		return false, err
 	})},
+	{name: "Settle", cost: 3, prepare: limiterCall(func(ctx context.Context, tg *target, ks keyState, in input) (bool, error) {
+		_, err := pglimit.Settle(ctx, tg.lim, ks.admitted, in.n)
+		if errors.Is(err, pglimit.ErrUnsupported) || errors.Is(err, pglimit.ErrAlreadySettled) {
+			// Units served from a lease, or an admission another call
+			// settles: no statement.
+			return true, nil
+		}
+		return false, err
+	})},
 	{name: "Reset", keyed: true, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
 		return false, tg.lim.Reset(ctx, in.key)
 	})},
@@ -336,6 +345,19 @@ var entryPoints = []entryPoint{
 		_, err := sem.Acquire(ctx, in.key)
 		return err
 	})},
+	{name: "Wait", keyed: true, prepare: func(_ *testing.T, tg *target, _ keyState) call {
+		if tg.sem == nil {
+			return nil
+		}
+		return func(ctx context.Context, in input) (bool, error) {
+			// Wait is bounded by its context alone: here by Timeout too,
+			// as a caller who wants that bound gives it.
+			ctx, cancel := context.WithTimeoutCause(ctx, tg.cfg.Timeout, pglimit.ErrTimeout)
+			defer cancel()
+			_, err := tg.sem.Wait(ctx, in.key)
+			return false, err
+		}
+	}},
 	{name: "AcquireTx", inTx: true, keyed: true, prepare: func(t *testing.T, tg *target, _ keyState) call {
 		if tg.sem == nil {
 			return nil
@@ -857,6 +879,8 @@ var errorClasses = []errorClass{
 			costs = costs[:2]
 		case ep.name == "Refund": // past what the admission took
 			costs[3] = ks.admitted.Granted + 1
+		case ep.name == "Settle": // any real cost, charged up to the debt cap
+			costs = costs[1:3]
 		case ep.name == "Reserve": // queues past the burst, up to its maxDelay
 			costs = costs[:3]
 		}
@@ -986,9 +1010,11 @@ func TestTypedErrors(t *testing.T) {
 						want := class.want(r.ep)
 						what := fmt.Sprintf("%s: %s(%q, %d)", r.tg.m.name, r.ep.name, in.key, in.n)
 						switch {
-						case local && err == nil && (class.outage || r.ep.name == "Refund"):
+						case local && err == nil && (class.outage || r.ep.name == "Refund" || r.ep.name == "Settle"):
 							// The fallback or a lease answered; a Refund
-							// of leased units is ErrUnsupported.
+							// or Settle of leased units is ErrUnsupported,
+							// and one of an admission settled already is
+							// ErrAlreadySettled.
 						case want == nil && err != nil:
 							t.Errorf("%s: %v, want an answer", what, err)
 						case want != nil && !errors.Is(err, want):

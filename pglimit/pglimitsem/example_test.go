@@ -51,3 +51,47 @@ func Example() {
 	// running: true true third: false held: 2
 	// third after a release: true
 }
+
+// A background worker waits its turn for one of a customer's two export
+// slots instead of failing: three jobs start at once, the third waits for
+// a slot, and gets the first one released.
+func ExampleSemaphore_Wait() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool, ""); err != nil {
+		panic(err)
+	}
+	exports, err := pglimitsem.New(pool, &pglimitsem.Config{Namespace: "example-wait", Slots: 2})
+	if err != nil {
+		panic(err)
+	}
+
+	first, _ := exports.Wait(ctx, "customer-7")
+	second, _ := exports.Wait(ctx, "customer-7")
+	got := make(chan pglimitsem.Slot)
+	go func() {
+		// Waits at most a minute for a slot.
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		third, err := exports.Wait(ctx, "customer-7")
+		if err != nil {
+			panic(err)
+		}
+		got <- third
+	}()
+	time.Sleep(100 * time.Millisecond) // the two exports run
+	fmt.Println("first and second run:", first.Acquired, second.Acquired)
+	_ = exports.Release(ctx, first)
+	third := <-got
+	fmt.Println("third runs once the first ends:", third.Acquired)
+
+	_ = exports.Release(ctx, second)
+	_ = exports.Release(ctx, third)
+	// Output:
+	// first and second run: true true
+	// third runs once the first ends: true
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -56,6 +57,11 @@ type Config struct {
 	// Timeout bounds each call on top of the caller's context; past it the
 	// call fails with [pglimit.ErrTimeout]. Defaults to 2s.
 	Timeout time.Duration
+
+	// WaitPoll is how often a caller of [Semaphore.Wait] asks again for a
+	// slot while all are held, when no release in its own process wakes it
+	// sooner. From 1ms to 1 minute. Defaults to 50ms.
+	WaitPoll time.Duration
 
 	// Observe, when set, is called once after every Acquire and AcquireTx
 	// with what happened, on the caller's goroutine: a hook for metrics
@@ -106,10 +112,23 @@ type Semaphore struct {
 	ttl int64 // µs
 	// lockSeed seeds the hash of a slot's advisory lock, one per table.
 	lockSeed int64
-	stmts    struct{ acquire, extend, release string }
+	stmts    struct{ acquire, extend, release, wait, enqueue, leave string }
 	// hold is the average time from an acquisition to its release seen
 	// in this process, in ns; 0 before the first release.
 	hold atomic.Int64
+
+	// wakeMu guards wake: for each key with a caller of Wait in this
+	// process, a channel that a Release of the key closes. An entry lives
+	// while a caller waits for the key.
+	wakeMu sync.Mutex
+	wake   map[string]*waking
+}
+
+// waking is a key's callers of Wait in this process, and the channel that
+// wakes them.
+type waking struct {
+	callers int
+	ch      chan struct{}
 }
 
 // Slot is the outcome of an acquisition. The holder passes it back to
@@ -170,13 +189,24 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 		return nil, fmt.Errorf("%w: Timeout must not be negative, got %s", pglimit.ErrInvalidConfig, c.Timeout)
 	}
 	c.Timeout = cmp.Or(c.Timeout, defaultTimeout)
-	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds()}
+	c.WaitPoll = cmp.Or(c.WaitPoll, defaultWaitPoll)
+	if c.WaitPoll < time.Millisecond || c.WaitPoll > time.Minute {
+		return nil, fmt.Errorf("%w: WaitPoll must be from 1ms to 1m, got %s", pglimit.ErrInvalidConfig, c.WaitPoll)
+	}
+	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds(), wake: map[string]*waking{}}
 	table := pgx.Identifier{c.Schema, slotsTable}.Sanitize()
+	waiters := pgx.Identifier{c.Schema, waitersTable}.Sanitize()
 	s.lockSeed = lockid.SlotSeed(table)
-	args := queries.Args{"table": table}
+	args := queries.Args{"table": table, "waiters": waiters, "queue": "", "turn": "", "turn_first": "", "dequeue": "", "waiting": ""}
 	s.stmts.acquire = queries.Text("slots.acquire", args)
 	s.stmts.extend = queries.Text("slots.extend", args)
 	s.stmts.release = queries.Text("slots.release", args)
+	s.stmts.enqueue = queries.Text("slots.enqueue", args)
+	s.stmts.leave = queries.Text("slots.leave", args)
+	args["queue"], args["dequeue"] = queries.Text("slots.turn", args), queries.Text("slots.dequeue", args)
+	args["turn"], args["turn_first"] = " AND (SELECT ok FROM turn)", "(SELECT ok FROM turn) AND "
+	args["waiting"] = ", (SELECT ok FROM turn), EXISTS (SELECT FROM renewed)"
+	s.stmts.wait = queries.Text("slots.acquire", args)
 	return s, nil
 }
 
@@ -194,9 +224,11 @@ func derivedNamespace(slots int) string {
 }
 
 const (
-	slotsTable     = "pglimit_slots"
-	maxSlots       = 10_000
-	defaultSlotTTL = time.Minute
+	slotsTable      = "pglimit_slots"
+	waitersTable    = "pglimit_slot_waiters"
+	defaultWaitPoll = 50 * time.Millisecond
+	maxSlots        = 10_000
+	defaultSlotTTL  = time.Minute
 
 	// As a limiter's: the defaults of Config, the longest TTL (366 days),
 	// and the attempts after a lost race.
@@ -256,8 +288,16 @@ func (s *Semaphore) args(key string) []any {
 
 // acquire runs the acquisition run under a deadline of bound.
 func (s *Semaphore) acquire(ctx context.Context, key string, bound time.Duration, run func(context.Context, func(pgx.Row) error) error) (Slot, error) {
+	slot, _, err := s.acquireInTurn(ctx, key, bound, run, nil)
+	return slot, err
+}
+
+// acquireInTurn is acquire, for the waiter in the queue that q (not nil)
+// is; queued reports whether the waiter still has its place (false once
+// it took a slot, or its place lapsed).
+func (s *Semaphore) acquireInTurn(ctx context.Context, key string, bound time.Duration, run func(context.Context, func(pgx.Row) error) error, q *place) (_ Slot, queued bool, _ error) {
 	if err := pglimit.ValidateKey(key); err != nil {
-		return Slot{}, err
+		return Slot{}, false, err
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, bound, pglimit.ErrTimeout)
 	defer cancel()
@@ -276,25 +316,31 @@ func (s *Semaphore) acquire(ctx context.Context, key string, bound time.Duration
 			held          int64
 			now           int64
 		)
-		err := run(ctx, func(row pgx.Row) error {
-			return row.Scan(&slot, &holder, &end, &held, &firstEnd, &now)
-		})
+		turn := true
+		dest := []any{&slot, &holder, &end, &held, &firstEnd, &now}
+		if q != nil {
+			dest = append(dest, &turn, &queued)
+		}
+		err := run(ctx, func(row pgx.Row) error { return row.Scan(dest...) })
 		switch {
 		case pgtx.Code(err) == pgtx.CodeSerializationFailure:
 			// At REPEATABLE READ or above in a caller's transaction, a
 			// slot changed after its snapshot: another acquirer won it.
-			return out, nil
+			return out, queued, nil
 		case err != nil:
-			return Slot{}, s.wrap(ctx, err)
+			return Slot{}, false, s.wrap(ctx, err)
 		case slot != nil:
 			return Slot{Acquired: true, Held: int(held) + 1, ExpiresIn: time.Duration(*end-now) * time.Microsecond,
-				key: key, slot: *slot, holder: *holder, acquired: start}, nil
+				key: key, slot: *slot, holder: *holder, acquired: start}, false, nil
+		case !turn: // waiters ahead take the free slots
+			out.Held, out.RetryAfter = int(held), s.cfg.WaitPoll
+			return out, queued, nil
 		}
 		if int(held) >= s.cfg.Slots {
-			return Slot{Held: int(held), RetryAfter: s.hint(time.Duration(*firstEnd-now) * time.Microsecond)}, nil
+			return Slot{Held: int(held), RetryAfter: s.hint(time.Duration(*firstEnd-now) * time.Microsecond)}, queued, nil
 		}
 	}
-	return out, nil
+	return out, queued, nil
 }
 
 // hint is a refusal's RetryAfter when the first held lease ends in
@@ -396,6 +442,7 @@ func (s *Semaphore) release(ctx context.Context, slot Slot, bound time.Duration,
 		return s.wrap(ctx, err)
 	}
 	s.held(slot)
+	s.woken(slot.key)
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,7 +19,7 @@ import (
 	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
-func newSemaphore(t *testing.T, db pglimit.DB, cfg pglimitsem.Config) *pglimitsem.Semaphore {
+func newSemaphore(t testing.TB, db pglimit.DB, cfg pglimitsem.Config) *pglimitsem.Semaphore {
 	t.Helper()
 	s, err := pglimitsem.New(db, &cfg)
 	if err != nil {
@@ -388,6 +389,13 @@ func TestCleanerDeletesEndedSlots(t *testing.T) {
 	if s, err := long.Acquire(ctx, "k"); err != nil || !s.Acquired {
 		t.Fatalf("Acquire: %+v, %v", s, err)
 	}
+	// Two places in the queue of waiters, of waiters that died: one
+	// lapsed, one that lasts an hour.
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (namespace, key, arrived, waiter, expires_at)
+		VALUES ('long', 'dead', 1, gen_random_uuid(), clock_timestamp()), ('long', 'live', 1, gen_random_uuid(), clock_timestamp() + interval '1 hour')`,
+		pgx.Identifier{schema, "pglimit_slot_waiters"}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(1100 * time.Millisecond)
 	c, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{Schema: schema, Tables: []string{"pglimit_slots"}, Interval: 20 * time.Millisecond, Retention: time.Nanosecond})
 	if err != nil {
@@ -413,6 +421,23 @@ func TestCleanerDeletesEndedSlots(t *testing.T) {
 	}
 	if n := heldSlots(t, pool, schema, "k"); n != 1 {
 		t.Fatalf("%d held slots, want long's", n)
+	}
+	var places []string
+	waiters := pgx.Identifier{schema, "pglimit_slot_waiters"}.Sanitize()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		rows, err := pool.Query(ctx, "SELECT key FROM "+waiters)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if places, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			t.Fatal(err)
+		}
+		if len(places) == 1 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !slices.Equal(places, []string{"live"}) {
+		t.Fatalf("places left in the queue of waiters: %v, want the live one", places)
 	}
 }
 

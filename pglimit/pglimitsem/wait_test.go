@@ -1,0 +1,197 @@
+package pglimitsem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
+)
+
+// waiters counts key's live places in the queue.
+func waiters(t testing.TB, db pglimit.DB, schema, key string) int {
+	t.Helper()
+	var n int
+	q := fmt.Sprintf("SELECT count(*) FROM %s WHERE key = $1 AND expires_at > clock_timestamp()", pgx.Identifier{schema, "pglimit_slot_waiters"}.Sanitize())
+	if err := db.QueryRow(context.Background(), q, key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitFor polls cond until it holds, failing the test after 10 s.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10s for %s", what)
+		}
+	}
+}
+
+// Waiters of two instances, one through PgBouncer, take the one slot of a
+// key in the order they began to wait, each as the one before releases
+// it, and leave no place behind.
+func TestWaitInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute}
+	pool := testdb.Pool(t)
+	sems := []*pglimitsem.Semaphore{newSemaphore(t, pool, cfg), newSemaphore(t, testdb.PgBouncerPool(t), cfg)}
+	first, err := sems[0].Acquire(ctx, "k")
+	if err != nil || !first.Acquired {
+		t.Fatalf("Acquire: %+v, %v", first, err)
+	}
+	const n = 8
+	var (
+		mu    sync.Mutex
+		order []int
+		wg    sync.WaitGroup
+	)
+	for i := range n {
+		wg.Go(func() {
+			sem := sems[i%2]
+			slot, err := sem.Wait(ctx, "k")
+			if err != nil || !slot.Acquired {
+				t.Errorf("waiter %d: %+v, %v", i, slot, err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+			if err := sem.Release(ctx, slot); err != nil {
+				t.Errorf("waiter %d: Release: %v", i, err)
+			}
+		})
+		// The next waiter begins once this one has its place.
+		waitFor(t, fmt.Sprintf("waiter %d's place", i), func() bool { return waiters(t, pool, schema, "k") == i+1 })
+	}
+	if err := sems[0].Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if want := []int{0, 1, 2, 3, 4, 5, 6, 7}; !slices.Equal(order, want) {
+		t.Errorf("the waiters took the slot in the order %v, want %v", order, want)
+	}
+	if w := waiters(t, pool, schema, "k"); w != 0 {
+		t.Errorf("%d places left in the queue", w)
+	}
+}
+
+// A waiter whose context ends returns its cause within Timeout, leaves
+// the queue, and holds up no waiter behind it.
+func TestWaitGivesUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute})
+	held, err := sem.Acquire(ctx, "k")
+	if err != nil || !held.Acquired {
+		t.Fatalf("Acquire: %+v, %v", held, err)
+	}
+	gone := errors.New("the client went away")
+	short, cancel := context.WithTimeoutCause(ctx, 200*time.Millisecond, gone)
+	defer cancel()
+	start := time.Now()
+	slot, err := sem.Wait(short, "k")
+	if took := time.Since(start); !errors.Is(err, gone) || slot.Acquired || took > 200*time.Millisecond+boundSlack {
+		t.Fatalf("Wait past its context: %+v, %v after %s; want the context's cause within %s", slot, err, took, boundSlack)
+	}
+	if w := waiters(t, pool, schema, "k"); w != 0 {
+		t.Fatalf("%d places left by a waiter that gave up", w)
+	}
+	done := make(chan error, 1)
+	go func() {
+		slot, err := sem.Wait(ctx, "k")
+		if err == nil && !slot.Acquired {
+			err = fmt.Errorf("Wait returned %+v", slot)
+		}
+		done <- err
+	}()
+	waitFor(t, "the second waiter's place", func() bool { return waiters(t, pool, schema, "k") == 1 })
+	if err := sem.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the waiter after one that gave up: %v", err)
+	}
+}
+
+// The place of a waiter that died (it renews it no more) stops counting
+// when it lapses: the waiter behind it then takes the slot.
+func TestWaitPastDeadWaiter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Namespace: "ns", Slots: 1, TTL: time.Minute})
+	// A place ahead of any other, lapsing 1 s from now.
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (namespace, key, arrived, waiter, expires_at)
+		VALUES ('ns', 'k', 0, gen_random_uuid(), clock_timestamp() + interval '1 second')`,
+		pgx.Identifier{schema, "pglimit_slot_waiters"}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	slot, err := sem.Wait(ctx, "k")
+	took := time.Since(start)
+	if err != nil || !slot.Acquired {
+		t.Fatalf("Wait behind a dead waiter: %+v, %v", slot, err)
+	}
+	if took < 900*time.Millisecond {
+		t.Errorf("Wait took the slot after %s, while a live place was ahead of it", took)
+	}
+	t.Logf("took the slot %s after the dead waiter's place began to lapse", took)
+}
+
+// BenchmarkWaitWake measures how long after a Release a waiter holds the
+// slot: woken by the release in its own process, or, in another instance,
+// at its next poll (WaitPoll 50ms).
+func BenchmarkWaitWake(b *testing.B) {
+	ctx := context.Background()
+	schema := testdb.Schema(b)
+	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute}
+	pool := testdb.Pool(b)
+	holder := newSemaphore(b, pool, cfg)
+	for _, bc := range []struct {
+		name string
+		sem  *pglimitsem.Semaphore
+	}{{"same-process", holder}, {"other-instance", newSemaphore(b, testdb.Pool(b), cfg)}} {
+		b.Run(bc.name, func(b *testing.B) {
+			var total time.Duration
+			for i := 0; b.Loop(); i++ {
+				key := fmt.Sprint(bc.name, i)
+				held, err := holder.Acquire(ctx, key)
+				if err != nil || !held.Acquired {
+					b.Fatalf("Acquire: %+v, %v", held, err)
+				}
+				got := make(chan time.Time, 1)
+				go func() {
+					slot, err := bc.sem.Wait(ctx, key)
+					if err != nil {
+						b.Error(err)
+					}
+					got <- time.Now()
+					bc.sem.Release(ctx, slot) //nolint:errcheck // the next key is another
+				}()
+				waitFor(b, "the waiter's place", func() bool { return waiters(b, pool, schema, key) == 1 })
+				released := time.Now()
+				if err := holder.Release(ctx, held); err != nil {
+					b.Fatal(err)
+				}
+				total += (<-got).Sub(released)
+			}
+			b.ReportMetric(float64(total.Microseconds())/float64(b.N)/1000, "ms/wake")
+		})
+	}
+}
