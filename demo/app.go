@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,6 +44,7 @@ type app struct {
 	limit   func(http.Handler) http.Handler // GET /items/{user}: the cooldown
 	create  http.Handler                    // POST /items past decoding: the item limits, then the store
 	export  http.Handler                    // GET /exports/{user}: a slot of the user's, then the export
+	search  http.Handler                    // GET /search/{org}/{user}: the org's and the user's limits, settled
 }
 
 func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
@@ -125,7 +127,43 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.export = holdSlot(http.HandlerFunc(a.exportItems))
+
+	// A search costs the items it finds, which only the search knows: it
+	// is admitted on an estimate at the organisation's and the user's
+	// limits at once, and settled with what it found.
+	orgLimits, userLimits := cfg.searchLimits()
+	orgLim, err := pglimit.New(pool, &pglimit.Config{Limits: orgLimits, Namespace: "search-org", Schema: cfg.schema})
+	if err != nil {
+		return nil, fmt.Errorf("search limits: %w", err)
+	}
+	userLim, err := pglimit.New(pool, &pglimit.Config{Limits: userLimits, Namespace: "search-user", Schema: cfg.schema})
+	if err != nil {
+		return nil, fmt.Errorf("search limits: %w", err)
+	}
+	limitSearch, err := pglimithttp.Levels([]pglimithttp.Level{
+		{Limiter: orgLim, KeyFunc: pglimithttp.FromPathValue("org")},
+		{Limiter: userLim, KeyFunc: searchUser},
+	}, &pglimithttp.Config{
+		CostFunc:   func(*http.Request) (int, error) { return searchEstimate, nil },
+		Settle:     true,
+		OnError:    cfg.onError,
+		OnDecision: a.logDecision,
+		Logger:     logger.With("limiter", "search"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.search = limitSearch(http.HandlerFunc(a.searchItems))
 	return a, nil
+}
+
+// searchEstimate is what a search is admitted on: the items it is
+// expected to find. It is settled with what it found.
+const searchEstimate = 10
+
+// searchUser is the key of a user of an organisation: both names.
+func searchUser(r *http.Request) (string, error) {
+	return r.PathValue("org") + "/" + r.PathValue("user"), nil
 }
 
 // itemStrategy is the strategy of the item limits: the configured one,
@@ -156,6 +194,7 @@ func (a *app) handler() http.Handler {
 	mux.HandleFunc("POST /items", a.createItem)
 	mux.Handle("GET /items/{user}", a.limit(http.HandlerFunc(a.listItems)))
 	mux.Handle("GET /exports/{user}", a.export)
+	mux.HandleFunc("GET /search/{org}/{user}", a.searchRoute)
 	mux.HandleFunc("GET /healthz", a.healthz)
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{
@@ -217,6 +256,38 @@ func (a *app) exportItems(w http.ResponseWriter, r *http.Request) {
 		_ = cw.Write([]string{strconv.FormatInt(it.ID, 10), it.User, it.Name, it.CreatedAt.UTC().Format(time.RFC3339)})
 	}
 	cw.Flush()
+}
+
+// searchRoute refuses a search with a query it cannot run before the
+// limits count it, and passes the others to them.
+func (a *app) searchRoute(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query().Get("q")
+	switch {
+	case q == "" || len(q) > maxNameBytes:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf(`"q" must be 1 to %d bytes`, maxNameBytes))
+	case strings.IndexByte(q, 0) >= 0 || !utf8.ValidString(q):
+		writeError(w, http.StatusBadRequest, `"q" must be UTF-8 text without NUL characters`)
+	default:
+		a.search.ServeHTTP(w, r)
+	}
+}
+
+// searchItems finds the items whose name holds the query q, and reports
+// how many it found, at least one, as the search's real cost.
+func (a *app) searchItems(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query().Get("q")
+	items, err := a.items.search(r.Context(), q)
+	if err != nil {
+		a.serverError(w, r, "search items", err)
+		return
+	}
+	cost := max(len(items), 1)
+	pglimithttp.SetCost(r.Context(), cost)
+	writeJSON(w, http.StatusOK, struct {
+		Query string `json:"query"`
+		Cost  int    `json:"cost"`
+		Items []item `json:"items"`
+	}{q, cost, items})
 }
 
 // storeItem creates the item the limits admitted.

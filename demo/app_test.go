@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,7 +48,8 @@ func setup(t *testing.T, pool *pgxpool.Pool, edit func(*config)) *testBundle {
 		maxUsers: 10,
 
 		itemsPerMinute: 5, itemsBurst: 3, itemsPerDay: 20,
-		exportsAtOnce: 2,
+		exportsAtOnce:      2,
+		searchOrgPerMinute: 60, searchUserPerMinute: 50,
 	}
 	if pool == nil {
 		pool = testdb.Pool(t)
@@ -469,5 +472,51 @@ func TestMetricsEndpoint(t *testing.T) {
 		if !bytes.Contains(r.body, []byte(want)) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// A search is admitted on an estimate at its organisation's and its user's
+// limits at once, and settled with the items it found: a search that
+// finds 30 costs 30 at both levels, into their debt, and the next search
+// is refused by whichever level then owes; a query it cannot run is
+// refused before the limits count it.
+func TestSearchSettles(t *testing.T) {
+	b := setup(t, nil, nil)
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{b.schema, "demo_items"}.Sanitize()+
+		` (user_name, name) SELECT 'bob', 'match-' || i FROM generate_series(1, 30) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	search := func(org, user, q string, want int) response {
+		t.Helper()
+		r := b.do(t, "GET", "/search/"+org+"/"+user+"?q="+url.QueryEscape(q), "")
+		if r.code != want {
+			t.Fatalf("%s/%s searching %q: %d %s, want %d", org, user, q, r.code, r.body, want)
+		}
+		return r
+	}
+	if got := search("acme", "bob", "match", 200).json(t)["cost"]; got != float64(30) {
+		t.Fatalf("a search that found 30 items: cost %v", got)
+	}
+	if got := search("acme", "bob", "match", 200).header.Get("RateLimit-Policy"); got != `"org-items";q=60;w=60, "user-items";q=50;w=60` {
+		t.Fatalf("RateLimit-Policy %s", got)
+	}
+	// 60 of the org's 60 used, and 60 of bob's 50: the org refuses
+	// carol, and bob owes.
+	if v := search("acme", "carol", "nothing", 429).json(t)["violated-policies"]; fmt.Sprint(v) != "[org-items]" {
+		t.Fatalf("carol in a spent org: violated-policies %v", v)
+	}
+	if v := search("acme", "bob", "nothing", 429).json(t)["violated-policies"]; fmt.Sprint(v) != "[org-items user-items]" {
+		t.Fatalf("bob, in debt in a spent org: violated-policies %v", v)
+	}
+	search("beta", "dave", "", 400)
+	search("beta", "dave", "nul\x00", 400)
+	if got := search("beta", "dave", "nothing", 200).json(t)["cost"]; got != float64(1) {
+		t.Fatalf("a search that found nothing: cost %v, want 1", got)
+	}
+	_, userLimits := config{searchOrgPerMinute: 60, searchUserPerMinute: 50}.searchLimits()
+	st, err := pglimit.Inspect(ctx, b.pool, &pglimit.Config{Schema: b.schema, Namespace: "search-user", Limits: userLimits}, "beta/dave")
+	if err != nil || st.Limits[0].Remaining != 49 {
+		t.Fatalf("dave after two refused queries and a search that cost 1: %+v, %v; want 49 left", st, err)
 	}
 }

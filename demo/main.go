@@ -77,6 +77,10 @@ type config struct {
 	exportsAtOnce int
 	exportTime    time.Duration
 
+	// searchOrgPerMinute and searchUserPerMinute limit GET /search, by
+	// the items it finds, per organisation and per user of one.
+	searchOrgPerMinute, searchUserPerMinute int
+
 	schema   string
 	onError  pglimithttp.ErrorPolicy
 	instance string
@@ -109,6 +113,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 		cooldown: 2 * time.Second, migrate: true, maxUsers: 100,
 		itemsPerMinute: 5, itemsBurst: 3, itemsPerDay: 20,
 		exportsAtOnce: 2, exportTime: 3 * time.Second,
+		searchOrgPerMinute: 600, searchUserPerMinute: 100,
 		// Shorter than the library's defaults, so that the dashboard's
 		// cleanup panels move within minutes of trying the demo.
 		cleanup: true, cleanupInterval: 30 * time.Second, cleanupRetention: time.Minute,
@@ -204,6 +209,15 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 		c.instance = "demo"
 	}
 	return c, nil
+}
+
+// searchLimits are the limits of GET /search/{org}/{user}, an
+// organisation's and a user's of it, each in units of items found; a
+// search that finds more than its estimate may put them into debt, up to
+// half of the limit.
+func (c config) searchLimits() (org, user []pglimit.Limit) {
+	return []pglimit.Limit{{Name: "org-items", Rate: c.searchOrgPerMinute, Period: time.Minute, Burst: c.searchOrgPerMinute, Debt: c.searchOrgPerMinute / 2}},
+		[]pglimit.Limit{{Name: "user-items", Rate: c.searchUserPerMinute, Period: time.Minute, Burst: c.searchUserPerMinute, Debt: c.searchUserPerMinute / 2}}
 }
 
 // itemLimits are the limits of POST /items, per user, held all at once.

@@ -55,6 +55,7 @@ type store struct {
 	pool      *pgxpool.Pool
 	insertSQL string
 	listSQL   string
+	searchSQL string
 }
 
 func newStore(pool *pgxpool.Pool, schema string) *store {
@@ -65,6 +66,8 @@ func newStore(pool *pgxpool.Pool, schema string) *store {
 			RETURNING id, user_name, name, created_at`,
 		listSQL: `SELECT id, user_name, name, created_at FROM ` + table + `
 			WHERE user_name = $1 ORDER BY id DESC LIMIT ` + fmt.Sprint(maxListed),
+		searchSQL: `SELECT id, user_name, name, created_at FROM ` + table + `
+			WHERE strpos(name, $1) > 0 ORDER BY id DESC LIMIT ` + fmt.Sprint(maxListed),
 	}
 }
 
@@ -75,7 +78,16 @@ func (s *store) create(ctx context.Context, user, name string) (item, error) {
 }
 
 func (s *store) list(ctx context.Context, user string) ([]item, error) {
-	rows, _ := s.pool.Query(ctx, s.listSQL, user)
+	return s.query(ctx, s.listSQL, user)
+}
+
+// search returns the latest items, of any user, whose name contains text.
+func (s *store) search(ctx context.Context, text string) ([]item, error) {
+	return s.query(ctx, s.searchSQL, text)
+}
+
+func (s *store) query(ctx context.Context, sql, arg string) ([]item, error) {
+	rows, _ := s.pool.Query(ctx, sql, arg)
 	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (item, error) {
 		var it item
 		err := row.Scan(&it.ID, &it.User, &it.Name, &it.CreatedAt)
