@@ -282,3 +282,28 @@ func BenchmarkAllowAll(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSettle is an admission settled at a cost past its estimate,
+// into the debt, against the admission alone: what settling adds. Fixed
+// windows, whose count and debt are exact.
+func BenchmarkSettle(b *testing.B) {
+	ctx := context.Background()
+	lim := newLimiterOn(b, testdb.Pool(b), pglimit.Config{Schema: testdb.Schema(b),
+		Limits: []pglimit.Limit{{Rate: 1 << 30, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow, Debt: 1 << 20}}})
+	for _, settle := range []bool{false, true} {
+		b.Run(fmt.Sprintf("settle-%t", settle), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				d, err := lim.AllowN(ctx, "k"+strconv.Itoa(i%100), 2)
+				if err != nil || !d.Allowed {
+					b.Fatalf("%+v, %v", d, err)
+				}
+				if settle {
+					if _, err := pglimit.Settle(ctx, lim, d, 3); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

@@ -107,7 +107,7 @@ func TestShadowInTx(t *testing.T) {
 }
 
 // newLimiterOn builds a limiter of cfg on db.
-func newLimiterOn(t *testing.T, db pglimit.DB, cfg pglimit.Config) pglimit.Limiter {
+func newLimiterOn(t testing.TB, db pglimit.DB, cfg pglimit.Config) pglimit.Limiter {
 	t.Helper()
 	lim, err := pglimit.New(db, &cfg)
 	if err != nil {
