@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make test-matrix: the conformance suite (every strategy and option, direct
-# and through PgBouncer, and the general limits' model test) against each
+# and through PgBouncer, and the general limits' model test), with the
+# hierarchical decisions and the settles with debt, against each
 # supported PostgreSQL major, one line per major and source:
 #
 #   PostgreSQL 16 (local binaries): pass, 180 tests
@@ -27,7 +28,7 @@ majors=${PGLIMIT_MATRIX_MAJORS:-14 15 16 17 18}
 # here each major's row should cost minutes, not tens of them. The suite's
 # subtests mostly wait (on cooldowns, locks and the server), so they run 8
 # at a time rather than one per core.
-run=${PGLIMIT_MATRIX_RUN:-^(TestConformance|TestModelConformance)}
+run=${PGLIMIT_MATRIX_RUN:-^(TestConformance|TestModelConformance|TestAllowAll|TestSettle)}
 docker_row=${PGLIMIT_MATRIX_DOCKER:-auto}
 # The newest release of each major at the time of writing; the package's
 # versions are all marked beta, so npm will not pick them from "16" alone.
