@@ -17,6 +17,7 @@ import (
 	"github.com/pglimit/cooldown/internal/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitsem"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 func newSemaphore(t testing.TB, db pglimit.DB, cfg pglimitsem.Config) *pglimitsem.Semaphore {
@@ -191,40 +192,43 @@ func TestSemaphoreAcquireTxRollback(t *testing.T) {
 func TestSemaphoreDeadHolder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := testdb.Schema(t)
+	clock := pglimittest.NewClock(t)
+	pool := clock.Pool(t)
 	const ttl = 3 * time.Second
-	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: ttl}
-	holder, err := pgx.Connect(ctx, testdb.URL(t))
+	cfg := pglimitsem.Config{Schema: testdb.Schema(t), Slots: 1, TTL: ttl}
+	holder, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Close(ctx)
-	start := time.Now()
-	s, err := newSemaphore(t, holder, cfg).Acquire(ctx, "k")
+	defer holder.Release()
+	s, err := newSemaphore(t, holder.Conn(), cfg).Acquire(ctx, "k")
 	if err != nil || !s.Acquired {
 		t.Fatalf("Acquire: %+v, %v", s, err)
 	}
 	// The holder dies: its session ends.
-	if _, err := testdb.Pool(t).Exec(ctx, "SELECT pg_terminate_backend($1)", holder.PgConn().PID()); err != nil {
+	if _, err := testdb.Pool(t).Exec(ctx, "SELECT pg_terminate_backend($1)", holder.Conn().PgConn().PID()); err != nil {
 		t.Fatal(err)
 	}
 
-	other := newSemaphore(t, testdb.Pool(t), cfg)
-	for {
+	other := newSemaphore(t, pool, cfg)
+	acquired := func() bool {
+		t.Helper()
 		s, err := other.Acquire(ctx, "k")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s.Acquired {
-			if took := time.Since(start); took < ttl {
-				t.Fatalf("the dead holder's slot came back after %s, before its %s lease ended", took, ttl)
-			}
-			return
-		}
-		if time.Since(start) > ttl+30*time.Second {
-			t.Fatalf("the dead holder's slot never came back: %+v", s)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return s.Acquired
+	}
+	if acquired() {
+		t.Fatal("the dead holder's slot came back at once")
+	}
+	clock.Advance(ttl - time.Microsecond)
+	if acquired() {
+		t.Fatalf("the dead holder's slot came back 1 µs before its %s lease ended", ttl)
+	}
+	clock.Advance(time.Microsecond)
+	if !acquired() {
+		t.Fatalf("the dead holder's slot did not come back when its %s lease ended", ttl)
 	}
 }
 
