@@ -324,6 +324,15 @@ var entryPoints = []entryPoint{
 			return false, err
 		}
 	}},
+	{name: "Pause", keyed: true, prepare: func(t *testing.T, tg *target, ks keyState) call {
+		if tg.lim == nil || tg.cfg.Strategy == pglimit.Range || tg.cfg.Overrides || len(tg.cfg.Limits) > 1 ||
+			len(tg.cfg.Limits) == 1 && tg.cfg.Limits[0].Algorithm != pglimit.GCRA {
+			return nil
+		}
+		return limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+			return false, pglimit.Pause(ctx, tg.lim, in.key, time.Millisecond)
+		})(t, tg, ks)
+	}},
 	{name: "Inspect", keyed: true, prepare: func(t *testing.T, tg *target, _ keyState) call {
 		if tg.lim == nil || tg.cfg.Strategy == pglimit.Range || tg.m.api == "sql" {
 			return nil

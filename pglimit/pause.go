@@ -1,0 +1,56 @@
+package pglimit
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
+)
+
+// Pause makes lim refuse key for d from now, on the database's clock,
+// from every instance, and then admit it again at its limit's rate: one
+// unit when d ends, the burst refilling from there. It is for an upstream
+// that said to wait, such as a 429's Retry-After (pglimithttp's
+// Transport). A pause never shortens one in force, nor a wait the key has
+// already earned.
+//
+// lim must come from [New] with one GCRA limit, no per-key limits, on the
+// Upsert or NoWait strategy, not on a Citus distributed table
+// ([ErrUnsupported]); d must be positive and at most 366 days
+// ([ErrInvalidCost]). Units that this process's lease of a busy key
+// holds are dropped; those another instance leased (a limit of 1,000 a
+// second or more) are not recalled.
+func Pause(ctx context.Context, lim Limiter, key string, d time.Duration) error {
+	l, ok := unwrapLimiter(lim)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: Pause: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	case !l.single || l.cfg.Strategy == Range || l.cfg.Overrides:
+		return fmt.Errorf("%w: Pause needs one GCRA limit without per-key limits on the Upsert or NoWait strategy", ErrUnsupported)
+	case d <= 0 || d > maxPeriod:
+		return fmt.Errorf("%w: Pause: d = %s, not in (0, %s]", ErrInvalidCost, d, maxPeriod)
+	}
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
+	defer cancel()
+	if err := l.check(ctx, l.db); err != nil {
+		return l.wrap(ctx, err)
+	}
+	if l.dist.Load() != nil {
+		return fmt.Errorf("%w: Pause on a Citus distributed table", ErrUnsupported)
+	}
+	// The first unit fits when TAT + T - now <= Burst*T.
+	reach := d.Microseconds() + l.burstT - l.emission
+	sql := queries.Text("pause", queries.Args{"table": pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()})
+	if _, err := l.db.Exec(ctx, sql, l.cfg.Namespace, key, reach); err != nil {
+		return l.wrap(ctx, fmt.Errorf("pause: %w", err))
+	}
+	l.batch.Forget(key)
+	l.flights.Forget(key)
+	return nil
+}
