@@ -1,0 +1,343 @@
+package pglimithttp
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pglimit/cooldown/internal/onerror"
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// ErrThrottled reports an outbound request that a [Transport] did not send:
+// its budget refused it (FailFast), or the upstream asked to wait longer
+// than the request's context allows. The error is a [*ThrottledError].
+var ErrThrottled = errors.New("pglimithttp: the upstream's budget refused the request")
+
+// ThrottledError is the error of a request a Transport did not send, with
+// when the budget may admit one again.
+type ThrottledError struct {
+	Key        string        // the budget's key
+	RetryAfter time.Duration // when the budget may admit the request
+}
+
+func (e *ThrottledError) Error() string {
+	return fmt.Sprintf("pglimithttp: the budget of %q refused the request; retry after %s", e.Key, e.RetryAfter)
+}
+
+// Unwrap makes the error match [ErrThrottled].
+func (e *ThrottledError) Unwrap() error { return ErrThrottled }
+
+// TransportConfig configures a [Transport]. Limiter is required; every
+// other zero field takes its default.
+type TransportConfig struct {
+	// Limiter is the budget of the calls to an upstream, which every
+	// instance shares through the database: one GCRA limit, at or under
+	// the upstream's limit, without per-key limits, on the Upsert or
+	// NoWait strategy.
+	Limiter pglimit.Limiter
+
+	// Key returns the budget's key of a request. Defaults to the request
+	// URL's host: one budget per upstream host.
+	Key func(r *http.Request) (string, error)
+
+	// Base sends the requests. Defaults to [http.DefaultTransport].
+	Base http.RoundTripper
+
+	// FailFast, when true, fails a request the budget does not admit at
+	// once with a [*ThrottledError]. Defaults to false: the request waits
+	// its turn ([pglimit.Wait]), as long as its context allows.
+	FailFast bool
+
+	// MaxPause bounds the pause an upstream's answer sets: a Retry-After or
+	// RateLimit value past it, or a date further off, counts as MaxPause.
+	// From 1ms to 366 days. Defaults to 1 minute.
+	MaxPause time.Duration
+
+	// DefaultPause is the pause after a 429 whose Retry-After is missing
+	// or not a delay (malformed, negative). At most MaxPause. Defaults to
+	// 1 second.
+	DefaultPause time.Duration
+
+	// Retries is how many times a request answered 429 or 503 is sent
+	// again, each once the pause has passed and the budget admits it, if
+	// it can be sent again: an idempotent method (GET, HEAD, OPTIONS,
+	// TRACE, PUT, DELETE) and no body or one GetBody can make afresh.
+	// From 0 to 10. Defaults to 0.
+	Retries int
+
+	// Logger receives a warning when a pause cannot be stored (the
+	// database is unavailable), at most once per LogInterval; the pause
+	// then holds in this process only. Defaults to [slog.Default].
+	Logger *slog.Logger
+}
+
+// Transport is an [http.RoundTripper] that keeps an application's calls to
+// an upstream within a budget shared by every instance of the
+// application, and makes every instance back off when the upstream says
+// so. Before each request it takes a unit of the request's key from
+// Limiter, waiting its turn or failing fast. A 429, or a 503 with
+// Retry-After, or a RateLimit header with no units left, pauses the key
+// for every instance ([pglimit.Pause]) for as long as the upstream said,
+// clamped to MaxPause: no instance sends before it ends, and then the
+// budget admits at its rate. docs/outbound.md has the rules.
+type Transport struct {
+	cfg      TransportConfig
+	failures *onerror.Log
+
+	// paused is, per key, until when this process holds it back: the
+	// pauses it learnt, kept also when the database could not store
+	// them. An entry is dropped once it has passed.
+	mu     sync.Mutex
+	paused map[string]time.Time
+}
+
+// NewTransport returns a Transport of cfg.
+func NewTransport(cfg *TransportConfig) (*Transport, error) {
+	if cfg == nil || cfg.Limiter == nil {
+		return nil, fmt.Errorf("%w: TransportConfig.Limiter is required", ErrInvalidConfig)
+	}
+	c := *cfg
+	if c.Key == nil {
+		c.Key = hostKey
+	}
+	c.Base = cmp.Or[http.RoundTripper](c.Base, http.DefaultTransport)
+	c.MaxPause = cmp.Or(c.MaxPause, time.Minute)
+	c.DefaultPause = cmp.Or(c.DefaultPause, time.Second)
+	switch {
+	case c.MaxPause < time.Millisecond || c.MaxPause > 366*24*time.Hour:
+		return nil, fmt.Errorf("%w: MaxPause must be from 1ms to 366 days, got %s", ErrInvalidConfig, c.MaxPause)
+	case c.DefaultPause < 0 || c.DefaultPause > c.MaxPause:
+		return nil, fmt.Errorf("%w: DefaultPause must be from 0 to MaxPause (%s), got %s", ErrInvalidConfig, c.MaxPause, c.DefaultPause)
+	case c.Retries < 0 || c.Retries > 10:
+		return nil, fmt.Errorf("%w: Retries must be from 0 to 10, got %d", ErrInvalidConfig, c.Retries)
+	}
+	for i, l := range c.Limiter.Policy().Limits {
+		if l.Algorithm != pglimit.GCRA {
+			return nil, fmt.Errorf("%w: the Limiter's Limits[%d] (%q) is %s; a Transport's budget is GCRA", ErrInvalidConfig, i, l.Name, l.Algorithm)
+		}
+	}
+	return &Transport{
+		cfg:      c,
+		failures: &onerror.Log{Logger: c.Logger, Interval: 10 * time.Second, Message: "pglimithttp: transport: the pause is held in this process only"},
+		paused:   map[string]time.Time{},
+	}, nil
+}
+
+// hostKey is the default Key: the request's host.
+func hostKey(r *http.Request) (string, error) {
+	if r.URL == nil || r.URL.Host == "" {
+		return "", errors.New("the request has no host")
+	}
+	return r.URL.Host, nil
+}
+
+// RoundTrip sends req once the budget of its key admits it, and learns
+// from the answer.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	key, err := t.cfg.Key(req)
+	if err == nil {
+		err = pglimit.ValidateKey(key)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: Transport: the request's key: %w", pglimit.ErrInvalidKey, err)
+	}
+	ctx := req.Context()
+	for attempt := 0; ; attempt++ {
+		if err := t.admit(ctx, key); err != nil {
+			return nil, err
+		}
+		resp, err := t.cfg.Base.RoundTrip(req)
+		if err != nil {
+			return nil, err
+		}
+		pause, ok := t.pauseOf(resp)
+		if !ok {
+			return resp, nil
+		}
+		t.pause(ctx, key, pause)
+		if attempt >= t.cfg.Retries || !replayable(req) || !(resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) {
+			return resp, nil
+		}
+		next, err := rewind(req)
+		if err != nil {
+			return resp, nil
+		}
+		// The retry's answer is returned; this one is read and closed.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		req = next
+	}
+}
+
+// admit takes a unit of key's budget: at once (FailFast) or in its turn,
+// after any pause this process knows of.
+func (t *Transport) admit(ctx context.Context, key string) error {
+	if until, ok := t.pausedUntil(key); ok {
+		wait := time.Until(until)
+		if t.cfg.FailFast {
+			return &ThrottledError{Key: key, RetryAfter: wait}
+		}
+		if deadline, ok := ctx.Deadline(); ok && deadline.Before(until) {
+			return fmt.Errorf("pglimithttp: %q is paused for %s, past the request's deadline: %w", key, wait, context.DeadlineExceeded)
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return context.Cause(ctx)
+		case <-timer.C:
+		}
+	}
+	if t.cfg.FailFast {
+		d, err := t.cfg.Limiter.Allow(ctx, key)
+		switch {
+		case err != nil:
+			return err
+		case !d.Allowed:
+			return &ThrottledError{Key: key, RetryAfter: d.RetryAfter}
+		}
+		return nil
+	}
+	_, err := pglimit.Wait(ctx, t.cfg.Limiter, key)
+	return err
+}
+
+// pausedUntil returns until when this process holds key back, if it does.
+func (t *Transport) pausedUntil(key string) (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	until, ok := t.paused[key]
+	if ok && !time.Now().Before(until) {
+		delete(t.paused, key)
+		return time.Time{}, false
+	}
+	return until, ok
+}
+
+// pause holds key back for d: in the database for every instance, and in
+// this process.
+func (t *Transport) pause(ctx context.Context, key string, d time.Duration) {
+	until := time.Now().Add(d)
+	t.mu.Lock()
+	if old, ok := t.paused[key]; !ok || until.After(old) {
+		t.paused[key] = until
+	}
+	t.mu.Unlock()
+	if err := pglimit.Pause(context.WithoutCancel(ctx), t.cfg.Limiter, key, d); err != nil {
+		t.failures.Record(time.Now(), "key", key, "err", err)
+	}
+}
+
+// pauseOf is how long resp says to hold back its key, clamped to
+// MaxPause, if it says to: a 429, or a 503 with Retry-After, or a
+// RateLimit header with no units left.
+func (t *Transport) pauseOf(resp *http.Response) (time.Duration, bool) {
+	ra := resp.Header.Get("Retry-After")
+	switch {
+	case resp.StatusCode == http.StatusTooManyRequests:
+		d, ok := parseRetryAfter(ra, time.Now())
+		if !ok {
+			d = t.cfg.DefaultPause
+		}
+		return min(d, t.cfg.MaxPause), d > 0
+	case resp.StatusCode == http.StatusServiceUnavailable && ra != "":
+		d, ok := parseRetryAfter(ra, time.Now())
+		return min(d, t.cfg.MaxPause), ok && d > 0
+	}
+	if d, ok := spentRateLimit(resp.Header.Get("RateLimit")); ok {
+		return min(d, t.cfg.MaxPause), d > 0
+	}
+	return 0, false
+}
+
+// parseRetryAfter reads a Retry-After value (RFC 9110): a delay in whole
+// seconds, or an HTTP date, which is counted from now. It reports false
+// for anything else, a negative delay among them. A delay past what a
+// time.Duration holds is the longest one.
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if v[0] >= '0' && v[0] <= '9' {
+		s, err := strconv.ParseUint(v, 10, 64)
+		switch {
+		case errors.Is(err, strconv.ErrRange) || err == nil && s > uint64(maxSeconds):
+			return time.Duration(maxSeconds) * time.Second, true
+		case err != nil:
+			return 0, false
+		}
+		return time.Duration(s) * time.Second, true
+	}
+	when, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return max(when.Sub(now), 0), true
+}
+
+// maxSeconds is the longest delay parseRetryAfter reads, in seconds.
+const maxSeconds = int64(1<<63-1) / int64(time.Second)
+
+// spentRateLimit reads the IETF RateLimit field (draft-ietf-httpapi-
+// ratelimit-headers: "name";r=<remaining>;t=<seconds>, ...): when a
+// policy has no units left (r=0), how long until it resets (t).
+func spentRateLimit(v string) (time.Duration, bool) {
+	var longest time.Duration
+	spent := false
+	for item := range strings.SplitSeq(v, ",") {
+		var r, t int64 = -1, -1
+		for param := range strings.SplitSeq(item, ";") {
+			name, value, ok := strings.Cut(strings.TrimSpace(param), "=")
+			if !ok {
+				continue
+			}
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil || n < 0 {
+				continue
+			}
+			switch name {
+			case "r":
+				r = n
+			case "t":
+				t = min(n, maxSeconds)
+			}
+		}
+		if r == 0 && t > 0 {
+			spent, longest = true, max(longest, time.Duration(t)*time.Second)
+		}
+	}
+	return longest, spent
+}
+
+// replayable reports whether req may be sent again: an idempotent method,
+// and a body that can be made afresh, if any.
+func replayable(req *http.Request) bool {
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+	}
+	return false
+}
+
+// rewind returns req to send again, with its body afresh.
+func rewind(req *http.Request) (*http.Request, error) {
+	next := req.Clone(req.Context())
+	if req.Body != nil && req.Body != http.NoBody {
+		body, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		next.Body = body
+	}
+	return next, nil
+}
