@@ -95,7 +95,8 @@ type Transport struct {
 
 	// paused is, per key, until when this process holds it back: the
 	// pauses it learnt, kept also when the database could not store
-	// them. An entry is dropped once it has passed.
+	// them. An entry is dropped once it has passed, when it is looked up
+	// or another pause begins: it holds at most the pauses in force then.
 	mu     sync.Mutex
 	paused map[string]time.Time
 }
@@ -226,8 +227,14 @@ func (t *Transport) pausedUntil(key string) (time.Time, bool) {
 // pause holds key back for d: in the database for every instance, and in
 // this process.
 func (t *Transport) pause(ctx context.Context, key string, d time.Duration) {
-	until := time.Now().Add(d)
+	now := time.Now()
+	until := now.Add(d)
 	t.mu.Lock()
+	for k, u := range t.paused { // pauses are rare: the ended ones go here
+		if !now.Before(u) {
+			delete(t.paused, k)
+		}
+	}
 	if old, ok := t.paused[key]; !ok || until.After(old) {
 		t.paused[key] = until
 	}
