@@ -5,7 +5,7 @@ GO ?= go
 # benchmark, and the container launcher the test harness runs. Each has its
 # own go.mod so that importers of the library see none of the others'
 # dependencies.
-MODULES := . loadtest internal/pgcontainer pglimitgrpc pglimitotel pglimitorm
+MODULES := . loadtest internal/pgcontainer pglimitgrpc pglimitotel pglimitorm pglimitriver
 
 .PHONY: demo test test-short test-matrix bench fmt vet lint
 
