@@ -3,6 +3,7 @@ package pglimitriver_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -326,5 +328,85 @@ func TestBadInput(t *testing.T) {
 	}
 	if w := worked.Load(); w != 0 {
 		t.Errorf("%d jobs with an empty key were worked", w)
+	}
+}
+
+// severable is a database handle that a test can cut off, as a worker
+// that died loses its connections: every statement fails after cut.
+type severable struct {
+	pglimit.DB
+	cut atomic.Bool
+}
+
+var errSevered = errors.New("severed: the worker died")
+
+func (s *severable) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if s.cut.Load() {
+		return pgconn.CommandTag{}, errSevered
+	}
+	return s.DB.Exec(ctx, sql, args...)
+}
+
+func (s *severable) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if s.cut.Load() {
+		return severedRow{}
+	}
+	return s.DB.QueryRow(ctx, sql, args...)
+}
+
+type severedRow struct{}
+
+func (severedRow) Scan(...any) error { return errSevered }
+
+// A worker that dies while its job holds the customer's one slot (its
+// semaphore's database cut off: no more extends, no release) gives the
+// slot back when its lease ends: the other worker's job of the customer
+// is snoozed until then, and runs after.
+func TestKilledWorkerSlotReturns(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	schema := riverSchema(t, pool)
+	const ttl = 2 * time.Second
+	dying := &severable{DB: testdb.Pool(t)}
+	middleware := func(db pglimit.DB) *pglimitriver.Middleware {
+		sem, err := pglimitsem.New(db, &pglimitsem.Config{Schema: schema, Namespace: "exports", Slots: 1, TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw, err := pglimitriver.NewMiddleware(&pglimitriver.Config{Semaphore: sem, Key: customerKey, SlotSnooze: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mw
+	}
+	started := make(chan time.Time, 1)
+	hang := make(chan struct{})
+	t.Cleanup(func() { close(hang) })
+	first := startWorkers(t, []*pgxpool.Pool{pool}, schema, middleware(dying), func(ctx context.Context, job *river.Job[exportArgs]) error {
+		started <- time.Now()
+		dying.cut.Store(true) // the worker dies with the slot held
+		select {
+		case <-hang:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	insert(t, first[0], "acme", 1)
+	took := <-started
+	ran := make(chan time.Time, 1)
+	second := startWorkers(t, []*pgxpool.Pool{testdb.Pool(t)}, schema, middleware(testdb.Pool(t)), func(context.Context, *river.Job[exportArgs]) error {
+		ran <- time.Now()
+		return nil
+	})
+	insert(t, second[0], "acme", 1)
+	select {
+	case at := <-ran:
+		if after := at.Sub(took); after < ttl {
+			t.Fatalf("the second job ran %s after the dead worker took the slot, before its %s lease ended", after, ttl)
+		} else {
+			t.Logf("the second job ran %s after the dead worker took the slot (lease %s)", after.Round(time.Millisecond), ttl)
+		}
+	case <-time.After(ttl + 20*time.Second):
+		t.Fatal("the dead worker's slot never came back")
 	}
 }
