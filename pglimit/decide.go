@@ -57,12 +57,32 @@ func (l *limiter) checkCost(n int) error {
 	return nil
 }
 
-// decide validates key, answers from the pre-block when it can (unless
-// usePreblock is false), bounds ctx by the limiter's timeout and runs fn.
-// Only decisions made outside a caller's transaction (inTx false) feed the
-// pre-block: a caller's transaction may still roll back what it saw.
-func (l *limiter) decide(ctx context.Context, key string, n int, inTx, usePreblock bool, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
-	d, err := l.enforce(ctx, key, inTx, usePreblock, fn)
+// path is how a call reaches its decision.
+type path struct {
+	// inTx: in a caller's transaction, whose server bounds the wait
+	// (lock_timeout), and which may still roll back what it saw, so its
+	// decisions do not feed the pre-block.
+	inTx bool
+	// preblock: the pre-block may answer a refusal without a round trip.
+	preblock bool
+}
+
+var (
+	// preblocked is a call in its own transaction that the pre-block may
+	// answer: Allow, AllowAtMost, Peek.
+	preblocked = path{preblock: true}
+	// direct is a call in its own transaction that always asks the
+	// database: Reserve, whose delay the pre-block cannot tell.
+	direct = path{}
+	// callersTx is a call in the caller's transaction: AllowTx.
+	callersTx = path{inTx: true}
+)
+
+// decide validates key, answers from the pre-block when the path lets it,
+// bounds ctx by the limiter's timeout and runs fn. Only decisions made in
+// their own transaction feed the pre-block.
+func (l *limiter) decide(ctx context.Context, key string, n int, via path, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+	d, err := l.enforce(ctx, key, via, fn)
 	if err == nil && !d.Allowed && l.cfg.Shadow {
 		return d.shadowed(n), nil
 	}
@@ -70,19 +90,19 @@ func (l *limiter) decide(ctx context.Context, key string, n int, inTx, usePreblo
 }
 
 // enforce is decide without shadow mode.
-func (l *limiter) enforce(ctx context.Context, key string, inTx, usePreblock bool, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+func (l *limiter) enforce(ctx context.Context, key string, via path, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
 	if err := ValidateKey(key); err != nil {
 		return Decision{}, err
 	}
 	sent := time.Now()
-	if usePreblock {
+	if via.preblock {
 		if wait := l.preblock.Remaining(key, sent); wait > 0 {
 			return Decision{RetryAfter: wait, ResetAfter: wait, Limit: l.cfg.Limits[0], violated: 1, policy: l.policy}, nil
 		}
 	}
 	gen := l.preblock.Generation()
 	bound := l.cfg.Timeout
-	if inTx {
+	if via.inTx {
 		// The server bounds the wait (lock_timeout) and keeps the caller's
 		// connection; this deadline only catches a server gone silent.
 		bound += txClientTimeoutMargin
@@ -93,7 +113,7 @@ func (l *limiter) enforce(ctx context.Context, key string, inTx, usePreblock boo
 	if err != nil {
 		return Decision{}, l.wrap(ctx, err)
 	}
-	if !inTx && d.next > 0 {
+	if !via.inTx && d.next > 0 {
 		// The statement ran after sent, so sent+next is no later than
 		// when the database will admit the key's next unit.
 		l.preblock.Block(key, sent.Add(d.next), gen)

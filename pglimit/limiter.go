@@ -118,9 +118,16 @@ func (l *limiter) stmts() *statements {
 	return &l.plain
 }
 
-// newStmtLimiter builds a limiter from the fast statement named fast; lock
-// is the general statement's lock clause, "" for a strategy without one.
-func newStmtLimiter(l *limiter, table, fast, lock, contended string) *limiter {
+// strategySQL is what a strategy's statements differ by.
+type strategySQL struct {
+	fast      string // the fast statement's template
+	lock      string // the general statement's lock clause; "" for Range, which has none
+	contended string // the SQLSTATE that means another decision holds the key; "" for none
+}
+
+// withStatements gives l the statements of its strategy, of sql, on table.
+func withStatements(l *limiter, table string, sql strategySQL) *limiter {
+	fast, lock, contended := sql.fast, sql.lock, sql.contended
 	column := noSettingColumn
 	if l.cfg.AsyncCommit {
 		column = asyncCommitColumn
@@ -269,7 +276,7 @@ func (l *limiter) AllowN(ctx context.Context, key string, n int) (Decision, erro
 
 // allowN is AllowN on the database.
 func (l *limiter) allowN(ctx context.Context, key string, n int) (Decision, error) {
-	return l.decide(ctx, key, n, false, true, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, key, n, preblocked, func(ctx context.Context) (Decision, error) {
 		q := l.allowQuery(key, n)
 		if l.batch != nil && l.dist.Load() == nil {
 			// The batcher merges concurrent calls on one key itself. A
@@ -294,7 +301,7 @@ func (l *limiter) AllowTxN(ctx context.Context, tx DB, key string, n int) (Decis
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
-	return l.decide(ctx, key, n, true, false, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, key, n, callersTx, func(ctx context.Context) (Decision, error) {
 		return l.runTx(ctx, tx, l.allowQuery(key, n))
 	})
 }
@@ -303,7 +310,7 @@ func (l *limiter) AllowAtMost(ctx context.Context, key string, n int) (Decision,
 	if n <= 0 {
 		return Decision{}, fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
 	}
-	return l.decide(ctx, key, n, false, true, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, key, n, preblocked, func(ctx context.Context) (Decision, error) {
 		if l.plain.general == nil { // Range: a cooldown grants one unit at a time
 			return l.run(ctx, l.allowQuery(key, 1))
 		}
@@ -318,7 +325,7 @@ func (l *limiter) Reserve(ctx context.Context, key string, n int, maxDelay time.
 	if err := l.checkReserve(n, maxDelay); err != nil {
 		return Decision{}, err
 	}
-	return l.decide(ctx, key, n, false, false, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, key, n, direct, func(ctx context.Context) (Decision, error) {
 		return l.run(ctx, l.generalQuery(key, n, modeReserve, maxDelay))
 	})
 }
@@ -347,7 +354,7 @@ func (l *limiter) Peek(ctx context.Context, key string, n int) (Decision, error)
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
-	return l.decide(ctx, key, n, false, true, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, key, n, preblocked, func(ctx context.Context) (Decision, error) {
 		if err := l.check(ctx, l.db); err != nil {
 			return Decision{}, err
 		}

@@ -18,7 +18,7 @@ import (
 // limit, of which a cooldown is one; other limits use the general
 // statement.
 func newUpsert(l *limiter, table string) *limiter {
-	return newStmtLimiter(l, table, "upsert.allow", queries.Static("upsert.lock"), "")
+	return withStatements(l, table, strategySQL{fast: "upsert.allow", lock: queries.Static("upsert.lock")})
 }
 
 // NoWait locks the key's row, then updates it, or inserts it for a key
@@ -47,13 +47,13 @@ func newUpsert(l *limiter, table string) *limiter {
 const noWaitPatience = 20 * time.Millisecond
 
 func newNoWait(l *limiter, table string) *limiter {
-	return newStmtLimiter(l, table, "nowait.allow", queries.Static("nowait.lock"), pgtx.CodeLockNotAvailable)
+	return withStatements(l, table, strategySQL{fast: "nowait.allow", lock: queries.Static("nowait.lock"), contended: pgtx.CodeLockNotAvailable})
 }
 
 // Range inserts [now, now+cooldown) into a table whose exclusion
 // constraint forbids two overlapping ranges for one key (range.allow).
 func newRange(l *limiter, table string) Limiter {
-	newStmtLimiter(l, table, "range.allow", "", "")
+	withStatements(l, table, strategySQL{fast: "range.allow"})
 	l.plain.peek = queries.Text("range.peek", queries.Args{"table": table})
 	l.verify = func(ctx context.Context, db DB) error { return verifyExclusion(ctx, db, table) }
 	return l
