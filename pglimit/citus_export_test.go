@@ -9,5 +9,5 @@ func DecisionStatement(lim Limiter, key string, general, inTx bool) (string, []a
 	if general {
 		q = l.generalQuery(key, 1, modeAllow, 0)
 	}
-	return l.sql(q, inTx), q.args
+	return l.sql(q, inTx), l.params(q)
 }

@@ -21,7 +21,8 @@ func newLimiter(db DB, c Config, table string) *limiter {
 		l.minCapacity = min(l.minCapacity, lim.capacity())
 		l.worst = max(l.worst, lim.longestWait())
 	}
-	l.args.namespace, l.args.lockClass = c.Namespace, lockid.KeyClass(table, c.Namespace)
+	l.lockClass = lockid.KeyClass(table, c.Namespace)
+	l.args.namespace, l.args.lockClass = c.Namespace, l.lockClass
 	if c.PreBlockSize > 0 {
 		var trusted func(time.Time) bool
 		if c.Invalidator != nil {
@@ -29,7 +30,7 @@ func newLimiter(db DB, c Config, table string) *limiter {
 		}
 		l.preblock = preblock.New(c.PreBlockSize, trusted)
 		if c.Invalidator != nil {
-			register(c.Invalidator, lockid.KeyClass(table, c.Namespace), l.preblock)
+			register(c.Invalidator, l.lockClass, l.preblock)
 		}
 	}
 	if len(c.Limits) == 1 && c.Limits[0].Algorithm == GCRA && !c.Overrides {

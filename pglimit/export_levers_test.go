@@ -3,6 +3,8 @@ package pglimit
 import (
 	"time"
 
+	"github.com/pglimit/cooldown/pglimit/internal/batch"
+
 	"github.com/jackc/pgx/v5"
 )
 
@@ -19,32 +21,19 @@ func BatchFailures(lim Limiter) int64 {
 	if !ok || l.batch == nil {
 		return -1
 	}
-	l.batch.mu.Lock()
-	defer l.batch.mu.Unlock()
-	return l.batch.failures
+	return l.batch.Failures()
 }
 
 // BatchPending is how many calls wait in lim's open batch.
-func BatchPending(lim Limiter) int {
-	b := lim.(*limiter).batch
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := 0
-	for _, e := range b.open {
-		n += len(e.calls)
-	}
-	return n
-}
+func BatchPending(lim Limiter) int { return lim.(*limiter).batch.Pending() }
 
 // SetBatchSize sets how many keys fill lim's batch, so that a test decides
 // when a batch is sent.
-func SetBatchSize(lim Limiter, size int) {
-	lim.(*limiter).batch.size = size
-}
+func SetBatchSize(lim Limiter, size int) { lim.(*limiter).batch.SetSize(size) }
 
 // InFlightLimit is how many statements a limiter runs at once before calls
 // gather in a batch.
-const InFlightLimit = inFlightLimit
+const InFlightLimit = batch.InFlightLimit
 
 // Statements returns the SQL of lim's statements that run outside a
 // caller's transaction, by name: "allow" (a single GCRA limit's), "general"
@@ -62,11 +51,11 @@ func Statements(lim Limiter) map[string]string {
 	if l.plain.general != nil {
 		s["general"] = l.plain.general.own[modeAllow]
 	}
-	switch {
-	case l.batch != nil && l.batch.general:
-		s["generalbatch"], s["generalbatchwait"] = l.batch.sql, l.batch.waitSQL
+	switch c := l.batch.Config(); {
+	case l.batch != nil && c.General:
+		s["generalbatch"], s["generalbatchwait"] = c.SQL, c.WaitSQL
 	case l.batch != nil:
-		s["batch"], s["batchwait"], s["giveback"] = l.batch.sql, l.batch.waitSQL, l.batch.backSQL
+		s["batch"], s["batchwait"], s["giveback"] = c.SQL, c.WaitSQL, c.BackSQL
 	}
 	return s
 }
@@ -75,20 +64,10 @@ func Statements(lim Limiter) map[string]string {
 func DecisionLeased(d Decision) bool { return d.leased }
 
 // LeaseUnits is how many units of key lim's lease holds now.
-func LeaseUnits(lim Limiter, key string) int64 {
-	b := lim.(*limiter).batch
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.leases == nil || b.leases.keys[key] == nil {
-		return 0
-	}
-	return b.leases.keys[key].expire(time.Now(), b.leases.unit)
-}
+func LeaseUnits(lim Limiter, key string) int64 { return lim.(*limiter).batch.LeaseUnits(key) }
 
 // GivenBack is how many units of its leases lim has given back.
-func GivenBack(lim Limiter) int64 {
-	b := lim.(*limiter).batch
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.givenBack
-}
+func GivenBack(lim Limiter) int64 { return lim.(*limiter).batch.GivenBack() }
+
+// GiveBackFailures is how many of lim's give-backs failed.
+func GiveBackFailures(lim Limiter) int64 { return lim.(*limiter).batch.GiveBackFailures() }

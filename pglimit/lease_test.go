@@ -203,6 +203,44 @@ func TestLeaseGivesBack(t *testing.T) {
 	t.Logf("%d units given back, %d writes", given, len(rows))
 }
 
+// A give-back on a server gone silent ends within Timeout, is counted as
+// failed, and gives nothing back: its units are lost, as expired units
+// are, and the key's row keeps them.
+func TestLeaseGiveBackStalled(t *testing.T) {
+	t.Parallel()
+	schema := testdb.Schema(t)
+	proxy, stalling := testdb.StallPool(t)
+	limit := pglimit.Limit{Rate: 4000, Period: time.Second, Burst: 4000}
+	const timeout = 300 * time.Millisecond
+	lim, err := pglimit.New(stalling, &pglimit.Config{Schema: schema, Limits: []pglimit.Limit{limit}, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: schema, Limits: []pglimit.Limit{limit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := other.AllowN(t.Context(), "k", 3600); err != nil || !d.Allowed {
+		t.Fatalf("filling the row: %+v, %v", d, err)
+	}
+	takeLease(t, lim, "k")
+	proxy.Stall()
+	defer proxy.Unstall()
+	stalled := time.Now()
+	waitFor(t, "a failed give-back", func() bool { return pglimit.GiveBackFailures(lim) > 0 })
+	// The lease waits half of Burst*T (0.5 s) before it gives back, then
+	// its statement waits Timeout at most.
+	if took, most := time.Since(stalled), time.Second/2+timeout+time.Second; took > most {
+		t.Errorf("the give-back failed %s after the stall; a lease's quiet and Timeout bound it to %s, with a second to spare", took, most)
+	}
+	if given := pglimit.GivenBack(lim); given != 0 {
+		t.Errorf("%d units given back on a stalled server", given)
+	}
+	if units := pglimit.LeaseUnits(lim, "k"); units != 0 {
+		t.Errorf("the lease holds %d units after its give-back failed; they are lost", units)
+	}
+}
+
 // A Reset drops the key's leases: at once on the instance that made it, and
 // within milliseconds on another instance that follows Resets through an
 // Invalidator. An instance without one keeps handing out its lease.

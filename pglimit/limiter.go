@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/batch"
 	"github.com/pglimit/cooldown/pglimit/internal/flights"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/preblock"
@@ -48,6 +49,10 @@ type limiter struct {
 	// admits at once.
 	minCapacity int
 
+	// lockClass is the key class of the limiter's table and namespace,
+	// which its statements' advisory locks share (internal/lockid).
+	lockClass int32
+
 	// args holds the statement parameters that never change, boxed once
 	// instead of at every decision.
 	args struct{ namespace, lockClass any }
@@ -72,7 +77,7 @@ type limiter struct {
 	verify   func(ctx context.Context, db DB) error
 	verified atomic.Bool
 
-	batch *batcher // nil when Allow calls are not batched (batch.go)
+	batch *batch.Group[Decision] // nil when Allow calls are not batched (batched.go)
 
 	// Parameters boxed once: a single GCRA limit's increment and tolerance
 	// for one unit.
@@ -165,17 +170,17 @@ func withStatements(l *limiter, table string, sql strategySQL) *limiter {
 		_, _, l.emission, l.burstT = lim.micros()
 		l.oneT, l.oneTau = l.emission, l.burstT-l.emission
 	}
-	l.batch = newBatcher(l, table, column)
-	if l.batch != nil && l.batch.leases != nil && l.cfg.Invalidator != nil {
-		register(l.cfg.Invalidator, l.args.lockClass.(int32), l.batch)
+	l.batch = newBatch(l, table, column)
+	if l.batch.Leases() && l.cfg.Invalidator != nil {
+		register(l.cfg.Invalidator, l.lockClass, l.batch)
 	}
 	return l
 }
 
 // query is one decision's statement: which one (fast, or general in a
-// mode), with what arguments, and how to read its answer.
+// mode), for what key and cost, and how to read its answer.
 type query struct {
-	args     []any
+	key      string
 	n, mode  int
 	maxDelay int64 // µs, Reserve's
 	general  bool
@@ -200,34 +205,36 @@ func (l *limiter) allowQuery(key string, n int) query {
 	if !l.single {
 		return l.generalQuery(key, n, modeAllow, 0)
 	}
-	q := query{n: n}
-	nT, tau := l.oneT, l.oneTau
-	if n != 1 {
-		nT, tau = int64(n)*l.emission, l.burstT-int64(n)*l.emission
-	}
-	q.args = []any{l.args.namespace, key, nT, l.args.lockClass, tau}
-	if l.rangeArgs {
-		q.args = q.args[:4]
-	}
-	return q
+	return query{key: key, n: n}
 }
 
 func (l *limiter) generalQuery(key string, n, mode int, maxDelay time.Duration) query {
-	q := query{
-		n: n, mode: mode, maxDelay: maxDelay.Microseconds(), general: true,
-		args: []any{l.args.namespace, key, l.args.lockClass, n},
+	return query{key: key, n: n, mode: mode, maxDelay: maxDelay.Microseconds(), general: true}
+}
+
+// params is q's statement parameters.
+func (l *limiter) params(q query) []any {
+	if q.general {
+		if q.mode == modeReserve {
+			return []any{l.args.namespace, q.key, l.args.lockClass, q.n, q.maxDelay}
+		}
+		return []any{l.args.namespace, q.key, l.args.lockClass, q.n}
 	}
-	if mode == modeReserve {
-		q.args = append(q.args, maxDelay.Microseconds())
+	nT, tau := l.oneT, l.oneTau
+	if q.n != 1 {
+		nT, tau = arith.GCRACost(q.n, l.emission, l.burstT)
 	}
-	return q
+	if l.rangeArgs {
+		return []any{l.args.namespace, q.key, nT, l.args.lockClass}
+	}
+	return []any{l.args.namespace, q.key, nT, l.args.lockClass, tau}
 }
 
 // scan reads q's answer. In a caller's transaction (inTx), the extra
 // column of an admission is the id of the transaction that wrote it,
 // which its refund ticket keeps; elsewhere it is not read.
 func (l *limiter) scan(row pgx.Row, q query, inTx bool) (Decision, bool, error) {
-	key := q.args[1].(string)
+	key := q.key
 	var xact *string
 	var setting any
 	if inTx {
@@ -277,7 +284,6 @@ func (l *limiter) AllowN(ctx context.Context, key string, n int) (Decision, erro
 // allowN is AllowN on the database.
 func (l *limiter) allowN(ctx context.Context, key string, n int) (Decision, error) {
 	return l.decide(ctx, key, n, preblocked, func(ctx context.Context) (Decision, error) {
-		q := l.allowQuery(key, n)
 		if l.batch != nil && l.dist.Load() == nil {
 			// The batcher merges concurrent calls on one key itself. A
 			// table Citus distributes is not batched once the limiter
@@ -285,8 +291,9 @@ func (l *limiter) allowN(ctx context.Context, key string, n int) (Decision, erro
 			// live on different nodes, and each decision there is one hop
 			// to its own. A batch sent before that fails there, and its
 			// calls are decided by their own statements.
-			return l.batch.do(ctx, key, n, q)
+			return l.batch.Do(ctx, key, n)
 		}
+		q := l.allowQuery(key, n)
 		return l.flights.Do(ctx, key, n, func(ctx context.Context) (Decision, error) {
 			return l.run(ctx, q)
 		}, l.followGCRA)
@@ -393,8 +400,9 @@ func (l *limiter) run(ctx context.Context, q query) (Decision, error) {
 	if err := l.check(ctx, l.db); err != nil {
 		return Decision{}, err
 	}
+	params := l.params(q)
 	for range maxAttempts {
-		d, decided, err := l.scan(l.db.QueryRow(ctx, l.sql(q, false), q.args...), q, false)
+		d, decided, err := l.scan(l.db.QueryRow(ctx, l.sql(q, false), params...), q, false)
 		switch code := pgtx.Code(err); {
 		case code == pgtx.CodeSerializationFailure:
 			continue // the statement was its own transaction: run it afresh
@@ -439,7 +447,7 @@ func (l *limiter) runTx(ctx context.Context, tx DB, q query) (Decision, error) {
 
 // runInSavepoint runs q in a savepoint of tx: see pgtx.InSavepoint.
 func (l *limiter) runInSavepoint(ctx context.Context, tx DB, q query) (d Decision, decided bool, err error) {
-	err = pgtx.InSavepoint(ctx, tx, l.cfg.Timeout, l.sql(q, true), q.args, func(row pgx.Row) error {
+	err = pgtx.InSavepoint(ctx, tx, l.cfg.Timeout, l.sql(q, true), l.params(q), func(row pgx.Row) error {
 		d, decided, err = l.scan(row, q, true)
 		return err
 	})

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -98,7 +99,7 @@ func (l *limiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
 	defer t.mu.Unlock()
 	t.pending -= n
 	switch {
-	case err != nil && unknownOutcome(err):
+	case err != nil && pgtx.UnknownOutcome(err):
 		// The units may have been given back: they never are twice.
 		t.refunded += n
 		return false, l.wrap(ctx, fmt.Errorf("refund, whose outcome is unknown: %w", err))

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -117,7 +118,7 @@ func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (Settlement,
 		return out, nil
 	case errors.Is(err, ErrNotAdmitted): // settled: there is nothing to settle
 		return Settlement{}, err
-	case !errors.Is(err, ErrInvalidCost) && unknownOutcome(err):
+	case !errors.Is(err, ErrInvalidCost) && pgtx.UnknownOutcome(err):
 		// It may have settled: it never does twice.
 		return Settlement{}, l.wrap(ctx, fmt.Errorf("settle, whose outcome is unknown: %w", err))
 	}

@@ -474,3 +474,11 @@ func Owed(limits []Limit, state []int64, tat *int64, now int64) int64 {
 	}
 	return owed
 }
+
+// GCRACost is what n units cost a single GCRA limit of emission interval
+// t and span burstT (µs): the increment nT its TAT moves by, and the
+// tolerance tau its TAT may stand ahead of now by for them to fit.
+func GCRACost(n int, t, burstT int64) (nT, tau int64) {
+	nT = int64(n) * t
+	return nT, burstT - nT
+}

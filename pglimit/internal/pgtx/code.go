@@ -65,3 +65,18 @@ func Unavailable(err error) bool {
 	}
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
+
+// UnknownOutcome reports whether a statement that failed with err may have
+// committed: its error came neither before it was sent nor from the server
+// aborting it. A connection lost after the statement was sent, a timeout
+// that closed it, or a backend terminated while its commit waited for a
+// synchronous standby (FATAL, after the commit) all may have.
+func UnknownOutcome(err error) bool {
+	if pgconn.SafeToRetry(err) {
+		return false
+	}
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return pe.Severity == "FATAL" || pe.Severity == "PANIC"
+	}
+	return true
+}

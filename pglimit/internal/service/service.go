@@ -1,7 +1,9 @@
-// Package service gives everything the library runs in the background (the
-// Cleaner, the Invalidator, the cleaners' leader election) one lifecycle: a
-// loop on one goroutine, started at most once, and stopped at most once,
-// with nothing of it left running when Stop returns.
+// Package service gives everything the library runs in the background one
+// lifecycle. A [Service] (the Cleaner, the Invalidator, the cleaners'
+// leader election) is a loop on one goroutine, started at most once, and
+// stopped at most once, with nothing of it left running when Stop returns.
+// [Jobs] (a lease's give-back) are one-shot work, each bounded by a
+// timeout, their failures counted.
 package service
 
 import (
@@ -9,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // ErrStarted reports a Start on a service started before, or stopped.
@@ -114,3 +118,31 @@ func (s *Service) Stop(ctx context.Context, then func()) (bool, error) {
 	s.cancel()
 	return true, err
 }
+
+// Jobs runs one-shot background work, such as a lease's give-back, each
+// job bounded by Timeout, and counts the jobs that fail. The zero Jobs
+// bounds nothing; set Timeout.
+type Jobs struct {
+	Timeout time.Duration
+	Cause   error // the cause of a job's context past Timeout
+
+	failures atomic.Int64
+}
+
+// Do runs job with a context that ends after Timeout, with Cause, and
+// returns its error, counting it as a failure if it is not nil.
+func (j *Jobs) Do(job func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeoutCause(context.Background(), j.Timeout, j.Cause)
+	defer cancel()
+	err := job(ctx)
+	if err != nil {
+		if cause := context.Cause(ctx); j.Cause != nil && errors.Is(cause, j.Cause) && !errors.Is(err, j.Cause) {
+			err = fmt.Errorf("%w: %w", j.Cause, err)
+		}
+		j.failures.Add(1)
+	}
+	return err
+}
+
+// Failures is how many jobs have failed.
+func (j *Jobs) Failures() int64 { return j.failures.Load() }

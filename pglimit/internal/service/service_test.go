@@ -95,3 +95,27 @@ func TestGraceful(t *testing.T) {
 		})
 	}
 }
+
+// A job's context ends after Timeout with Cause, its error then wraps
+// Cause, and every failed job is counted.
+func TestJobs(t *testing.T) {
+	errLate := errors.New("late")
+	j := Jobs{Timeout: 20 * time.Millisecond, Cause: errLate}
+	if err := j.Do(func(context.Context) error { return nil }); err != nil || j.Failures() != 0 {
+		t.Fatalf("a job that succeeds: %v, %d failures", err, j.Failures())
+	}
+	err := j.Do(func(ctx context.Context) error {
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	if !errors.Is(err, errLate) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a job past its timeout: %v, want it to wrap the cause and the deadline", err)
+	}
+	boom := errors.New("boom")
+	if err := j.Do(func(context.Context) error { return boom }); err != boom {
+		t.Fatalf("a job that fails at once: %v, want its own error alone", err)
+	}
+	if j.Failures() != 2 {
+		t.Fatalf("%d failures counted, want 2", j.Failures())
+	}
+}

@@ -1,85 +1,9 @@
-package pglimit
+package batch
 
 import (
 	"slices"
 	"time"
 )
-
-// Leases let a busy key of a high-rate limit be admitted without a round
-// trip per call. The batcher's statement for the key takes, beside its
-// callers' units, up to a lease's worth more, exactly as AllowN would: the
-// key's TAT moves past them. This process then hands those units out
-// locally, each only while the database clock is inside the range its
-// slot allows, so that every admission, leased or not, is one the
-// database could have made at that instant.
-//
-// The rule. Every admitted unit i holds a slot of the key's schedule: the
-// TAT just after it, tat_i. Slots are disjoint (each is T wide, as the
-// row's TAT only moves forward past them), and a unit admitted at instant
-// a_i satisfies tat_i - Burst*T <= a_i <= tat_i - T. Then any window of
-// width w, [s, s+w], sees at most Burst + w/T admissions: each of its
-// admissions has tat_i in [s+T, s+w+Burst*T], and there are at most
-// (w + Burst*T - T)/T + 1 disjoint T-wide slots there. The database's own
-// admissions satisfy both bounds (tat_i = max(TAT, now) + T). A lease of k
-// units from tat = start satisfies the lower bound for all of them when
-// start + k*T <= now + Burst*T at the statement's clock reading, which the
-// statement ensures; the upper bound, start + j*T for unit j, is the
-// deadline by which unit j must be handed out.
-//
-// The database clock is read once per statement, at t0, between the local
-// instants s (sent) and r (answered). A unit handed out at local time L
-// was handed out at database time no later than t0 + (L - s), so unit j is
-// handed out only while L <= s + (start + j*T - t0): a round trip of each
-// unit's range is lost rather than risk a unit late. The lower bound needs
-// nothing: L >= r, so the database time is past t0.
-//
-// Unit j's deadline is start + j*T, so a lease's unused units expire at
-// the limit's own rate, one every T, from start on. A lease is therefore
-// dated ahead of the statement's clock reading (start >= t0 + ahead, ahead
-// a quarter of Burst*T, or twice the recent round trip if that is longer,
-// at most half): the key's schedule then runs ahead of real time, and the
-// units of each lease stay usable for a while whatever the process's pace.
-// The slots skipped to date a lease ahead were unused; on a key that keeps
-// busy the schedule stays ahead, and each lease starts where the last one
-// ended, skipping nothing.
-//
-// A lease reaches past where a call could be admitted now, by a quarter of
-// Burst*T (at most 10 ms): its later units become usable later, at their
-// slot's lower bound, mapped onto the local clock as late as it can be.
-// While the lease's next units are not usable yet, or the key's row had no
-// room by what its last statement read, a call is refused here, without a
-// round trip, as the database would refuse it: the row's TAT only grows,
-// but for a Reset, which drops the lease. This is what lets a key whose
-// limit binds answer every call at once.
-//
-// The lease's size follows this process's demand for the key: none at
-// first, so that a key called by one caller at a time decides exactly as
-// without leases; then as many units as the demand since the last lease
-// (units used, calls that met a statement or were refused here) would use
-// in a horizon of four round trips (between a sixteenth and a quarter of
-// Burst*T), doubled while calls meet statements and no unit expires, at
-// most a quarter of the burst, so that the dating ahead and two instances'
-// leases fit in it. While the batcher's statements take longer than half
-// of Burst*T on average, a lease would expire on its way, and none is
-// taken. The next lease is asked for, together with whatever else
-// gathers, when the lease falls to half its size, so that a busy key's
-// callers do not wait for the database.
-//
-// A lease no call has come to for half of Burst*T gives the units of its
-// last run back, if the key's row is still as the statement that leased
-// them left it (its TAT, and the transaction that wrote it): the row's TAT
-// moves back over them, so that another instance may admit them. Each
-// slot is still handed out at most once: the units leave the lease before
-// the statement is sent, and come back only if it changed nothing. A
-// shorter pause keeps them: they serve this process when its calls
-// resume, where a lease dated ahead would skip most of them.
-//
-// A Reset forgets the key's lease in this process at once, and in the
-// others through the Invalidator (Config.Invalidator). Without one, a
-// lease taken before another instance's Reset keeps handing out its units
-// after it, until their deadlines: at most the lease's units, within
-// Burst*T of the Reset; and the refusals of a full key go on until the
-// TAT its last statement read, at most Burst*T plus the reach.
 
 // leaseMaxInterval is the slowest limit that leases: one unit per
 // millisecond, 1,000 a second. A slower key is served well by statements
@@ -93,8 +17,8 @@ const maxReach = 10 * 1000 // µs
 // maxLeaseUnits bounds a lease whatever the burst.
 const maxLeaseUnits = 4096
 
-// leases is a batcher's lease state, by key. It is guarded by the
-// batcher's mutex.
+// leases is a Group's lease state, by key. It is guarded by the
+// Group's mutex.
 type leases struct {
 	t, burstT int64 // µs
 	unit      time.Duration
@@ -119,15 +43,10 @@ func newLeases(t, burstT int64) *leases {
 	}
 }
 
-// leases reports whether a limiter of c leases: a single GCRA limit on
-// Upsert or NoWait for which newLeases returns leases.
-func (c *Config) leases() bool {
-	if c.Strategy == Range || c.Overrides || len(c.Limits) != 1 || c.Limits[0].Algorithm != GCRA {
-		return false
-	}
-	_, _, t, burstT := c.Limits[0].micros()
-	return newLeases(t, burstT) != nil
-}
+// Leases reports whether a single GCRA limit of emission interval t and
+// span burstT (µs) leases: its burst is 4 or more, and it admits a unit a
+// millisecond or faster.
+func Leases(t, burstT int64) bool { return newLeases(t, burstT) != nil }
 
 // lease is one key's: the runs of units this process holds, in the order
 // they are handed out, and how the next one is sized.
@@ -144,7 +63,7 @@ type lease struct {
 	asked         time.Time
 
 	last  time.Time   // a call of the key came to the lease
-	timer *time.Timer // to give the lease's tail back once idle (batcher.giveBack), if armed
+	timer *time.Timer // to give the lease's tail back once idle (Group.giveBack), if armed
 }
 
 // run is units of one statement: left of them, the next one usable from
@@ -242,7 +161,7 @@ func (ls *leases) met(key string, now time.Time) {
 }
 
 // leaseIdle is how long a key's lease state outlives the key's last call
-// once it holds no units: what a sweep of the batcher drops. It bounds the
+// once it holds no units: what a sweep of the Group drops. It bounds the
 // memory of keys that no longer come (docs/operations.md, "Bounds every
 // call keeps").
 const leaseIdle = time.Second
@@ -274,7 +193,7 @@ func (ls *leases) sweep(now time.Time, busy func(key string) bool) bool {
 
 // want is how many units the next statement on key asks for beside its
 // calls, and how far ahead of its clock reading they start (µs), as the
-// comment at the top of this file says. It is called once for each
+// package's doc says. It is called once for each
 // statement of the key that gathers.
 func (ls *leases) want(key string, now time.Time) (units, ahead int64) {
 	le := ls.keys[key]
@@ -322,18 +241,25 @@ func (ls *leases) quiet() time.Duration {
 	return time.Duration(ls.burstT/2) * time.Microsecond
 }
 
-// roundTrip notes how long a statement of the batcher took, sent to
+// roundTrip notes how long a statement of the Group took, sent to
 // answered: a moving average of the last few.
 func (ls *leases) roundTrip(d time.Duration) {
 	ls.rtt += (d.Microseconds() - ls.rtt) / 4
 }
 
-// add gives e's key what e's statement, answered at now, found: the row's
-// TAT as it left it, read at e.t0 (µs, database clock; 0 when the
-// statement did not decide the key), and the units it leased from TAT
-// e.start. It returns the key's lease when it gained units.
-func (ls *leases) add(e *entry, now time.Time) *lease {
-	le := ls.keys[e.key]
+// found is what a statement sent at sent found for a key: the row's TAT
+// as it left it, row, read at t0 (µs, database clock; 0 when the statement
+// did not decide the key) in transaction xid, and the units it leased from
+// TAT start.
+type found struct {
+	sent                        time.Time
+	t0, row, xid, leased, start int64
+}
+
+// add gives key what e, its statement answered at now, found. It returns
+// the key's lease when it gained units.
+func (ls *leases) add(key string, e found, now time.Time) *lease {
+	le := ls.keys[key]
 	if le == nil || e.t0 == 0 {
 		return nil
 	}

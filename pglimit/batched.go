@@ -1,0 +1,164 @@
+package pglimit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/batch"
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
+)
+
+// newBatch returns l's group commit (internal/batch), or nil when l does
+// not batch: l is not on Upsert or NoWait. table and column fill the batch
+// statements as they fill the single-key statements: batch.allow for a
+// single GCRA limit, which also leases, batch.general for any other set of
+// limits.
+func newBatch(l *limiter, table, column string) *batch.Group[Decision] {
+	if l.cfg.Strategy == Range {
+		return nil
+	}
+	patience := "true" // Upsert waits for a lock as long as Config.Timeout lets it
+	if l.cfg.Strategy == NoWait {
+		patience = queries.Static("nowait.condition") // set before the first lock
+	}
+	c := batch.Config{
+		DB: l.db, Timeout: l.cfg.Timeout, Expired: ErrTimeout,
+		Namespace: l.cfg.Namespace, LockClass: l.lockClass,
+		Contended: l.contended, T: l.emission, BurstT: l.burstT,
+	}
+	if !l.single { // per-key limits among them
+		c.General, c.Overrides = true, l.cfg.Overrides
+		c.SQL = generalBatch(l, table, column, "", "true")
+		c.WaitSQL = generalBatch(l, table, column, "true", patience)
+	} else {
+		c.SQL = queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "wait": "", "patience": "true"})
+		c.WaitSQL = queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "wait": "true", "patience": patience})
+		c.BackSQL = queries.Text("batch.give_back", queries.Args{"table": table})
+	}
+	return batch.New(c, (*batched)(l))
+}
+
+// leases reports whether a limiter of c leases: a single GCRA limit on
+// Upsert or NoWait that internal/batch leases.
+func (c *Config) leases() bool {
+	if c.Strategy == Range || c.Overrides || len(c.Limits) != 1 || c.Limits[0].Algorithm != GCRA {
+		return false
+	}
+	_, _, t, burstT := c.Limits[0].micros()
+	return batch.Leases(t, burstT)
+}
+
+// generalBatch writes batch.general, the batch statement of any set of
+// limits, for l's limits on table: wait and patience as batch.allow's.
+func generalBatch(l *limiter, table, column, wait, patience string) string {
+	var own *overrideSQL // nil: the limiter's own limits
+	args := queries.Args{
+		"table": table, "setting": column, "wait": wait, "patience": patience,
+		"state": arith.Shaped(l.specs, "t.state"), "width": strconv.Itoa(3 * len(l.specs)),
+		"own": "", "own_cols": "", "own_d": "", "own_c": "", "own_agg": "",
+	}
+	if l.cfg.Overrides {
+		o := newOverrideSQL(l.cfg.Limits)
+		own = &o
+		args["own"] = o.lateral(pgx.Identifier{l.cfg.Schema, overridesTable}.Sanitize(), "$1", "r.key", "own")
+		args["own_cols"] = ", " + o.columns("c")
+		args["own_d"] = ", " + o.out("d", false)
+		args["own_c"] = ", " + o.out("c", false)
+		args["own_agg"] = ", array_agg(rates), array_agg(bursts)"
+	}
+	count, _, state, expires := arith.BatchSQL(l.specs, "x.state", "x.tat", "x.now", "x.n", "x.calls", "g.granted", own.params("x."))
+	_, guard, _, _ := arith.BatchSQL(l.specs, "c.state", "c.tat", "c.now", "c.n", "1", "1", own.params("c."))
+	refuses := "NOT " + guard
+	if l.cfg.Overrides {
+		// A row the limits cannot use decides nothing: no call fits it,
+		// and it is no refusal either.
+		count = "CASE WHEN x.ok THEN " + count + " ELSE 0 END"
+		guard, refuses = "(c.ok AND "+guard+")", "(c.ok AND "+refuses+")"
+	}
+	args["guard"], args["refuses"], args["count"], args["new_state"], args["new_expires"] = guard, refuses, count, state, expires
+	return queries.Text("batch.general", args)
+}
+
+// batched is a limiter as its group commit sees it: what builds its
+// Decisions from the numbers a batch statement, or a lease, answered.
+type batched limiter
+
+var _ batch.Decider[Decision] = (*batched)(nil)
+
+// Run decides n units of key with the call's own statement.
+func (b *batched) Run(ctx context.Context, key string, n int) (Decision, error) {
+	l := (*limiter)(b)
+	return l.run(ctx, l.allowQuery(key, n))
+}
+
+// Answer is the Decision of a, a single GCRA limit's answer to n units of
+// key.
+func (b *batched) Answer(key string, n int, a batch.Answer) Decision {
+	l := (*limiter)(b)
+	switch a.Kind {
+	case batch.Admitted:
+		return l.withTicket(l.gcraDecision(true, a.TAT, a.Now, n), key, l.cfg.Limits, []int64{a.TAT})
+	case batch.Leased:
+		return Decision{
+			Allowed: true, Granted: n, Remaining: int(a.Left), ResetAfter: micros(max(a.TAT-a.Now, 0)),
+			Limit: l.cfg.Limits[0], policy: l.policy, at: a.Now, leased: true,
+		}
+	case batch.Refused:
+		d := l.gcraDecision(false, a.TAT, a.Now, n)
+		if a.Wait > 0 && (!a.Full || a.Wait < d.RetryAfter) {
+			d.RetryAfter = a.Wait
+			if n == 1 {
+				d.next = a.Wait
+			}
+		}
+		return d
+	}
+	return l.lostRace()
+}
+
+// General is the Decisions of calls calls of n units each on key, of which
+// batch.general, having found row, admitted the first row.Granted: each
+// call is evaluated on the row the calls before it left, under the
+// limiter's limits or the key's own.
+func (b *batched) General(key string, n, calls int, row batch.Row) ([]Decision, error) {
+	l := (*limiter)(b)
+	limits, policy, sp := l.cfg.Limits, l.policy, l.specs
+	if l.cfg.Overrides {
+		var err error
+		if limits, policy, err = l.ownLimits(row.Rates, row.Bursts, nil, n, modeAllow, 0); err != nil {
+			return nil, err
+		}
+		sp = specs(limits)
+	}
+	ds := make([]Decision, calls)
+	state, tat := row.State, row.TAT
+	for j := range ds {
+		ev := arith.Evaluate(sp, state, tat, row.Now, int64(n), arith.Allow, 0)
+		if ev.Allowed != (int64(j) < row.Granted) {
+			return nil, fmt.Errorf("the database admitted %d of %d calls of %d units; the library's arithmetic differs at call %d on the same state: a bug; please report it",
+				row.Granted, calls, n, j+1)
+		}
+		ds[j] = evaluated(ev, limits, policy, row.Now, n, modeAllow)
+		if ev.Allowed {
+			ds[j] = l.withTicket(ds[j], key, limits, ev.Anchors)
+			var expires int64
+			state, expires = arith.Admit(sp, state, tat, row.Now, int64(n))
+			tat = &expires
+		}
+	}
+	return ds, nil
+}
+
+// Follow is the refusal of n units that last, a statement's answer on the
+// key sent since ago, implies, if it does.
+func (b *batched) Follow(last Decision, n int, since time.Duration) (Decision, bool) {
+	return (*limiter)(b).followGCRA(last, n, since)
+}
+
+// Failed is a batch.general statement's error as the limiter reports it.
+func (b *batched) Failed(err error) error { return unknownZone(b.cfg.Limits, err) }
