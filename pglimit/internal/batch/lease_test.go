@@ -159,8 +159,8 @@ func TestLeaseFull(t *testing.T) {
 		n     int
 		full  bool
 	}{
-		{after: 0, n: 1, full: false},       // 10,900 <= 10,000 + 1,000 - 100
-		{after: 0, n: 2, full: true},        // 10,900 > 10,000 + 1,000 - 200
+		{after: 0, n: 1, full: false}, // 10,900 <= 10,000 + 1,000 - 100
+		{after: 0, n: 2, full: true},  // 10,900 > 10,000 + 1,000 - 200
 		{after: 100 * time.Microsecond, n: 2, full: false},
 		{after: 99 * time.Microsecond, n: 2, full: true},
 	} {
