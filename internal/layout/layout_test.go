@@ -29,14 +29,14 @@ var mayImport = map[string][]string{
 	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/leadership"},
 	"pglimit/internal/leadership": {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/service"},
 	"pglimit/pglimitsem":          {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/internal/"},
-	"pglimit/pglimithttp":         {"~/pglimit", "~/pglimit/pglimitsem", "~/internal/observe", "~/internal/onerror"},
-	"pglimit/pglimitprom":         {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitsem", "~/internal/observe"},
+	"pglimit/pglimithttp":         {"~/pglimit", "~/pglimit/pglimitsem", "~/internal/onpglimit/observe", "~/internal/onerror"},
+	"pglimit/pglimitprom":         {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitsem", "~/internal/onpglimit/observe"},
 	"pglimit/pglimitsql":          {"github.com/jackc/pgx/v5/", "~/pglimit"},
-	"pglimit/pglimittest":         {"github.com/jackc/pgx/v5/", "~/pglimit", "~/internal/testdb"},
+	"pglimit/pglimittest":         {"github.com/jackc/pgx/v5/", "~/pglimit", "~/internal/onpglimit/testdb"},
 	"migrations":                  {},
-	"internal/observe":            {"github.com/jackc/pgx/v5/", "~/pglimit"},
+	"internal/onpglimit/observe":  {"github.com/jackc/pgx/v5/", "~/pglimit"},
 	"internal/onerror":            {},
-	"internal/testdb":             {"github.com/jackc/pgx/v5/", "go.uber.org/goleak", "~/pglimit", "~/internal/pgserver"},
+	"internal/onpglimit/testdb":   {"github.com/jackc/pgx/v5/", "go.uber.org/goleak", "~/pglimit", "~/internal/pgserver"},
 	"internal/pgserver":           {"github.com/jackc/pgx/v5/"},
 	"internal/layout":             {},
 	"cmd/pglimit":                 {"github.com/jackc/pgx/v5/", "~/pglimit"},
@@ -44,7 +44,7 @@ var mayImport = map[string][]string{
 }
 
 // testing belongs in the test harnesses only, never in what users run.
-var mayImportTesting = []string{"pglimit/pglimittest", "internal/testdb"}
+var mayImportTesting = []string{"pglimit/pglimittest", "internal/onpglimit/testdb"}
 
 // Every package imports only what its line allows, and a new package gets
 // a line.

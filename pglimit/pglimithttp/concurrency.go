@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/pglimit/cooldown/internal/observe"
+	"github.com/pglimit/cooldown/internal/onpglimit/observe"
 	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
