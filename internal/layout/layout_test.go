@@ -72,6 +72,36 @@ func TestImports(t *testing.T) {
 	}
 }
 
+// above is the folder of the root internal/ that holds the packages built
+// on pglimit; the folders beside it hold the leaves.
+const above = "internal/onpglimit/"
+
+// The root internal/ is split by layer, so that no folder holds both a
+// package that imports pglimit and a leaf that pglimit's own tree imports
+// (pglimithttp imports onerror): every package under internal/onpglimit/
+// imports pglimit, and no other package under internal/ imports pglimit or
+// anything under internal/onpglimit/.
+func TestInternalLayers(t *testing.T) {
+	for pkg, imports := range listImports(t) {
+		if !strings.HasPrefix(pkg, "internal/") {
+			continue
+		}
+		builtOn := slices.Contains(imports, module+"/pglimit")
+		if strings.HasPrefix(pkg, above) {
+			if !builtOn {
+				t.Errorf("%s does not import pglimit: a leaf belongs directly under internal/, not under %s", pkg, above)
+			}
+			continue
+		}
+		for _, imp := range imports {
+			local := strings.Replace(imp, module, "~", 1)
+			if local == "~/pglimit" || strings.HasPrefix(local, "~/"+above) {
+				t.Errorf("%s imports %s: a package built on pglimit belongs under %s", pkg, local, above)
+			}
+		}
+	}
+}
+
 // docs/development.md's layout names every folder that holds a package of
 // the main module.
 func TestLayoutDocumented(t *testing.T) {
