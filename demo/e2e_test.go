@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 )
 
 // The end-to-end test runs what docker-compose.yml runs, minus Docker and

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 )
 
 // `make demo`, stopped with Ctrl-C as a terminal sends it (SIGINT to the

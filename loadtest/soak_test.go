@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 )
 
 // A short soak: faults are injected, a failover among them, and the audit

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 )
 

@@ -63,14 +63,16 @@ const (
 	decideArgs     = "(bigint[],bigint,bigint,bigint,integer,bigint,bigint[])"
 )
 
-// Distribute makes the limiter tables of schema ("" means "public"), which
-// [Migrate] created, Citus distributed tables sharded by key, all in one
-// colocation group, and installs the functions that decide in one hop on
-// the node that holds a key (see docs/citus.md). Run it on the coordinator
-// after Migrate, and again after every Migrate that applied a migration; it
-// is idempotent, and serialized between instances. Limiters need no other
-// change: each finds out on its first decision that its table is
-// distributed. Without the citus extension it returns an error wrapping
+// Distribute makes the limiter tables of schema Citus distributed tables,
+// so that a decision takes one hop, to the node that holds its key.
+//
+// schema "" means "public". The tables, which [Migrate] created, are sharded
+// by key, all in one colocation group, and Distribute installs the functions
+// that decide on the node that holds a key (see docs/citus.md). Run it on
+// the coordinator after Migrate, and again after every Migrate that applied
+// a migration; it is idempotent, and serialized between instances. Limiters
+// need no other change: each finds out on its first decision that its table
+// is distributed. Without the citus extension it returns an error wrapping
 // [ErrUnsupported] and changes nothing.
 func Distribute(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	schema = cmp.Or(schema, defaultSchema)

@@ -287,9 +287,11 @@ func isCooldown(limits []Limit) bool {
 	return len(limits) == 1 && limits[0].Algorithm == GCRA && limits[0].Burst == 1
 }
 
-// ValidateKey reports whether key can be used as a key or namespace: it must
-// be non-empty, at most [MaxKeyLength] bytes, valid UTF-8 and free of NUL
-// bytes (which PostgreSQL text cannot hold). The error wraps [ErrInvalidKey].
+// ValidateKey reports whether key can be used as a key or namespace.
+//
+// It must be non-empty, at most [MaxKeyLength] bytes, valid UTF-8 and free
+// of NUL bytes (which PostgreSQL text cannot hold). The error wraps
+// [ErrInvalidKey].
 func ValidateKey(key string) error {
 	switch {
 	case key == "":
@@ -307,9 +309,11 @@ func ValidateKey(key string) error {
 var identifierRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // ValidateIdentifier reports whether name is a plain, lower-case SQL
-// identifier of at most 63 bytes (PostgreSQL's limit): a letter or
-// underscore, then letters, digits or underscores. Such a name means the same
-// quoted or not, so schemas made by hand and by migrations agree.
+// identifier of at most 63 bytes (PostgreSQL's limit).
+//
+// That is a letter or underscore, then letters, digits or underscores. Such
+// a name means the same quoted or not, so schemas made by hand and by
+// migrations agree.
 func ValidateIdentifier(name string) error {
 	if !identifierRE.MatchString(name) {
 		return fmt.Errorf("%q is not a plain identifier (lower-case letters, digits and _, at most 63 bytes, not starting with a digit)", name)

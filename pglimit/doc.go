@@ -79,15 +79,22 @@
 //
 // # Transactions
 //
-// [Limiter.AllowTx] decides inside the caller's transaction, so units are
-// consumed only if the caller's work commits. Its statement runs in a
-// savepoint, so it never aborts the caller's transaction: a lost race, at any
-// isolation level, is a refusal, and a wait past Config.Timeout (bounded on
-// the server by lock_timeout) is [ErrTimeout]. While that transaction is open,
-// other requests for the key wait for it, up to Config.Timeout (NoWait refuses
-// them instead, once the key has a committed row), so keep such transactions
-// short: the admission is dated when AllowTx writes, not when the transaction
-// commits.
+// [Limiter.AllowTx] and [Limiter.AllowTxN] decide inside the caller's
+// transaction, so units are consumed only if the caller's work commits. Their
+// statement runs in a savepoint, so it never aborts the caller's transaction:
+// a lost race, at any isolation level, is a refusal, and a wait past
+// Config.Timeout (bounded on the server by lock_timeout) is [ErrTimeout]; the
+// transaction stays usable either way. While that transaction is open, other
+// requests for the key wait for it, up to Config.Timeout (NoWait refuses them
+// instead, except for a key the transaction admits for the first time, whose
+// new row they wait on), so keep such transactions short: the admission is
+// dated when AllowTx writes, not when the transaction commits.
+//
+// Two things do end the caller's transaction. Cancelling ctx while the
+// statement runs does, because the driver then closes the connection; so does
+// a server that does not answer at all, which AllowTx gives up on one second
+// past Config.Timeout ([ErrTimeout]), leaving the server that second to report
+// its own.
 //
 // [Limiter.Allow] decides the same whatever the session's default isolation
 // level: a serialization failure of its own statement makes it run again on a

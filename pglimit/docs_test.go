@@ -2,6 +2,10 @@ package pglimit_test
 
 import (
 	"fmt"
+	"go/ast"
+	"go/doc"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -136,4 +140,82 @@ func (b goBlock) check() error {
 	return fmt.Errorf("is not in %s as it is: line %d of the doc (%q) does not follow the block's %d lines above it there; "+
 		"copy the code from %s again, or change it there first so that its test holds it",
 		b.from, b.line+1+longest, b.lines[longest], longest, b.from)
+}
+
+// maxContractWords bounds the first sentence of an exported function's or
+// method's doc: its contract, in the style of x/time/rate ("AllowN reports
+// whether n events may happen at time now."). The mechanism follows in
+// later sentences, or in the package's doc.go.
+const maxContractWords = 25
+
+// TestDocContracts holds the doc of every exported function and method of
+// the packages users import, interface methods included, to open with one
+// sentence that names it and states its contract in at most
+// maxContractWords words.
+func TestDocContracts(t *testing.T) {
+	t.Parallel()
+	for _, dir := range []string{".", "pglimitsem", "pglimithttp", "pglimitsql", "pglimittest"} {
+		names, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fset := token.NewFileSet()
+		var files []*ast.File
+		for _, name := range names {
+			if strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files = append(files, f)
+		}
+		p, err := doc.NewFromFiles(fset, files, "github.com/pglimit/cooldown/pglimit/"+dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// check holds the doc of the function or method name (of typ,
+		// unless "") to the rule.
+		check := func(pos token.Pos, typ, name, text string) {
+			what := name
+			if typ != "" {
+				what = typ + "." + name
+			}
+			first := p.Synopsis(text)
+			switch words := len(strings.Fields(first)); {
+			case text == "":
+				t.Errorf("%v: %s has no doc", fset.Position(pos), what)
+			case !strings.HasPrefix(text, name+" "):
+				t.Errorf("%v: %s's doc does not begin with its name: %q", fset.Position(pos), what, first)
+			case words > maxContractWords:
+				t.Errorf("%v: %s's first sentence has %d words, more than %d: "+
+					"state the contract in one sentence, then the mechanism: %q",
+					fset.Position(pos), what, words, maxContractWords, first)
+			}
+		}
+		for _, f := range p.Funcs {
+			check(f.Decl.Pos(), "", f.Name, f.Doc)
+		}
+		for _, typ := range p.Types {
+			for _, f := range typ.Funcs {
+				check(f.Decl.Pos(), "", f.Name, f.Doc)
+			}
+			for _, m := range typ.Methods {
+				check(m.Decl.Pos(), typ.Name, m.Name, m.Doc)
+			}
+			for _, spec := range typ.Decl.Specs {
+				iface, ok := spec.(*ast.TypeSpec).Type.(*ast.InterfaceType)
+				if !ok {
+					continue
+				}
+				for _, field := range iface.Methods.List {
+					if _, ok := field.Type.(*ast.FuncType); !ok || len(field.Names) == 0 || !field.Names[0].IsExported() {
+						continue // an embedded interface or an unexported method
+					}
+					check(field.Pos(), typ.Name, field.Names[0].Name, field.Doc.Text())
+				}
+			}
+		}
+	}
 }

@@ -56,15 +56,15 @@ func (d Decisions) Refused() []int {
 	return out
 }
 
-// AllowAll decides for a request of cost n at every level of charges at
-// once: it admits, and charges n units to every level, only if every level
-// admits it; otherwise it charges none. One statement decides, so no
-// instance can slip between the levels, and the levels are locked in one
-// global order whatever order the charges come in, so concurrent calls
-// never deadlock. A refusal names the levels that refused, each with its
-// RetryAfter (docs/limits.md, "Several keys at once"); like a single
-// key's, it is decided on the statement's snapshot, with no lock and no
-// write.
+// AllowAll admits a request of cost n only if every level of charges
+// admits it, and then charges n units to every level.
+//
+// Otherwise it charges none. One statement decides, so no instance can slip
+// between the levels, and the levels are locked in one global order whatever
+// order the charges come in, so concurrent calls never deadlock. A refusal
+// names the levels that refused, each with its RetryAfter (docs/limits.md,
+// "Several keys at once"); like a single key's, it is decided on the
+// statement's snapshot, with no lock and no write.
 //
 // Each Limiter must come from [New] (an instrumented one is unwrapped, and
 // its metrics do not see the call), with the Upsert or NoWait strategy,

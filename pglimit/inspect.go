@@ -114,15 +114,16 @@ func inspectSQL(c Config) string {
 	return queries.Text("inspect.key", args)
 }
 
-// LimitedKeys returns the keys of cfg's namespace that would refuse a
-// request of n units now (n = 1: the keys at their limit), in key order,
+// LimitedKeys returns a page of the keys of cfg's namespace that would
+// refuse a request of n units now, each as [Inspect] reads it.
+//
+// With n = 1, these are the keys at their limit. The keys come in key order,
 // starting after the key after ("" for the first page), at most max (1 to
-// 1000) of them, each as [Inspect] reads it. n is at least 1 and at most
-// what the smallest of the limits admits at once. It is one statement that
-// walks the namespace's rows in key order until it has found max, bounded
-// by [Config.Timeout]: on a namespace of millions of keys with few at their
-// limit, page through it or give a longer Timeout. [ErrUnsupported] for
-// the Range strategy.
+// 1000) of them. n is at least 1 and at most what the smallest of the limits
+// admits at once. It is one statement that walks the namespace's rows in key
+// order until it has found max, bounded by [Config.Timeout]: on a namespace
+// of millions of keys with few at their limit, page through it or give a
+// longer Timeout. [ErrUnsupported] for the Range strategy.
 func LimitedKeys(ctx context.Context, db DB, cfg *Config, n int, after string, max int) ([]KeyState, error) {
 	c, err := inspectable(cfg, "LimitedKeys")
 	if err != nil {

@@ -31,6 +31,7 @@ const (
 	SlidingWindow
 )
 
+// String returns the algorithm's lower-case name, such as "gcra".
 func (a Algorithm) String() string {
 	switch a {
 	case GCRA:

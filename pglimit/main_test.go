@@ -3,7 +3,7 @@ package pglimit_test
 import (
 	"testing"
 
-	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

@@ -205,26 +205,29 @@ func costFits(limits []Limit, n, mode int, maxDelay int64) error {
 	return nil
 }
 
-// SetKeyLimits gives key its own rates and bursts for some of the limits
-// of the limiter cfg configures (with [Config.Overrides] set), for good,
-// or, with no limits, takes them away. Each of limits names one of cfg's
-// by Name and gives its Rate, its Burst, or both; its other fields must be
-// zero, as a key's limit differs from the limiter's in rate and burst
-// only. The next decision on the key, on every instance, uses them; the
-// key keeps what it has consumed (docs/limits.md). The same can be done
-// with plain SQL on pglimit_overrides. A limit name the configuration does
-// not have, or a rate or burst it would refuse (such as a GCRA burst that
-// takes more than 366 days to replenish at the key's rate), is
-// [ErrInvalidConfig], and nothing is written. Like a decision, it waits at
-// most [Config.Timeout] ([ErrTimeout]) and needs a server that can write
+// SetKeyLimits gives key its own rates and bursts for some of cfg's
+// limits, for good, or, given no limits, takes them away.
+//
+// cfg is the limiter's configuration, with [Config.Overrides] set. Each of
+// limits names one of cfg's by Name and gives its Rate, its Burst, or both;
+// its other fields must be zero, as a key's limit differs from the limiter's
+// in rate and burst only. The next decision on the key, on every instance,
+// uses them; the key keeps what it has consumed (docs/limits.md). The same
+// can be done with plain SQL on pglimit_overrides. A limit name the
+// configuration does not have, or a rate or burst it would refuse (such as a
+// GCRA burst that takes more than 366 days to replenish at the key's rate),
+// is [ErrInvalidConfig], and nothing is written. Like a decision, it waits
+// at most [Config.Timeout] ([ErrTimeout]) and needs a server that can write
 // ([ErrReadOnly]).
 func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ...Limit) error {
 	return setKeyLimits(ctx, db, cfg, key, nil, limits)
 }
 
 // SetKeyLimitsFor is SetKeyLimits for ttl: the key's own limits lapse ttl
-// after they are written, on the database clock, and the key is back on
-// the limiter's limits, keeping what it consumed meanwhile. A ttl that is
+// after they are written.
+//
+// ttl runs on the database clock; when it ends the key is back on the
+// limiter's limits, keeping what it consumed meanwhile. A ttl that is
 // not positive, or is longer than 366 days, is [ErrInvalidConfig].
 func SetKeyLimitsFor(ctx context.Context, db DB, cfg *Config, key string, ttl time.Duration, limits ...Limit) error {
 	if ttl <= 0 || ttl > maxPeriod {
@@ -289,10 +292,12 @@ type KeyLimits struct {
 	Updated time.Time
 }
 
-// ListKeyLimits returns the keys of cfg's namespace that have their own
-// limits now (lapsed ones are left out), in key order, starting after the
-// key after ("" for the first page), at most max (1 to 1000) of them. It
-// is one statement, bounded by [Config.Timeout].
+// ListKeyLimits returns a page of the keys of cfg's namespace that have
+// their own limits now.
+//
+// Lapsed limits are left out. The keys come in key order, starting after
+// the key after ("" for the first page), at most max (1 to 1000) of them.
+// It is one statement, bounded by [Config.Timeout].
 func ListKeyLimits(ctx context.Context, db DB, cfg *Config, after string, max int) ([]KeyLimits, error) {
 	c, table, err := overridesOf(cfg, "ListKeyLimits")
 	if err != nil {

@@ -10,12 +10,13 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
-// Pause makes lim refuse key for d from now, on the database's clock,
-// from every instance, and then admit it again at its limit's rate: one
-// unit when d ends, the burst refilling from there. It is for an upstream
-// that said to wait, such as a 429's Retry-After (pglimithttp's
-// Transport). A pause never shortens one in force, nor a wait the key has
-// already earned.
+// Pause makes lim refuse key for d from now, on every instance, and then
+// admit it again at its limit's rate.
+//
+// d runs on the database's clock. When it ends the key has one unit, the
+// burst refilling from there. Pause is for an upstream that said to wait,
+// such as a 429's Retry-After (pglimithttp's Transport). A pause never
+// shortens one in force, nor a wait the key has already earned.
 //
 // lim must come from [New] with one GCRA limit, no per-key limits, on the
 // Upsert or NoWait strategy, not on a Citus distributed table

@@ -39,47 +39,43 @@ type Limiter interface {
 	// count only if tx commits.
 	//
 	// tx is a pgx.Tx, or a database/sql transaction (GORM's, sqlx's, ...)
-	// through pglimitsql.Tx. The decision is dated from its write, not
-	// from the commit. While tx is open, other requests for the same key
-	// wait for it, up to Config.Timeout (NoWait refuses them instead,
-	// except for a key tx admits for the first time, whose new row they
-	// wait on). AllowTxN never aborts tx: its statement runs in a
-	// savepoint, so a lost race (at any isolation level) is a refusal and a
-	// wait past Config.Timeout, bounded on the server by lock_timeout, is
-	// [ErrTimeout], and tx stays usable either way. Cancelling ctx while the
-	// statement runs does end tx, because the driver then closes the
-	// connection; so does a server that does not answer at all, which
-	// AllowTxN gives up on one second past Timeout (ErrTimeout), leaving
-	// the server that second to report its own.
+	// through pglimitsql.Tx. AllowTxN never aborts tx, but cancelling ctx
+	// while its statement runs ends tx; the package doc's Transactions
+	// section says how it waits, dates and fails.
 	AllowTxN(ctx context.Context, tx DB, key string, n int) (Decision, error)
 
 	// AllowAtMost admits as many of n units as every limit allows now, at
-	// least one, and reports how many in [Decision.Granted]; it refuses
-	// only when not even one unit is available. n may exceed what the
-	// limits could admit at once.
+	// least one, and reports how many in [Decision.Granted].
+	//
+	// It refuses only when not even one unit is available. n may exceed
+	// what the limits could admit at once.
 	AllowAtMost(ctx context.Context, key string, n int) (Decision, error)
 
 	// Reserve admits n units now if the key's GCRA limits would admit them
-	// within maxDelay, and returns in [Decision.Delay] how long the caller
-	// must wait before acting (zero when they fit the burst now). It
-	// refuses when the wait would exceed maxDelay. Like nginx's burst
-	// without nodelay: requests are queued, not refused, up to a point.
+	// within maxDelay, and reports in [Decision.Delay] how long to wait
+	// before acting.
+	//
+	// The Delay is zero when the units fit the burst now. Reserve refuses
+	// when the wait would exceed maxDelay. Like nginx's burst without
+	// nodelay: requests are queued, not refused, up to a point.
 	// [ErrUnsupported] for window limits and for the Range strategy.
 	Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error)
 
-	// Refund gives back n of the units the admission d took, because the
-	// work they paid for did not happen: a failed export that should not
-	// count. It never gives back more than d took, and never leaves the
-	// key better off than if those units had not been asked for: each
-	// limit takes them back only while the admission still weighs on it
-	// as it left it. A GCRA limit, only if nothing admitted since still
-	// counts (its TAT is the one d left); a window, only within the window
-	// d counted in. Each limit decides for itself: true means that every
-	// limit took the units back, false that at least one kept them (any
-	// other took them back), which is no error. Either way the n units are
-	// spent: d has n fewer left to give back. So are they when Refund
-	// fails after its statement was sent (a connection lost), since it may
-	// have given them back: no units are ever given back twice.
+	// Refund gives back n of the units admission d took, for work that did
+	// not happen, and reports whether every limit took them back.
+	//
+	// A failed export, say, should not count. Refund never gives back more
+	// than d took, and never leaves the key better off than if those units
+	// had not been asked for: each limit takes them back only while the
+	// admission still weighs on it as it left it. A GCRA limit, only if
+	// nothing admitted since still counts (its TAT is the one d left); a
+	// window, only within the window d counted in. Each limit decides for
+	// itself: true means that every limit took the units back, false that at
+	// least one kept them (any other took them back), which is no error.
+	// Either way the n units are spent: d has n fewer left to give back. So
+	// are they when Refund fails after its statement was sent (a connection
+	// lost), since it may have given them back: no units are ever given back
+	// twice.
 	//
 	// A decision of AllowTx or AllowTxN gives back only what its
 	// transaction committed. If the transaction rolled back, or a savepoint
@@ -122,7 +118,9 @@ type Policy struct {
 }
 
 // LongestWait is the longest any of the policy's limits can make a key
-// wait: a full burst for GCRA, a window, two for a sliding window. It is
+// wait.
+//
+// That is a full burst for GCRA, a window, two for a sliding window. It is
 // the RetryAfter of a refusal whose own wait is unknown, such as an answer
 // given while the database is down.
 func (p Policy) LongestWait() time.Duration {
@@ -137,7 +135,10 @@ func (p Policy) LongestWait() time.Duration {
 // pgx.Tx satisfy it; package pglimitsql adapts database/sql's *sql.DB and
 // transactions to it.
 type DB interface {
+	// Exec runs sql with args, as pgx's Exec does.
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	// QueryRow runs sql with args and returns its first row, as pgx's
+	// QueryRow does.
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 

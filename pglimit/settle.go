@@ -46,13 +46,15 @@ func settleStatement(limits []Limit, table string) string {
 	})
 }
 
-// Settle settles admission d of lim at its real cost, once the work it
-// paid for has told it: it gives back the units d's estimate (its
-// Granted) exceeded cost by, or charges those cost exceeded it by. A
-// charge may put the key into debt, up to each limit's [Limit.Debt]: the
-// key is then refused until the debt is repaid at the limit's rate, and
-// what the cap does not allow is forgiven (docs/limits.md, "Settling
-// with debt").
+// Settle settles admission d of lim at cost, its real cost, by giving
+// back or charging the difference from d's estimate.
+//
+// Call it once the work d paid for has told its cost: it gives back the
+// units d's estimate (its Granted) exceeded cost by, or charges those cost
+// exceeded it by. A charge may put the key into debt, up to each limit's
+// [Limit.Debt]: the key is then refused until the debt is repaid at the
+// limit's rate, and what the cap does not allow is forgiven (docs/limits.md,
+// "Settling with debt").
 //
 // A decision settles once ([ErrAlreadySettled]), by the limiter that made
 // it ([ErrForeignDecision]), and only if it took units from the database

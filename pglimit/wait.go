@@ -16,10 +16,12 @@ func Wait(ctx context.Context, lim Limiter, key string) (Decision, error) {
 	return WaitN(ctx, lim, key, 1)
 }
 
-// WaitN blocks until n units of key are the caller's, or ctx ends: it
-// reserves them ([Limiter.Reserve]) within the time ctx leaves, then waits
-// out the reservation's Delay. Like x/time/rate's WaitN, for background
-// work and outbound calls that would rather wait their turn than fail.
+// WaitN blocks until n units of key are the caller's, or ctx ends.
+//
+// It reserves them ([Limiter.Reserve]) within the time ctx leaves, then
+// waits out the reservation's Delay. Like x/time/rate's WaitN, for
+// background work and outbound calls that would rather wait their turn than
+// fail.
 //
 // Across instances the database hands out the slots, so waiters of every
 // instance are served in the order they reserved, at the limits' rate. A
@@ -43,8 +45,10 @@ func WaitN(ctx context.Context, lim Limiter, key string, n int) (Decision, error
 }
 
 // WaitAtMost is WaitN for a wait of at most maxDelay (and within ctx's
-// deadline): units that come later are refused at once, with the refusal
-// and no error, and nothing is consumed. An admission's Delay is how long
+// deadline).
+//
+// Units that would come later are refused at once, with the refusal and
+// no error, and nothing is consumed. An admission's Delay is how long
 // it waited. nginx's limit_req without nodelay holds requests this way
 // (pglimithttp's Config.MaxDelay).
 func WaitAtMost(ctx context.Context, lim Limiter, key string, n int, maxDelay time.Duration) (Decision, error) {

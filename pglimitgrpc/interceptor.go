@@ -21,8 +21,8 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/pglimit/cooldown/internal/observe"
 	"github.com/pglimit/cooldown/internal/onerror"
+	"github.com/pglimit/cooldown/internal/onpglimit/observe"
 	"github.com/pglimit/cooldown/pglimit"
 )
 

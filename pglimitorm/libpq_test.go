@@ -11,7 +11,7 @@ import (
 
 	_ "github.com/lib/pq" // database/sql driver "postgres"
 
-	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitsql"
 )

@@ -36,7 +36,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pglimit/cooldown/internal/observe"
+	"github.com/pglimit/cooldown/internal/onpglimit/observe"
 	"github.com/pglimit/cooldown/pglimit"
 )
 

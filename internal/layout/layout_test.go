@@ -30,14 +30,14 @@ var mayImport = map[string][]string{
 	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/leadership"},
 	"pglimit/internal/leadership": {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/service"},
 	"pglimit/pglimitsem":          {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/internal/"},
-	"pglimit/pglimithttp":         {"~/pglimit", "~/pglimit/pglimitsem", "~/internal/observe", "~/internal/onerror"},
-	"pglimit/pglimitprom":         {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitsem", "~/internal/observe"},
+	"pglimit/pglimithttp":         {"~/pglimit", "~/pglimit/pglimitsem", "~/internal/onpglimit/observe", "~/internal/onerror"},
+	"pglimit/pglimitprom":         {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitsem", "~/internal/onpglimit/observe"},
 	"pglimit/pglimitsql":          {"github.com/jackc/pgx/v5/", "~/pglimit"},
-	"pglimit/pglimittest":         {"github.com/jackc/pgx/v5/", "~/pglimit", "~/internal/testdb"},
+	"pglimit/pglimittest":         {"github.com/jackc/pgx/v5/", "~/pglimit", "~/internal/onpglimit/testdb"},
 	"migrations":                  {},
-	"internal/observe":            {"github.com/jackc/pgx/v5/", "~/pglimit"},
+	"internal/onpglimit/observe":  {"github.com/jackc/pgx/v5/", "~/pglimit"},
 	"internal/onerror":            {},
-	"internal/testdb":             {"github.com/jackc/pgx/v5/", "go.uber.org/goleak", "~/pglimit", "~/internal/pgserver"},
+	"internal/onpglimit/testdb":   {"github.com/jackc/pgx/v5/", "go.uber.org/goleak", "~/pglimit", "~/internal/pgserver"},
 	"internal/pgserver":           {"github.com/jackc/pgx/v5/"},
 	"internal/layout":             {},
 	"cmd/pglimit":                 {"github.com/jackc/pgx/v5/", "~/pglimit"},
@@ -45,7 +45,7 @@ var mayImport = map[string][]string{
 }
 
 // testing belongs in the test harnesses only, never in what users run.
-var mayImportTesting = []string{"pglimit/pglimittest", "internal/testdb"}
+var mayImportTesting = []string{"pglimit/pglimittest", "internal/onpglimit/testdb"}
 
 // Every package imports only what its line allows, and a new package gets
 // a line.
@@ -68,6 +68,36 @@ func TestImports(t *testing.T) {
 				return local == a || strings.HasSuffix(a, "/") && (strings.HasPrefix(local, a) || local == strings.TrimSuffix(a, "/"))
 			}) {
 				t.Errorf("%s imports %s, which its line does not allow", pkg, local)
+			}
+		}
+	}
+}
+
+// above is the folder of the root internal/ that holds the packages built
+// on pglimit; the folders beside it hold the leaves.
+const above = "internal/onpglimit/"
+
+// The root internal/ is split by layer, so that no folder holds both a
+// package that imports pglimit and a leaf that pglimit's own tree imports
+// (pglimithttp imports onerror): every package under internal/onpglimit/
+// imports pglimit, and no other package under internal/ imports pglimit or
+// anything under internal/onpglimit/.
+func TestInternalLayers(t *testing.T) {
+	for pkg, imports := range listImports(t) {
+		if !strings.HasPrefix(pkg, "internal/") {
+			continue
+		}
+		builtOn := slices.Contains(imports, module+"/pglimit")
+		if strings.HasPrefix(pkg, above) {
+			if !builtOn {
+				t.Errorf("%s does not import pglimit: a leaf belongs directly under internal/, not under %s", pkg, above)
+			}
+			continue
+		}
+		for _, imp := range imports {
+			local := strings.Replace(imp, module, "~", 1)
+			if local == "~/pglimit" || strings.HasPrefix(local, "~/"+above) {
+				t.Errorf("%s imports %s: a package built on pglimit belongs under %s", pkg, local, above)
 			}
 		}
 	}

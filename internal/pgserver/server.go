@@ -1,6 +1,6 @@
 // Package pgserver starts a throwaway PostgreSQL (a testcontainers-go
 // container or a cluster from local binaries) and PgBouncer, for the test
-// harness (internal/testdb), the demo and the load test. It imports neither
+// harness (internal/onpglimit/testdb), the demo and the load test. It imports neither
 // testing nor testcontainers, so that the binaries that use it ship no test
 // code: the container is started by the pgcontainer command, a module of its
 // own beside this package, which the launcher runs with go run.

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/pglimit/cooldown/internal/observe"
+	"github.com/pglimit/cooldown/internal/onpglimit/observe"
 	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
@@ -16,11 +16,12 @@ import (
 // every slot of its key was held.
 const OutcomeBusy Outcome = observe.Busy
 
-// Concurrency returns a middleware that holds one of sem's slots for the
-// request's key while the handler runs, so that at most sem.Slots()
-// requests of a key are served at once across every instance. The slot's
-// lease is extended every third of its TTL while the handler runs, and
-// the slot is released when the handler returns.
+// Concurrency returns a middleware that serves at most sem.Slots()
+// requests of a key at once, across every instance.
+//
+// It holds one of sem's slots for the request's key while the handler runs.
+// The slot's lease is extended every third of its TTL while the handler
+// runs, and the slot is released when the handler returns.
 //
 // A request that finds every slot held is refused as a rate limit refuses:
 // 429 with the quota-exceeded problem body, violating the policy

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
 	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )

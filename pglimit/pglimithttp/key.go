@@ -14,8 +14,8 @@ import (
 // that [pglimit.ValidateKey] rejects, makes the middleware answer 400.
 type KeyFunc func(r *http.Request) (string, error)
 
-// FromPathValue keys by the named wildcard of the request's ServeMux pattern,
-// e.g. FromPathValue("user") for "GET /items/{user}".
+// FromPathValue keys by the named wildcard of the request's ServeMux
+// pattern, as FromPathValue("user") does for "GET /items/{user}".
 func FromPathValue(name string) KeyFunc {
 	return func(r *http.Request) (string, error) {
 		v := r.PathValue(name)

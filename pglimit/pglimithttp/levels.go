@@ -17,13 +17,14 @@ type Level struct {
 	KeyFunc KeyFunc
 }
 
-// Levels returns a middleware that decides every request at every level
-// at once ([pglimit.AllowAll]): the request passes only if every level
-// admits it, and then counts at every level; a refused one counts at none.
-// Its 429 names the limits that refused it, of every level that did, with
-// the longest Retry-After of them. RateLimit-Policy lists every level's
-// limits, whose names must differ from level to level; RateLimit reports
-// the limit with the fewest units left, of any level.
+// Levels returns a middleware that passes a request only if every level
+// admits it, and then counts it at every level.
+//
+// It decides at every level at once ([pglimit.AllowAll]); a refused request
+// counts at none. Its 429 names the limits that refused it, of every level
+// that did, with the longest Retry-After of them. RateLimit-Policy lists
+// every level's limits, whose names must differ from level to level;
+// RateLimit reports the limit with the fewest units left, of any level.
 //
 // cfg is as for [Middleware], but each level has its own KeyFunc, so
 // cfg.KeyFunc must be nil; a request is exempt when any of its keys is one

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglimit/cooldown/internal/observe"
 	"github.com/pglimit/cooldown/internal/onerror"
+	"github.com/pglimit/cooldown/internal/onpglimit/observe"
 	"github.com/pglimit/cooldown/pglimit"
 )
 

@@ -22,11 +22,13 @@ type realCost struct {
 type costKey struct{}
 
 // SetCost records cost as the real cost of the request whose context is
-// ctx: once the handler returns, a middleware with [Config.Settle] settles
-// the request's admission at it ([pglimit.Settle]), giving back what the
+// ctx, for the middleware to settle its admission at.
+//
+// Once the handler returns, a middleware with [Config.Settle] settles the
+// request's admission at cost ([pglimit.Settle]), giving back what the
 // estimate (CostFunc's) exceeded it by or charging the excess. The last
-// call counts. It reports false when ctx is not that of a request such a
-// middleware admitted, and records nothing then.
+// call counts. SetCost reports false when ctx is not that of a request
+// such a middleware admitted, and records nothing then.
 func SetCost(ctx context.Context, cost int) bool {
 	rc, ok := ctx.Value(costKey{}).(*realCost)
 	if !ok {

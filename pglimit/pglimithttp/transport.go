@@ -29,6 +29,7 @@ type ThrottledError struct {
 	RetryAfter time.Duration // when the budget may admit the request
 }
 
+// Error names the key and the RetryAfter of the refused request.
 func (e *ThrottledError) Error() string {
 	return fmt.Sprintf("pglimithttp: the budget of %q refused the request; retry after %s", e.Key, e.RetryAfter)
 }

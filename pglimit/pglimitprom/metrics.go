@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/pglimit/cooldown/internal/observe"
+	"github.com/pglimit/cooldown/internal/onpglimit/observe"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )

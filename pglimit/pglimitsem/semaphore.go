@@ -254,10 +254,12 @@ func (s *Semaphore) Acquire(ctx context.Context, key string) (Slot, error) {
 	})
 }
 
-// AcquireTx is Acquire inside the caller's transaction tx (a pgx.Tx, or a
-// database/sql one through pglimitsql.Tx): the slot is taken only if tx
-// commits, and other acquirers skip it while tx is open. Like AllowTx, it
-// runs in a savepoint and never aborts tx: a lost race is a refusal.
+// AcquireTx is Acquire inside the caller's transaction tx; the slot is
+// taken only if tx commits.
+//
+// tx is a pgx.Tx, or a database/sql one through pglimitsql.Tx. Other
+// acquirers skip the slot while tx is open. Like AllowTx, AcquireTx runs
+// in a savepoint and never aborts tx: a lost race is a refusal.
 //
 // Release the slot after the work: in tx with [Semaphore.ReleaseTx], and
 // then the slot is held while tx is open and free once it commits; or
@@ -352,10 +354,11 @@ func (s *Semaphore) hint(leaseEnd time.Duration) time.Duration {
 	return leaseEnd
 }
 
-// HoldTime is how long a slot of this semaphore is typically held: the
-// average time from an acquisition to its release among those this
-// process has seen, the recent ones weighing most (each release moves it
-// a quarter of the way to its own hold). Before the first release it is
+// HoldTime is how long a slot of this semaphore is typically held.
+//
+// It is the average time from an acquisition to its release among those
+// this process has seen, the recent ones weighing most (each release moves
+// it a quarter of the way to its own hold). Before the first release it is
 // TTL. Holds that ended with the lease, unreleased, are not counted.
 func (s *Semaphore) HoldTime() time.Duration {
 	if h := s.hold.Load(); h > 0 {

@@ -82,7 +82,10 @@ func (f scanFunc) Scan(dest ...any) error { return f(dest...) }
 // Queryer is what [Tx] needs of a transaction. *sql.Tx, *sqlx.Tx, bun.Tx
 // and a GORM transaction's Statement.ConnPool have these methods.
 type Queryer interface {
+	// ExecContext runs query with args, as database/sql's does.
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	// QueryRowContext runs query with args and returns its first row, as
+	// database/sql's does.
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 

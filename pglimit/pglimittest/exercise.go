@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 )
 
@@ -35,9 +35,11 @@ func WithPool(newPool func(testing.TB) *pgxpool.Pool) Option {
 }
 
 // OnServer runs the suite against the server at url instead of the shared
-// one: its pools connect there, and each test's schema is created there,
-// migrated, then handed to prepare (pglimit.Distribute, say, on a Citus
-// coordinator) when prepare is not nil.
+// one.
+//
+// The suite's pools connect there, and each test's schema is created
+// there, migrated, then handed to prepare (pglimit.Distribute, say, on a
+// Citus coordinator) when prepare is not nil.
 func OnServer(url string, prepare func(ctx context.Context, pool *pgxpool.Pool, schema string) error) Option {
 	return func(o *options) {
 		o.url, o.prepare = url, prepare

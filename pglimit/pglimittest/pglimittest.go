@@ -5,12 +5,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 )
 
-// Main runs a package's tests with a shared PostgreSQL server, started on
-// first use and stopped afterwards, and then fails the run if a goroutine
-// was left behind. Call it from TestMain:
+// Main runs a package's tests with a shared PostgreSQL server, and fails
+// the run if a goroutine was left behind.
+//
+// The server is started on first use and stopped afterwards. Call Main
+// from TestMain:
 //
 //	func TestMain(m *testing.M) { pglimittest.Main(m) }
 func Main(m *testing.M) { testdb.Main(m) }

@@ -3,7 +3,7 @@ package cleanup_test
 import (
 	"testing"
 
-	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit/internal/cleanup"
 )
 

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/cooldown/internal/observe"
-	"github.com/pglimit/cooldown/internal/testdb"
+	"github.com/pglimit/cooldown/internal/onpglimit/observe"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 )
 
