@@ -435,8 +435,10 @@ func (b *batcher) giveBack(key string, le *lease) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.l.cfg.Timeout)
 	defer cancel()
+	began := nowIf(b.l.observers.leases != nil)
 	tag, err := b.l.db.Exec(ctx, b.backSQL, b.l.args.namespace, key, tail.left*b.l.emission, tail.end, tail.xid)
 	ok := err == nil && tag.RowsAffected() == 1
+	b.l.observeGiveBack(ctx, key, tail.left, ok, began, err)
 	b.mu.Lock()
 	b.leases.given(key, le, tail, ok, err == nil && !ok)
 	if ok {
@@ -544,7 +546,9 @@ func (b *batcher) timedOut(ctx context.Context, err error) error {
 // callers get its error, as a single statement's caller does, and nothing
 // is charged twice.
 func (b *batcher) decideMany(ctx context.Context, bt []*entry) {
+	began := nowIf(b.l.observers.batches != nil)
 	skipped, err := b.query(ctx, b.sql, bt)
+	b.l.observeBatch(ctx, bt, began, err)
 	if err != nil {
 		b.mu.Lock()
 		b.failures++
