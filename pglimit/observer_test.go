@@ -51,7 +51,7 @@ func (r *recorder) EndDecision(ctx context.Context, o pglimit.Observation) {
 	if s, ok := ctx.Value(startedKey{}).(pglimit.Observation); !ok || s.Op != o.Op || s.Key != o.Key || s.N != o.N {
 		r.t.Errorf("%s %q ended without the context of its start (%+v)", o.Op, o.Key, s)
 	}
-	r.seen = append(r.seen, *observe.NewCall(ctx, o.Op, o.Key, o.Decision, o.Err, o.Took))
+	r.seen = append(r.seen, observe.Observed(ctx, o))
 	r.ends = append(r.ends, o)
 }
 
