@@ -70,11 +70,12 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 		Cooldown:  cfg.cooldown,
 		Namespace: "list-items",
 		Schema:    cfg.schema,
+		Observer:  lm,
 	})
 	if err != nil {
 		return nil, err
 	}
-	a.limit, err = pglimithttp.Middleware(lm.Instrument(lim), &pglimithttp.Config{
+	a.limit, err = pglimithttp.Middleware(lim, &pglimithttp.Config{
 		KeyFunc:    pglimithttp.FromPathValue("user"),
 		OnError:    cfg.onError,
 		OnDecision: a.logDecision,
@@ -95,11 +96,12 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 		// An operator may give a user limits of their own, for good or
 		// for an hour (cmd/pglimit overrides set).
 		Overrides: true,
+		Observer:  lm,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("item limits: %w", err)
 	}
-	limitCreate, err := pglimithttp.Middleware(lm.Instrument(itemLim), &pglimithttp.Config{
+	limitCreate, err := pglimithttp.Middleware(itemLim, &pglimithttp.Config{
 		KeyFunc:    itemUser,
 		OnError:    cfg.onError,
 		OnDecision: a.logDecision,

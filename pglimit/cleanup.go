@@ -66,6 +66,10 @@ type CleanerConfig struct {
 	// a line per run (Debug). Defaults to [slog.Default].
 	Logger *slog.Logger
 
+	// Observer, when set, sees each run this instance makes as leader.
+	// Defaults to nil.
+	Observer CleanupObserver
+
 	hooks *cleanerHooks // tests only; see export_test.go
 }
 
@@ -161,6 +165,11 @@ func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
 	cl.runner = &cleanup.Runner{
 		Retention: c.Retention, BatchSize: c.BatchSize, BatchTimeout: c.BatchTimeout,
 		Logger: c.Logger, Stopping: cl.svc.Stopping(),
+	}
+	if obs := c.Observer; obs != nil {
+		cl.runner.Ended = func(ctx context.Context, rows int64, took time.Duration, err error) {
+			obs.ObserveCleanup(ctx, CleanupObservation{Schema: c.Schema, Rows: rows, Took: took, Err: err})
+		}
 	}
 	if hooks != nil {
 		cl.runner.Hooks = &cleanup.Hooks{BatchWait: hooks.batchWait, BatchStart: hooks.batchStart, BatchEnd: hooks.batchEnd}

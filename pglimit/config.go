@@ -160,6 +160,13 @@ type Config struct {
 	// instances reach the pre-block when the time it remembers comes, and a lease
 	// when its units' time has passed (docs/limits.md, "Leases").
 	Invalidator *Invalidator
+
+	// Observer, when set, sees the start and end of every decision, and
+	// the batches and lease give-backs it asks for: the hook metrics and
+	// tracing plug into (pglimitprom's Metrics, pglimitotel's Observer).
+	// Defaults to nil: no decision pays for observation beyond a nil
+	// check.
+	Observer Observer
 }
 
 const (

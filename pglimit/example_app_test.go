@@ -54,6 +54,14 @@ func serve(ctx context.Context, databaseURL string, ln net.Listener) error {
 		return err
 	}
 
+	// Decisions by outcome and their latency, the pool, the cleanup job.
+	reg := prometheus.NewRegistry()
+	metrics, err := pglimitprom.New(reg, nil)
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
+
 	// Every user: 5 exports a minute, at most 3 at once, and 20 a day.
 	lim, err := pglimit.New(pool, &pglimit.Config{
 		Namespace: "exports",
@@ -61,19 +69,11 @@ func serve(ctx context.Context, databaseURL string, ln net.Listener) error {
 			{Name: "per-minute", Rate: 5, Period: time.Minute, Burst: 3},
 			{Name: "per-day", Rate: 20, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
 		},
+		Observer: metrics, // counts and times every decision
 	})
 	if err != nil {
 		return err
 	}
-
-	// Decisions by outcome and their latency, the pool, the cleanup job.
-	reg := prometheus.NewRegistry()
-	metrics, err := pglimitprom.New(reg, nil)
-	if err != nil {
-		return err
-	}
-	lim = metrics.Instrument(lim)
-	reg.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
 
 	// Every instance runs a cleaner; they elect one leader, which alone
 	// deletes the rows of ended limits.

@@ -66,8 +66,8 @@ func (d Decisions) Refused() []int {
 // "Several keys at once"); like a single key's, it is decided on the
 // statement's snapshot, with no lock and no write.
 //
-// Each Limiter must come from [New] (an instrumented one is unwrapped, and
-// its metrics do not see the call), with the Upsert or NoWait strategy,
+// Each Limiter must come from [New] (its [Config.Observer] does not see
+// the call), with the Upsert or NoWait strategy,
 // on one database, and no two charges may name one key of one limiter
 // ([ErrInvalidConfig]). A limiter in shadow mode is charged when it admits
 // and never refuses the request. n must fit every level's limits
@@ -186,7 +186,7 @@ func hierarchyLevels(charges []Charge, n int) ([]level, error) {
 	}
 	levels := make([]level, len(charges))
 	for i, c := range charges {
-		l, ok := unwrapLimiter(c.Limiter)
+		l, ok := c.Limiter.(*limiter)
 		switch {
 		case !ok:
 			return nil, fmt.Errorf("%w: AllowAll: charges[%d]: a Limiter that pglimit.New did not make", ErrInvalidConfig, i)
@@ -223,21 +223,6 @@ func hierarchyLevels(charges []Charge, n int) ([]level, error) {
 func sameDB(a, b DB) bool {
 	t := reflect.TypeOf(a)
 	return t == reflect.TypeOf(b) && t.Comparable() && a == b
-}
-
-// unwrapLimiter returns the limiter New made that lim is, or wraps.
-func unwrapLimiter(lim Limiter) (*limiter, bool) {
-	for lim != nil {
-		switch l := lim.(type) {
-		case *limiter:
-			return l, true
-		case interface{ Unwrap() Limiter }:
-			lim = l.Unwrap()
-		default:
-			return nil, false
-		}
-	}
-	return nil, false
 }
 
 // hierarchyStatements keeps the statements of the sets of limiters that

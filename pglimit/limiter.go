@@ -79,6 +79,8 @@ type limiter struct {
 
 	batch *batch.Group[Decision] // nil when Allow calls are not batched (batched.go)
 
+	observers observers // Config.Observer, and which events it takes
+
 	// Parameters boxed once: a single GCRA limit's increment and tolerance
 	// for one unit.
 	oneT, oneTau     any
@@ -271,10 +273,16 @@ func noRowsAsUndecided(err error) error {
 }
 
 func (l *limiter) Allow(ctx context.Context, key string) (Decision, error) {
-	return l.AllowN(ctx, key, 1)
+	return l.observe(ctx, opAllow, key, 1, func(ctx context.Context) (Decision, error) { return l.allow(ctx, key, 1) })
 }
 
 func (l *limiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
+	return l.observe(ctx, opAllowN, key, n, func(ctx context.Context) (Decision, error) { return l.allow(ctx, key, n) })
+}
+
+// allow is AllowN unobserved: on the database, or in process while it is
+// unavailable.
+func (l *limiter) allow(ctx context.Context, key string, n int) (Decision, error) {
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
@@ -301,10 +309,15 @@ func (l *limiter) allowN(ctx context.Context, key string, n int) (Decision, erro
 }
 
 func (l *limiter) AllowTx(ctx context.Context, tx DB, key string) (Decision, error) {
-	return l.AllowTxN(ctx, tx, key, 1)
+	return l.observe(ctx, opAllowTx, key, 1, func(ctx context.Context) (Decision, error) { return l.allowTx(ctx, tx, key, 1) })
 }
 
 func (l *limiter) AllowTxN(ctx context.Context, tx DB, key string, n int) (Decision, error) {
+	return l.observe(ctx, opAllowTxN, key, n, func(ctx context.Context) (Decision, error) { return l.allowTx(ctx, tx, key, n) })
+}
+
+// allowTx is AllowTxN unobserved.
+func (l *limiter) allowTx(ctx context.Context, tx DB, key string, n int) (Decision, error) {
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
@@ -314,6 +327,11 @@ func (l *limiter) AllowTxN(ctx context.Context, tx DB, key string, n int) (Decis
 }
 
 func (l *limiter) AllowAtMost(ctx context.Context, key string, n int) (Decision, error) {
+	return l.observe(ctx, opAllowAtMost, key, n, func(ctx context.Context) (Decision, error) { return l.allowAtMost(ctx, key, n) })
+}
+
+// allowAtMost is AllowAtMost unobserved.
+func (l *limiter) allowAtMost(ctx context.Context, key string, n int) (Decision, error) {
 	if n <= 0 {
 		return Decision{}, fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
 	}
@@ -326,6 +344,11 @@ func (l *limiter) AllowAtMost(ctx context.Context, key string, n int) (Decision,
 }
 
 func (l *limiter) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error) {
+	return l.observe(ctx, opReserve, key, n, func(ctx context.Context) (Decision, error) { return l.reserve(ctx, key, n, maxDelay) })
+}
+
+// reserve is Reserve unobserved.
+func (l *limiter) reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error) {
 	if l.plain.general == nil {
 		return Decision{}, fmt.Errorf("%w: Reserve on the %s strategy", ErrUnsupported, l.cfg.Strategy)
 	}
@@ -358,6 +381,11 @@ func (l *limiter) checkReserve(n int, maxDelay time.Duration) error {
 }
 
 func (l *limiter) Peek(ctx context.Context, key string, n int) (Decision, error) {
+	return l.observe(ctx, opPeek, key, n, func(ctx context.Context) (Decision, error) { return l.peek(ctx, key, n) })
+}
+
+// peek is Peek unobserved.
+func (l *limiter) peek(ctx context.Context, key string, n int) (Decision, error) {
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}

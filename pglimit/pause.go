@@ -25,7 +25,7 @@ import (
 // holds are dropped; those another instance leased (a limit of 1,000 a
 // second or more) are not recalled.
 func Pause(ctx context.Context, lim Limiter, key string, d time.Duration) error {
-	l, ok := unwrapLimiter(lim)
+	l, ok := lim.(*limiter)
 	switch {
 	case !ok:
 		return fmt.Errorf("%w: Pause: a Limiter that pglimit.New did not make", ErrInvalidConfig)

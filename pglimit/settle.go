@@ -66,7 +66,7 @@ func settleStatement(limits []Limit, table string) string {
 // takes a decision of the Upsert or NoWait strategy, not served from a
 // lease nor on a Citus distributed table ([ErrUnsupported]).
 func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (Settlement, error) {
-	l, ok := unwrapLimiter(lim)
+	l, ok := lim.(*limiter)
 	t := d.refund
 	switch {
 	case !ok:

@@ -14,19 +14,20 @@ import (
 
 // A limiter measured through the global meter and tracer providers, which
 // the application's OpenTelemetry setup (an OTLP exporter, say) installs.
-func ExampleInstrument() {
+func ExampleNew() {
 	pool, err := pgxpool.New(context.Background(), "postgres://app@127.0.0.1:5432/app")
 	if err != nil {
 		log.Fatal(err)
 	}
-	lim, err := pglimit.New(pool, &pglimit.Config{Namespace: "search", Cooldown: 2 * time.Second})
-	if err != nil {
-		log.Fatal(err)
-	}
-	lim, err = pglimitotel.Instrument(lim, &pglimitotel.Options{
+	obs, err := pglimitotel.New(&pglimitotel.Options{
 		MeterProvider:  otel.GetMeterProvider(),
 		TracerProvider: otel.GetTracerProvider(),
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// One observer serves every limiter that names it.
+	lim, err := pglimit.New(pool, &pglimit.Config{Namespace: "search", Cooldown: 2 * time.Second, Observer: obs})
 	if err != nil {
 		log.Fatal(err)
 	}

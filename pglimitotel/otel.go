@@ -1,6 +1,7 @@
 // Package pglimitotel measures a [pglimit.Limiter]'s decisions with
 // OpenTelemetry: metrics always, and a span per call when a tracer
-// provider is given.
+// provider is given. Its [Observer] is the limiter's
+// [pglimit.Config.Observer].
 //
 // The metrics, each with the attributes pglimit.limiter (the limiter's
 // namespace) and pglimit.strategy:
@@ -29,6 +30,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -49,13 +51,13 @@ const scope = "github.com/pglimit/cooldown/pglimitotel"
 // and the limiter's default 2 s timeout.
 var DefaultBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
 
-// Options configures [Instrument]. A nil *Options means defaults.
+// Options configures [New]. A nil *Options means defaults.
 type Options struct {
 	// MeterProvider gives the meter. Defaults to otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
 
-	// TracerProvider, if set, gives a span to every call but Reset and
-	// Policy. Defaults to nil: no spans.
+	// TracerProvider, if set, gives a span to every decision. Defaults to
+	// nil: no spans.
 	TracerProvider trace.TracerProvider
 
 	// Buckets are the duration histogram's boundaries, in seconds.
@@ -63,9 +65,21 @@ type Options struct {
 	Buckets []float64
 }
 
-// Instrument returns lim with its calls measured, and traced if
-// opts.TracerProvider is set. Decisions and errors pass through unchanged.
-func Instrument(lim pglimit.Limiter, opts *Options) (pglimit.Limiter, error) {
+// Observer measures, and traces if asked to, the decisions of every
+// limiter whose [pglimit.Config.Observer] it is. It is safe for
+// concurrent use; one serves many limiters.
+type Observer struct {
+	decisions, errs metric.Int64Counter
+	duration        metric.Float64Histogram
+	tracer          trace.Tracer // nil: no spans
+}
+
+var _ pglimit.Observer = (*Observer)(nil)
+
+// New returns an Observer that reports to opts' providers; set it as a
+// limiter's [pglimit.Config.Observer]. Decisions and errors pass through
+// unchanged.
+func New(opts *Options) (*Observer, error) {
 	o := cmp.Or(opts, &Options{})
 	mp := o.MeterProvider
 	if mp == nil {
@@ -76,66 +90,80 @@ func Instrument(lim pglimit.Limiter, opts *Options) (pglimit.Limiter, error) {
 		buckets = DefaultBuckets
 	}
 	meter := mp.Meter(scope)
-	decisions, err := meter.Int64Counter("pglimit.decisions", metric.WithUnit("{decision}"),
+	var obs Observer
+	var err error
+	obs.decisions, err = meter.Int64Counter("pglimit.decisions", metric.WithUnit("{decision}"),
 		metric.WithDescription("Limiter decisions, by limiter (namespace), strategy and outcome."))
 	if err != nil {
 		return nil, fmt.Errorf("pglimitotel: %w", err)
 	}
-	duration, err := meter.Float64Histogram("pglimit.decision.duration", metric.WithUnit("s"),
+	obs.duration, err = meter.Float64Histogram("pglimit.decision.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time to decide, database round trips included, by limiter (namespace), strategy and outcome."),
 		metric.WithExplicitBucketBoundaries(buckets...))
 	if err != nil {
 		return nil, fmt.Errorf("pglimitotel: %w", err)
 	}
-	errs, err := meter.Int64Counter("pglimit.errors", metric.WithUnit("{error}"),
+	obs.errs, err = meter.Int64Counter("pglimit.errors", metric.WithUnit("{error}"),
 		metric.WithDescription("Failed limiter calls (decisions and peeks), by limiter (namespace), strategy and error.type."))
 	if err != nil {
 		return nil, fmt.Errorf("pglimitotel: %w", err)
 	}
-	p := lim.Policy()
-	base := []attribute.KeyValue{
-		attribute.String("pglimit.limiter", p.Namespace),
-		attribute.String("pglimit.strategy", string(cmp.Or(p.Strategy, pglimit.Upsert))),
-	}
-	with := func(kv ...attribute.KeyValue) attribute.Set {
-		return attribute.NewSet(append(append(make([]attribute.KeyValue, 0, len(base)+len(kv)), base...), kv...)...)
-	}
-	var tracer trace.Tracer
 	if o.TracerProvider != nil {
-		tracer = o.TracerProvider.Tracer(scope)
+		obs.tracer = o.TracerProvider.Tracer(scope)
 	}
-	record := func(ctx context.Context, c *observe.Call) {
-		if c.Outcome == observe.Error {
-			errs.Add(ctx, 1, metric.WithAttributeSet(with(attribute.String("error.type", observe.ErrorKind(c.Err)))))
-		}
-		if c.Peek() {
-			return
-		}
+	return &obs, nil
+}
+
+// limiterAttributes are the attributes of the limiter that made o.
+func limiterAttributes(o pglimit.Observation) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String("pglimit.limiter", o.Namespace),
+		attribute.String("pglimit.strategy", string(o.Strategy)),
+	}
+}
+
+// StartDecision starts the decision's span, when there is a tracer
+// provider, and returns ctx with it: the decision's own statement, run with
+// that context, is its child.
+func (obs *Observer) StartDecision(ctx context.Context, o pglimit.Observation) context.Context {
+	if obs.tracer == nil {
+		return ctx
+	}
+	ctx, _ = obs.tracer.Start(ctx, "pglimit "+o.Op, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(limiterAttributes(o)...))
+	return ctx
+}
+
+// EndDecision records the decision o and ends its span.
+func (obs *Observer) EndDecision(ctx context.Context, o pglimit.Observation) {
+	c := observe.Observed(ctx, o)
+	base := limiterAttributes(o)
+	with := func(kv ...attribute.KeyValue) attribute.Set {
+		return attribute.NewSet(slices.Concat(base, kv)...)
+	}
+	if c.Outcome == observe.Error {
+		obs.errs.Add(ctx, 1, metric.WithAttributeSet(with(attribute.String("error.type", observe.ErrorKind(c.Err)))))
+	}
+	if !c.Peek() {
 		outcome := with(attribute.String("pglimit.outcome", c.Outcome))
 		if c.Decision.Fallback {
 			outcome = with(attribute.String("pglimit.outcome", c.Outcome), attribute.Bool("pglimit.fallback", true))
 		}
-		decisions.Add(ctx, 1, metric.WithAttributeSet(outcome))
+		obs.decisions.Add(ctx, 1, metric.WithAttributeSet(outcome))
 		if c.Outcome != observe.Invalid {
-			duration.Record(ctx, c.Took.Seconds(), metric.WithAttributeSet(outcome))
+			obs.duration.Record(ctx, c.Took.Seconds(), metric.WithAttributeSet(outcome))
 		}
 	}
-	return observe.Limiter(lim, func(ctx context.Context, op string) (context.Context, func(*observe.Call)) {
-		if tracer == nil {
-			return ctx, func(c *observe.Call) { record(ctx, c) }
-		}
-		ctx, span := tracer.Start(ctx, "pglimit "+op, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(base...))
-		return ctx, func(c *observe.Call) {
-			record(ctx, c)
-			span.SetAttributes(attribute.String("pglimit.outcome", c.Outcome))
-			if c.Outcome == observe.Refused || c.Outcome == observe.Shadowed {
-				span.SetAttributes(attribute.Float64("pglimit.retry_after", c.Decision.RetryAfter.Seconds()))
-			}
-			if c.Outcome == observe.Error {
-				span.SetAttributes(attribute.String("error.type", observe.ErrorKind(c.Err)))
-				span.SetStatus(codes.Error, c.Err.Error())
-			}
-			span.End()
-		}
-	}), nil
+	if obs.tracer == nil {
+		return
+	}
+	span := trace.SpanFromContext(ctx) // StartDecision's
+	span.SetAttributes(attribute.String("pglimit.outcome", c.Outcome))
+	if c.Outcome == observe.Refused || c.Outcome == observe.Shadowed {
+		span.SetAttributes(attribute.Float64("pglimit.retry_after", c.Decision.RetryAfter.Seconds()))
+	}
+	if c.Outcome == observe.Error {
+		span.SetAttributes(attribute.String("error.type", observe.ErrorKind(c.Err)))
+		span.SetStatus(codes.Error, c.Err.Error())
+	}
+	span.End()
 }

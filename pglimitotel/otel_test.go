@@ -2,15 +2,19 @@ package pglimitotel_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
@@ -23,10 +27,6 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // measured into a real OpenTelemetry SDK: its metric reader and its spans.
 func instrumented(t *testing.T, ns string, traced bool) (pglimit.Limiter, *sdkmetric.ManualReader, *tracetest.SpanRecorder) {
 	t.Helper()
-	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: testdb.Schema(t), Namespace: ns, Cooldown: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
 	reader := sdkmetric.NewManualReader()
 	opts := &pglimitotel.Options{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}
 	var spans *tracetest.SpanRecorder
@@ -34,7 +34,12 @@ func instrumented(t *testing.T, ns string, traced bool) (pglimit.Limiter, *sdkme
 		spans = tracetest.NewSpanRecorder()
 		opts.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	}
-	if lim, err = pglimitotel.Instrument(lim, opts); err != nil {
+	obs, err := pglimitotel.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: testdb.Schema(t), Namespace: ns, Cooldown: time.Hour, Observer: obs})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return lim, reader, spans
@@ -111,16 +116,16 @@ func TestErrorsAndSpans(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := testdb.Pool(t)
-	lim, err := pglimit.New(pool, &pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
 	reader := sdkmetric.NewManualReader()
 	spans := tracetest.NewSpanRecorder()
-	lim, err = pglimitotel.Instrument(lim, &pglimitotel.Options{
+	obs, err := pglimitotel.New(&pglimitotel.Options{
 		MeterProvider:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
 		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := pglimit.New(pool, &pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Hour, Observer: obs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,6 +178,66 @@ func TestErrorsAndSpans(t *testing.T) {
 			if kv.Value.AsString() == "k" {
 				t.Errorf("span %d carries the key as %s", i, kv.Key)
 			}
+		}
+	}
+}
+
+// queryParents is a pgx tracer that keeps the span of every query's
+// context.
+type queryParents struct {
+	mu    sync.Mutex
+	spans []trace.SpanContext
+}
+
+func (q *queryParents) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.spans = append(q.spans, trace.SpanContextFromContext(ctx))
+	return ctx
+}
+
+func (q *queryParents) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A call's own statements, which run on its caller's goroutine, run under
+// its span: pgx's tracer sees the span in their context.
+func TestStatementUnderSpan(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	queries := &queryParents{}
+	cfg.ConnConfig.Tracer = queries
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	spans := tracetest.NewSpanRecorder()
+	obs, err := pglimitotel.New(&pglimitotel.Options{
+		MeterProvider:  sdkmetric.NewMeterProvider(),
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := pglimit.New(pool, &pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Hour, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := lim.Allow(t.Context(), "k"); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	ended := spans.Ended()
+	if len(ended) != 1 {
+		t.Fatalf("%d spans, want 1", len(ended))
+	}
+	if len(queries.spans) == 0 {
+		t.Fatal("no statement traced")
+	}
+	for i, parent := range queries.spans {
+		if !parent.Equal(ended[0].SpanContext()) {
+			t.Errorf("statement %d ran under span %v, want the call's %v", i, parent.SpanID(), ended[0].SpanContext().SpanID())
 		}
 	}
 }

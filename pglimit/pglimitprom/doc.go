@@ -4,7 +4,7 @@
 // # Usage
 //
 //	m, err := pglimitprom.New(prometheus.DefaultRegisterer, nil)
-//	lim = m.Instrument(lim) // counts and times every decision, labelled by lim.Policy()
+//	lim, err := pglimit.New(pool, &pglimit.Config{Cooldown: 2 * time.Second, Observer: m}) // counts and times every decision
 //	sem, err := pglimitsem.New(pool, &pglimitsem.Config{Namespace: "exports", Slots: 2, Observe: m.ObserveSemaphore})
 //	prometheus.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
 //	prometheus.MustRegister(pglimitprom.NewCleanerCollector(cleaner, "public"))
@@ -27,7 +27,10 @@
 //	                                                     leader (1 on the instance that leads, else 0)
 //
 // The limiter label is the limiter's namespace ([pglimit.Policy]) and
-// strategy its strategy, both read by [Metrics.Instrument]. A semaphore's
+// strategy its strategy, as the limiter reports them to its observer
+// ([pglimit.Config.Observer], which m is: [Metrics.EndDecision]); one
+// Metrics serves every limiter. A limiter's series are all there, at
+// zero, from its first decision on. A semaphore's
 // acquisitions ([Metrics.ObserveSemaphore]) count as decisions too, under
 // its namespace and the strategy "semaphore": a key whose slots are all
 // held is a refusal. Namespaces are

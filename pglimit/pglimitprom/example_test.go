@@ -14,7 +14,7 @@ import (
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
-func ExampleMetrics_Instrument() {
+func ExampleMetrics() {
 	ctx := context.Background()
 	url, err := pglimittest.ServerURL() // stands for the application's database
 	if err != nil {
@@ -36,11 +36,11 @@ func ExampleMetrics_Instrument() {
 	}
 	reg.MustRegister(pglimitprom.NewPoolCollector(pool, "main"))
 
-	lim, err := pglimit.New(pool, &pglimit.Config{Namespace: "example-prom", Cooldown: time.Minute})
+	// Labelled limiter="example-prom", strategy="upsert".
+	lim, err := pglimit.New(pool, &pglimit.Config{Namespace: "example-prom", Cooldown: time.Minute, Observer: metrics})
 	if err != nil {
 		panic(err)
 	}
-	lim = metrics.Instrument(lim) // labelled limiter="example-prom", strategy="upsert"
 
 	for range 3 {
 		if _, err := lim.Allow(ctx, "user-7"); err != nil {

@@ -1,9 +1,9 @@
 package pglimitprom
 
 import (
-	"cmp"
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -51,8 +51,8 @@ type Options struct {
 	MaxKeys int
 }
 
-// Metrics holds the decision metrics shared by every limiter instrumented
-// with it; one Metrics per registry.
+// Metrics holds the decision metrics shared by every limiter that has it
+// as its [pglimit.Config.Observer]; one Metrics per registry.
 type Metrics struct {
 	decisions    *prometheus.CounterVec
 	duration     *prometheus.HistogramVec
@@ -60,6 +60,9 @@ type Metrics struct {
 	fallback     *prometheus.CounterVec
 	keyDecisions *prometheus.CounterVec // nil unless Options.MaxKeys > 0
 	keys         *CappedLabel
+
+	mu   sync.RWMutex
+	seen map[[2]string]struct{} // the limiters whose series exist: namespace, strategy
 }
 
 // New creates the decision metrics and registers them with reg (nil means
@@ -80,6 +83,7 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 	}
 
 	m := &Metrics{
+		seen: map[[2]string]struct{}{},
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pglimit_decisions_total",
 			Help: "Limiter decisions, by limiter (namespace), strategy and outcome (admitted, refused, error, invalid, canceled, shadowed).",
@@ -118,27 +122,51 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 	return m, nil
 }
 
-// Instrument returns lim with every decision counted and timed under the
-// labels limiter (its namespace) and strategy, both read from
-// [pglimit.Limiter.Policy]. Allow, AllowN, AllowTx, AllowTxN, AllowAtMost
-// and Reserve are decisions. Peek is not: it consumes nothing, and counting
-// it would inflate the admitted and refused rates, so only its errors are
-// counted (in pglimit_errors_total). Reset passes through uncounted.
-// Decisions and errors pass through unchanged.
+var _ pglimit.Observer = (*Metrics)(nil)
+
+// StartDecision returns ctx: the metrics need only a decision's end. It
+// makes m a [pglimit.Observer], to set as [pglimit.Config.Observer]:
+//
+//	lim, err := pglimit.New(pool, &pglimit.Config{Cooldown: 2 * time.Second, Observer: m})
+func (m *Metrics) StartDecision(ctx context.Context, _ pglimit.Observation) context.Context {
+	return ctx
+}
+
+// EndDecision counts and times the decision o under the labels limiter
+// (its limiter's namespace) and strategy. Allow, AllowN, AllowTx,
+// AllowTxN, AllowAtMost and Reserve are decisions. Peek is not: it
+// consumes nothing, and counting it would inflate the admitted and
+// refused rates, so only its errors are counted (in pglimit_errors_total).
 //
 // Namespaces are configuration, not user input, so the limiter label stays
 // bounded by the number of limiters an application creates.
-func (m *Metrics) Instrument(lim pglimit.Limiter) pglimit.Limiter {
-	p := lim.Policy()
-	labels := []string{p.Namespace, string(cmp.Or(p.Strategy, pglimit.Upsert))}
-	// Present from the start, so rates and ratios have a series to read
-	// before the first refusal or error.
+func (m *Metrics) EndDecision(ctx context.Context, o pglimit.Observation) {
+	labels := []string{o.Namespace, string(o.Strategy)}
+	m.present(labels)
+	m.observe(labels, observe.Observed(ctx, o))
+}
+
+// present makes the series of the limiter labelled labels (limiter,
+// strategy) exist once it has decided, so that rates and ratios have a
+// series to read before its first refusal or error.
+func (m *Metrics) present(labels []string) {
+	k := [2]string{labels[0], labels[1]}
+	m.mu.RLock()
+	_, ok := m.seen[k]
+	m.mu.RUnlock()
+	if ok {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.seen[k]; ok {
+		return
+	}
 	for _, o := range []string{OutcomeAdmitted, OutcomeRefused, OutcomeError, OutcomeCanceled, OutcomeShadowed} {
 		m.decisions.WithLabelValues(labels[0], labels[1], o)
 		m.duration.WithLabelValues(labels[0], labels[1], o)
 	}
-	observed := func(c *observe.Call) { m.observe(labels, c) }
-	return observe.Limiter(lim, func(ctx context.Context, _ string) (context.Context, func(*observe.Call)) { return ctx, observed })
+	m.seen[k] = struct{}{}
 }
 
 // SemaphoreStrategy is the strategy label of a semaphore's acquisitions
@@ -160,7 +188,7 @@ func (m *Metrics) ObserveSemaphore(ctx context.Context, c pglimitsem.Call) {
 
 // observe counts and times the call c of the limiter labelled labels
 // (limiter, strategy).
-func (m *Metrics) observe(labels []string, c *observe.Call) {
+func (m *Metrics) observe(labels []string, c observe.Call) {
 	label := func(v ...string) []string {
 		return append(append(make([]string, 0, len(labels)+len(v)), labels...), v...)
 	}

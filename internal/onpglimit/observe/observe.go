@@ -1,6 +1,7 @@
-// Package observe decorates a limiter so that every call is seen by an
-// observer: the Prometheus metrics (pglimitprom) and the OpenTelemetry
-// ones (pglimitotel) share it.
+// Package observe names how a limiter's calls and a request's fate ended:
+// the outcome words and error kinds that the Prometheus metrics
+// (pglimitprom), the OpenTelemetry ones (pglimitotel), the HTTP middleware
+// and the gRPC interceptors share.
 package observe
 
 import (
@@ -44,9 +45,10 @@ const (
 	Busy        = "busy"        // every slot of a concurrency limit was held: 429
 )
 
-// Call is one call of an observed limiter, as it ended.
+// Call is one call of a limiter or a semaphore, as it ended: what the
+// metrics count.
 type Call struct {
-	Op       string // the method: "Allow", "AllowN", ..., "Peek"
+	Op       string // the method: "Allow", "AllowN", ..., "Peek", or a semaphore's "Acquire"
 	Key      string
 	Decision pglimit.Decision
 	Err      error
@@ -59,81 +61,17 @@ type Call struct {
 // rates.
 func (c *Call) Peek() bool { return c.Op == "Peek" }
 
-// Start is called before each call of an observed limiter, other than
-// Reset and Policy. The call runs with the context it returns, and done
-// is called once it has ended.
-type Start func(ctx context.Context, op string) (_ context.Context, done func(*Call))
-
-// Limiter returns lim with every call observed by start.
-func Limiter(lim pglimit.Limiter, start Start) pglimit.Limiter {
-	return &observed{lim: lim, start: start}
-}
-
-// observed embeds no Limiter, so that a method added to the interface
-// cannot pass through unobserved unnoticed.
-type observed struct {
-	lim   pglimit.Limiter
-	start Start
-}
-
-var _ pglimit.Limiter = (*observed)(nil)
-
-// Unwrap returns the limiter observed, for what reaches past the
-// interface: pglimit.AllowAll, which decides for several limiters at once
-// and is not observed.
-func (l *observed) Unwrap() pglimit.Limiter { return l.lim }
-
-func (l *observed) call(ctx context.Context, op, key string, fn func(context.Context) (pglimit.Decision, error)) (pglimit.Decision, error) {
-	ctx, done := l.start(ctx, op)
-	begin := time.Now()
-	d, err := fn(ctx)
-	done(NewCall(ctx, op, key, d, err, time.Since(begin)))
-	return d, err
-}
-
 // NewCall is the call op on key that ran with ctx and ended with d and
-// err after took, its outcome named: for observers of calls that are not
-// a Limiter's, such as a semaphore's acquisitions.
-func NewCall(ctx context.Context, op, key string, d pglimit.Decision, err error, took time.Duration) *Call {
-	return &Call{Op: op, Key: key, Decision: d, Err: err, Took: took, Outcome: outcome(ctx, d, err)}
+// err after took, its outcome named.
+func NewCall(ctx context.Context, op, key string, d pglimit.Decision, err error, took time.Duration) Call {
+	return Call{Op: op, Key: key, Decision: d, Err: err, Took: took, Outcome: outcome(ctx, d, err)}
 }
 
-func (l *observed) Allow(ctx context.Context, key string) (pglimit.Decision, error) {
-	return l.call(ctx, "Allow", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.Allow(ctx, key) })
+// Observed is the decision o that a limiter's [pglimit.Observer] saw end
+// with ctx, its outcome named.
+func Observed(ctx context.Context, o pglimit.Observation) Call {
+	return NewCall(ctx, o.Op, o.Key, o.Decision, o.Err, o.Took)
 }
-
-func (l *observed) AllowN(ctx context.Context, key string, n int) (pglimit.Decision, error) {
-	return l.call(ctx, "AllowN", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.AllowN(ctx, key, n) })
-}
-
-func (l *observed) AllowTx(ctx context.Context, tx pglimit.DB, key string) (pglimit.Decision, error) {
-	return l.call(ctx, "AllowTx", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.AllowTx(ctx, tx, key) })
-}
-
-func (l *observed) AllowTxN(ctx context.Context, tx pglimit.DB, key string, n int) (pglimit.Decision, error) {
-	return l.call(ctx, "AllowTxN", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.AllowTxN(ctx, tx, key, n) })
-}
-
-func (l *observed) AllowAtMost(ctx context.Context, key string, n int) (pglimit.Decision, error) {
-	return l.call(ctx, "AllowAtMost", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.AllowAtMost(ctx, key, n) })
-}
-
-func (l *observed) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (pglimit.Decision, error) {
-	return l.call(ctx, "Reserve", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.Reserve(ctx, key, n, maxDelay) })
-}
-
-func (l *observed) Peek(ctx context.Context, key string, n int) (pglimit.Decision, error) {
-	return l.call(ctx, "Peek", key, func(ctx context.Context) (pglimit.Decision, error) { return l.lim.Peek(ctx, key, n) })
-}
-
-func (l *observed) Reset(ctx context.Context, key string) error { return l.lim.Reset(ctx, key) }
-
-// Refund is no decision: it passes through uncounted, as Reset does.
-func (l *observed) Refund(ctx context.Context, d pglimit.Decision, n int) (bool, error) {
-	return l.lim.Refund(ctx, d, n)
-}
-
-func (l *observed) Policy() pglimit.Policy { return l.lim.Policy() }
 
 // outcome names how a call ended.
 func outcome(ctx context.Context, d pglimit.Decision, err error) string {

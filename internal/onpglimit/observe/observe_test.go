@@ -2,6 +2,7 @@ package observe_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,26 +13,40 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
+// calls is a pglimit.Observer that keeps every call it sees end.
+type calls struct {
+	mu   sync.Mutex
+	seen []observe.Call
+}
+
+func (c *calls) StartDecision(ctx context.Context, _ pglimit.Observation) context.Context {
+	return ctx
+}
+
+func (c *calls) EndDecision(ctx context.Context, o pglimit.Observation) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seen = append(c.seen, observe.Observed(ctx, o))
+}
+
 // Every call of an observed limiter is seen once, with its method and the
 // outcome word its result means.
 func TestOutcomes(t *testing.T) {
 	t.Parallel()
-	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Hour})
+	obs := &calls{}
+	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Hour, Observer: obs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var calls []*observe.Call
-	observed := observe.Limiter(lim, func(ctx context.Context, op string) (context.Context, func(*observe.Call)) {
-		return ctx, func(c *observe.Call) { calls = append(calls, c) }
-	})
 	ctx := context.Background()
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	_, _ = observed.Allow(ctx, "k")
-	_, _ = observed.Allow(ctx, "k")
-	_, _ = observed.Allow(ctx, "")
-	_, _ = observed.Allow(cancelled, "other")
-	_, _ = observed.Peek(ctx, "k", 1)
+	_, _ = lim.Allow(ctx, "k")
+	_, _ = lim.Allow(ctx, "k")
+	_, _ = lim.Allow(ctx, "")
+	_, _ = lim.Allow(cancelled, "other")
+	_, _ = lim.Peek(ctx, "k", 1)
+	calls := obs.seen
 	for i, want := range []struct{ op, outcome string }{
 		{"Allow", observe.Admitted},
 		{"Allow", observe.Refused},

@@ -64,6 +64,13 @@ type Config struct {
 
 	// Log receives the failures of give-backs. Defaults to slog.Default().
 	Log *slog.Logger
+
+	// Batched, if set, is told of each batch statement that ran: its
+	// keys, how long it took, and its error.
+	Batched func(ctx context.Context, keys []string, took time.Duration, err error)
+	// GaveBack, if set, is told of each give-back: its key, its units,
+	// whether the row took them back, how long it took, and its error.
+	GaveBack func(ctx context.Context, key string, units int64, returned bool, took time.Duration, err error)
 }
 
 // Kind is what a statement, or a lease, answered a call.
@@ -482,8 +489,12 @@ func (g *Group[D]) giveBack(key string, le *lease) {
 	}
 	var ok bool
 	err := g.jobs.Do(func(ctx context.Context) error {
+		began := nowIf(g.cfg.GaveBack != nil)
 		tag, err := g.cfg.DB.Exec(ctx, g.cfg.BackSQL, g.cfg.Namespace, key, tail.left*g.cfg.T, tail.end, tail.xid)
 		ok = err == nil && tag.RowsAffected() == 1
+		if g.cfg.GaveBack != nil {
+			g.cfg.GaveBack(ctx, key, tail.left, ok, time.Since(began), err)
+		}
 		return err
 	})
 	if err != nil {
@@ -588,7 +599,9 @@ func (g *Group[D]) timedOut(ctx context.Context, err error) error {
 // callers get its error, as a single statement's caller does, and nothing
 // is charged twice.
 func (g *Group[D]) decideMany(ctx context.Context, bt []*entry[D]) {
+	began := nowIf(g.cfg.Batched != nil)
 	skipped, err := g.query(ctx, g.cfg.SQL, bt)
+	g.observe(ctx, bt, began, err)
 	if err != nil {
 		g.failures.Add(1)
 		for _, e := range bt {
@@ -600,6 +613,33 @@ func (g *Group[D]) decideMany(ctx context.Context, bt []*entry[D]) {
 		e.skipped = true
 		go g.decideSkipped(e)
 	}
+}
+
+// observe tells Config.Batched, if set, of the batch statement for bt's
+// entries that began at began and failed with err, or not.
+func (g *Group[D]) observe(ctx context.Context, bt []*entry[D], began time.Time, err error) {
+	if g.cfg.Batched == nil {
+		return
+	}
+	keys := make([]string, 0, len(bt))
+	for _, e := range bt {
+		if len(e.calls) > 0 || e.want > 0 { // the statement's keys (query)
+			keys = append(keys, e.key)
+		}
+	}
+	if len(keys) == 0 {
+		return // every caller left before it was sent: no statement ran
+	}
+	g.cfg.Batched(ctx, keys, time.Since(began), err)
+}
+
+// nowIf returns the time if on, for an event that is observed; the zero
+// time, without reading the clock, if not.
+func nowIf(on bool) time.Time {
+	if !on {
+		return time.Time{}
+	}
+	return time.Now()
 }
 
 // decideSkipped decides e, which a batch statement skipped, with the

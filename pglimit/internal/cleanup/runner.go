@@ -25,6 +25,10 @@ type Runner struct {
 	Hooks        *Hooks          // nil outside tests
 	Stopping     <-chan struct{} // closed when the cleaner stops: no batch begins after
 
+	// Ended, when set, is called at the end of each run with the rows it
+	// deleted, how long it took and why it stopped early, if it did.
+	Ended func(ctx context.Context, rows int64, took time.Duration, err error)
+
 	Runs, Batches, RowsDeleted, Errors atomic.Uint64
 	LastSuccess, LastDuration          atomic.Int64 // UnixNano; nanoseconds
 }
@@ -63,6 +67,9 @@ func (r *Runner) Run(ctx context.Context, tables []Table) {
 	err := r.sweep(ctx, tables, &deleted)
 	end := time.Now()
 	r.LastDuration.Store(int64(end.Sub(start)))
+	if r.Ended != nil {
+		r.Ended(ctx, deleted, end.Sub(start), err)
+	}
 	switch {
 	case errors.Is(err, leadership.ErrNotLeader):
 		r.Logger.Debug("pglimit: cleanup run ended: leadership lost", "rows", deleted)

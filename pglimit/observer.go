@@ -1,0 +1,167 @@
+package pglimit
+
+import (
+	"context"
+	"time"
+)
+
+// Observer sees the start and end of every decision of a limiter, as pgx's
+// QueryTracer sees queries: it is how metrics and tracing plug into a
+// limiter without wrapping it ([Config.Observer]). The decision methods
+// (Allow, AllowN, AllowTx, AllowTxN, AllowAtMost, Reserve, Peek) are
+// observed, whatever their outcome, bad input among them; Reset, Refund,
+// [AllowAll], [Settle] and [Pause] are not. Its methods run on the
+// caller's goroutine, around the decision, and must be safe for concurrent
+// use: one Observer may serve many limiters, told apart by each
+// observation's Namespace and Strategy.
+//
+// An Observer may also implement [BatchObserver] and [LeaseObserver]; New
+// checks for them once.
+type Observer interface {
+	// StartDecision is called before a decision, with o's Decision, Err
+	// and Took unset. The decision runs with the context it returns, so a
+	// span it starts is the parent of the decision's own statement.
+	StartDecision(ctx context.Context, o Observation) context.Context
+
+	// EndDecision is called once the decision has ended, with the context
+	// StartDecision returned and o complete.
+	EndDecision(ctx context.Context, o Observation)
+}
+
+// Observation is one decision as an [Observer] sees it.
+type Observation struct {
+	// Op is the method called: "Allow", "AllowN", "AllowTx", "AllowTxN",
+	// "AllowAtMost", "Reserve" or "Peek".
+	Op string
+
+	Namespace string   // the limiter's, as [Policy] reports it
+	Strategy  Strategy // the limiter's
+	Key       string   // as the caller gave it, which may be invalid
+	N         int      // the units asked for: 1 for Allow and AllowTx
+
+	Decision Decision      // what the method returned
+	Err      error         // what the method returned
+	Took     time.Duration // from StartDecision's return to the method's
+}
+
+// BatchObserver is an [Observer] that also sees each statement group
+// commit sends for many callers' Allow and AllowN at once. The callers'
+// decisions are still observed one by one; a batch's statement runs on
+// none of their goroutines, under none of their contexts.
+type BatchObserver interface {
+	// ObserveBatch is called once a batch statement has returned.
+	ObserveBatch(ctx context.Context, b BatchObservation)
+}
+
+// BatchObservation is one batch statement as a [BatchObserver] sees it.
+type BatchObservation struct {
+	Namespace string
+	Strategy  Strategy
+	Keys      []string      // the keys it decided for; the observer's own until it returns
+	Took      time.Duration // the statement's round trip
+	Err       error         // the statement's; its callers then decide alone or share it
+}
+
+// LeaseObserver is an [Observer] that also sees each give-back of a lease:
+// the units a limit of many a second had taken ahead for a key, returned
+// to its row once the key went quiet (docs/limits.md, "Leases").
+type LeaseObserver interface {
+	// ObserveGiveBack is called once the give-back's statement returned.
+	ObserveGiveBack(ctx context.Context, g GiveBackObservation)
+}
+
+// GiveBackObservation is one give-back of a lease, as a [LeaseObserver]
+// sees it.
+type GiveBackObservation struct {
+	Namespace string
+	Strategy  Strategy
+	Key       string
+	Units     int64 // the units offered back
+	Returned  bool  // whether the row took them: it had not moved on since
+	Took      time.Duration
+	Err       error
+}
+
+// CleanupObserver sees each run of a [Cleaner] on the instance that leads
+// ([CleanerConfig.Observer]).
+type CleanupObserver interface {
+	// ObserveCleanup is called on the cleaner's goroutine once a run has
+	// ended.
+	ObserveCleanup(ctx context.Context, c CleanupObservation)
+}
+
+// CleanupObservation is one cleanup run, as a [CleanupObserver] sees it.
+type CleanupObservation struct {
+	Schema string
+	Rows   int64 // deleted by the run's batches that committed
+	Took   time.Duration
+	Err    error // nil for a run that cleaned every table
+}
+
+// observers are a limiter's Observer and the optional interfaces it
+// implements, found once by New; each nil when absent.
+type observers struct {
+	decisions Observer
+	batches   BatchObserver
+	leases    LeaseObserver
+}
+
+func newObservers(o Observer) observers {
+	batches, _ := o.(BatchObserver)
+	leases, _ := o.(LeaseObserver)
+	return observers{decisions: o, batches: batches, leases: leases}
+}
+
+// Names of the decision methods, as Observation.Op reports them.
+const (
+	opAllow       = "Allow"
+	opAllowN      = "AllowN"
+	opAllowTx     = "AllowTx"
+	opAllowTxN    = "AllowTxN"
+	opAllowAtMost = "AllowAtMost"
+	opReserve     = "Reserve"
+	opPeek        = "Peek"
+)
+
+// observe runs fn, the decision method op on n units of key, and shows it
+// to the limiter's Observer. Without one it is fn(ctx): no clock read, no
+// allocation.
+func (l *limiter) observe(ctx context.Context, op, key string, n int, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+	obs := l.observers.decisions
+	if obs == nil {
+		return fn(ctx)
+	}
+	o := Observation{Op: op, Namespace: l.cfg.Namespace, Strategy: l.cfg.Strategy, Key: key, N: n}
+	ctx = obs.StartDecision(ctx, o)
+	begin := time.Now()
+	o.Decision, o.Err = fn(ctx)
+	o.Took = time.Since(begin)
+	obs.EndDecision(ctx, o)
+	return o.Decision, o.Err
+}
+
+// observeBatches returns the batch hook of internal/batch that shows the
+// limiter's BatchObserver each batch statement; nil without one.
+func (l *limiter) observeBatches() func(ctx context.Context, keys []string, took time.Duration, err error) {
+	obs := l.observers.batches
+	if obs == nil {
+		return nil
+	}
+	return func(ctx context.Context, keys []string, took time.Duration, err error) {
+		obs.ObserveBatch(ctx, BatchObservation{Namespace: l.cfg.Namespace, Strategy: l.cfg.Strategy, Keys: keys, Took: took, Err: err})
+	}
+}
+
+// observeGiveBacks returns the give-back hook of internal/batch that shows
+// the limiter's LeaseObserver each give-back; nil without one.
+func (l *limiter) observeGiveBacks() func(ctx context.Context, key string, units int64, returned bool, took time.Duration, err error) {
+	obs := l.observers.leases
+	if obs == nil {
+		return nil
+	}
+	return func(ctx context.Context, key string, units int64, returned bool, took time.Duration, err error) {
+		obs.ObserveGiveBack(ctx, GiveBackObservation{
+			Namespace: l.cfg.Namespace, Strategy: l.cfg.Strategy, Key: key, Units: units, Returned: returned, Took: took, Err: err,
+		})
+	}
+}

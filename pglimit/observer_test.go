@@ -1,0 +1,340 @@
+package pglimit_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglimit/cooldown/internal/onpglimit/observe"
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// recorder is an Observer of every event, which checks that each decision
+// ends once, with the context its start returned.
+type recorder struct {
+	t *testing.T
+
+	mu        sync.Mutex
+	started   int
+	seen      []observe.Call // the decisions, in the order they ended
+	ends      []pglimit.Observation
+	batches   []pglimit.BatchObservation
+	giveBacks []pglimit.GiveBackObservation
+	cleanups  []pglimit.CleanupObservation
+}
+
+var (
+	_ pglimit.Observer        = (*recorder)(nil)
+	_ pglimit.BatchObserver   = (*recorder)(nil)
+	_ pglimit.LeaseObserver   = (*recorder)(nil)
+	_ pglimit.CleanupObserver = (*recorder)(nil)
+)
+
+type startedKey struct{}
+
+func (r *recorder) StartDecision(ctx context.Context, o pglimit.Observation) context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.started++
+	if o.Err != nil || o.Took != 0 || o.Decision != (pglimit.Decision{}) {
+		r.t.Errorf("%s %q started with an end: %+v", o.Op, o.Key, o)
+	}
+	return context.WithValue(ctx, startedKey{}, o)
+}
+
+func (r *recorder) EndDecision(ctx context.Context, o pglimit.Observation) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s, ok := ctx.Value(startedKey{}).(pglimit.Observation); !ok || s.Op != o.Op || s.Key != o.Key || s.N != o.N {
+		r.t.Errorf("%s %q ended without the context of its start (%+v)", o.Op, o.Key, s)
+	}
+	r.seen = append(r.seen, observe.Observed(ctx, o))
+	r.ends = append(r.ends, o)
+}
+
+func (r *recorder) ObserveBatch(_ context.Context, b pglimit.BatchObservation) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b.Keys = slices.Clone(b.Keys)
+	r.batches = append(r.batches, b)
+}
+
+func (r *recorder) ObserveGiveBack(_ context.Context, g pglimit.GiveBackObservation) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.giveBacks = append(r.giveBacks, g)
+}
+
+func (r *recorder) ObserveCleanup(_ context.Context, c pglimit.CleanupObservation) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cleanups = append(r.cleanups, c)
+}
+
+// calls returns the decisions seen so far, and the observations.
+func (r *recorder) calls() ([]observe.Call, []pglimit.Observation) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started != len(r.seen) {
+		r.t.Errorf("%d decisions started, %d ended", r.started, len(r.seen))
+	}
+	return slices.Clone(r.seen), slices.Clone(r.ends)
+}
+
+// Every decision method is seen once, start and end, with its method,
+// key, cost, the limiter's namespace and strategy, what it returned, and
+// the outcome that means; a bad key or cost is seen too, though nothing
+// reaches the database.
+func TestObserverSeesEveryDecision(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	obs := &recorder{t: t}
+	db := &countingDB{Pool: pool}
+	lim, err := pglimit.New(db, &pglimit.Config{
+		Schema: schema, Namespace: "observed", Strategy: pglimit.NoWait,
+		Limits:   []pglimit.Limit{{Rate: 3, Period: time.Hour, Burst: 3}},
+		Observer: obs,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shadow, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Namespace: "shadow", Cooldown: time.Hour, Shadow: true, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+
+	type want struct {
+		op, key string
+		n       int
+		outcome string
+	}
+	var (
+		wants   []want
+		results []pglimit.Decision
+		errs    []error
+	)
+	call := func(w want, d pglimit.Decision, err error) {
+		wants, results, errs = append(wants, w), append(results, d), append(errs, err)
+	}
+	d, err := lim.Allow(ctx, "k")
+	call(want{"Allow", "k", 1, observe.Admitted}, d, err)
+	d, err = lim.AllowN(ctx, "k", 1)
+	call(want{"AllowN", "k", 1, observe.Admitted}, d, err)
+	d, err = lim.Peek(ctx, "k", 2)
+	call(want{"Peek", "k", 2, observe.Refused}, d, err)
+	d, err = lim.AllowAtMost(ctx, "k", 5)
+	call(want{"AllowAtMost", "k", 5, observe.Admitted}, d, err)
+	d, err = lim.Reserve(ctx, "k", 1, time.Hour)
+	call(want{"Reserve", "k", 1, observe.Admitted}, d, err)
+	d, err = lim.AllowN(ctx, "k", 1)
+	call(want{"AllowN", "k", 1, observe.Refused}, d, err)
+	d, err = lim.AllowTx(ctx, tx, "t")
+	call(want{"AllowTx", "t", 1, observe.Admitted}, d, err)
+	d, err = lim.AllowTxN(ctx, tx, "t", 2)
+	call(want{"AllowTxN", "t", 2, observe.Admitted}, d, err)
+	before := db.statements.Load()
+	d, err = lim.Allow(ctx, "")
+	call(want{"Allow", "", 1, observe.Invalid}, d, err)
+	d, err = lim.AllowN(ctx, "k", 0)
+	call(want{"AllowN", "k", 0, observe.Invalid}, d, err)
+	d, err = lim.Peek(ctx, "bad\x00key", 1)
+	call(want{"Peek", "bad\x00key", 1, observe.Invalid}, d, err)
+	if n := db.statements.Load() - before; n != 0 {
+		t.Errorf("bad input ran %d statements", n)
+	}
+	d, err = lim.Allow(cancelled, "gone")
+	call(want{"Allow", "gone", 1, observe.Canceled}, d, err)
+	d, err = shadow.Allow(ctx, "s")
+	call(want{"Allow", "s", 1, observe.Admitted}, d, err)
+	d, err = shadow.Allow(ctx, "s")
+	call(want{"Allow", "s", 1, observe.Shadowed}, d, err)
+
+	seen, ends := obs.calls()
+	if len(seen) != len(wants) {
+		t.Fatalf("%d decisions seen, want %d", len(seen), len(wants))
+	}
+	for i, w := range wants {
+		c, o := seen[i], ends[i]
+		if c.Op != w.op || c.Key != w.key || o.N != w.n || c.Outcome != w.outcome {
+			t.Errorf("decision %d: %s %q n=%d %s, want %s %q n=%d %s", i, c.Op, c.Key, o.N, c.Outcome, w.op, w.key, w.n, w.outcome)
+		}
+		ns, strategy := "observed", pglimit.NoWait
+		if i >= len(wants)-2 {
+			ns, strategy = "shadow", pglimit.Upsert
+		}
+		if o.Namespace != ns || o.Strategy != strategy {
+			t.Errorf("decision %d: limiter %s/%s, want %s/%s", i, o.Namespace, o.Strategy, ns, strategy)
+		}
+		if o.Err != errs[i] || o.Decision.Allowed != results[i].Allowed || o.Decision.Granted != results[i].Granted || o.Decision.Shadow != results[i].Shadow {
+			t.Errorf("decision %d: saw %+v, %v; the caller got %+v, %v", i, o.Decision, o.Err, results[i], errs[i])
+		}
+		if o.Took < 0 || (c.Outcome == observe.Admitted && o.Took == 0) {
+			t.Errorf("decision %d: took %s", i, o.Took)
+		}
+	}
+}
+
+// Under group commit each call is still seen once, on its own; the batch
+// statement is seen once for the keys it decided, each key in one batch.
+func TestObserverBatch(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	obs := &recorder{t: t}
+	db := &heldDB{countingDB: countingDB{Pool: testdb.Pool(t)}}
+	lim, _ := newBatchLimiter(t, db, pglimit.Upsert, func(cfg *pglimit.Config) { cfg.Observer = obs })
+	keys := keysN("b", 32)
+	release := db.hold(pglimit.InFlightLimit)
+	t.Cleanup(release)
+	var (
+		got map[string][]pglimit.Decision
+		err error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		got, err = allowAll(ctx, lim, keys, 1)
+	}()
+	waitFor(t, "the requests to gather", func() bool { return pglimit.BatchPending(lim) == len(keys)-pglimit.InFlightLimit })
+	release()
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	seen, _ := obs.calls()
+	byKey := map[string]int{}
+	for _, c := range seen {
+		byKey[c.Key]++
+		if c.Op != "Allow" || c.Outcome != observe.Admitted || !got[c.Key][0].Allowed {
+			t.Errorf("%s %q: %s; the caller got %+v", c.Op, c.Key, c.Outcome, got[c.Key])
+		}
+	}
+	for _, k := range keys {
+		if byKey[k] != 1 {
+			t.Errorf("key %s seen %d times, want once", k, byKey[k])
+		}
+	}
+	if len(seen) != len(keys) {
+		t.Errorf("%d decisions seen for %d calls", len(seen), len(keys))
+	}
+
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.batches) == 0 {
+		t.Fatal("no batch seen")
+	}
+	inBatch := map[string]int{}
+	for _, b := range obs.batches {
+		if b.Namespace == "" || b.Strategy != pglimit.Upsert || b.Err != nil || b.Took <= 0 {
+			t.Errorf("batch %+v", b)
+		}
+		for _, k := range b.Keys {
+			inBatch[k]++
+		}
+	}
+	if len(inBatch) != len(keys)-pglimit.InFlightLimit {
+		t.Errorf("%d keys in batches, want the %d that gathered", len(inBatch), len(keys)-pglimit.InFlightLimit)
+	}
+	for k, n := range inBatch {
+		if n != 1 {
+			t.Errorf("key %s in %d batches", k, n)
+		}
+	}
+}
+
+// A lease's give-back is seen with the units the key's row took back.
+func TestObserverGiveBack(t *testing.T) {
+	t.Parallel()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	limit := pglimit.Limit{Rate: 4000, Period: time.Second, Burst: 4000}
+	obs := &recorder{t: t}
+	filler, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Limits: []pglimit.Limit{limit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Limits: []pglimit.Limit{limit}, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As in TestLeaseGivesBack: a row 90% full leaves units to give back.
+	if d, err := filler.AllowN(t.Context(), "k", 3600); err != nil || !d.Allowed {
+		t.Fatalf("filling the row: %+v, %v", d, err)
+	}
+	takeLease(t, lim, "k")
+	returned := func() (units int64) {
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		for _, g := range obs.giveBacks {
+			if g.Returned {
+				units += g.Units
+			}
+		}
+		return units
+	}
+	waitFor(t, "the give-back seen", func() bool { return pglimit.GivenBack(lim) > 0 && returned() == pglimit.GivenBack(lim) })
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	for _, g := range obs.giveBacks {
+		if g.Key != "k" || g.Units <= 0 || g.Strategy != pglimit.Upsert || g.Err != nil {
+			t.Errorf("give-back %+v", g)
+		}
+	}
+}
+
+// Each cleanup run of the leader is seen, with the rows it deleted.
+func TestObserverCleanup(t *testing.T) {
+	t.Parallel()
+	obs := &recorder{t: t}
+	f := newFleet(t, 1, func(cfg *pglimit.CleanerConfig) { cfg.Observer = obs })
+	f.seedKeys(t, "pglimit_upsert", "old-", 20, "-1 hour")
+	rows := func() (n int64) {
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		for _, c := range obs.cleanups {
+			n += c.Rows
+		}
+		return n
+	}
+	waitFor(t, "the run seen", func() bool { return rows() == 20 })
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	for _, c := range obs.cleanups {
+		if c.Schema != f.schema || c.Err != nil {
+			t.Errorf("cleanup %+v", c)
+		}
+	}
+}
+
+// A limiter without an Observer allocates nothing more for it: a refusal
+// the pre-block answers allocates nothing at all. Not parallel:
+// AllocsPerRun counts every goroutine's allocations.
+func TestObserverNoneAllocatesNothing(t *testing.T) {
+	ctx := t.Context()
+	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: testdb.Schema(t), Cooldown: time.Hour, PreBlockSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("first: %+v, %v", d, err)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if d, err := lim.Allow(ctx, "k"); err != nil || d.Allowed {
+			t.Fatalf("pre-blocked: %+v, %v", d, err)
+		}
+	}); n != 0 {
+		t.Errorf("a pre-blocked refusal allocates %v times, want 0", n)
+	}
+}
