@@ -67,11 +67,17 @@ type path struct {
 	inTx bool
 	// preblock: the pre-block may answer a refusal without a round trip.
 	preblock bool
+	// fallback: the limiter's fallback decides in process while the
+	// database is unavailable (Config.Fallback).
+	fallback bool
 }
 
 var (
+	// allowing is Allow's and AllowN's: in their own transaction, the
+	// pre-block may answer, and the fallback may decide.
+	allowing = path{preblock: true, fallback: true}
 	// preblocked is a call in its own transaction that the pre-block may
-	// answer: Allow, AllowAtMost, Peek.
+	// answer: AllowAtMost, Peek.
 	preblocked = path{preblock: true}
 	// direct is a call in its own transaction that always asks the
 	// database: Reserve, whose delay the pre-block cannot tell.
@@ -80,22 +86,61 @@ var (
 	callersTx = path{inTx: true}
 )
 
-// decide validates key, answers from the pre-block when the path lets it,
-// bounds ctx by the limiter's timeout and runs fn. Only decisions made in
-// their own transaction feed the pre-block.
-func (l *limiter) decide(ctx context.Context, key string, n int, via path, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
-	d, err := l.enforce(ctx, key, via, fn)
+// request is one call of a decision method: the method, as
+// Observation.Op names it, the key, the units, and the path it takes.
+type request struct {
+	op  string
+	key string
+	n   int
+	via path
+}
+
+// decide is every decision method's way to its decision: the Observer
+// sees it, invalid (the method's own check of its arguments) and the key
+// are validated, and fn decides it on the database, unless the fallback
+// or the pre-block answers first. Shadow mode then lets a refusal
+// through.
+func (l *limiter) decide(ctx context.Context, r request, invalid error, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+	obs := l.observers.decisions
+	if obs == nil {
+		return l.decideValid(ctx, r, invalid, fn)
+	}
+	o := Observation{Op: r.op, Namespace: l.cfg.Namespace, Strategy: l.cfg.Strategy, Key: r.key, N: r.n}
+	ctx = obs.StartDecision(ctx, o)
+	begin := time.Now()
+	o.Decision, o.Err = l.decideValid(ctx, r, invalid, fn)
+	o.Took = time.Since(begin)
+	obs.EndDecision(ctx, o)
+	return o.Decision, o.Err
+}
+
+// decideValid is decide unobserved.
+func (l *limiter) decideValid(ctx context.Context, r request, invalid error, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+	if invalid != nil {
+		return Decision{}, invalid
+	}
+	if err := ValidateKey(r.key); err != nil {
+		return Decision{}, err
+	}
+	if r.via.fallback && l.fallback != nil {
+		return l.withFallback(ctx, r.key, r.n, func() (Decision, error) { return l.enforce(ctx, r, fn) })
+	}
+	return l.enforce(ctx, r, fn)
+}
+
+// enforce answers from the pre-block when the path lets it, bounds ctx by
+// the limiter's timeout and runs fn, then applies shadow mode. Only
+// decisions made in their own transaction feed the pre-block.
+func (l *limiter) enforce(ctx context.Context, r request, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+	d, err := l.database(ctx, r.key, r.via, fn)
 	if err == nil && !d.Allowed && l.cfg.Shadow {
-		return d.shadowed(n), nil
+		return d.shadowed(r.n), nil
 	}
 	return d, err
 }
 
-// enforce is decide without shadow mode.
-func (l *limiter) enforce(ctx context.Context, key string, via path, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
-	if err := ValidateKey(key); err != nil {
-		return Decision{}, err
-	}
+// database is enforce without shadow mode.
+func (l *limiter) database(ctx context.Context, key string, via path, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
 	sent := time.Now()
 	if via.preblock {
 		if wait := l.preblock.Remaining(key, sent); wait > 0 {

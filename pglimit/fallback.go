@@ -219,16 +219,10 @@ func outage(ctx context.Context, err error) bool {
 	return errors.Is(err, ErrTimeout) || errors.Is(err, ErrReadOnly) || errors.Is(err, ErrUnavailable) || pgtx.Unavailable(err)
 }
 
-// withFallback decides with db, or in process while the database is
-// unavailable, when the limiter has a fallback.
+// withFallback decides n units of key, a valid key, with db, or in
+// process while the database is unavailable: the limiter has a fallback.
 func (l *limiter) withFallback(ctx context.Context, key string, n int, db func() (Decision, error)) (Decision, error) {
 	f := l.fallback
-	if f == nil {
-		return db()
-	}
-	if err := ValidateKey(key); err != nil {
-		return Decision{}, err
-	}
 	local := func() (Decision, error) {
 		if err := ctx.Err(); err != nil {
 			return Decision{}, err // the caller gave up

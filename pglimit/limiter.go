@@ -273,69 +273,53 @@ func noRowsAsUndecided(err error) error {
 }
 
 func (l *limiter) Allow(ctx context.Context, key string) (Decision, error) {
-	return l.observe(ctx, opAllow, key, 1, func(ctx context.Context) (Decision, error) { return l.allow(ctx, key, 1) })
-}
-
-func (l *limiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
-	return l.observe(ctx, opAllowN, key, n, func(ctx context.Context) (Decision, error) { return l.allow(ctx, key, n) })
-}
-
-// allow is AllowN unobserved: on the database, or in process while it is
-// unavailable.
-func (l *limiter) allow(ctx context.Context, key string, n int) (Decision, error) {
-	if err := l.checkCost(n); err != nil {
-		return Decision{}, err
-	}
-	return l.withFallback(ctx, key, n, func() (Decision, error) { return l.allowN(ctx, key, n) })
-}
-
-// allowN is AllowN on the database.
-func (l *limiter) allowN(ctx context.Context, key string, n int) (Decision, error) {
-	return l.decide(ctx, key, n, preblocked, func(ctx context.Context) (Decision, error) {
-		if l.batch != nil && l.dist.Load() == nil {
-			// The batcher merges concurrent calls on one key itself. A
-			// table Citus distributes is not batched once the limiter
-			// knows it (its first statement finds out): a batch's keys
-			// live on different nodes, and each decision there is one hop
-			// to its own. A batch sent before that fails there, and its
-			// calls are decided by their own statements.
-			return l.batch.Do(ctx, key, n)
-		}
-		q := l.allowQuery(key, n)
-		return l.flights.Do(ctx, key, n, func(ctx context.Context) (Decision, error) {
-			return l.run(ctx, q)
-		}, l.followGCRA)
+	return l.decide(ctx, request{op: opAllow, key: key, n: 1, via: allowing}, l.checkCost(1), func(ctx context.Context) (Decision, error) {
+		return l.allowN(ctx, key, 1)
 	})
 }
 
+func (l *limiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
+	return l.decide(ctx, request{op: opAllowN, key: key, n: n, via: allowing}, l.checkCost(n), func(ctx context.Context) (Decision, error) {
+		return l.allowN(ctx, key, n)
+	})
+}
+
+// allowN decides AllowN on the database: in a batch, or with the calls
+// on key that share a statement.
+func (l *limiter) allowN(ctx context.Context, key string, n int) (Decision, error) {
+	if l.batch != nil && l.dist.Load() == nil {
+		// The batcher merges concurrent calls on one key itself. A table
+		// Citus distributes is not batched once the limiter knows it (its
+		// first statement finds out): a batch's keys live on different
+		// nodes, and each decision there is one hop to its own. A batch
+		// sent before that fails there, and its calls are decided by
+		// their own statements.
+		return l.batch.Do(ctx, key, n)
+	}
+	q := l.allowQuery(key, n)
+	return l.flights.Do(ctx, key, n, func(ctx context.Context) (Decision, error) {
+		return l.run(ctx, q)
+	}, l.followGCRA)
+}
+
 func (l *limiter) AllowTx(ctx context.Context, tx DB, key string) (Decision, error) {
-	return l.observe(ctx, opAllowTx, key, 1, func(ctx context.Context) (Decision, error) { return l.allowTx(ctx, tx, key, 1) })
+	return l.decide(ctx, request{op: opAllowTx, key: key, n: 1, via: callersTx}, l.checkCost(1), func(ctx context.Context) (Decision, error) {
+		return l.runTx(ctx, tx, l.allowQuery(key, 1))
+	})
 }
 
 func (l *limiter) AllowTxN(ctx context.Context, tx DB, key string, n int) (Decision, error) {
-	return l.observe(ctx, opAllowTxN, key, n, func(ctx context.Context) (Decision, error) { return l.allowTx(ctx, tx, key, n) })
-}
-
-// allowTx is AllowTxN unobserved.
-func (l *limiter) allowTx(ctx context.Context, tx DB, key string, n int) (Decision, error) {
-	if err := l.checkCost(n); err != nil {
-		return Decision{}, err
-	}
-	return l.decide(ctx, key, n, callersTx, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, request{op: opAllowTxN, key: key, n: n, via: callersTx}, l.checkCost(n), func(ctx context.Context) (Decision, error) {
 		return l.runTx(ctx, tx, l.allowQuery(key, n))
 	})
 }
 
 func (l *limiter) AllowAtMost(ctx context.Context, key string, n int) (Decision, error) {
-	return l.observe(ctx, opAllowAtMost, key, n, func(ctx context.Context) (Decision, error) { return l.allowAtMost(ctx, key, n) })
-}
-
-// allowAtMost is AllowAtMost unobserved.
-func (l *limiter) allowAtMost(ctx context.Context, key string, n int) (Decision, error) {
+	var invalid error
 	if n <= 0 {
-		return Decision{}, fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
+		invalid = fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
 	}
-	return l.decide(ctx, key, n, preblocked, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, request{op: opAllowAtMost, key: key, n: n, via: preblocked}, invalid, func(ctx context.Context) (Decision, error) {
 		if l.plain.general == nil { // Range: a cooldown grants one unit at a time
 			return l.run(ctx, l.allowQuery(key, 1))
 		}
@@ -344,25 +328,18 @@ func (l *limiter) allowAtMost(ctx context.Context, key string, n int) (Decision,
 }
 
 func (l *limiter) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error) {
-	return l.observe(ctx, opReserve, key, n, func(ctx context.Context) (Decision, error) { return l.reserve(ctx, key, n, maxDelay) })
-}
-
-// reserve is Reserve unobserved.
-func (l *limiter) reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error) {
-	if l.plain.general == nil {
-		return Decision{}, fmt.Errorf("%w: Reserve on the %s strategy", ErrUnsupported, l.cfg.Strategy)
-	}
-	if err := l.checkReserve(n, maxDelay); err != nil {
-		return Decision{}, err
-	}
-	return l.decide(ctx, key, n, direct, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, request{op: opReserve, key: key, n: n, via: direct}, l.checkReserve(n, maxDelay), func(ctx context.Context) (Decision, error) {
 		return l.run(ctx, l.generalQuery(key, n, modeReserve, maxDelay))
 	})
 }
 
-// checkReserve validates Reserve's arguments: GCRA limits only, a maximum
-// delay that is not negative, and n units that could fit within it.
+// checkReserve validates Reserve's arguments: a strategy that reserves
+// (not Range), GCRA limits only, a maximum delay that is not negative, and
+// n units that could fit within it.
 func (l *limiter) checkReserve(n int, maxDelay time.Duration) error {
+	if l.plain.general == nil {
+		return fmt.Errorf("%w: Reserve on the %s strategy", ErrUnsupported, l.cfg.Strategy)
+	}
 	if maxDelay < 0 {
 		return fmt.Errorf("%w: maxDelay must not be negative, got %s", ErrInvalidCost, maxDelay)
 	}
@@ -381,15 +358,7 @@ func (l *limiter) checkReserve(n int, maxDelay time.Duration) error {
 }
 
 func (l *limiter) Peek(ctx context.Context, key string, n int) (Decision, error) {
-	return l.observe(ctx, opPeek, key, n, func(ctx context.Context) (Decision, error) { return l.peek(ctx, key, n) })
-}
-
-// peek is Peek unobserved.
-func (l *limiter) peek(ctx context.Context, key string, n int) (Decision, error) {
-	if err := l.checkCost(n); err != nil {
-		return Decision{}, err
-	}
-	return l.decide(ctx, key, n, preblocked, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, request{op: opPeek, key: key, n: n, via: preblocked}, l.checkCost(n), func(ctx context.Context) (Decision, error) {
 		if err := l.check(ctx, l.db); err != nil {
 			return Decision{}, err
 		}

@@ -123,23 +123,6 @@ const (
 	opPeek        = "Peek"
 )
 
-// observe runs fn, the decision method op on n units of key, and shows it
-// to the limiter's Observer. Without one it is fn(ctx): no clock read, no
-// allocation.
-func (l *limiter) observe(ctx context.Context, op, key string, n int, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
-	obs := l.observers.decisions
-	if obs == nil {
-		return fn(ctx)
-	}
-	o := Observation{Op: op, Namespace: l.cfg.Namespace, Strategy: l.cfg.Strategy, Key: key, N: n}
-	ctx = obs.StartDecision(ctx, o)
-	begin := time.Now()
-	o.Decision, o.Err = fn(ctx)
-	o.Took = time.Since(begin)
-	obs.EndDecision(ctx, o)
-	return o.Decision, o.Err
-}
-
 // observeBatches returns the batch hook of internal/batch that shows the
 // limiter's BatchObserver each batch statement; nil without one.
 func (l *limiter) observeBatches() func(ctx context.Context, keys []string, took time.Duration, err error) {
