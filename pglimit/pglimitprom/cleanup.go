@@ -21,10 +21,10 @@ type cleanerCollector struct {
 	leader       *prometheus.Desc
 }
 
-// NewCleanerCollector returns a collector of a cleaner's statistics (see
-// [pglimit.Cleaner.Stats]) under pglimit_cleanup_*, labelled cleaner=name so
-// that several cleaners can be told apart; the schema a cleaner cleans is a
-// good name.
+// NewCleanerCollector returns a collector of a cleaner's statistics
+// ([pglimit.Cleaner.Stats]) under pglimit_cleanup_*, labelled
+// cleaner=name. The label tells several cleaners apart; the schema a
+// cleaner cleans is a good name.
 //
 // pglimit_cleanup_last_success_timestamp_seconds is 0 until the cleaner's
 // first successful run, rather than absent: an alert on

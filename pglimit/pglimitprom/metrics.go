@@ -174,7 +174,7 @@ func (m *Metrics) present(labels []string) {
 const SemaphoreStrategy = "semaphore"
 
 // ObserveSemaphore counts and times a semaphore's acquisitions (Acquire
-// and AcquireTx) as decisions, under the labels limiter (the semaphore's
+// and AcquireTx) as decisions. Their labels are limiter (the semaphore's
 // namespace) and strategy [SemaphoreStrategy]: an acquired slot is
 // admitted, a key whose slots are all held refused, a bad key invalid, a
 // failure an error counted by kind, as for a limiter. Set it as the
