@@ -141,8 +141,7 @@ func allowAll(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, e
 		// A key with no row yet: a blank row means the same as none, and
 		// gives the statement a row to lock.
 		for _, lv := range missing {
-			blank := queries.Text("hierarchy.blank", queries.Args{"table": lv.table})
-			err := run(blank, []any{lv.l.cfg.Namespace, lv.key}, func(row pgx.Row) error {
+			err := run(lv.l.blankSQL, []any{lv.l.cfg.Namespace, lv.key}, func(row pgx.Row) error {
 				if err := row.Scan(new(int)); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 					return err
 				}
@@ -203,8 +202,7 @@ func hierarchyLevels(charges []Charge, n int) ([]level, error) {
 				return nil, fmt.Errorf("AllowAll: charges[%d]: %w", i, err)
 			}
 		}
-		table := pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()
-		levels[i] = level{l: l, key: c.Key, index: i, table: table}
+		levels[i] = level{l: l, key: c.Key, index: i, table: l.table}
 	}
 	slices.SortFunc(levels, func(a, b level) int {
 		return cmp.Or(strings.Compare(a.table, b.table), strings.Compare(a.l.cfg.Namespace, b.l.cfg.Namespace), strings.Compare(a.key, b.key))

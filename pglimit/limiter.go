@@ -58,10 +58,13 @@ type limiter struct {
 	args struct{ namespace, lockClass any }
 
 	single    bool       // the limits are one GCRA limit: the fast statement decides
+	table     string     // schema-qualified and quoted
 	plain     statements // on a table of one server
 	resetSQL  string
 	refundSQL string // "" where Refund is not supported (Range)
 	settleSQL string // "" where Settle is not supported (Range)
+	pauseSQL  string // "" where Pause is not supported (Range)
+	blankSQL  string // AllowAll's blank row of a key; "" where AllowAll is not supported (Range)
 	rangeArgs bool   // the fast statement takes no tau ($5)
 
 	// dist, once check has found the table distributed by Citus, holds the
@@ -148,6 +151,7 @@ func withStatements(l *limiter, table string, sql strategySQL) *limiter {
 		fast:   queries.Text(fast, queries.Args{"table": table, "setting": column, "returning": ""}),
 		fastTx: queries.Text(fast, queries.Args{"table": table, "setting": txColumn, "returning": xactReturning}),
 	}
+	l.table = table
 	l.resetSQL = queries.Text("reset", queries.Args{"table": table, "channel": invalidateChannel})
 	l.rangeArgs = lock == ""
 	l.contended = contended
@@ -166,6 +170,8 @@ func withStatements(l *limiter, table string, sql strategySQL) *limiter {
 	if lock != "" {
 		l.refundSQL = refundStatement(l.cfg.Limits, table)
 		l.settleSQL = settleStatement(l.cfg.Limits, table)
+		l.pauseSQL = queries.Text("pause", queries.Args{"table": table})
+		l.blankSQL = queries.Text("hierarchy.blank", queries.Args{"table": table})
 	}
 	if l.single {
 		lim := l.cfg.Limits[0]

@@ -4,10 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // Pause makes lim refuse key for d from now, on every instance, and then
@@ -47,8 +43,7 @@ func Pause(ctx context.Context, lim Limiter, key string, d time.Duration) error 
 	}
 	// The first unit fits when TAT + T - now <= Burst*T.
 	reach := d.Microseconds() + l.burstT - l.emission
-	sql := queries.Text("pause", queries.Args{"table": pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()})
-	if _, err := l.db.Exec(ctx, sql, l.cfg.Namespace, key, reach); err != nil {
+	if _, err := l.db.Exec(ctx, l.pauseSQL, l.cfg.Namespace, key, reach); err != nil {
 		return l.wrap(ctx, fmt.Errorf("pause: %w", err))
 	}
 	l.batch.Forget(key)
