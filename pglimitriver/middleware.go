@@ -146,26 +146,6 @@ func (m *Middleware) hold(ctx context.Context, key string) (release func(), wait
 	if err != nil || !slot.Acquired {
 		return nil, slot.RetryAfter, err
 	}
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(max(slot.ExpiresIn/3, time.Millisecond))
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				if s, err := sem.Extend(context.WithoutCancel(ctx), slot); err == nil {
-					slot = s
-				}
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-stopped
-		_ = sem.Release(context.WithoutCancel(ctx), slot) // a lost slot returned when its lease ended
-	}, 0, nil
+	// A slot lost to a cut connection returns when its lease ends.
+	return sem.Hold(ctx, slot, nil), 0, nil
 }

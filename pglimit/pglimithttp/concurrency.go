@@ -107,40 +107,12 @@ func (c *concurrency) serve(w http.ResponseWriter, r *http.Request, next http.Ha
 	}
 }
 
-// hold runs serve while it keeps slot, extending its lease, and releases
-// it afterwards, even if serve panics.
+// hold runs serve while it keeps slot (pglimitsem's Hold), and releases
+// it afterwards, even if serve panics; the client may be gone, and the
+// slot still goes back.
 func (c *concurrency) hold(r *http.Request, key string, slot pglimitsem.Slot, serve func()) {
-	done := make(chan struct{})
-	extended := make(chan struct{})
-	go func() {
-		defer close(extended)
-		// A third of the lease: two extensions may fail before it ends.
-		t := time.NewTicker(max(slot.ExpiresIn/3, 100*time.Millisecond))
-		defer t.Stop()
-		ctx := context.WithoutCancel(r.Context())
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				var err error
-				if slot, err = c.sem.Extend(ctx, slot); err != nil {
-					c.failures.Record(time.Now(), "key", key, "err", fmt.Errorf("extend the slot: %w", err))
-					if errors.Is(err, pglimitsem.ErrSlotLost) {
-						return
-					}
-				}
-			}
-		}
-	}()
-	defer func() {
-		close(done)
-		<-extended
-		// The client may be gone; the slot still goes back.
-		if err := c.sem.Release(context.WithoutCancel(r.Context()), slot); err != nil {
-			c.failures.Record(time.Now(), "key", key, "err", fmt.Errorf("release the slot: %w", err))
-		}
-	}()
+	release := c.sem.Hold(r.Context(), slot, func(err error) { c.failures.Record(time.Now(), "key", key, "err", err) })
+	defer release()
 	serve()
 }
 

@@ -403,6 +403,54 @@ func (s *Semaphore) Extend(ctx context.Context, slot Slot) (Slot, error) {
 	return slot, nil
 }
 
+// Hold keeps slot's lease from ending while the caller works, until the
+// returned release is called, which returns the slot.
+//
+// The lease is extended every third of its length, so that two
+// extensions may fail before it ends; extending stops once the slot is
+// lost ([ErrSlotLost]). release stops it, waits for an extension under
+// way, and releases the slot. The statements run with ctx's values but
+// not its cancellation: a slot goes back even after the caller gave up.
+// failed, if not nil, receives every error of an extension or of the
+// release.
+func (s *Semaphore) Hold(ctx context.Context, slot Slot, failed func(error)) (release func()) {
+	ctx = context.WithoutCancel(ctx)
+	report := func(err error) {
+		if err != nil && failed != nil {
+			failed(err)
+		}
+	}
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(max(slot.ExpiresIn/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				extended, err := s.Extend(ctx, slot)
+				if err != nil {
+					report(fmt.Errorf("extend the slot: %w", err))
+					if errors.Is(err, ErrSlotLost) {
+						return
+					}
+					continue
+				}
+				slot = extended
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+		if err := s.Release(ctx, slot); err != nil {
+			report(fmt.Errorf("release the slot: %w", err))
+		}
+	}
+}
+
 // Release frees a slot the caller holds. Releasing a slot twice, or after
 // its lease ended, changes nothing and reports [ErrSlotLost]: the slot is
 // never counted free twice, nor taken from a caller who acquired it since.

@@ -554,3 +554,71 @@ func TestSemaphoreReleaseTx(t *testing.T) {
 		t.Fatalf("%d slots held after the release", n)
 	}
 }
+
+// Hold keeps a slot past its TTL while the work runs, and its release
+// returns the slot; a slot lost meanwhile is reported to failed, and Hold
+// stops extending it.
+func TestSemaphoreHold(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	const ttl = time.Second
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Slots: 1, TTL: ttl})
+	slot, err := sem.Acquire(ctx, "k")
+	if err != nil || !slot.Acquired {
+		t.Fatalf("Acquire: %+v, %v", slot, err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	var failures []error
+	var mu sync.Mutex
+	release := sem.Hold(cancelled, slot, func(err error) {
+		mu.Lock()
+		failures = append(failures, err)
+		mu.Unlock()
+	})
+	cancel() // the caller gave up: the slot is still held, then returned
+	time.Sleep(5 * ttl / 2)
+	if s, err := sem.Acquire(ctx, "k"); err != nil || s.Acquired {
+		t.Fatalf("Acquire while a slot is held for 2.5 TTLs: %+v, %v; want it refused", s, err)
+	}
+	release()
+	if s, err := sem.Acquire(ctx, "k"); err != nil || !s.Acquired {
+		t.Fatalf("Acquire after the release: %+v, %v; want the slot", s, err)
+	} else if err := sem.Release(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(failures) > 0 {
+		t.Errorf("failures while held: %v", failures)
+	}
+	mu.Unlock()
+
+	// A slot whose row is gone is lost: Hold says so and stops.
+	slot, err = sem.Acquire(ctx, "lost")
+	if err != nil || !slot.Acquired {
+		t.Fatalf("Acquire: %+v, %v", slot, err)
+	}
+	lost := make(chan error, 4)
+	release = sem.Hold(ctx, slot, func(err error) { lost <- err })
+	if _, err := pool.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE key = 'lost'", pgx.Identifier{schema, "pglimit_slots"}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-lost:
+		if !errors.Is(err, pglimitsem.ErrSlotLost) {
+			t.Fatalf("the first failure: %v, want ErrSlotLost", err)
+		}
+	case <-time.After(5 * ttl):
+		t.Fatal("no failure reported for a lost slot")
+	}
+	release()
+	if err := <-lost; !errors.Is(err, pglimitsem.ErrSlotLost) {
+		t.Fatalf("the release of a lost slot: %v, want ErrSlotLost", err)
+	}
+	select {
+	case err := <-lost:
+		t.Fatalf("a failure after the release: %v", err)
+	default:
+	}
+}
