@@ -30,7 +30,8 @@ func newBatch(l *limiter, table, column string) *batch.Group[Decision] {
 		DB: l.db, Timeout: l.cfg.Timeout, Expired: ErrTimeout,
 		Namespace: l.cfg.Namespace, LockClass: l.lockClass,
 		Contended: l.contended, T: l.emission, BurstT: l.burstT,
-		Batched: l.observeBatches(), GaveBack: l.observeGiveBacks(),
+		Batched:  l.observers.batches(l.cfg.Namespace, l.cfg.Strategy),
+		GaveBack: l.observers.giveBacks(l.cfg.Namespace, l.cfg.Strategy),
 	}
 	if !l.single { // per-key limits among them
 		c.General, c.Overrides = true, l.cfg.Overrides

@@ -42,7 +42,7 @@ const InFlightLimit = batch.InFlightLimit
 // tail).
 func Statements(lim Limiter) map[string]string {
 	l := lim.(*limiter)
-	s := map[string]string{"allow": l.plain.fast, "peek": l.plain.peek, "reset": l.resetSQL, "inspect": inspectSQL(l.cfg)}
+	s := map[string]string{"allow": l.plain.fast, "peek": l.plain.peek, "reset": l.keySQL.reset, "inspect": inspectSQL(l.cfg)}
 	if l.cfg.Strategy != Range {
 		// AllowAll of two keys of lim, in lock order.
 		table := pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()

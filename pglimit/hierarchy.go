@@ -141,7 +141,7 @@ func allowAll(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, e
 		// A key with no row yet: a blank row means the same as none, and
 		// gives the statement a row to lock.
 		for _, lv := range missing {
-			err := run(lv.l.blankSQL, []any{lv.l.cfg.Namespace, lv.key}, func(row pgx.Row) error {
+			err := run(lv.l.keySQL.blank, []any{lv.l.cfg.Namespace, lv.key}, func(row pgx.Row) error {
 				if err := row.Scan(new(int)); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 					return err
 				}

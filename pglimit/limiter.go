@@ -60,12 +60,8 @@ type limiter struct {
 	single    bool       // the limits are one GCRA limit: the fast statement decides
 	table     string     // schema-qualified and quoted
 	plain     statements // on a table of one server
-	resetSQL  string
-	refundSQL string // "" where Refund is not supported (Range)
-	settleSQL string // "" where Settle is not supported (Range)
-	pauseSQL  string // "" where Pause is not supported (Range)
-	blankSQL  string // AllowAll's blank row of a key; "" where AllowAll is not supported (Range)
-	rangeArgs bool   // the fast statement takes no tau ($5)
+	keySQL    keySQL     // what acts on a key beside deciding it
+	rangeArgs bool       // the fast statement takes no tau ($5)
 
 	// dist, once check has found the table distributed by Citus, holds the
 	// statements that replace plain there (citus.go).
@@ -120,6 +116,16 @@ type statements struct {
 	peek         string
 }
 
+// keySQL is the statements that act on a key beside deciding it, on a
+// table of one server.
+type keySQL struct {
+	reset  string
+	refund string // "" where Refund is not supported (Range)
+	settle string // "" where Settle is not supported (Range)
+	pause  string // "" where Pause is not supported (Range)
+	blank  string // AllowAll's blank row of a key; "" where AllowAll is not supported (Range)
+}
+
 // stmts returns the statements for the limiter's table.
 func (l *limiter) stmts() *statements {
 	if d := l.dist.Load(); d != nil {
@@ -152,7 +158,7 @@ func withStatements(l *limiter, table string, sql strategySQL) *limiter {
 		fastTx: queries.Text(fast, queries.Args{"table": table, "setting": txColumn, "returning": xactReturning}),
 	}
 	l.table = table
-	l.resetSQL = queries.Text("reset", queries.Args{"table": table, "channel": invalidateChannel})
+	l.keySQL.reset = queries.Text("reset", queries.Args{"table": table, "channel": invalidateChannel})
 	l.rangeArgs = lock == ""
 	l.contended = contended
 	switch {
@@ -168,10 +174,10 @@ func withStatements(l *limiter, table string, sql strategySQL) *limiter {
 		l.plain.general, l.plain.peek = &g, g.peek
 	}
 	if lock != "" {
-		l.refundSQL = refundStatement(l.cfg.Limits, table)
-		l.settleSQL = settleStatement(l.cfg.Limits, table)
-		l.pauseSQL = queries.Text("pause", queries.Args{"table": table})
-		l.blankSQL = queries.Text("hierarchy.blank", queries.Args{"table": table})
+		l.keySQL.refund = refundStatement(l.cfg.Limits, table)
+		l.keySQL.settle = settleStatement(l.cfg.Limits, table)
+		l.keySQL.pause = queries.Text("pause", queries.Args{"table": table})
+		l.keySQL.blank = queries.Text("hierarchy.blank", queries.Args{"table": table})
 	}
 	if l.single {
 		lim := l.cfg.Limits[0]
@@ -488,7 +494,7 @@ func (l *limiter) check(ctx context.Context, db DB) error {
 }
 
 func (l *limiter) Reset(ctx context.Context, key string) error {
-	if err := l.reset(ctx, l.resetSQL, key); err != nil {
+	if err := l.reset(ctx, l.keySQL.reset, key); err != nil {
 		return err
 	}
 	l.batch.Forget(key)

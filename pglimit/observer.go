@@ -102,14 +102,14 @@ type CleanupObservation struct {
 // implements, found once by New; each nil when absent.
 type observers struct {
 	decisions Observer
-	batches   BatchObserver
-	leases    LeaseObserver
+	batch     BatchObserver
+	lease     LeaseObserver
 }
 
 func newObservers(o Observer) observers {
-	batches, _ := o.(BatchObserver)
-	leases, _ := o.(LeaseObserver)
-	return observers{decisions: o, batches: batches, leases: leases}
+	batch, _ := o.(BatchObserver)
+	lease, _ := o.(LeaseObserver)
+	return observers{decisions: o, batch: batch, lease: lease}
 }
 
 // Names of the decision methods, as Observation.Op reports them.
@@ -123,28 +123,30 @@ const (
 	opPeek        = "Peek"
 )
 
-// observeBatches returns the batch hook of internal/batch that shows the
-// limiter's BatchObserver each batch statement; nil without one.
-func (l *limiter) observeBatches() func(ctx context.Context, keys []string, took time.Duration, err error) {
-	obs := l.observers.batches
+// batches returns the batch hook of internal/batch that shows the
+// BatchObserver, if any, each batch statement of the limiter of namespace
+// and strategy; nil without one.
+func (o observers) batches(namespace string, strategy Strategy) func(ctx context.Context, keys []string, took time.Duration, err error) {
+	obs := o.batch
 	if obs == nil {
 		return nil
 	}
 	return func(ctx context.Context, keys []string, took time.Duration, err error) {
-		obs.ObserveBatch(ctx, BatchObservation{Namespace: l.cfg.Namespace, Strategy: l.cfg.Strategy, Keys: keys, Took: took, Err: err})
+		obs.ObserveBatch(ctx, BatchObservation{Namespace: namespace, Strategy: strategy, Keys: keys, Took: took, Err: err})
 	}
 }
 
-// observeGiveBacks returns the give-back hook of internal/batch that shows
-// the limiter's LeaseObserver each give-back; nil without one.
-func (l *limiter) observeGiveBacks() func(ctx context.Context, key string, units int64, returned bool, took time.Duration, err error) {
-	obs := l.observers.leases
+// giveBacks returns the give-back hook of internal/batch that shows the
+// LeaseObserver, if any, each give-back of the limiter of namespace and
+// strategy; nil without one.
+func (o observers) giveBacks(namespace string, strategy Strategy) func(ctx context.Context, key string, units int64, returned bool, took time.Duration, err error) {
+	obs := o.lease
 	if obs == nil {
 		return nil
 	}
 	return func(ctx context.Context, key string, units int64, returned bool, took time.Duration, err error) {
 		obs.ObserveGiveBack(ctx, GiveBackObservation{
-			Namespace: l.cfg.Namespace, Strategy: l.cfg.Strategy, Key: key, Units: units, Returned: returned, Took: took, Err: err,
+			Namespace: namespace, Strategy: strategy, Key: key, Units: units, Returned: returned, Took: took, Err: err,
 		})
 	}
 }

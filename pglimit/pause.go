@@ -43,7 +43,7 @@ func Pause(ctx context.Context, lim Limiter, key string, d time.Duration) error 
 	}
 	// The first unit fits when TAT + T - now <= Burst*T.
 	reach := d.Microseconds() + l.burstT - l.emission
-	if _, err := l.db.Exec(ctx, l.pauseSQL, l.cfg.Namespace, key, reach); err != nil {
+	if _, err := l.db.Exec(ctx, l.keySQL.pause, l.cfg.Namespace, key, reach); err != nil {
 		return l.wrap(ctx, fmt.Errorf("pause: %w", err))
 	}
 	l.batch.Forget(key)

@@ -56,7 +56,7 @@ func refundStatement(limits []Limit, table string) string {
 func (l *limiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
 	t := d.refund
 	switch {
-	case l.refundSQL == "":
+	case l.keySQL.refund == "":
 		return false, fmt.Errorf("%w: Refund on the %s strategy", ErrUnsupported, l.cfg.Strategy)
 	case l.dist.Load() != nil:
 		return false, fmt.Errorf("%w: Refund on a Citus distributed table", ErrUnsupported)
@@ -94,7 +94,7 @@ func (l *limiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
 	defer cancel()
 	var made *string // how the decision's transaction ended; nil: too old to tell
 	var took []bool  // nil: no limit was asked to take the units back
-	err := l.db.QueryRow(ctx, l.refundSQL, args...).Scan(&made, &took)
+	err := l.db.QueryRow(ctx, l.keySQL.refund, args...).Scan(&made, &took)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.pending -= n

@@ -71,7 +71,7 @@ func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (Settlement,
 	switch {
 	case !ok:
 		return Settlement{}, fmt.Errorf("%w: Settle: a Limiter that pglimit.New did not make", ErrInvalidConfig)
-	case l.settleSQL == "":
+	case l.keySQL.settle == "":
 		return Settlement{}, fmt.Errorf("%w: Settle on the %s strategy", ErrUnsupported, l.cfg.Strategy)
 	case l.dist.Load() != nil:
 		return Settlement{}, fmt.Errorf("%w: Settle on a Citus distributed table", ErrUnsupported)
@@ -142,7 +142,7 @@ func (l *limiter) settle(ctx context.Context, t *refundTicket, args []any) (Sett
 			tat, now, newTAT *int64
 			backed, units    *int64
 		)
-		if err := l.db.QueryRow(ctx, l.settleSQL, args...).Scan(&status, &state, &tat, &now, &backed, &units, &newState, &newTAT); err != nil {
+		if err := l.db.QueryRow(ctx, l.keySQL.settle, args...).Scan(&status, &state, &tat, &now, &backed, &units, &newState, &newTAT); err != nil {
 			return Settlement{}, unknownZone(l.cfg.Limits, err)
 		}
 		switch {
