@@ -35,6 +35,34 @@ func newBatchLimiter(t *testing.T, db pglimit.DB, s pglimit.Strategy, edit func(
 	return lim, schema
 }
 
+// gathered sends one request per key at once on lim, over db, while
+// db holds the first statements, so that every other request gathers in
+// one batch; it returns the decisions by key.
+func gathered(t *testing.T, db *heldDB, lim pglimit.Limiter, keys []string) map[string][]pglimit.Decision {
+	t.Helper()
+	// The first statements wait until every other request has gathered:
+	// on a loaded machine, the requests' goroutines could otherwise
+	// trickle in one statement at a time.
+	release := db.hold(pglimit.InFlightLimit)
+	t.Cleanup(release)
+	var (
+		got map[string][]pglimit.Decision
+		err error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		got, err = allowAll(t.Context(), lim, keys, 1)
+	}()
+	waitFor(t, "the requests to gather", func() bool { return pglimit.BatchPending(lim) == len(keys)-pglimit.InFlightLimit })
+	release()
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
 // allowAll sends one request per key at once, repeated times over, and
 // returns the decisions by key.
 func allowAll(ctx context.Context, lim pglimit.Limiter, keys []string, repeat int) (map[string][]pglimit.Decision, error) {
@@ -118,33 +146,13 @@ func keysN(prefix string, n int) []string {
 // every answer is the one the key's own statement would give.
 func TestBatchCoalesces(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	eachBatchSet(t, func(t *testing.T, s pglimit.Strategy, set batchSet) {
 		db := &heldDB{countingDB: countingDB{Pool: testdb.Pool(t)}}
 		lim, _ := newBatchLimiter(t, db, s, set.edit)
 		keys := keysN("k", 64)
 		for round, admit := range []bool{true, false} {
 			before := db.statements.Load()
-			// The first statements wait until every other request has
-			// gathered: on a loaded machine, the requests' goroutines
-			// could otherwise trickle in one statement at a time.
-			release := db.hold(pglimit.InFlightLimit)
-			t.Cleanup(release)
-			var (
-				got map[string][]pglimit.Decision
-				err error
-			)
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				got, err = allowAll(ctx, lim, keys, 1)
-			}()
-			waitFor(t, "the requests to gather", func() bool { return pglimit.BatchPending(lim) == len(keys)-pglimit.InFlightLimit })
-			release()
-			<-done
-			if err != nil {
-				t.Fatal(err)
-			}
+			got := gathered(t, db, lim, keys)
 			for _, key := range keys {
 				d := got[key][0]
 				switch {

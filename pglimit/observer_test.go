@@ -190,28 +190,11 @@ func TestObserverSeesEveryDecision(t *testing.T) {
 // statement is seen once for the keys it decided, each key in one batch.
 func TestObserverBatch(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
 	obs := &recorder{t: t}
 	db := &heldDB{countingDB: countingDB{Pool: testdb.Pool(t)}}
 	lim, _ := newBatchLimiter(t, db, pglimit.Upsert, func(cfg *pglimit.Config) { cfg.Observer = obs })
 	keys := keysN("b", 32)
-	release := db.hold(pglimit.InFlightLimit)
-	t.Cleanup(release)
-	var (
-		got map[string][]pglimit.Decision
-		err error
-	)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		got, err = allowAll(ctx, lim, keys, 1)
-	}()
-	waitFor(t, "the requests to gather", func() bool { return pglimit.BatchPending(lim) == len(keys)-pglimit.InFlightLimit })
-	release()
-	<-done
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := gathered(t, db, lim, keys)
 
 	seen, _ := obs.calls()
 	byKey := map[string]int{}

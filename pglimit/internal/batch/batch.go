@@ -742,10 +742,7 @@ func (g *Group[D]) query(ctx context.Context, sql string, bt []*entry[D]) (skipp
 	if err != nil {
 		return nil, err
 	}
-	byKey := make(map[string]int, len(out.keys))
-	for i, k := range out.keys {
-		byKey[k] = i
-	}
+	byKey := indexOf(out.keys)
 	for _, e := range bt {
 		i, ok := byKey[e.key]
 		if !ok {
@@ -817,10 +814,7 @@ func (g *Group[D]) queryGeneral(ctx context.Context, sql string, bt []*entry[D])
 	if !sameLengths(lengths...) {
 		return nil, errLengths
 	}
-	byKey := make(map[string]int, len(out.keys))
-	for i, k := range out.keys {
-		byKey[k] = i
-	}
+	byKey := indexOf(out.keys)
 	for _, e := range bt {
 		i, ok := byKey[e.key]
 		switch {
@@ -849,6 +843,15 @@ func (g *Group[D]) queryGeneral(ctx context.Context, sql string, bt []*entry[D])
 		e.last = e.calls[len(e.calls)-1].d
 	}
 	return skipped, nil
+}
+
+// indexOf is each key's index in keys.
+func indexOf(keys []string) map[string]int {
+	byKey := make(map[string]int, len(keys))
+	for i, k := range keys {
+		byKey[k] = i
+	}
+	return byKey
 }
 
 // sameLengths reports whether every length is the first.
