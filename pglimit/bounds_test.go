@@ -410,7 +410,7 @@ func TestConcurrencyBounds(t *testing.T) {
 // so the record is checked for what a write may do, and the admissions, by
 // their database times, against Burst + w/T in every interval: each
 // write's TAT is at most its own clock reading plus Burst*T and a lease's
-// reach (lease.go), and the units admitted are no more than the writes
+// reach (internal/batch), and the units admitted are no more than the writes
 // moved the TAT by.
 func checkLeased(t *testing.T, rows []auditRow, adm []admission, l pglimit.Limit) {
 	t.Helper()
