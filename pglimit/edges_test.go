@@ -78,13 +78,14 @@ var mechanisms = []mechanism{
 // target is a mechanism ready for its entry points: its limiter, or its
 // semaphore, on a pool of the server under test.
 type target struct {
-	m     mechanism
-	cfg   pglimit.Config // the limiter's, Schema and Timeout set
-	lim   pglimit.Limiter
-	setup pglimit.Limiter // decides on the database alone: makes the keys' rows
-	sem   *pglimitsem.Semaphore
-	pool  *pgxpool.Pool // the limiter's or the semaphore's, and its transactions'
-	sqlDB *sql.DB       // for api "sql": the limiter's, and its transactions'
+	m        mechanism
+	cfg      pglimit.Config // the limiter's, Schema and Timeout set
+	lim      pglimit.Limiter
+	setup    pglimit.Limiter // decides on the database alone: makes the keys' rows
+	sem      *pglimitsem.Semaphore
+	setupSem *pglimitsem.Semaphore // sem with the default Timeout: takes the keys' slots
+	pool     *pgxpool.Pool         // the limiter's or the semaphore's, and its transactions'
+	sqlDB    *sql.DB               // for api "sql": the limiter's, and its transactions'
 }
 
 // newTarget builds m's limiter (or semaphore) of timeout on pool, in schema.
@@ -95,7 +96,12 @@ func newTarget(t *testing.T, m mechanism, pool *pgxpool.Pool, schema string, tim
 	var err error
 	switch m.api {
 	case "semaphore":
-		if tg.sem, err = pglimitsem.New(pool, &pglimitsem.Config{Schema: schema, Slots: 1, Timeout: timeout}); err != nil {
+		cfg := pglimitsem.Config{Schema: schema, Slots: 1, Timeout: timeout}
+		if tg.sem, err = pglimitsem.New(pool, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Timeout = 0 // the setup's: the default, which a loaded machine does not run out of
+		if tg.setupSem, err = pglimitsem.New(pool, &cfg); err != nil {
 			t.Fatal(err)
 		}
 		return tg
@@ -142,7 +148,7 @@ func (tg *target) ready(t *testing.T, key string) keyState {
 	ks := keyState{key: key}
 	if tg.sem != nil {
 		var err error
-		if ks.slot, err = tg.sem.Acquire(ctx, key); err != nil || !ks.slot.Acquired {
+		if ks.slot, err = tg.setupSem.Acquire(ctx, key); err != nil || !ks.slot.Acquired {
 			t.Fatalf("%s: Acquire: %+v, %v", key, ks.slot, err)
 		}
 		return ks
