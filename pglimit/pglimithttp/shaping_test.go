@@ -20,8 +20,9 @@ import (
 // (MaxDelay) under one limit on a test clock: nginx's "rate=20r/s
 // burst=5", 20 a second with Burst 1, held up to 5 slots of 50 ms.
 type shaped struct {
-	servers []*httptest.Server
-	lim     pglimit.Limiter // the first instance's
+	servers  []*httptest.Server
+	lim      pglimit.Limiter // the first instance's
+	canceled chan struct{}   // a value for each request whose client left while held, once the middleware is done with it
 }
 
 const slot = 50 * time.Millisecond
@@ -30,13 +31,18 @@ func newShaped(t *testing.T) *shaped {
 	t.Helper()
 	clock := pglimittest.NewClock(t)
 	cfg := pglimit.Config{Schema: pglimittest.Schema(t), Namespace: "shaped", Limits: []pglimit.Limit{{Name: "rps", Rate: 20, Period: time.Second, Burst: 1}}}
-	s := &shaped{}
+	s := &shaped{canceled: make(chan struct{}, 16)}
+	onDecision := func(_ *http.Request, ev pglimithttp.Event) {
+		if ev.Outcome == pglimithttp.OutcomeCanceled {
+			s.canceled <- struct{}{}
+		}
+	}
 	for range 2 {
 		lim, err := pglimit.New(clock.Pool(t), &cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		mw, err := pglimithttp.Middleware(lim, &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User"), MaxDelay: 5 * slot})
+		mw, err := pglimithttp.Middleware(lim, &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User"), MaxDelay: 5 * slot, OnDecision: onDecision})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,36 +121,48 @@ func TestMaxDelayClientGone(t *testing.T) {
 	t.Parallel()
 	s := newShaped(t)
 	ctx := context.Background()
-	// Three slots taken at once, without waiting for them: the next
-	// request is held three slots (150 ms), long enough for the server to
-	// see its client leave after 20 ms.
-	for range 3 {
+	// Four slots taken at once, without waiting for them: the next
+	// request is held four slots (200 ms), on a database clock that does
+	// not move.
+	for range 4 {
 		if d, err := s.lim.Reserve(ctx, "bob", 1, time.Hour); err != nil || !d.Allowed {
 			t.Fatalf("Reserve: %+v, %v", d, err)
 		}
 	}
-	gone, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-	defer cancel()
-	if _, _, err := s.call(gone, 1, "bob"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("a client that leaves while held: %v, want its own deadline", err)
-	}
-	// The server gives the slot back once it sees its client gone: the
-	// key's wait, on the frozen clock, falls back from 4 slots to 3. (A
-	// fixed sleep was not enough on a loaded machine.)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	// The client leaves once its request is held: its reservation, on the
+	// frozen clock, makes the key wait 5 slots until it is given back.
+	gone, leave := context.WithCancel(ctx)
+	defer leave()
+	left := make(chan error, 1)
+	go func() {
+		_, _, err := s.call(gone, 1, "bob")
+		left <- err
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		d, err := s.lim.Peek(ctx, "bob", 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d.RetryAfter <= 3*slot {
+		if d.RetryAfter > 4*slot {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("5 s after the held client left, the key still waits %s: its slot was not given back", d.RetryAfter)
+			t.Fatalf("5 s after it was sent, the request is not held: the key waits %s", d.RetryAfter)
 		}
 	}
-	if code, d, err := s.call(ctx, 0, "bob"); err != nil || code != http.StatusOK || d != 3*slot {
-		t.Errorf("after the held client left: %d, held %s, %v; want held %s, its slot given back", code, d, err, 3*slot)
+	leave()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a client that leaves while held: %v, want its own cancellation", err)
+	}
+	// The server gives the slot back once it sees its client gone, and
+	// then reports the request canceled.
+	select {
+	case <-s.canceled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("5 s after the held client left, the server has not reported it canceled")
+	}
+	if code, d, err := s.call(ctx, 0, "bob"); err != nil || code != http.StatusOK || d != 4*slot {
+		t.Errorf("after the held client left: %d, held %s, %v; want held %s, its slot given back", code, d, err, 4*slot)
 	}
 }
 
