@@ -87,7 +87,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	strategies := fs.String("strategies", "redis_rate,upsert,nowait,range,range-naive",
 		"strategies to compare, in-process; each of upsert, nowait and range also comes as <name>-async (Config.AsyncCommit) and <name>-preblock (Config.PreBlockSize); upsert-unlogged on the unlogged table, upsert-preblock-inv with the pre-block and an Invalidator; "+
 			"redis_rate is the peer (github.com/go-redis/redis_rate on redis-server, which must be installed), without persistence; "+
-			"redis_rate-aof-everysec and redis_rate-aof-always the same with Redis's append-only file (appendfsync everysec, always). "+
+			"redis_rate-aof-everysec and redis_rate-aof-always the same with Redis's append-only file (appendfsync everysec, always). seed-upsert is the statement the project began with (INSERT ... ON CONFLICT DO UPDATE with the cooldown's guard) through pgx: the database's own rate for one admission, a ceiling. "+
 			"The limits and cost-* scenarios compare their own: upsert and nowait as a cooldown, with one GCRA limit and with three limits; "+
 			"busy-key and tiers theirs: redis_rate, upsert and nowait with each of their limit sets (tiers: redis_rate-aof-always too)")
 	scens := fs.String("scenarios", strings.Join(scenarioNames, ","), "scenarios to run")

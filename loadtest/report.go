@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -238,8 +239,8 @@ func writeMarkdown(w io.Writer, rep *report) {
 				ratio(r.Ratio), ratio(r.WriteRatio), ratio(r.PeerRatio), num(r.Latency.P50), num(r.Latency.P95), num(r.Latency.P99), num(r.Latency.Max), errorsCol(r))
 		}
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| conc | strategy | admitted | allowed | over (client) | db record | max gap ms | lost periods | commits | rollbacks | deadlocks | lock waiters | WAL B/decision | WAL syncs |")
-		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| conc | strategy | admitted | allowed | over (client) | db record | max gap ms | lost periods | commits | rollbacks | deadlocks | lock waiters | WAL B/decision | WAL syncs | in flight |")
+		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, r := range s.Results {
 			if rep.variants[r.Variant].Floor {
 				continue
@@ -252,10 +253,10 @@ func writeMarkdown(w io.Writer, rep *report) {
 			if r.DB != nil {
 				waiters = fmt.Sprint(r.LockWaitMax)
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", conc(r), r.Variant,
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", conc(r), r.Variant,
 				admittedCol(r), allowedCol(r), overCol(r.Client), recordCol(r), gap, lost,
 				dbCol(r, func(d *dbStats) int64 { return d.Commits }), dbCol(r, func(d *dbStats) int64 { return d.Rollbacks }),
-				deadlocksCol(r), waiters, walPerDecision(r), dbCol(r, func(d *dbStats) int64 { return d.WALSyncs }))
+				deadlocksCol(r), waiters, walPerDecision(r), dbCol(r, func(d *dbStats) int64 { return d.WALSyncs }), levelsCol(r.Levels))
 		}
 		fmt.Fprintln(w)
 		switch s.Name {
@@ -472,6 +473,19 @@ func errorsCol(r *result) string {
 		parts = append(parts, fmt.Sprintf("dropped:%d", r.Dropped))
 	}
 	return strings.Join(parts, " ")
+}
+
+// levelsCol is the in-flight levels the instances' limiters settled on,
+// one per instance; "–" where none gathers.
+func levelsCol(levels []int) string {
+	if len(levels) == 0 {
+		return "–"
+	}
+	parts := make([]string, len(levels))
+	for i, l := range levels {
+		parts[i] = strconv.Itoa(l)
+	}
+	return strings.Join(parts, " / ")
 }
 
 func deadlocksCol(r *result) string {

@@ -59,9 +59,12 @@ type result struct {
 	DB             *dbStats        `json:"db_delta,omitempty"`
 	// RedisCalls are the scripts the peer's run made Redis run, by the
 	// server's count: one per limit checked.
-	RedisCalls  int64   `json:"redis_calls,omitempty"`
-	LockWaitMax int     `json:"lock_waiters_max"` // most backends seen waiting on a lock at once
-	Timeline    []point `json:"timeline,omitempty"`
+	RedisCalls  int64 `json:"redis_calls,omitempty"`
+	LockWaitMax int   `json:"lock_waiters_max"` // most backends seen waiting on a lock at once
+	// Levels are the in-flight levels the instances' limiters settled on:
+	// how many statements each ran at once before calls gathered.
+	Levels   []int   `json:"in_flight_levels,omitempty"`
+	Timeline []point `json:"timeline,omitempty"`
 }
 
 func (r *runner) scenario(ctx context.Context, sc *scenario) ([]*result, error) {
@@ -185,6 +188,9 @@ func (r *runner) one(ctx context.Context, sc *scenario, level int, v variant) (*
 	res.LoadStart = load1()
 	rec, elapsed := r.drive(ctx, sc, level, v, prefix, pg, decide, res)
 	res.LoadEnd = load1()
+	if l, ok := sess.(leveled); ok && !v.Floor && !v.Naive && !v.Seed {
+		res.Levels = l.levels()
+	}
 	sess.close() // before settle, which waits for the pools' backends to exit
 	if err := ctx.Err(); err != nil {
 		return nil, err

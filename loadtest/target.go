@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,6 +25,7 @@ type variant struct {
 	Name        string
 	Strategy    pglimit.Strategy
 	Naive       bool   // the naive plain-INSERT Range (naive.go), not a pglimit option
+	Seed        bool   // the seed's plain upsert (seedUpsertSQL), not a pglimit option
 	AsyncCommit bool   // pglimit.Config.AsyncCommit
 	PreBlock    int    // pglimit.Config.PreBlockSize
 	Table       string // pglimit.Config.Table; "" for the strategy's default
@@ -69,8 +72,21 @@ var (
 // naive is the Range strategy with a plain INSERT (naive.go).
 var naive = variant{Name: "range-naive", Strategy: pglimit.Range, Naive: true}
 
+// seedUpsert is the statement the project began with, on the Upsert table:
+// the database's own rate for one admission, a ceiling for the library's.
+var seedUpsert = variant{Name: "seed-upsert", Strategy: pglimit.Upsert, Seed: true}
+
+// seedUpsertSQL is seedUpsert's statement, given schema and table: INSERT
+// ... ON CONFLICT DO UPDATE with the cooldown's guard, prepared by pgx; a
+// row comes back only when it admits. $3 is the cooldown in µs.
+const seedUpsertSQL = `INSERT INTO %s.%s AS t (namespace, key, expires_at)
+VALUES ($1, $2, now() + $3::bigint * interval '1 microsecond')
+ON CONFLICT (namespace, key) DO UPDATE SET expires_at = excluded.expires_at
+WHERE t.expires_at <= now()
+RETURNING true`
+
 // allVariants lists what a run can compare, in report order: the peer, the
-// strategies as they are by default, the naive Range, then each
+// strategies as they are by default, the naive Range, the seed upsert, then each
 // strategy with asynchronous commit and with the local pre-block, then
 // Upsert with the library's other levers.
 func allVariants() []variant {
@@ -79,7 +95,7 @@ func allVariants() []variant {
 	for _, s := range pglimit.Strategies() {
 		vs = append(vs, strategyVariant(s))
 	}
-	vs = append(vs, naive)
+	vs = append(vs, naive, seedUpsert)
 	for _, s := range pglimit.Strategies() {
 		vs = append(vs, variant{Name: string(s) + "-async", Strategy: s, AsyncCommit: true})
 	}
@@ -133,6 +149,12 @@ type session interface {
 	// conns is the connections each instance may use.
 	conns() int
 	close()
+}
+
+// leveled is a session whose limiters gather calls in statements: it
+// reports the in-flight level each instance's limiter is at.
+type leveled interface {
+	levels() []int
 }
 
 // inProcess runs the library itself: each instance is its own pgxpool
@@ -192,6 +214,7 @@ func warm(ctx context.Context, p *pgxpool.Pool) error {
 }
 
 type poolSession struct {
+	watch        []*levelWatch // one per limiter made, in instance order
 	pools        []*pgxpool.Pool
 	schemas      map[string]string
 	size         int
@@ -226,6 +249,21 @@ func (s *poolSession) deciders(v variant, cooldown time.Duration, limits []pglim
 			}
 			continue
 		}
+		if v.Seed {
+			if limits != nil {
+				return nil, fmt.Errorf("%s decides a cooldown only", v.Name)
+			}
+			upsert := fmt.Sprintf(seedUpsertSQL, ident(s.schemas[v.Name]), ident(tableOf(v)))
+			out[i] = func(ctx context.Context, key string) outcome {
+				var admitted bool
+				err := p.QueryRow(ctx, upsert, namespace, key, cooldown.Microseconds()).Scan(&admitted)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return outcome{}
+				}
+				return outcome{allowed: err == nil, err: err}
+			}
+			continue
+		}
 		lim, err := s.limiter(p, v, cooldown, limits)
 		if err != nil {
 			return nil, err
@@ -250,7 +288,11 @@ func (s *poolSession) limiter(p *pgxpool.Pool, v variant, cooldown time.Duration
 			return nil, err
 		}
 	}
+	w := &levelWatch{}
+	w.level.Store(startLevel)
+	s.watch = append(s.watch, w)
 	return pglimit.New(p, &pglimit.Config{
+		Observer:     w,
 		Strategy:     v.Strategy,
 		AsyncCommit:  v.AsyncCommit,
 		PreBlockSize: v.PreBlock,
@@ -261,6 +303,28 @@ func (s *poolSession) limiter(p *pgxpool.Pool, v variant, cooldown time.Duration
 		Namespace:    namespace,
 		Schema:       s.schemas[v.Name],
 	})
+}
+
+// startLevel is where a limiter's in-flight level starts (pglimit's
+// LevelObserver).
+const startLevel = 2
+
+// levelWatch is the Observer of a limiter under test: it keeps the last
+// in-flight level the limiter moved to, and nothing else.
+type levelWatch struct{ level atomic.Int64 }
+
+func (w *levelWatch) StartDecision(ctx context.Context, _ pglimit.Observation) context.Context {
+	return ctx
+}
+func (w *levelWatch) EndDecision(context.Context, pglimit.Observation) {}
+func (w *levelWatch) ObserveLevel(o pglimit.LevelObservation)          { w.level.Store(int64(o.To)) }
+
+func (s *poolSession) levels() []int {
+	out := make([]int, len(s.watch))
+	for i, w := range s.watch {
+		out[i] = int(w.level.Load())
+	}
+	return out
 }
 
 // invalidatorWait bounds how long an instance waits for its Invalidator to

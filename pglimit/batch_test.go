@@ -43,7 +43,7 @@ func gathered(t *testing.T, db *heldDB, lim pglimit.Limiter, keys []string) map[
 	// The first statements wait until every other request has gathered:
 	// on a loaded machine, the requests' goroutines could otherwise
 	// trickle in one statement at a time.
-	release := db.hold(pglimit.InFlightLimit)
+	release := db.hold(pglimit.BatchLevel(lim))
 	t.Cleanup(release)
 	var (
 		got map[string][]pglimit.Decision
@@ -54,7 +54,7 @@ func gathered(t *testing.T, db *heldDB, lim pglimit.Limiter, keys []string) map[
 		defer close(done)
 		got, err = allowAll(t.Context(), lim, keys, 1)
 	}()
-	waitFor(t, "the requests to gather", func() bool { return pglimit.BatchPending(lim) == len(keys)-pglimit.InFlightLimit })
+	waitFor(t, "the requests to gather", func() bool { return pglimit.BatchPending(lim) == len(keys)-pglimit.BatchLevel(lim) })
 	release()
 	<-done
 	if err != nil {
@@ -367,7 +367,7 @@ func heldBatcher(t *testing.T, s pglimit.Strategy, size int, edit func(*pglimit.
 	lim, schema := newBatchLimiter(t, db, s, edit)
 	pglimit.SetBatchSize(lim, size)
 	var held sync.WaitGroup
-	for i := range pglimit.InFlightLimit {
+	for i := range pglimit.BatchLevel(lim) {
 		key := fmt.Sprintf("held-%d", i)
 		held.Go(func() {
 			if d, err := lim.Allow(context.Background(), key); err != nil || !d.Allowed {
@@ -583,7 +583,7 @@ func TestBatchMergesSameKey(t *testing.T) {
 		}
 		db.open = make(chan struct{})
 		var held sync.WaitGroup
-		for i := range pglimit.InFlightLimit {
+		for i := range pglimit.BatchLevel(lim) {
 			held.Go(func() {
 				if _, err := lim.Allow(ctx, fmt.Sprintf("held-%d", i)); err != nil {
 					t.Error(err)

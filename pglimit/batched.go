@@ -2,11 +2,13 @@ package pglimit
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/batch"
@@ -30,7 +32,9 @@ func newBatch(l *limiter, table, column string) *batch.Group[Decision] {
 		DB: l.db, Timeout: l.cfg.Timeout, Expired: ErrTimeout,
 		Namespace: l.cfg.Namespace, LockClass: l.lockClass,
 		Contended: l.contended, T: l.emission, BurstT: l.burstT,
+		Free:     freeConns(l.db),
 		Batched:  l.observers.batches(l.cfg.Namespace, l.cfg.Strategy),
+		Level:    l.observers.levels(l.cfg.Namespace, l.cfg.Strategy),
 		GaveBack: l.observers.giveBacks(l.cfg.Namespace, l.cfg.Strategy),
 	}
 	if !l.single { // per-key limits among them
@@ -43,6 +47,30 @@ func newBatch(l *limiter, table, column string) *batch.Group[Decision] {
 		c.BackSQL = queries.Text("batch.give_back", queries.Args{"table": table})
 	}
 	return batch.New(c, (*batched)(l))
+}
+
+// freeConns returns how many more statements db's pool could run now, for
+// group commit to keep its in-flight level within: a *pgxpool.Pool's
+// connections not acquired, or those a database/sql pool with a
+// MaxOpenConns has not in use (pglimitsql). nil where db's bound is
+// unknown.
+func freeConns(db DB) func() int {
+	switch p := db.(type) {
+	case *pgxpool.Pool:
+		return func() int {
+			s := p.Stat()
+			return int(s.MaxConns() - s.AcquiredConns())
+		}
+	case interface{ Stats() sql.DBStats }:
+		if p.Stats().MaxOpenConnections == 0 {
+			return nil // no bound
+		}
+		return func() int {
+			s := p.Stats()
+			return s.MaxOpenConnections - s.InUse
+		}
+	}
+	return nil
 }
 
 // leases reports whether a limiter of c leases: a single GCRA limit on

@@ -3,8 +3,6 @@ package pglimit
 import (
 	"time"
 
-	"github.com/pglimit/cooldown/pglimit/internal/batch"
-
 	"github.com/jackc/pgx/v5"
 )
 
@@ -31,9 +29,9 @@ func BatchPending(lim Limiter) int { return lim.(*limiter).batch.Pending() }
 // when a batch is sent.
 func SetBatchSize(lim Limiter, size int) { lim.(*limiter).batch.SetSize(size) }
 
-// InFlightLimit is how many statements a limiter runs at once before calls
-// gather in a batch.
-const InFlightLimit = batch.InFlightLimit
+// BatchLevel is how many statements lim runs at once now before calls
+// gather in a batch: 2 until it has measured some.
+func BatchLevel(lim Limiter) int { return lim.(*limiter).batch.Level() }
 
 // Statements returns the SQL of lim's statements that run outside a
 // caller's transaction, by name: "allow" (a single GCRA limit's), "general"

@@ -15,8 +15,8 @@ import (
 // use: one Observer may serve many limiters, told apart by each
 // observation's Namespace and Strategy.
 //
-// An Observer may also implement [BatchObserver] and [LeaseObserver]; New
-// checks for them once.
+// An Observer may also implement [BatchObserver], [LevelObserver] and
+// [LeaseObserver]; New checks for them once.
 type Observer interface {
 	// StartDecision is called before a decision, with o's Decision, Err
 	// and Took unset. The decision runs with the context it returns, so a
@@ -62,6 +62,25 @@ type BatchObservation struct {
 	Err       error         // the statement's; its callers then decide alone or share it
 }
 
+// LevelObserver is an [Observer] that also sees group commit's in-flight
+// level move: how many of the limiter's statements run at once before its
+// callers' Allow and AllowN gather in one statement. The level starts at 2
+// and follows what the limiter measures (docs/throughput.md, "Group
+// commit"), so that a load test or a dashboard can show where it settled.
+type LevelObserver interface {
+	// ObserveLevel is called after a statement that moved the level has
+	// returned, on the goroutine that ran it.
+	ObserveLevel(l LevelObservation)
+}
+
+// LevelObservation is one move of the in-flight level, as a
+// [LevelObserver] sees it.
+type LevelObservation struct {
+	Namespace string
+	Strategy  Strategy
+	From, To  int // the statements that may run at once, before and after
+}
+
 // LeaseObserver is an [Observer] that also sees each give-back of a lease:
 // the units a limit of many a second had taken ahead for a key, returned
 // to its row once the key went quiet (docs/limits.md, "Leases").
@@ -103,13 +122,15 @@ type CleanupObservation struct {
 type observers struct {
 	decisions Observer
 	batch     BatchObserver
+	level     LevelObserver
 	lease     LeaseObserver
 }
 
 func newObservers(o Observer) observers {
 	batch, _ := o.(BatchObserver)
+	level, _ := o.(LevelObserver)
 	lease, _ := o.(LeaseObserver)
-	return observers{decisions: o, batch: batch, lease: lease}
+	return observers{decisions: o, batch: batch, level: level, lease: lease}
 }
 
 // Names of the decision methods, as Observation.Op reports them.
@@ -133,6 +154,19 @@ func (o observers) batches(namespace string, strategy Strategy) func(ctx context
 	}
 	return func(ctx context.Context, keys []string, took time.Duration, err error) {
 		obs.ObserveBatch(ctx, BatchObservation{Namespace: namespace, Strategy: strategy, Keys: keys, Took: took, Err: err})
+	}
+}
+
+// levels returns the level hook of internal/batch that shows the
+// LevelObserver, if any, each move of the in-flight level of the limiter of
+// namespace and strategy; nil without one.
+func (o observers) levels(namespace string, strategy Strategy) func(from, to int) {
+	obs := o.level
+	if obs == nil {
+		return nil
+	}
+	return func(from, to int) {
+		obs.ObserveLevel(LevelObservation{Namespace: namespace, Strategy: strategy, From: from, To: to})
 	}
 }
 

@@ -227,8 +227,8 @@ func TestObserverBatch(t *testing.T) {
 			inBatch[k]++
 		}
 	}
-	if len(inBatch) != len(keys)-pglimit.InFlightLimit {
-		t.Errorf("%d keys in batches, want the %d that gathered", len(inBatch), len(keys)-pglimit.InFlightLimit)
+	if len(inBatch) != len(keys)-pglimit.BatchLevel(lim) {
+		t.Errorf("%d keys in batches, want the %d that gathered", len(inBatch), len(keys)-pglimit.BatchLevel(lim))
 	}
 	for k, n := range inBatch {
 		if n != 1 {

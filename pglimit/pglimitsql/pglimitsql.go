@@ -42,6 +42,10 @@ func DB(db *sql.DB) pglimit.DB { return sqlDB{db} }
 
 type sqlDB struct{ db *sql.DB }
 
+// Stats is the pool's, so that a limiter's group commit keeps the
+// statements it runs at once within the pool's MaxOpenConns.
+func (s sqlDB) Stats() sql.DBStats { return s.db.Stats() }
+
 func (s sqlDB) Exec(ctx context.Context, query string, args ...any) (tag pgconn.CommandTag, err error) {
 	err = s.raw(ctx, func(c *pgx.Conn) error {
 		tag, err = c.Exec(ctx, query, args...)

@@ -18,11 +18,9 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/service"
 )
 
-// InFlightLimit is how many of a limiter's statements may run at once
-// before calls gather: two, so that one batch gathers while the other
-// runs, and the server works on one while the other waits for its WAL
-// flush (docs/throughput.md has the measurements behind it).
-const InFlightLimit = 2
+// startLevel is where a Group's in-flight level starts; it moves from
+// there by what the Group measures (level).
+const startLevel = 2
 
 // MaxKeys is the most keys one statement decides: a fuller batch is sent
 // at once.
@@ -51,6 +49,12 @@ type Config struct {
 	General      bool
 	Overrides    bool // batch.general answers the keys' own limits too (two more columns)
 
+	// Free, if set, is how many more statements the pool could run now:
+	// its connections idle or not yet opened. The in-flight level stays
+	// within the Group's own statements plus these; without Free, within
+	// MaxKeys.
+	Free func() int
+
 	// BackSQL gives a lease's tail back (batch.give_back); "" for none.
 	BackSQL string
 
@@ -68,6 +72,9 @@ type Config struct {
 	// Batched, if set, is told of each batch statement that ran: its
 	// keys, how long it took, and its error.
 	Batched func(ctx context.Context, keys []string, took time.Duration, err error)
+	// Level, if set, is told of each change of the in-flight level: the
+	// level it left and the level it is at.
+	Level func(from, to int)
 	// GaveBack, if set, is told of each give-back: its key, its units,
 	// whether the row took them back, how long it took, and its error.
 	GaveBack func(ctx context.Context, key string, units int64, returned bool, took time.Duration, err error)
@@ -142,6 +149,7 @@ type Group[D any] struct {
 	open     []*entry[D]          // gathering, in arrival order; sent together
 	keys     map[string]*entry[D] // every entry open or on its way, by key
 	inFlight int                  // statements running: direct calls and batches
+	level    *level               // how many may run before calls gather
 
 	failures  atomic.Int64 // batch statements that failed (their calls were then decided one by one)
 	givenBack atomic.Int64 // units of leases given back
@@ -168,6 +176,7 @@ type entry[D any] struct {
 type call[D any] struct {
 	key  string
 	n    int
+	at   time.Time // when it came
 	done chan struct{}
 
 	gone bool // the caller returned before its entry was sent; guarded by mu
@@ -184,6 +193,7 @@ func New[D any](cfg Config, d Decider[D]) *Group[D] {
 	}
 	g := &Group[D]{cfg: cfg, decider: d, size: MaxKeys, keys: make(map[string]*entry[D])}
 	g.jobs = service.Jobs{Timeout: cfg.Timeout, Cause: cfg.Expired}
+	g.level = newLevel(startLevel, MaxKeys, cfg.Free)
 	if !cfg.General {
 		g.leases = newLeases(cfg.T, cfg.BurstT)
 	}
@@ -192,7 +202,7 @@ func New[D any](cfg Config, d Decider[D]) *Group[D] {
 
 // Do decides n units of key, with other calls where they gather.
 func (g *Group[D]) Do(ctx context.Context, key string, n int) (D, error) {
-	c := &call[D]{key: key, n: n, done: make(chan struct{})}
+	c := &call[D]{key: key, n: n, at: time.Now(), done: make(chan struct{})}
 	switch e, leased := g.submit(c); {
 	case leased:
 		return c.d, nil
@@ -240,21 +250,21 @@ func (g *Group[D]) finishDirect(e *entry[D]) {
 
 // submit hands c its units from the key's lease (leased, with c.d set), or
 // adds it to the entry of its key, or to a new one. It returns that new
-// entry when c goes alone, now, on its caller's goroutine: fewer than
-// InFlightLimit statements run and nothing gathers. The caller then calls
+// entry when c goes alone, now, on its caller's goroutine: fewer
+// statements than the level run and nothing gathers. The caller then calls
 // finish when its statement returns.
 func (g *Group[D]) submit(c *call[D]) (direct *entry[D], leased bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var now time.Time
 	if g.leases != nil {
-		now = time.Now()
+		now = c.at
 		if d, ok := g.fromLease(c.key, c.n, now); ok {
 			c.d = d
 			return nil, true
 		}
 	}
-	if g.keys[c.key] == nil && len(g.open) == 0 && g.inFlight < InFlightLimit {
+	if g.keys[c.key] == nil && len(g.open) == 0 && g.inFlight < g.level.now {
 		e := g.newEntry(c.key, c.n, now)
 		e.calls, e.sent = []*call[D]{c}, now
 		if e.sent.IsZero() {
@@ -263,6 +273,9 @@ func (g *Group[D]) submit(c *call[D]) (direct *entry[D], leased bool) {
 		g.keys[c.key] = e
 		g.inFlight++
 		return e, false
+	}
+	if g.inFlight >= g.level.now {
+		g.level.gathered()
 	}
 	g.enqueue(c)
 	if len(g.open) >= g.size {
@@ -295,7 +308,7 @@ func (g *Group[D]) fromLease(key string, n int, now time.Time) (D, bool) {
 		e := g.newEntry(key, 1, now)
 		g.keys[key] = e
 		g.open = append(g.open, e)
-		if len(g.open) == 1 && g.inFlight < InFlightLimit {
+		if len(g.open) == 1 && g.inFlight < g.level.now {
 			go g.send(g.take())
 		}
 	}
@@ -373,19 +386,36 @@ func (g *Group[D]) send(bt []*entry[D]) {
 // finish ends the statement that decided bt's entries and settles them.
 // It returns the open batch when it may go now, for the caller to send.
 func (g *Group[D]) finish(bt []*entry[D]) (next []*entry[D]) {
+	now := time.Now()
+	var calls int
+	var waited time.Duration
+	for _, e := range bt {
+		if e.skipped {
+			continue // decideSkipped answers its calls
+		}
+		for _, c := range e.calls {
+			calls++
+			waited += now.Sub(c.at)
+		}
+	}
 	g.mu.Lock()
 	g.inFlight--
+	g.level.finished(now, calls, waited, g.inFlight)
+	from, to := g.level.change()
 	answered := g.settle(slices.DeleteFunc(slices.Clone(bt), func(e *entry[D]) bool { return e.skipped }))
 	next = g.next()
 	g.mu.Unlock()
 	release(answered)
+	if to != 0 && g.cfg.Level != nil {
+		g.cfg.Level(from, to)
+	}
 	return next
 }
 
 // next takes the open batch if it may go now: something gathers, and
-// fewer than InFlightLimit statements run. It is called with mu held.
+// fewer statements than the level run. It is called with mu held.
 func (g *Group[D]) next() []*entry[D] {
-	if len(g.open) > 0 && g.inFlight < InFlightLimit {
+	if len(g.open) > 0 && g.inFlight < g.level.now {
 		return g.take()
 	}
 	return nil
@@ -882,6 +912,13 @@ func (g *Group[D]) Pending() int {
 		n += len(e.calls)
 	}
 	return n
+}
+
+// Level is how many statements may run now before calls gather.
+func (g *Group[D]) Level() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.level.now
 }
 
 // SetSize sets how many keys fill a batch, so that a test decides when a
