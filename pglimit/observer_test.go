@@ -2,6 +2,7 @@ package pglimit_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -319,5 +320,60 @@ func TestObserverNoneAllocatesNothing(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Errorf("a pre-blocked refusal allocates %v times, want 0", n)
+	}
+}
+
+// levels is a LevelObserver that keeps every move of the in-flight level.
+type levels struct {
+	mu    sync.Mutex
+	moves []pglimit.LevelObservation
+}
+
+func (l *levels) StartDecision(ctx context.Context, _ pglimit.Observation) context.Context {
+	return ctx
+}
+func (l *levels) EndDecision(context.Context, pglimit.Observation) {}
+func (l *levels) ObserveLevel(o pglimit.LevelObservation) {
+	l.mu.Lock()
+	l.moves = append(l.moves, o)
+	l.mu.Unlock()
+}
+
+// The in-flight level moves once the limiter has measured an epoch, a
+// LevelObserver sees each move, and the level stays within the pool's
+// connections (testdb's pools have 4), above the 2 it starts at.
+func TestObserverLevel(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	obs := &levels{}
+	lim, _ := newBatchLimiter(t, pool, pglimit.Upsert, func(cfg *pglimit.Config) { cfg.Observer = obs })
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Go(func() {
+			for i := range 100 {
+				if _, err := lim.Allow(t.Context(), fmt.Sprintf("w%d-%d", w, i)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.moves) == 0 {
+		t.Fatal("the level never moved in 1,600 calls of 16 workers")
+	}
+	if first := obs.moves[0]; first.From != 2 {
+		t.Errorf("the first move left level %d, want the start, 2", first.From)
+	}
+	most := int(pool.Config().MaxConns)
+	for _, m := range obs.moves {
+		if m.Namespace == "" || m.Strategy != pglimit.Upsert || m.From == m.To || m.To < 1 || m.To > most {
+			t.Errorf("move %+v: want a change within [1, %d], the pool's connections", m, most)
+		}
+	}
+	if got := pglimit.BatchLevel(lim); got < 1 || got > most {
+		t.Errorf("level %d after the load, want within [1, %d]", got, most)
 	}
 }

@@ -13,12 +13,54 @@
 //
 // # Gathering
 //
-// While fewer than [InFlightLimit] of the limiter's statements run, a call
-// runs its own single-key statement at once, on its own goroutine: a lone
-// caller pays a mutex and nothing else, and never waits for a window.
-// Calls that arrive while the limit is reached gather in one open batch,
+// While fewer of the limiter's statements run than its in-flight level, a
+// call runs its own single-key statement at once, on its own goroutine: a
+// lone caller pays a mutex and nothing else, and never waits for a window.
+// Calls that arrive while the level is reached gather in one open batch,
 // which is sent as soon as one of the running statements returns (or at
 // once when it holds [MaxKeys] keys).
+//
+// # The level
+//
+// How many statements may run at once is measured, not set: where the
+// server has cores to spare, statements of one key each decide the most
+// (no call gathers once the level reaches the callers); where it has few,
+// one statement for many keys spares it a statement's fixed cost each.
+// The level starts at 2 and moves by a hill climb on what the Group sees.
+//
+//   - An epoch is at least 64 statements and 8 rounds of the level's
+//     statements, counted once the statements sent under the previous
+//     level have returned. It measures the power at the level: the
+//     decisions a second of the statements that ended in it, over their
+//     calls' mean time from arrival to answer (Kleinrock's power: with a
+//     fixed number of callers it grows with throughput, with a fixed rate
+//     of arrivals it falls with latency). Calls served by a lease, or
+//     refused by what another call's statement found, do not count.
+//   - After an epoch at the level, the next epoch probes one step away. A
+//     probe is kept when its power beats the level's by 2%, and the
+//     search goes on the same way; otherwise the level goes back, and the
+//     next probe goes the other way. Steps are factors of 2, then of
+//     2^(1/2), then of 2^(1/4), each at least one statement, once neither
+//     way pays at a step. At the finest step the probes rest between
+//     tries, twice as long after each pair that finds nothing, up to 16
+//     epochs: once settled, at most one epoch in 17 runs at a probe level.
+//   - A level's power moving by more than 25% between two of its epochs
+//     means the load changed: the search starts again from steps of 2.
+//   - A level that no call found reached, where none gathered, is not
+//     probed upwards: a higher one would change nothing.
+//
+// Bounds: the level is at least 1, and at most the Group's own statements
+// in flight plus the connections the pool has free (Config.Free, read at
+// the end of every epoch), or [MaxKeys] where the pool's bound is not
+// known. No caller starves: every statement that returns sends what
+// gathered while fewer than the level run, and the level is never 0. A
+// lower level takes effect as statements return; none is cancelled. The
+// level keeps no state per key: a few words per Group.
+//
+// Its tests need no server: a simulated database of 1 to 64 lanes, each
+// statement paying a fixed cost, a cost per key and a WAL flush that
+// covers every commit ready when it starts, driven by closed-loop callers
+// (level_test.go).
 //
 // Calls on one key merge into one entry: the entry asks for up to the sum of
 // its calls' units, and the units go to the calls in arrival order, each all
