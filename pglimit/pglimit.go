@@ -89,7 +89,8 @@ type Limiter interface {
 	//
 	// [ErrUnsupported] on Range, on a table Citus distributes, and for
 	// units served from a lease; [ErrInvalidCost] for a refusal (a shadow
-	// or fallback admission among them), another limiter's decision, n
+	// or fallback admission among them), another limiter's decision
+	// (another value of [New], even of the same Config), n
 	// not positive, or more units than are left.
 	Refund(ctx context.Context, d Decision, n int) (bool, error)
 

@@ -57,10 +57,11 @@ func settleStatement(limits []Limit, table string) string {
 // "Settling with debt").
 //
 // A decision settles once ([ErrAlreadySettled]), by the limiter that made
-// it ([ErrForeignDecision]), and only if it took units from the database
-// ([ErrNotAdmitted]: a refusal, a shadow or fallback admission, or one in a
-// caller's transaction that rolled back, which took nothing and is
-// charged nothing). A decision in a caller's transaction settles once it
+// it: the value [New] returned, not another of the same Config, in this
+// process or on another instance ([ErrForeignDecision]). It settles only
+// if it took units from the database ([ErrNotAdmitted]: a refusal, a
+// shadow or fallback admission, or one in a caller's transaction that
+// rolled back, which took nothing and is charged nothing). A decision in a caller's transaction settles once it
 // committed; before, Settle returns [ErrInvalidCost] and the decision
 // stays unsettled. cost must not be negative ([ErrInvalidCost]). Settle
 // takes a decision of the Upsert or NoWait strategy, not served from a

@@ -95,7 +95,8 @@ func TestSettleDebt(t *testing.T) {
 	}
 }
 
-// Settling twice, another limiter's decision, a refusal, a shadow
+// Settling twice, another limiter's decision (another instance's of the
+// same Config among them), a refusal, a shadow
 // admission, a negative cost, and a Refund after a settle are typed
 // errors, and none changes the key.
 func TestSettleErrors(t *testing.T) {
@@ -106,6 +107,8 @@ func TestSettleErrors(t *testing.T) {
 	cfg := pglimit.Config{Schema: schema, Namespace: "a", Limits: []pglimit.Limit{{Rate: 3, Period: time.Hour, Burst: 3, Debt: 2}}}
 	lim := newLimiterOn(t, pool, cfg)
 	other := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Namespace: "b", Limits: cfg.Limits})
+	// Another instance: the same Config on a pool of its own.
+	twin := newLimiterOn(t, testdb.Pool(t), cfg)
 	shadowCfg := cfg
 	shadowCfg.Namespace, shadowCfg.Shadow = "s", true
 	shadow := newLimiterOn(t, pool, shadowCfg)
@@ -131,6 +134,7 @@ func TestSettleErrors(t *testing.T) {
 		want error
 	}{
 		{"another limiter's", other, d, 1, pglimit.ErrForeignDecision},
+		{"another instance's limiter of the same Config", twin, d, 1, pglimit.ErrForeignDecision},
 		{"a refusal", lim, refused, 1, pglimit.ErrNotAdmitted},
 		{"a shadow admission", shadow, shadowed, 1, pglimit.ErrNotAdmitted},
 		{"a zero decision", lim, pglimit.Decision{}, 1, pglimit.ErrNotAdmitted},
