@@ -56,8 +56,10 @@ type Limiter interface {
 	// before acting.
 	//
 	// The Delay is zero when the units fit the burst now. Reserve refuses
-	// when the wait would exceed maxDelay. Like nginx's burst without
-	// nodelay: requests are queued, not refused, up to a point.
+	// when the wait would exceed maxDelay, with the RetryAfter of the same
+	// call: the wait less maxDelay, after which a Reserve with the same
+	// maxDelay admits. Like nginx's burst without nodelay: requests are
+	// queued, not refused, up to a point.
 	// [ErrUnsupported] for window limits and for the Range strategy.
 	Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error)
 
