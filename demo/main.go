@@ -11,7 +11,7 @@
 //
 // Flags and their environment variables (the flag wins):
 //
-//	-addr               PGLIMIT_DEMO_ADDR          listen address (:8080)
+//	-addr               PGLIMIT_DEMO_ADDR          listen address (127.0.0.1:8080; :8080 for every interface)
 //	-database-url       DATABASE_URL               PostgreSQL URL ("" starts a throwaway server)
 //	-strategy           PGLIMIT_STRATEGY           upsert, nowait or range (upsert)
 //	-cooldown           PGLIMIT_COOLDOWN           per-user cooldown of GET /items/{user} (2s)
@@ -137,7 +137,9 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(output)
-	fs.StringVar(&c.addr, "addr", env("PGLIMIT_DEMO_ADDR", ":8080"), "listen address (env PGLIMIT_DEMO_ADDR)")
+	// Loopback by default: the demo has no authentication, and a
+	// container or a second machine sets the address it needs.
+	fs.StringVar(&c.addr, "addr", env("PGLIMIT_DEMO_ADDR", "127.0.0.1:8080"), "listen address; :8080 for every interface (env PGLIMIT_DEMO_ADDR)")
 	fs.StringVar(&c.databaseURL, "database-url", env("DATABASE_URL", ""), `PostgreSQL URL; empty starts a throwaway server (env DATABASE_URL)`)
 	fs.StringVar(&strategy, "strategy", env("PGLIMIT_STRATEGY", "upsert"), "limiter strategy: upsert, nowait or range (env PGLIMIT_STRATEGY)")
 	fs.DurationVar(&c.cooldown, "cooldown", c.cooldown, "per-user cooldown of GET /items/{user} (env PGLIMIT_COOLDOWN)")

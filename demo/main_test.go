@@ -26,7 +26,7 @@ func TestParseConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.addr != ":8080" || c.strategy != pglimit.Upsert || c.cooldown != 2*time.Second || !c.migrate ||
+	if c.addr != "127.0.0.1:8080" || c.strategy != pglimit.Upsert || c.cooldown != 2*time.Second || !c.migrate ||
 		c.schema != "public" || c.onError != pglimithttp.Unavailable || c.databaseURL != "" || c.maxUsers != 100 || c.instance == "" ||
 		!c.cleanup || c.cleanupInterval != 30*time.Second || c.cleanupRetention != time.Minute ||
 		c.itemsPerMinute != 5 || c.itemsBurst != 3 || c.itemsPerDay != 20 {

@@ -59,7 +59,7 @@ type Config struct {
 	// Cooldown is the least time between two admissions of the same key:
 	// shorthand for Limits {{Name: "cooldown", Rate: 1, Period: Cooldown,
 	// Burst: 1}}. Set Cooldown or Limits, not both; must be positive, at
-	// most 366 days.
+	// most 366 days: 0 is unset, so it is refused unless Limits are set.
 	Cooldown time.Duration
 
 	// Limits are the limits every key must satisfy all at once, at most
@@ -247,7 +247,8 @@ func (c *Config) limits() ([]Limit, error) {
 	case c.Cooldown > 0:
 		return []Limit{{Name: "cooldown", Rate: 1, Period: c.Cooldown, Burst: 1}}, nil
 	case len(c.Limits) == 0:
-		return nil, fmt.Errorf("%w: Cooldown or Limits is required", ErrInvalidConfig)
+		// A zero Cooldown is an unset one: the message serves both.
+		return nil, fmt.Errorf("%w: Cooldown or Limits is required: Cooldown must be positive and at most %s, got %s", ErrInvalidConfig, maxPeriod, c.Cooldown)
 	case len(c.Limits) > MaxLimits:
 		return nil, fmt.Errorf("%w: %d Limits, more than the maximum of %d", ErrInvalidConfig, len(c.Limits), MaxLimits)
 	}

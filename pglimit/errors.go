@@ -66,7 +66,8 @@ var (
 	ErrAlreadySettled = errors.New("pglimit: the decision was settled already")
 
 	// ErrForeignDecision reports a [Settle] of a decision that another
-	// limiter made.
+	// limiter made: another value of [New], even one of the same namespace,
+	// limits and table, such as another instance's.
 	ErrForeignDecision = errors.New("pglimit: the decision is another limiter's")
 
 	// ErrExtension reports that the database lacks the btree_gist extension,

@@ -22,12 +22,15 @@ import (
 // The database is unavailable when a call cannot connect or loses its
 // connection ([ErrUnavailable]), times out ([ErrTimeout]), or finds a
 // server that cannot write ([ErrReadOnly]), and the database decided no
-// other call of the limiter while it waited. A call that times out while
-// the others are decided waited for its key alone (a row a long
-// transaction holds): it is decided in process, and no fallback starts. A
-// caller's own cancellation or deadline, and bad input, are not outages. While it is unavailable,
-// one call every Retry tries the database again, and the others decide at
-// once; the first that the database answers ends the fallback. Decisions
+// other call of the limiter while it waited. A call that waited for its
+// key alone (a row another transaction holds) is decided in process, and
+// no fallback starts: one that times out while the others are decided,
+// and one the server's lock_timeout ends (SQLSTATE 55P03), which is logged
+// as a locked row at most every 10 s, never as an outage. A caller's own
+// cancellation or deadline, and bad input, are not outages. While it is
+// unavailable, one call every Retry tries the database again, and the
+// others decide at once; the first that the database answers ends the
+// fallback. Decisions
 // made in process have [Decision.Fallback] set, and the start and end of
 // each fallback are logged. A cost that Limits could never admit at once
 // is then [ErrInvalidCost], as one beyond the limiter's own limits always
@@ -75,7 +78,13 @@ type fallback struct {
 	probeAt atomic.Int64 // µs since start: when the next call may try the database
 	since   atomic.Int64 // µs since start: when this fallback began
 	decided atomic.Int64 // decisions made since
+	lockLog atomic.Int64 // µs since start: when a locked row may be logged again
 }
+
+// lockLogInterval is how often at most a fallback logs a row locked past
+// the server's lock_timeout: one row held long can time out every call on
+// its key.
+const lockLogInterval = 10 * time.Second
 
 func newFallback(f *Fallback, namespace string) (*fallback, error) {
 	if len(f.Limits) == 0 || len(f.Limits) > MaxLimits {
@@ -129,6 +138,17 @@ func (f *fallback) fail(namespace string, err error) {
 		f.since.Store(now)
 		f.decided.Store(0)
 		f.log.Warn("pglimit: the database is unavailable; deciding in process", "namespace", namespace, "err", err)
+	}
+}
+
+// locked records that the server gave up waiting for key's row, which
+// another transaction holds, by its lock_timeout (err): the database is
+// up, so no fallback starts. It logs so, at most once per lockLogInterval.
+func (f *fallback) locked(namespace, key string, err error) {
+	now, at := f.now(), f.lockLog.Load()
+	if now >= at && f.lockLog.CompareAndSwap(at, now+lockLogInterval.Microseconds()) {
+		f.log.Warn("pglimit: a key's row is locked past the server's lock_timeout by another transaction; deciding the call in process",
+			"namespace", namespace, "key", key, "err", err)
 	}
 }
 
@@ -251,6 +271,12 @@ func (l *limiter) withFallback(ctx context.Context, key string, n int, db func()
 		// The database decided another call while this one waited: it is
 		// up, and this key's row is held (by a long transaction, say).
 		// This call is decided in process; the others are not.
+		return local()
+	case ctx.Err() == nil && pgtx.Code(err) == pgtx.CodeLockNotAvailable:
+		// The server answered: it gave up on this key's row by its
+		// lock_timeout. The database is up; only this call is decided in
+		// process.
+		f.locked(l.cfg.Namespace, key, err)
 		return local()
 	case outage(ctx, err):
 		f.fail(l.cfg.Namespace, err)

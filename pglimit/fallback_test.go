@@ -259,3 +259,33 @@ func TestFallbackLockedKeyIsNoOutage(t *testing.T) {
 		t.Errorf("%d of %d decisions on other keys were made in process; log: %s", local, others, logs.String())
 	}
 }
+
+// A key whose row another transaction holds past the server's
+// lock_timeout: the server answered, so it is no outage. The call is
+// decided in process, no fallback starts for the other keys, and the log
+// says that a row was locked, not that the database is unavailable.
+func TestFallbackServerLockTimeout(t *testing.T) {
+	t.Parallel()
+	pcfg := bigPoolConfig(t, 4)
+	pcfg.ConnConfig.RuntimeParams["lock_timeout"] = "100ms"
+	pool := openPool(t, pcfg)
+	var logs syncBuffer
+	schema := testdb.Schema(t)
+	cfg := fallbackConfig(schema, &logs)
+	cfg.Timeout = 5 * time.Second  // the server's lock_timeout comes first
+	cfg.Fallback.Retry = time.Hour // a fallback, once started, would hold every key
+	lim := newLimiterOn(t, pool, cfg)
+	if d, err := lim.Allow(t.Context(), "held"); err != nil || !d.Allowed || d.Fallback {
+		t.Fatalf("the first Allow: %+v, %v", d, err)
+	}
+	lockKeys(t, pool, schema, "pglimit_upsert", "held")
+	if d, err := lim.Allow(t.Context(), "held"); err != nil || !d.Fallback {
+		t.Fatalf("Allow on the held key past lock_timeout: %+v, %v; want a decision made in process", d, err)
+	}
+	if d, err := lim.Allow(t.Context(), "other"); err != nil || d.Fallback {
+		t.Errorf("Allow on another key right after: %+v, %v; want the database's decision", d, err)
+	}
+	if out := logs.String(); strings.Contains(out, "unavailable") || !strings.Contains(out, "lock_timeout") {
+		t.Errorf("the log says %q; want a row locked past lock_timeout, not the database unavailable", out)
+	}
+}

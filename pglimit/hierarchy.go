@@ -19,7 +19,8 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
-// MaxLevels is the most charges one AllowAll decides at once.
+// MaxLevels is the most charges one AllowAll decides at once; it needs
+// at least one.
 const MaxLevels = 8
 
 // Charge is one level of a hierarchical decision: Key under Limiter, such
@@ -66,11 +67,14 @@ func (d Decisions) Refused() []int {
 // "Several keys at once"); like a single key's, it is decided on the
 // statement's snapshot, with no lock and no write.
 //
-// Each Limiter must come from [New] (its [Config.Observer] does not see
-// the call), with the Upsert or NoWait strategy,
-// on one database, and no two charges may name one key of one limiter
-// ([ErrInvalidConfig]). A limiter in shadow mode is charged when it admits
-// and never refuses the request. n must fit every level's limits
+// charges must hold 1 to [MaxLevels] levels. Each Limiter must come from
+// [New] (its [Config.Observer] does not see the call), with the Upsert or
+// NoWait strategy, and all must share one pool, the same [DB] handle, as
+// one statement on one connection decides every level: two pools, even of
+// one database, are refused. No two charges may name one key of one
+// limiter. Each of these is [ErrInvalidConfig], but for Range, which is
+// [ErrUnsupported]. A limiter in shadow mode is charged when it admits and
+// never refuses the request. n must fit every level's limits
 // ([ErrInvalidCost]). An admitted level's decision can be refunded with
 // its limiter's Refund.
 func AllowAll(ctx context.Context, n int, charges ...Charge) (Decisions, error) {

@@ -108,6 +108,13 @@ func PerMinute(n int) Limit { return per(n, time.Minute) }
 func PerHour(n int) Limit { return per(n, time.Hour) }
 
 // PerDay returns a GCRA limit of n per day, with a burst of n.
+//
+// It is a rate with a burst, not a calendar day's quota: a key that uses
+// its n units at once gets one back 24h/n later and all of them a day
+// later, whatever the time of day, and none come back at midnight. For n
+// per calendar day, from midnight in a zone, use Limit{Rate: n,
+// Algorithm: FixedWindow, Calendar: "day"} (docs/limits.md, "FixedWindow
+// on the calendar").
 func PerDay(n int) Limit { return per(n, 24*time.Hour) }
 
 func per(n int, period time.Duration) Limit {

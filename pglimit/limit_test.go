@@ -89,6 +89,15 @@ func TestLimitsBadInput(t *testing.T) {
 		}
 	}
 
+	// A zero Cooldown, which is also an unset one, names the bound as a
+	// negative one does.
+	for _, d := range []time.Duration{0, -time.Second} {
+		_, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Cooldown: d})
+		if want := "Cooldown must be positive and at most 8784h0m0s, got " + d.String(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("New with Cooldown %s: %v; want a message with %q", d, err, want)
+		}
+	}
+
 	// The limits of the bounds are valid.
 	all := "!#$%&'*+-.^_`|~09azAZ"
 	for _, tt := range []struct {

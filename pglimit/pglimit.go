@@ -56,8 +56,10 @@ type Limiter interface {
 	// before acting.
 	//
 	// The Delay is zero when the units fit the burst now. Reserve refuses
-	// when the wait would exceed maxDelay. Like nginx's burst without
-	// nodelay: requests are queued, not refused, up to a point.
+	// when the wait would exceed maxDelay, with the RetryAfter of the same
+	// call: the wait less maxDelay, after which a Reserve with the same
+	// maxDelay admits. Like nginx's burst without nodelay: requests are
+	// queued, not refused, up to a point.
 	// [ErrUnsupported] for window limits and for the Range strategy.
 	Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error)
 
@@ -89,7 +91,8 @@ type Limiter interface {
 	//
 	// [ErrUnsupported] on Range, on a table Citus distributes, and for
 	// units served from a lease; [ErrInvalidCost] for a refusal (a shadow
-	// or fallback admission among them), another limiter's decision, n
+	// or fallback admission among them), another limiter's decision
+	// (another value of [New], even of the same Config), n
 	// not positive, or more units than are left.
 	Refund(ctx context.Context, d Decision, n int) (bool, error)
 

@@ -16,8 +16,12 @@ import (
 
 // Settlement is what [Settle] did.
 type Settlement struct {
-	// Returned is how many units the estimate exceeded the cost by, given
-	// back to every limit still counting them (as [Limiter.Refund] does).
+	// Returned is how many units were given back, of those the estimate
+	// exceeded the cost by, on the limit that took back the most. A limit
+	// takes back only units it still counts (as [Limiter.Refund] does):
+	// none once the admission's window has ended or, for GCRA, the part
+	// still ahead of now, rounded up to whole units. 0 when no limit
+	// counted them any more.
 	Returned int
 	// Charged is how many units the cost exceeded the estimate by and
 	// were charged: at most what the key's limits admitted at the settle
@@ -57,10 +61,11 @@ func settleStatement(limits []Limit, table string) string {
 // "Settling with debt").
 //
 // A decision settles once ([ErrAlreadySettled]), by the limiter that made
-// it ([ErrForeignDecision]), and only if it took units from the database
-// ([ErrNotAdmitted]: a refusal, a shadow or fallback admission, or one in a
-// caller's transaction that rolled back, which took nothing and is
-// charged nothing). A decision in a caller's transaction settles once it
+// it: the value [New] returned, not another of the same Config, in this
+// process or on another instance ([ErrForeignDecision]). It settles only
+// if it took units from the database ([ErrNotAdmitted]: a refusal, a
+// shadow or fallback admission, or one in a caller's transaction that
+// rolled back, which took nothing and is charged nothing). A decision in a caller's transaction settles once it
 // committed; before, Settle returns [ErrInvalidCost] and the decision
 // stays unsettled. cost must not be negative ([ErrInvalidCost]). Settle
 // takes a decision of the Upsert or NoWait strategy, not served from a
@@ -134,7 +139,7 @@ func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (Settlement,
 // t, inserting a blank row first for a key that has none, and checks the
 // database's arithmetic against arith.Settle on the same row.
 func (l *limiter) settle(ctx context.Context, t *refundTicket, args []any) (Settlement, error) {
-	anchors, back, charge := args[2].([]int64), args[3].(int64), args[4].(int64)
+	anchors, charge := args[2].([]int64), args[4].(int64)
 	for range 2 {
 		var (
 			status           *string
@@ -168,11 +173,8 @@ func (l *limiter) settle(ctx context.Context, t *refundTicket, args []any) (Sett
 			return Settlement{}, fmt.Errorf("settle: the database left %v, %d charging %d; the library computes %v, %d charging %d on the same row: a bug; please report it",
 				newState, *newTAT, *units, wantState, wantTAT, want)
 		}
-		returned := 0
-		if *backed > 0 {
-			returned = int(back)
-		}
-		return Settlement{Returned: returned, Charged: int(want), Forgiven: int(charge - want)}, nil
+		returned := arith.Returned(specs(t.limits), state, tat, *now, anchors, *backed)
+		return Settlement{Returned: int(returned), Charged: int(want), Forgiven: int(charge - want)}, nil
 	}
 	return Settlement{}, fmt.Errorf("settle: the key's row kept disappearing")
 }

@@ -95,7 +95,44 @@ func TestSettleDebt(t *testing.T) {
 	}
 }
 
-// Settling twice, another limiter's decision, a refusal, a shadow
+// A settle reports what it gave back: nothing once no limit counts the
+// admission's units any more (its window has ended, its GCRA time has
+// passed), and for GCRA the units still ahead of now, rounded up.
+func TestSettleReturnedAfterItsWindow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		limit    pglimit.Limit
+		after    time.Duration
+		returned int
+	}{
+		{pglimit.Limit{Name: "gcra", Rate: 5, Period: time.Minute, Burst: 5}, 2 * time.Minute, 0},
+		{pglimit.Limit{Name: "gcra-half", Rate: 5, Period: time.Minute, Burst: 5}, 54 * time.Second, 1}, // 6 s of the last unit's 12 left
+		{pglimit.Limit{Name: "fixed", Rate: 5, Period: time.Minute, Algorithm: pglimit.FixedWindow}, 2 * time.Minute, 0},
+		{pglimit.Limit{Name: "calendar", Rate: 5, Algorithm: pglimit.FixedWindow, Calendar: "minute"}, 2 * time.Minute, 0},
+		{pglimit.Limit{Name: "sliding", Rate: 5, Period: time.Minute, Algorithm: pglimit.SlidingWindow}, 2 * time.Minute, 0},
+		{pglimit.Limit{Name: "sliding-previous", Rate: 5, Period: time.Minute, Algorithm: pglimit.SlidingWindow}, time.Minute, 4}, // the previous window still weighs
+	} {
+		t.Run(tc.limit.Name, func(t *testing.T) {
+			t.Parallel()
+			clock := pglimittest.NewClock(t)
+			clock.Set(clock.Now().Truncate(time.Minute).Add(time.Hour))
+			lim := newLimiterOn(t, clock.Pool(t), pglimit.Config{Schema: testdb.Schema(t), Limits: []pglimit.Limit{tc.limit}})
+			d, err := lim.AllowN(ctx, "k", 5)
+			if err != nil || !d.Allowed {
+				t.Fatalf("AllowN(5): %+v, %v", d, err)
+			}
+			clock.Advance(tc.after)
+			got, err := pglimit.Settle(ctx, lim, d, 1)
+			if err != nil || got != (pglimit.Settlement{Returned: tc.returned}) {
+				t.Fatalf("Settle at 1 of 5, %s after the admission: %+v, %v; want Returned %d", tc.after, got, err, tc.returned)
+			}
+		})
+	}
+}
+
+// Settling twice, another limiter's decision (another instance's of the
+// same Config among them), a refusal, a shadow
 // admission, a negative cost, and a Refund after a settle are typed
 // errors, and none changes the key.
 func TestSettleErrors(t *testing.T) {
@@ -106,6 +143,8 @@ func TestSettleErrors(t *testing.T) {
 	cfg := pglimit.Config{Schema: schema, Namespace: "a", Limits: []pglimit.Limit{{Rate: 3, Period: time.Hour, Burst: 3, Debt: 2}}}
 	lim := newLimiterOn(t, pool, cfg)
 	other := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Namespace: "b", Limits: cfg.Limits})
+	// Another instance: the same Config on a pool of its own.
+	twin := newLimiterOn(t, testdb.Pool(t), cfg)
 	shadowCfg := cfg
 	shadowCfg.Namespace, shadowCfg.Shadow = "s", true
 	shadow := newLimiterOn(t, pool, shadowCfg)
@@ -131,6 +170,7 @@ func TestSettleErrors(t *testing.T) {
 		want error
 	}{
 		{"another limiter's", other, d, 1, pglimit.ErrForeignDecision},
+		{"another instance's limiter of the same Config", twin, d, 1, pglimit.ErrForeignDecision},
 		{"a refusal", lim, refused, 1, pglimit.ErrNotAdmitted},
 		{"a shadow admission", shadow, shadowed, 1, pglimit.ErrNotAdmitted},
 		{"a zero decision", lim, pglimit.Decision{}, 1, pglimit.ErrNotAdmitted},

@@ -48,9 +48,11 @@ func WaitN(ctx context.Context, lim Limiter, key string, n int) (Decision, error
 // deadline).
 //
 // Units that would come later are refused at once, with the refusal and
-// no error, and nothing is consumed. An admission's Delay is how long
-// it waited. nginx's limit_req without nodelay holds requests this way
-// (pglimithttp's Config.MaxDelay).
+// no error, and nothing is consumed. As [Limiter.Reserve]'s, the refusal's
+// RetryAfter is when the same call is admitted: the units' wait less
+// maxDelay (or less the time ctx left, if that was shorter). An
+// admission's Delay is how long it waited. nginx's limit_req without
+// nodelay holds requests this way (pglimithttp's Config.MaxDelay).
 func WaitAtMost(ctx context.Context, lim Limiter, key string, n int, maxDelay time.Duration) (Decision, error) {
 	if maxDelay < 0 || maxDelay > maxPeriod {
 		return Decision{}, fmt.Errorf("%w: WaitAtMost: maxDelay %s, not in [0, %s]", ErrInvalidCost, maxDelay, maxPeriod)

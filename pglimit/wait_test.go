@@ -10,6 +10,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
 
 // Waiters of two instances are all served, in turn, at the limit's rate:
@@ -107,5 +108,29 @@ func TestWaitGivesUp(t *testing.T) {
 	window := pglimit.Config{Schema: cfg.Schema, Namespace: "window", Limits: []pglimit.Limit{{Rate: 5, Period: time.Minute, Algorithm: pglimit.FixedWindow}}}
 	if _, err := pglimit.Wait(ctx, newLimiterOn(t, pool, window), "k"); !errors.Is(err, pglimit.ErrUnsupported) {
 		t.Errorf("Wait on a window: %v, want ErrUnsupported", err)
+	}
+}
+
+// A refusal of WaitAtMost says when the same call, with the same
+// maxDelay, is admitted: the units' wait less maxDelay, not the wait
+// itself. On a stopped clock the figures are exact.
+func TestWaitAtMostRetryAfter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := pglimittest.NewClock(t)
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Namespace: "at-most", Limits: []pglimit.Limit{{Name: "rate", Rate: 10, Period: time.Second, Burst: 1}}}
+	lim := newLimiterOn(t, clock.Pool(t), cfg)
+	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	// The next unit is 100 ms away.
+	const maxDelay = 50 * time.Millisecond
+	d, err := pglimit.WaitAtMost(ctx, lim, "k", 1, maxDelay)
+	if err != nil || d.Allowed || d.RetryAfter != 100*time.Millisecond-maxDelay {
+		t.Fatalf("WaitAtMost(50ms) for a unit 100ms away: %+v, %v; want refused with RetryAfter 50ms", d, err)
+	}
+	clock.Advance(d.RetryAfter)
+	if d, err := pglimit.WaitAtMost(ctx, lim, "k", 1, maxDelay); err != nil || !d.Allowed || d.Delay != maxDelay {
+		t.Fatalf("the same call RetryAfter later: %+v, %v; want admitted after a Delay of 50ms", d, err)
 	}
 }

@@ -200,6 +200,9 @@ func (o *options) command(ctx context.Context, args []string, stdout io.Writer) 
 	if _, ok := usages[name]; !ok {
 		return usageError{fmt.Errorf("unknown command %q", name)}
 	}
+	if strings.HasPrefix(name, "overrides ") && !o.cfg.Overrides {
+		return usageError{fmt.Errorf("%s: the limiter described reads no per-key limits: pass -overrides before the command (or set PGLIMIT_OVERRIDES=true), as its Config sets Overrides", name)}
+	}
 	if o.databaseURL == "" {
 		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
 	}

@@ -247,6 +247,15 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("after bad input: %+v, %v; want nothing written", own, err)
 	}
 
+	// The overrides commands without -overrides say which flag to pass.
+	b.env["PGLIMIT_OVERRIDES"] = ""
+	for _, args := range [][]string{{"overrides", "set", "bob", "per-minute=10"}, {"overrides", "list"}, {"overrides", "clear", "bob"}} {
+		if code, _, errOut := b.pglimit(t, args...); code != 2 || !strings.Contains(errOut, "pass -overrides") {
+			t.Errorf("pglimit %q without -overrides: exit %d, %q; want 2 and the flag to pass", args, code, errOut)
+		}
+	}
+	b.env["PGLIMIT_OVERRIDES"] = "true"
+
 	// A port nothing listens on: one just closed.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -148,9 +148,12 @@ type Config struct {
 	// rate; one that would wait longer is refused. Slots are the
 	// database's, so the pace holds across instances, and a held request
 	// whose client goes away gives its slot back ([pglimit.WaitAtMost]).
+	// A refusal's Retry-After is when a retry would be held within
+	// MaxDelay, not when its slot comes: the wait less MaxDelay.
 	// The limiter's limits must all be GCRA. nginx's "rate=r burst=b"
 	// is a limit of r with Burst 1 and MaxDelay b/r; "burst=b delay=d"
-	// is Burst d+1 and MaxDelay (b-d)/r; "nodelay" is MaxDelay 0.
+	// is Burst d+1 and MaxDelay (b-d)/r; "burst=b nodelay" is Burst b+1
+	// and MaxDelay 0, since nginx serves b requests past the first.
 	// [DecisionFrom] gives the handler the decision, whose Delay is how
 	// long the request was held. A limiter's Config.Fallback does not
 	// hold requests: while the database is unavailable they meet OnError.

@@ -18,8 +18,10 @@ import (
 )
 
 // ErrThrottled reports an outbound request that a [Transport] did not send:
-// its budget refused it (FailFast), or the upstream asked to wait longer
-// than the request's context allows. The error is a [*ThrottledError].
+// its budget refused it (FailFast), or waiting for the budget or for the
+// upstream's pause would send it only after its context's deadline. The
+// error is a [*ThrottledError], which in the second case also matches
+// [context.DeadlineExceeded].
 var ErrThrottled = errors.New("pglimithttp: the upstream's budget refused the request")
 
 // ThrottledError is the error of a request a Transport did not send, with
@@ -27,15 +29,26 @@ var ErrThrottled = errors.New("pglimithttp: the upstream's budget refused the re
 type ThrottledError struct {
 	Key        string        // the budget's key
 	RetryAfter time.Duration // when the budget may admit the request
+
+	deadline bool // the request would go out only past its context's deadline
 }
 
 // Error names the key and the RetryAfter of the refused request.
 func (e *ThrottledError) Error() string {
+	if e.deadline {
+		return fmt.Sprintf("pglimithttp: the budget of %q admits the request only past its deadline; retry after %s: %s", e.Key, e.RetryAfter, context.DeadlineExceeded)
+	}
 	return fmt.Sprintf("pglimithttp: the budget of %q refused the request; retry after %s", e.Key, e.RetryAfter)
 }
 
 // Unwrap makes the error match [ErrThrottled].
 func (e *ThrottledError) Unwrap() error { return ErrThrottled }
+
+// Is makes the error of a request that would go out only past its
+// context's deadline match [context.DeadlineExceeded].
+func (e *ThrottledError) Is(target error) bool {
+	return e.deadline && target == context.DeadlineExceeded
+}
 
 // TransportConfig configures a [Transport]. Limiter is required; every
 // other zero field takes its default.
@@ -55,7 +68,9 @@ type TransportConfig struct {
 
 	// FailFast, when true, fails a request the budget does not admit at
 	// once with a [*ThrottledError]. Defaults to false: the request waits
-	// its turn ([pglimit.Wait]), as long as its context allows.
+	// its turn ([pglimit.Wait]), as long as its context allows; one whose
+	// turn comes past its context's deadline fails at once, with a
+	// [*ThrottledError] that matches [context.DeadlineExceeded].
 	FailFast bool
 
 	// MaxPause bounds the pause an upstream's answer sets: a Retry-After or
@@ -189,7 +204,7 @@ func (t *Transport) admit(ctx context.Context, key string) error {
 			return &ThrottledError{Key: key, RetryAfter: wait}
 		}
 		if deadline, ok := ctx.Deadline(); ok && deadline.Before(until) {
-			return fmt.Errorf("pglimithttp: %q is paused for %s, past the request's deadline: %w", key, wait, context.DeadlineExceeded)
+			return &ThrottledError{Key: key, RetryAfter: wait, deadline: true}
 		}
 		timer := time.NewTimer(wait)
 		select {
@@ -209,9 +224,26 @@ func (t *Transport) admit(ctx context.Context, key string) error {
 		}
 		return nil
 	}
-	_, err := pglimit.Wait(ctx, t.cfg.Limiter, key)
-	return err
+	// The time ctx leaves, read before the wait: WaitAtMost's refusal
+	// waits that much less (pglimit.Reserve), so RetryAfter below is the
+	// whole wait, or a few µs more.
+	left, deadline := maxWait, false
+	if dl, ok := ctx.Deadline(); ok {
+		left, deadline = min(time.Until(dl), maxWait), true
+	}
+	d, err := pglimit.WaitAtMost(ctx, t.cfg.Limiter, key, 1, maxWait)
+	switch {
+	case err != nil:
+		return err
+	case !d.Allowed: // the unit comes only past the deadline
+		return &ThrottledError{Key: key, RetryAfter: d.RetryAfter + left, deadline: deadline}
+	}
+	return nil
 }
+
+// maxWait is the longest a request waits for its unit when its context
+// has no deadline: the longest pglimit.WaitAtMost takes.
+const maxWait = 366 * 24 * time.Hour
 
 // pausedUntil returns until when this process holds key back, if it does.
 func (t *Transport) pausedUntil(key string) (time.Time, bool) {

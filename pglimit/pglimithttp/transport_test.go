@@ -302,3 +302,64 @@ func TestTransportFailFastAndGiveUp(t *testing.T) {
 		t.Fatalf("the budget after a waiter gave up: %+v, %v; want its slot back", st, err)
 	}
 }
+
+// A request that waiting would send only after its context's deadline
+// fails at once, unsent, with a ThrottledError that says when to retry
+// and matches context.DeadlineExceeded: behind the budget, and behind a
+// pause the upstream asked for.
+func TestTransportPastDeadline(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, 1000, 1000)
+	up.answer = func(_ int, r *http.Request) (int, string) {
+		if r.URL.Path == "/busy" {
+			return http.StatusTooManyRequests, "2"
+		}
+		return http.StatusOK, ""
+	}
+	schema := testdb.Schema(t)
+	for _, tc := range []struct {
+		name, first string
+		rate        int
+		wait        time.Duration // how far off the next unit is after the first request
+	}{
+		{"behind the budget", "/", 1, time.Second},
+		{"behind a pause", "/busy", 1000, 2 * time.Second},
+	} {
+		lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: schema, Namespace: "deadline-" + fmt.Sprint(tc.rate),
+			Limits: []pglimit.Limit{{Rate: tc.rate, Period: time.Second, Burst: 1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := pglimithttp.NewTransport(&pglimithttp.TransportConfig{Limiter: lim})
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := &http.Client{Transport: tr}
+		resp, err := client.Get(up.srv.URL + tc.first)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		sent := len(up.seen())
+
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		req, _ := http.NewRequestWithContext(ctx, "GET", up.srv.URL, nil)
+		start := time.Now()
+		_, err = client.Do(req)
+		took := time.Since(start)
+		cancel()
+		var te *pglimithttp.ThrottledError
+		switch {
+		case !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, pglimithttp.ErrThrottled) || !errors.As(err, &te):
+			t.Errorf("%s: a request 200ms from its deadline: %v; want a ThrottledError matching context.DeadlineExceeded", tc.name, err)
+		case te.RetryAfter < tc.wait-200*time.Millisecond || te.RetryAfter > tc.wait:
+			t.Errorf("%s: RetryAfter %s, want the wait for the next unit, in [%s, %s]", tc.name, te.RetryAfter, tc.wait-200*time.Millisecond, tc.wait)
+		}
+		if took > 150*time.Millisecond {
+			t.Errorf("%s: the request failed after %s, want at once", tc.name, took)
+		}
+		if n := len(up.seen()); n != sent {
+			t.Errorf("%s: the upstream saw %d requests, want %d: the late one is never sent", tc.name, n, sent)
+		}
+	}
+}

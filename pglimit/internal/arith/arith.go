@@ -441,6 +441,41 @@ func Settle(limits []Limit, state []int64, tat *int64, now int64, anchors []int6
 	return newState, expires, charged
 }
 
+// Returned is how many units a settle giving back back units (Settle's
+// inputs) gives back, counted on the limit that takes back the most: the
+// count of a window that still counts the admission, and for GCRA the part
+// of the admission's last back units that lies ahead of now, rounded up
+// to whole units. It is 0 when no limit counts the admission any more.
+func Returned(limits []Limit, state []int64, tat *int64, now int64, anchors []int64, back int64) int64 {
+	if back <= 0 {
+		return 0
+	}
+	st := roll(limits, state, tat, now)
+	var most int64
+	for i, l := range limits {
+		s, anchor := st[i], anchors[i]
+		var r int64
+		switch l.Algorithm {
+		case GCRA:
+			g := max(min(back*l.T, anchor-now), 0)
+			r = (g + l.T - 1) / l.T
+		case FixedWindow:
+			if s.a == anchor {
+				r = min(back, s.b)
+			}
+		case SlidingWindow:
+			switch anchor {
+			case s.a:
+				r = min(back, s.c)
+			case s.a - l.Period:
+				r = min(back, s.b)
+			}
+		}
+		most = max(most, r)
+	}
+	return most
+}
+
 // settleRoom is how many units a settle may charge limit l, its state
 // rolled to now (s): what it admits now, plus its Debt.
 func settleRoom(l Limit, s rolled, now int64) int64 {

@@ -162,3 +162,41 @@ func TestSettleRepaysDebt(t *testing.T) {
 		})
 	}
 }
+
+// Returned counts what a settle gives back: on the limit that takes back
+// the most, nothing once no limit counts the admission, and for GCRA the
+// part ahead of now in whole units, rounded up.
+func TestReturned(t *testing.T) {
+	minute := int64(60) * second
+	start := int64(1_800_000_000) * second / minute * minute
+	g, f, s := gcra(5, 5, minute), window(FixedWindow, 5, minute), window(SlidingWindow, 5, minute)
+	for _, tc := range []struct {
+		name   string
+		limits []Limit
+		after  int64 // µs after the admission of 5 at start
+		back   int64
+		want   int64
+	}{
+		{"gcra at once", []Limit{g}, 0, 4, 4},
+		{"gcra half a unit left", []Limit{g}, 54 * second, 4, 1},
+		{"gcra passed", []Limit{g}, minute, 4, 0},
+		{"fixed, its window", []Limit{f}, minute - 1, 4, 4},
+		{"fixed, the next window", []Limit{f}, minute, 4, 0},
+		{"sliding, the previous window", []Limit{s}, minute, 4, 4},
+		{"sliding, two windows on", []Limit{s}, 2 * minute, 4, 0},
+		{"the most of two limits", []Limit{f, g}, minute, 4, 0},
+		{"the most of two limits, one counting", []Limit{f, s}, minute, 4, 4},
+		{"nothing to give", []Limit{f}, 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := Evaluate(tc.limits, nil, nil, start, 5, Allow, 0)
+			if !e.Allowed {
+				t.Fatalf("the admission of 5: %+v", e)
+			}
+			state, tat := Admit(tc.limits, nil, nil, start, 5)
+			if got := Returned(tc.limits, state, &tat, start+tc.after, e.Anchors, tc.back); got != tc.want {
+				t.Errorf("Returned %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
