@@ -20,14 +20,33 @@ demo:
 	@$(GO) build -o $(DEMO_BIN) ./demo
 	@$(DEMO_BIN)
 
+# every runs $(2) in each module ($$m), announced as $(1): in all of them,
+# even after one fails, with its output shown as it comes. Then it lists
+# what failed, each module with its failing tests and packages (or the
+# last lines of its output), and fails if anything did.
+every = log=$$(mktemp -d); failed=""; \
+	for m in $(MODULES); do \
+		echo "$(1) $$m"; \
+		{ $(2); echo $$? >"$$log/rc"; } 2>&1 | tee "$$log/out"; \
+		if [ "$$(cat "$$log/rc")" != 0 ]; then \
+			failed="$$failed $$m"; \
+			echo "$$m:" >>"$$log/failures"; \
+			{ grep -E '^(--- FAIL|FAIL[[:space:]]|panic:)' "$$log/out" || tail -n 5 "$$log/out"; } | sed 's/^/    /' >>"$$log/failures"; \
+		fi; \
+	done; \
+	if [ -n "$$failed" ]; then \
+		echo; echo "$(1) failed in$$failed:"; cat "$$log/failures"; rm -rf "$$log"; exit 1; \
+	fi; \
+	rm -rf "$$log"
+
 test:
-	@set -e; for m in $(MODULES); do echo "go test $$m"; $(GO) -C $$m test -race -shuffle=on -count=1 -timeout 30m ./...; done
+	@$(call every,go test,$(GO) -C $$m test -race -shuffle=on -count=1 -timeout 30m ./...)
 
 # The quick tier, for iterating: -short skips what restarts, crashes or
 # cuts off a server, fails over, drains a backlog or reruns a whole suite
 # in another setting (testdb.Slow), and -race is off. make test runs all.
 test-short:
-	@set -e; for m in $(MODULES); do echo "go test -short $$m"; $(GO) -C $$m test -short -shuffle=on -count=1 -timeout 10m ./...; done
+	@$(call every,go test -short,$(GO) -C $$m test -short -shuffle=on -count=1 -timeout 10m ./...)
 
 # The conformance suite against every supported PostgreSQL major, from local
 # binaries (and through testcontainers when a Docker engine answers).
@@ -41,11 +60,11 @@ fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 vet:
-	@set -e; for m in $(MODULES); do echo "go vet $$m"; $(GO) -C $$m vet ./...; done
+	@$(call every,go vet,$(GO) -C $$m vet ./...)
 
 # staticcheck, at the version CI runs, from the module proxy (nothing in
 # go.mod): its configuration is staticcheck.conf.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 lint:
-	@set -e; for m in $(MODULES); do echo "staticcheck $$m"; $(GO) -C $$m run $(STATICCHECK) ./...; done
+	@$(call every,staticcheck,$(GO) -C $$m run $(STATICCHECK) ./...)

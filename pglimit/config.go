@@ -86,7 +86,9 @@ type Config struct {
 	Schema string
 
 	// Table is the limiter's table. A plain identifier, of the shape the
-	// migrations create for the strategy. Defaults to "pglimit_upsert",
+	// migrations create for the strategy: the first decision checks it,
+	// and a Schema and Table that name no such table make it fail with
+	// [ErrInvalidConfig]. Defaults to "pglimit_upsert",
 	// "pglimit_nowait" or "pglimit_range".
 	//
 	// The migrations also create "pglimit_upsert_unlogged" and

@@ -220,6 +220,9 @@ func (l *limiter) reset(ctx context.Context, query, key string) error {
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
 	defer cancel()
+	if err := l.check(ctx, l.db); err != nil {
+		return l.wrap(ctx, fmt.Errorf("reset: %w", err))
+	}
 	if _, err := l.db.Exec(ctx, query, l.args.namespace, key, l.args.lockClass); err != nil {
 		return l.wrap(ctx, fmt.Errorf("reset: %w", err))
 	}

@@ -134,15 +134,24 @@ func (l *limiter) gcraDecision(admitted bool, tat, now int64, n int) Decision {
 // elapsed after its leader was sent: a refusal if n units still do not fit,
 // else false. A decision that did not come from the database (a lost race,
 // whose wait is an upper bound) is never shared.
+//
+// Whether the units fit is judged at the latest database time the follower
+// may wake at, d's plus elapsed, as the pre-block judges; the refusal's
+// figures are measured at d's own database time, the one instant the
+// decision used, so that they are exact on a clock that stands still, and
+// at worst the leader's round trip long elsewhere, as a statement's own
+// answer is. The pre-block's wait (next) stays the shorter one: it is
+// counted from the follower's own start, which may be after d's.
 func (l *limiter) followGCRA(d Decision, n int, elapsed time.Duration) (Decision, bool) {
 	if d.at == 0 {
 		return Decision{}, false
 	}
 	tat := d.at + d.ResetAfter.Microseconds()
-	now := d.at + elapsed.Microseconds()
-	out := l.gcraDecision(false, tat, now, n)
-	if out.RetryAfter <= 0 {
+	woken := l.gcraDecision(false, tat, d.at+elapsed.Microseconds(), n)
+	if woken.RetryAfter <= 0 {
 		return Decision{}, false
 	}
+	out := l.gcraDecision(false, tat, d.at, n)
+	out.next = woken.next
 	return out, true
 }

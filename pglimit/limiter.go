@@ -469,6 +469,9 @@ func (l *limiter) check(ctx context.Context, db DB) error {
 	if l.verified.Load() {
 		return nil
 	}
+	if err := l.checkTable(ctx, db); err != nil {
+		return err
+	}
 	if err := l.detectDistributed(ctx, db); err != nil {
 		return err
 	}

@@ -3,6 +3,8 @@ package pglimit
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
@@ -77,4 +79,44 @@ func verifyExclusion(ctx context.Context, db DB, table string) error {
 	default:
 		return fmt.Errorf("%w: %s", ErrNoExclusionConstraint, table)
 	}
+}
+
+// shapes are the columns each strategy's statements use, as the
+// migrations create them: name and type.
+var shapes = map[Strategy][]string{
+	Upsert: {"namespace text", "key text", "expires_at timestamp with time zone", "state bigint[]"},
+	NoWait: {"namespace text", "key text", "expires_at timestamp with time zone", "state bigint[]"},
+	Range:  {"namespace text", "key text", "during tstzrange"},
+}
+
+// checkTable fails with ErrInvalidConfig, naming the table, when
+// Config.Schema and Config.Table name no table, or one that lacks a column
+// the strategy's statements use (another strategy's table, say): New reads
+// nothing, and without this every decision would fail with a bare
+// SQLSTATE (42P01, 42703) that looks like an outage. It reads the catalog
+// only, so that it aborts no caller's transaction.
+func (l *limiter) checkTable(ctx context.Context, db DB) error {
+	var (
+		exists bool
+		lines  string
+	)
+	if err := db.QueryRow(ctx, queries.Static("table.columns"), l.table).Scan(&exists, &lines); err != nil {
+		return fmt.Errorf("look up table %s: %w", l.table, err)
+	}
+	columns := strings.Split(lines, "\n")
+	if !exists {
+		return fmt.Errorf("%w: table %s does not exist (Config.Schema %q, Config.Table %q): check both names, or apply the migrations to the schema (pglimit.Migrate)",
+			ErrInvalidConfig, l.table, l.cfg.Schema, l.cfg.Table)
+	}
+	var missing []string
+	for _, col := range shapes[l.cfg.Strategy] {
+		if !slices.Contains(columns, col) {
+			missing = append(missing, col)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: table %s (Config.Table %q) lacks the columns strategy %s uses: %s (its columns: %s); the migrations create %s for %s",
+			ErrInvalidConfig, l.table, l.cfg.Table, l.cfg.Strategy, strings.Join(missing, ", "), strings.Join(columns, ", "), defaultTables[l.cfg.Strategy], l.cfg.Strategy)
+	}
+	return nil
 }

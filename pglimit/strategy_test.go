@@ -3,6 +3,9 @@ package pglimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,5 +39,63 @@ func TestRangeRefusesTableWithoutConstraint(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d rows, %v; want none written", n, err)
+	}
+}
+
+// A Table or Schema that names no table, or a table of another strategy's
+// shape, passes New (which reads nothing), and the first decision that
+// uses it says so: ErrInvalidConfig naming the table, from every call and
+// from concurrent ones, never a bare SQLSTATE that looks like an outage.
+func TestMisspeltTableIsInvalidConfig(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := testdb.Pool(t), testdb.Schema(t)
+	perMinute := []pglimit.Limit{pglimit.PerMinute(5)}
+	general := []pglimit.Limit{pglimit.PerMinute(5), {Name: "daily", Rate: 100, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow}}
+	for _, tc := range []struct {
+		name  string
+		cfg   pglimit.Config
+		names string // what the error must name
+	}{
+		{"misspelt table", pglimit.Config{Schema: schema, Table: "pglimit_upsrt", Limits: perMinute}, "pglimit_upsrt"},
+		{"misspelt schema", pglimit.Config{Schema: schema + "x", Limits: perMinute}, schema + "x"},
+		{"Range on an Upsert table", pglimit.Config{Strategy: pglimit.Range, Schema: schema, Table: "pglimit_upsert", Cooldown: time.Minute}, "pglimit_upsert"},
+		{"Upsert on a Range table", pglimit.Config{Schema: schema, Table: "pglimit_range", Limits: perMinute}, "pglimit_range"},
+		{"NoWait's limits on a Range table", pglimit.Config{Strategy: pglimit.NoWait, Schema: schema, Table: "pglimit_range", Limits: general}, "pglimit_range"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lim, err := pglimit.New(pool, &tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := func(what string, err error) {
+				t.Helper()
+				if !errors.Is(err, pglimit.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.names) {
+					t.Errorf("%s: %v; want ErrInvalidConfig naming %s", what, err, tc.names)
+				}
+			}
+			errs := make([]error, 8)
+			var wg sync.WaitGroup
+			for i := range errs {
+				wg.Go(func() { _, errs[i] = lim.Allow(ctx, "k") })
+			}
+			wg.Wait()
+			for i, err := range errs {
+				want(fmt.Sprintf("concurrent Allow %d", i+1), err)
+			}
+			_, err = lim.Allow(ctx, "k")
+			want("Allow", err)
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = lim.AllowTx(ctx, tx, "k")
+			want("AllowTx", err)
+			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+				t.Errorf("the caller's transaction after AllowTx: %v; want it usable", err)
+			}
+			want("Reset", lim.Reset(ctx, "k"))
+		})
 	}
 }

@@ -3,6 +3,7 @@ package pglimittest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -118,6 +119,63 @@ func TestClockGCRA(t *testing.T) {
 	}
 	if _, err := lim.AllowN(ctx, "bob", 10); !errors.Is(err, pglimit.ErrInvalidCost) {
 		t.Fatalf("an hour on, the key's own burst lapsed: AllowN(10) = %v, want ErrInvalidCost", err)
+	}
+}
+
+// Concurrent callers over two limiters at one frozen instant are refused
+// with the database's exact wait, however long the round takes in the
+// process: a refusal answered from another call's statement (a follower of
+// a merged call) is measured at that statement's database time too.
+func TestClockRefusalsExact(t *testing.T) {
+	t.Parallel()
+	const rounds, callers = 10, 20
+	ctx := context.Background()
+	clock := pglimittest.NewClock(t)
+	cfg := pglimit.Config{Schema: pglimittest.Schema(t), Limits: []pglimit.Limit{pglimit.PerMinute(5)}}
+	pools := map[string][2]pglimit.DB{}
+	one := clock.Pool(t)
+	pools["one pool"] = [2]pglimit.DB{one, one}
+	pools["two pools"] = [2]pglimit.DB{clock.Pool(t), clock.Pool(t)}
+	for name, dbs := range pools {
+		var lims [2]pglimit.Limiter
+		for i, db := range dbs {
+			c := cfg
+			c.Namespace = name
+			lim, err := pglimit.New(db, &c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lims[i] = lim
+		}
+		for round := range rounds {
+			key := fmt.Sprintf("round-%d", round)
+			ds := make([]pglimit.Decision, callers)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range ds {
+				wg.Go(func() {
+					<-start
+					var err error
+					if ds[i], err = lims[i%2].Allow(ctx, key); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			admitted := 0
+			for i, d := range ds {
+				switch {
+				case d.Allowed:
+					admitted++
+				case d.RetryAfter != 12*time.Second:
+					t.Errorf("%s, round %d, caller %d: refused with RetryAfter %s, want 12s exactly", name, round, i, d.RetryAfter)
+				}
+			}
+			if admitted != 5 {
+				t.Errorf("%s, round %d: %d admitted, want the burst of 5", name, round, admitted)
+			}
+		}
 	}
 }
 

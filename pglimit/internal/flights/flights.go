@@ -22,7 +22,8 @@ import (
 // that the key is still short of the follower's units when the follower
 // wakes up, judged as the pre-block judges (the statement ran after the
 // leader was sent, so the elapsed time is over-counted and the wait
-// under-counted); otherwise it runs its own statement. So sharing never
+// under-counted), though the refusal reports the wait at the leader's
+// database time; otherwise it runs its own statement. So sharing never
 // refuses a request the database would have admitted when the follower
 // arrived, and never admits one it would have refused.
 type Group[D any] struct {
