@@ -32,7 +32,7 @@ func newBatch(l *limiter, table, column string) *batch.Group[Decision] {
 		DB: l.db, Timeout: l.cfg.Timeout, Expired: ErrTimeout,
 		Namespace: l.cfg.Namespace, LockClass: l.lockClass,
 		Contended: l.contended, T: l.emission, BurstT: l.burstT,
-		Free:     freeConns(l.db),
+		Pool:     poolStats(l.db),
 		Batched:  l.observers.batches(l.cfg.Namespace, l.cfg.Strategy),
 		Level:    l.observers.levels(l.cfg.Namespace, l.cfg.Strategy),
 		GaveBack: l.observers.giveBacks(l.cfg.Namespace, l.cfg.Strategy),
@@ -49,25 +49,24 @@ func newBatch(l *limiter, table, column string) *batch.Group[Decision] {
 	return batch.New(c, (*batched)(l))
 }
 
-// freeConns returns how many more statements db's pool could run now, for
-// group commit to keep its in-flight level within: a *pgxpool.Pool's
-// connections not acquired, or those a database/sql pool with a
-// MaxOpenConns has not in use (pglimitsql). nil where db's bound is
-// unknown.
-func freeConns(db DB) func() int {
+// poolStats returns the size of db's pool and its connections in use, for
+// group commit to keep its in-flight level within: a *pgxpool.Pool's, or
+// a database/sql pool's with a MaxOpenConns (pglimitsql). nil where db's
+// bound is unknown.
+func poolStats(db DB) func() (size, busy int) {
 	switch p := db.(type) {
 	case *pgxpool.Pool:
-		return func() int {
+		return func() (int, int) {
 			s := p.Stat()
-			return int(s.MaxConns() - s.AcquiredConns())
+			return int(s.MaxConns()), int(s.AcquiredConns())
 		}
 	case interface{ Stats() sql.DBStats }:
 		if p.Stats().MaxOpenConnections == 0 {
 			return nil // no bound
 		}
-		return func() int {
+		return func() (int, int) {
 			s := p.Stats()
-			return s.MaxOpenConnections - s.InUse
+			return s.MaxOpenConnections, s.InUse
 		}
 	}
 	return nil

@@ -49,11 +49,11 @@ type Config struct {
 	General      bool
 	Overrides    bool // batch.general answers the keys' own limits too (two more columns)
 
-	// Free, if set, is how many more statements the pool could run now:
-	// its connections idle or not yet opened. The in-flight level stays
-	// within the Group's own statements plus these; without Free, within
-	// MaxKeys.
-	Free func() int
+	// Pool, if set, is the pool's size and its connections in use now.
+	// The in-flight level stays within the size less the connections
+	// others use (those in use past the Group's own statements); without
+	// Pool, within MaxKeys.
+	Pool func() (size, busy int)
 
 	// BackSQL gives a lease's tail back (batch.give_back); "" for none.
 	BackSQL string
@@ -151,6 +151,11 @@ type Group[D any] struct {
 	inFlight int                  // statements running: direct calls and batches
 	level    *level               // how many may run before calls gather
 
+	took      time.Duration // the Group's statements' mean round trip (a moving average)
+	openSince time.Time     // when the open batch began to gather
+	stall     *time.Timer   // sends the open batch past the level once it waited too long
+	stalling  bool          // stall is armed
+
 	failures  atomic.Int64 // batch statements that failed (their calls were then decided one by one)
 	givenBack atomic.Int64 // units of leases given back
 }
@@ -193,7 +198,7 @@ func New[D any](cfg Config, d Decider[D]) *Group[D] {
 	}
 	g := &Group[D]{cfg: cfg, decider: d, size: MaxKeys, keys: make(map[string]*entry[D])}
 	g.jobs = service.Jobs{Timeout: cfg.Timeout, Cause: cfg.Expired}
-	g.level = newLevel(startLevel, MaxKeys, cfg.Free)
+	g.level = newLevel(startLevel, MaxKeys, cfg.Pool)
 	if !cfg.General {
 		g.leases = newLeases(cfg.T, cfg.BurstT)
 	}
@@ -307,7 +312,7 @@ func (g *Group[D]) fromLease(key string, n int, now time.Time) (D, bool) {
 		// Refill in the background: an entry of no calls, asking for units.
 		e := g.newEntry(key, 1, now)
 		g.keys[key] = e
-		g.open = append(g.open, e)
+		g.gather(e)
 		if len(g.open) == 1 && g.inFlight < g.level.now {
 			go g.send(g.take())
 		}
@@ -341,7 +346,7 @@ func (g *Group[D]) enqueue(c *call[D]) {
 		e = g.newEntry(c.key, c.n, time.Now())
 		e.calls = []*call[D]{c}
 		g.keys[c.key] = e
-		g.open = append(g.open, e)
+		g.gather(e)
 		return
 	}
 	if g.leases != nil {
@@ -353,6 +358,61 @@ func (g *Group[D]) enqueue(c *call[D]) {
 	} else {
 		e.waiters = append(e.waiters, c)
 	}
+}
+
+// gather adds e to the open batch. A batch that begins arms the stall
+// timer, unless it is armed. It is called with mu held.
+func (g *Group[D]) gather(e *entry[D]) {
+	if len(g.open) == 0 {
+		g.openSince = time.Now()
+		g.stallLater(g.stallAfter())
+	}
+	g.open = append(g.open, e)
+}
+
+// stallAfter is how long the open batch waits for a running statement to
+// return before it goes past the level: four of the Group's mean round
+// trips, or a tenth of Config.Timeout before any returned. A statement
+// slower than that, on a row a long transaction holds, say, holds back no
+// other key. It is called with mu held.
+func (g *Group[D]) stallAfter() time.Duration {
+	if g.took == 0 {
+		return g.cfg.Timeout / 10
+	}
+	return 4 * g.took
+}
+
+// stallLater arms the stall timer for after, unless it is armed. It is
+// called with mu held.
+func (g *Group[D]) stallLater(after time.Duration) {
+	switch {
+	case g.stalling:
+	case g.stall == nil:
+		g.stalling, g.stall = true, time.AfterFunc(after, g.stalled)
+	default:
+		g.stalling = true
+		g.stall.Reset(after)
+	}
+}
+
+// stalled is the stall timer's: it sends the open batch, past the level,
+// once it has waited stallAfter, and comes back for a batch that began
+// later.
+func (g *Group[D]) stalled() {
+	g.mu.Lock()
+	g.stalling = false
+	if len(g.open) == 0 {
+		g.mu.Unlock()
+		return
+	}
+	if wait := g.stallAfter() - time.Since(g.openSince); wait > 0 {
+		g.stallLater(wait)
+		g.mu.Unlock()
+		return
+	}
+	bt := g.take()
+	g.mu.Unlock()
+	g.send(bt)
 }
 
 // take removes the open batch for sending, leaving out calls whose callers
@@ -400,6 +460,11 @@ func (g *Group[D]) finish(bt []*entry[D]) (next []*entry[D]) {
 	}
 	g.mu.Lock()
 	g.inFlight--
+	if took := now.Sub(bt[0].sent); g.took == 0 {
+		g.took = took
+	} else {
+		g.took += (took - g.took) / 8
+	}
 	g.level.finished(now, calls, waited, g.inFlight)
 	from, to := g.level.change()
 	answered := g.settle(slices.DeleteFunc(slices.Clone(bt), func(e *entry[D]) bool { return e.skipped }))

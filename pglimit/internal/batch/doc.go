@@ -49,12 +49,15 @@
 //   - A level that no call found reached, where none gathered, is not
 //     probed upwards: a higher one would change nothing.
 //
-// Bounds: the level is at least 1, and at most the Group's own statements
-// in flight plus the connections the pool has free (Config.Free, read at
-// the end of every epoch), or [MaxKeys] where the pool's bound is not
-// known. No caller starves: every statement that returns sends what
+// Bounds: the level is at least 1, and at most the pool's size less the
+// connections others hold (Config.Pool, read at the end of every epoch),
+// or [MaxKeys] where the pool's bound is not known. No caller starves: every statement that returns sends what
 // gathered while fewer than the level run, and the level is never 0. A
-// lower level takes effect as statements return; none is cancelled. The
+// lower level takes effect as statements return; none is cancelled. An
+// open batch waits for a running statement at most four of the Group's
+// mean round trips (a tenth of Config.Timeout before any has returned),
+// then goes past the level: a statement held up by a row that a long
+// transaction locks holds back no other key, even at a level of 1. The
 // level keeps no state per key: a few words per Group.
 //
 // Its tests need no server: a simulated database of 1 to 64 lanes, each

@@ -32,9 +32,9 @@ type level struct {
 	rest    int     // epochs left at the level before the next probe
 	restFor int     // epochs to rest after a probe that found nothing better
 
-	// free, if set, is how many more statements the pool could run now;
-	// read at the end of each epoch.
-	free func() int
+	// pool, if set, is the pool's size and its connections in use; read
+	// at the end of each epoch.
+	pool func() (size, busy int)
 	// moved holds the level's last change until the Group reports it.
 	moved struct{ from, to int }
 }
@@ -59,10 +59,10 @@ const (
 )
 
 // newLevel returns a level that starts at start, within [1, most] and
-// within what free, if set, says the pool has.
-func newLevel(start, most int, free func() int) *level {
+// within what pool, if set, says the pool leaves the Group.
+func newLevel(start, most int, pool func() (size, busy int)) *level {
 	most = max(most, 1)
-	return &level{now: min(max(start, 1), most), most: most, up: true, free: free}
+	return &level{now: min(max(start, 1), most), most: most, up: true, pool: pool}
 }
 
 // gathered records that a call found the level reached and gathered.
@@ -99,8 +99,11 @@ func (v *level) finished(now time.Time, calls int, waited time.Duration, inFligh
 	power := rate / latency
 	bound := v.bound
 	v.began, v.stmts, v.calls, v.waited, v.bound = now, 0, 0, 0, false
-	if v.free != nil {
-		v.most = max(inFlight+v.free(), 1)
+	if v.pool != nil {
+		// Others use the connections in use past the Group's statements
+		// (some of which may still wait for a connection).
+		size, busy := v.pool()
+		v.most = max(size-max(busy-inFlight, 0), 1)
 		if v.now > v.most { // the pool has no more: a probe above it ends here
 			v.from = 0
 			v.set(v.most, inFlight)

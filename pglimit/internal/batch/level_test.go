@@ -307,7 +307,7 @@ func TestLevelConverges(t *testing.T) {
 // level: it follows the best level up and down, within the pool.
 func TestLevelFollowsLoad(t *testing.T) {
 	pool := 4
-	v := newLevel(2, MaxKeys, func() int { return pool })
+	v := newLevel(2, MaxKeys, func() (int, int) { return pool, 0 })
 	now := time.Unix(0, 0)
 	feed := func(epochs int, powerOf func(level int) float64) {
 		for range epochs * epochStatements * 2 {
