@@ -37,15 +37,19 @@
 //     of arrivals it falls with latency). Calls served by a lease, or
 //     refused by what another call's statement found, do not count.
 //   - After an epoch at the level, the next epoch probes one step away. A
-//     probe is kept when its power beats the level's by 2%, and the
-//     search goes on the same way; otherwise the level goes back, and the
-//     next probe goes the other way. Steps are factors of 2, then of
+//     probe is kept when its power beats the level's by more than twice
+//     the noise (how far apart two epochs at one level are, relative, as
+//     a moving average; at least 2%), and the search goes on the same
+//     way; otherwise the level goes back, is measured again (a sample of
+//     the noise), and the next probe goes the other way. The first probe
+//     waits for two epochs at the start. Steps are factors of 2, then of
 //     2^(1/2), then of 2^(1/4), each at least one statement, once neither
 //     way pays at a step. At the finest step the probes rest between
 //     tries, twice as long after each pair that finds nothing, up to 16
 //     epochs: once settled, at most one epoch in 17 runs at a probe level.
-//   - A level's power moving by more than 25% between two of its epochs
-//     means the load changed: the search starts again from steps of 2.
+//   - A level's power moving between two of its epochs by more than four
+//     times the noise, and by 25% at least, means the load changed: the
+//     search starts again from steps of 2.
 //   - A level that no call found reached, where none gathered, is not
 //     probed upwards: a higher one would change nothing.
 //

@@ -24,13 +24,15 @@ type level struct {
 	bound  bool // some call found the level reached, and gathered
 
 	// The search.
-	base    float64 // the power at now, by the last epoch that measured it
-	from    int     // the level a probe left; 0 while no probe runs
-	up      bool    // which way the next probe goes
-	fine    int     // how fine the steps are: a factor of 2^(1/2^fine)
-	tried   int     // probes at this step that found nothing better: one way, or both
-	rest    int     // epochs left at the level before the next probe
-	restFor int     // epochs to rest after a probe that found nothing better
+	base     float64 // the power at now, by the last epoch that measured it
+	measured bool    // base is an epoch's at now, which another may be compared with
+	noise    float64 // how far apart two epochs at one level are, relative (a moving average)
+	from     int     // the level a probe left; 0 while no probe runs
+	up       bool    // which way the next probe goes
+	fine     int     // how fine the steps are: a factor of 2^(1/2^fine)
+	tried    int     // probes at this step that found nothing better: one way, or both
+	rest     int     // epochs left at the level before the next probe
+	restFor  int     // epochs to rest after a probe that found nothing better
 
 	// pool, if set, is the pool's size and its connections in use; read
 	// at the end of each epoch.
@@ -62,7 +64,9 @@ const (
 // within what pool, if set, says the pool leaves the Group.
 func newLevel(start, most int, pool func() (size, busy int)) *level {
 	most = max(most, 1)
-	return &level{now: min(max(start, 1), most), most: most, up: true, pool: pool}
+	// Two epochs at the start before the first probe: a first measure of
+	// the noise.
+	return &level{now: min(max(start, 1), most), most: most, up: true, rest: 1, pool: pool}
 }
 
 // gathered records that a call found the level reached and gathered.
@@ -119,8 +123,9 @@ func (v *level) step(power float64, bound bool, inFlight int) {
 	if v.from != 0 { // the epoch measured a probe
 		from := v.from
 		v.from = 0
-		if power > v.base*(1+better) {
+		if power > v.base*(1+v.margin()) {
 			v.base, v.tried, v.restFor = power, 0, 0
+			v.measured = false // a probe's one epoch: no sample of the noise
 			if !bound && v.up {
 				v.up = false // no call waited for this level: a higher one would change nothing
 				return
@@ -138,14 +143,19 @@ func (v *level) step(power float64, bound bool, inFlight int) {
 			}
 		}
 		v.rest = v.restFor
-		v.base = 0 // measure the level again before the next probe
-		v.set(from, inFlight)
+		v.set(from, inFlight) // and measure it again before the next probe
 		return
 	}
-	if v.base > 0 && math.Abs(power-v.base) > shifted*v.base {
-		v.fine, v.tried, v.rest, v.restFor = 0, 0, 0, 0 // the load changed: search again, from long steps
+	if v.measured {
+		// Two epochs at one level: how far apart they are is the noise, or
+		// the load itself moved, if much further than the noise so far.
+		d := math.Abs(power-v.base) / v.base
+		if d > max(shifted, 4*v.noise) {
+			v.fine, v.tried, v.rest, v.restFor = 0, 0, 0, 0 // the load changed: search again, from long steps
+		}
+		v.noise += (d - v.noise) / 4
 	}
-	v.base = power
+	v.base, v.measured = power, true
 	if !bound && v.up {
 		v.up = false // a higher level would change nothing: no call waited for one
 	}
@@ -155,6 +165,10 @@ func (v *level) step(power float64, bound bool, inFlight int) {
 	}
 	v.probe(inFlight)
 }
+
+// margin is how much more power a probe must show to be taken: twice the
+// noise between two epochs at one level, and at least better.
+func (v *level) margin() float64 { return max(better, 2*v.noise) }
 
 // probe moves the level one step the way the search goes, or the other
 // way where that is the bound.
