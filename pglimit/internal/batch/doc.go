@@ -39,8 +39,8 @@
 //   - After an epoch at the level, the next epoch probes one step away. A
 //     probe is kept when its power beats the level's by more than twice
 //     the noise (how far apart two epochs at one level are, relative, as
-//     a moving average; at least 2%), and the search goes on the same
-//     way; otherwise the level goes back, is measured again (a sample of
+//     a moving average; at least 2%) in two epochs in a row, and the
+//     search goes on the same way; otherwise the level goes back, is measured again (a sample of
 //     the noise), and the next probe goes the other way. The first probe
 //     waits for two epochs at the start. Steps are factors of 2, then of
 //     2^(1/2), then of 2^(1/4), each at least one statement, once neither

@@ -28,6 +28,7 @@ type level struct {
 	measured bool    // base is an epoch's at now, which another may be compared with
 	noise    float64 // how far apart two epochs at one level are, relative (a moving average)
 	from     int     // the level a probe left; 0 while no probe runs
+	seen     float64 // the power of a probe's first epoch, where it was better
 	up       bool    // which way the next probe goes
 	fine     int     // how fine the steps are: a factor of 2^(1/2^fine)
 	tried    int     // probes at this step that found nothing better: one way, or both
@@ -121,10 +122,14 @@ func (v *level) finished(now time.Time, calls int, waited time.Duration, inFligh
 // epoch found the level reached.
 func (v *level) step(power float64, bound bool, inFlight int) {
 	if v.from != 0 { // the epoch measured a probe
-		from := v.from
-		v.from = 0
+		if power > v.base*(1+v.margin()) && v.seen == 0 {
+			v.seen = power // better: measure it again before taking it
+			return
+		}
+		from, seen := v.from, v.seen
+		v.from, v.seen = 0, 0
 		if power > v.base*(1+v.margin()) {
-			v.base, v.tried, v.restFor = power, 0, 0
+			v.base, v.tried, v.restFor = (seen+power)/2, 0, 0
 			v.measured = false // a probe's one epoch: no sample of the noise
 			if !bound && v.up {
 				v.up = false // no call waited for this level: a higher one would change nothing
