@@ -263,7 +263,7 @@ func (g *Group[D]) submit(c *call[D]) (direct *entry[D], leased bool) {
 	defer g.mu.Unlock()
 	var now time.Time
 	if g.leases != nil {
-		now = c.at
+		now = time.Now() // read under mu: a lease's unit is handed out no later than now
 		if d, ok := g.fromLease(c.key, c.n, now); ok {
 			c.d = d
 			return nil, true

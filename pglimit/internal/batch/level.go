@@ -11,7 +11,7 @@ import (
 // calls it with its mutex held and the time of each event.
 type level struct {
 	now int // statements that may run at once: in [1, most]
-	// most is the bound: the connections the Group may use (limit).
+	// most is the bound: the connections the Group may use (pool).
 	most int
 
 	// The epoch being measured: the statements that finished in it, the
@@ -49,7 +49,7 @@ const (
 	// answers for a mean.
 	epochStatements = 64
 	epochRounds     = 8
-	// better is how much more power a probe must show to be taken.
+	// better is the least more power a probe must show to be taken.
 	better = 0.02
 	// shifted is how far the power at a level may move between two of its
 	// epochs before the load counts as changed and the search restarts.
@@ -110,7 +110,7 @@ func (v *level) finished(now time.Time, calls int, waited time.Duration, inFligh
 		size, busy := v.pool()
 		v.most = max(size-max(busy-inFlight, 0), 1)
 		if v.now > v.most { // the pool has no more: a probe above it ends here
-			v.from = 0
+			v.from, v.seen, v.measured = 0, 0, false
 			v.set(v.most, inFlight)
 			return
 		}
