@@ -341,10 +341,3 @@ func TestLevelFollowsLoad(t *testing.T) {
 		t.Errorf("level %d after the pool fell to 1, want 1", v.now)
 	}
 }
-
-func abs(n int) int {
-	if n < 0 {
-		return -n
-	}
-	return n
-}
