@@ -57,8 +57,8 @@ func writeCharts(dir string, rep *report) ([]string, error) {
 // style draws a variant the same way in every chart, whichever variants
 // ran: one colour per strategy (and one for the naive plain INSERT and
 // one for the peer), one dash pattern per option, so that upsert-async is
-// upsert's colour, dashed. The floors are black or grey and thin, each
-// with its own dashes; the peer, the limiter the strategies are measured
+// upsert's colour, dashed. The floors and the seed's upsert, a ceiling,
+// are black or grey and thin, each with its own dashes; the peer, the limiter the strategies are measured
 // against, a thick solid line.
 func style(name string) draw.LineStyle {
 	name = strings.TrimSuffix(name, "-"+setTiers) // drawn as the variant it enforces the tiers with
@@ -87,6 +87,10 @@ func style(name string) draw.LineStyle {
 		return ls
 	case naive.Name:
 		ls.Color = naiveColor
+		return ls
+	case seedUpsert.Name: // a ceiling, not an option of the library: drawn as the floors are
+		ls.Color, ls.Width = color.Black, vg.Points(1.2)
+		ls.Dashes = []vg.Length{vg.Points(6), vg.Points(2), vg.Points(2), vg.Points(2)}
 		return ls
 	}
 	i := slices.IndexFunc(allVariants(), func(v variant) bool { return v.Name == name })

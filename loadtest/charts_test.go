@@ -21,7 +21,7 @@ func TestChartStyles(t *testing.T) {
 	var strategyColours [][4]uint32
 	dashes := map[string][]string{} // colour of a strategy -> dash patterns seen
 	for _, v := range allVariants() {
-		if v.Redis || v.Name == naive.Name {
+		if v.Redis || v.Name == naive.Name || v.Seed {
 			continue
 		}
 		c := rgba(style(v.Name).Color)
