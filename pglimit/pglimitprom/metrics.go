@@ -58,6 +58,7 @@ type Metrics struct {
 	duration     *prometheus.HistogramVec
 	errors       *prometheus.CounterVec
 	fallback     *prometheus.CounterVec
+	level        *prometheus.GaugeVec
 	keyDecisions *prometheus.CounterVec // nil unless Options.MaxKeys > 0
 	keys         *CappedLabel
 
@@ -101,8 +102,12 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 			Name: "pglimit_fallback_decisions_total",
 			Help: "Decisions made in process while the database was unavailable (pglimit.Config.Fallback), by limiter (namespace), strategy and outcome; pglimit_decisions_total counts them too.",
 		}, []string{"limiter", "strategy", "outcome"}),
+		level: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pglimit_in_flight_level",
+			Help: "How many of a limiter's statements group commit runs at once before calls gather (the in-flight level, which adapts), by limiter (namespace) and strategy; set at each move.",
+		}, []string{"limiter", "strategy"}),
 	}
-	cs := []prometheus.Collector{m.decisions, m.duration, m.errors, m.fallback}
+	cs := []prometheus.Collector{m.decisions, m.duration, m.errors, m.fallback, m.level}
 	if o.MaxKeys > 0 {
 		m.keys = NewCappedLabel(o.MaxKeys)
 		m.keyDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -122,7 +127,17 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 	return m, nil
 }
 
-var _ pglimit.Observer = (*Metrics)(nil)
+var (
+	_ pglimit.Observer      = (*Metrics)(nil)
+	_ pglimit.LevelObserver = (*Metrics)(nil)
+)
+
+// ObserveLevel sets pglimit_in_flight_level to the level the limiter moved
+// to: it makes m a [pglimit.LevelObserver] too. The series appears at the
+// level's first move.
+func (m *Metrics) ObserveLevel(o pglimit.LevelObservation) {
+	m.level.WithLabelValues(o.Namespace, string(o.Strategy)).Set(float64(o.To))
+}
 
 // StartDecision returns ctx: the metrics need only a decision's end. It
 // makes m a [pglimit.Observer], to set as [pglimit.Config.Observer]:

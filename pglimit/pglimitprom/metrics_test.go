@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -415,5 +416,31 @@ func TestObserveSemaphore(t *testing.T) {
 	}
 	if got := value(t, b.reg, "pglimit_errors_total", "limiter", "exports", "strategy", "semaphore", "kind", "read_only"); got != 1 {
 		t.Errorf("read-only errors: %v, want 1", got)
+	}
+}
+
+// The in-flight level of a limiter under concurrent calls shows as a
+// gauge once it moves, within the pool's connections (testdb's have 4).
+func TestObserveLevel(t *testing.T) {
+	b := setup(t, nil)
+	lim := b.limiter(t, pglimit.Config{Namespace: "levels", Cooldown: time.Hour})
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Go(func() {
+			for i := range 100 {
+				if _, err := lim.Allow(t.Context(), fmt.Sprintf("w%d-%d", w, i)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got := value(t, b.reg, "pglimit_in_flight_level", "limiter", "levels", "strategy", "upsert")
+	if most := float64(b.pool.Config().MaxConns); got < 1 || got > most {
+		t.Errorf("pglimit_in_flight_level = %v after 1,600 calls of 16 workers, want within [1, %v]", got, most)
+	}
+	if problems, err := testutil.GatherAndLint(b.reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %+v", err, problems)
 	}
 }
