@@ -467,7 +467,7 @@ func (g *Group[D]) finish(bt []*entry[D]) (next []*entry[D]) {
 	}
 	g.level.finished(now, calls, waited, g.inFlight)
 	from, to := g.level.change()
-	answered := g.settle(slices.DeleteFunc(slices.Clone(bt), func(e *entry[D]) bool { return e.skipped }))
+	answered := g.settle(slices.DeleteFunc(slices.Clone(bt), func(e *entry[D]) bool { return e.skipped }), now)
 	next = g.next()
 	g.mu.Unlock()
 	release(answered)
@@ -495,10 +495,10 @@ func release[D any](answered []*call[D]) {
 
 // settle ends bt's entries, decided, and their waiters: refused at once
 // where an entry's answer leaves no room for them, else queued in the open
-// batch, together. It returns the waiters it answered, for the caller to
-// release once mu is unlocked. It is called with mu held.
-func (g *Group[D]) settle(bt []*entry[D]) (answered []*call[D]) {
-	now := time.Now()
+// batch, together, as of now, when their statement returned. It returns
+// the waiters it answered, for the caller to release once mu is unlocked.
+// It is called with mu held.
+func (g *Group[D]) settle(bt []*entry[D], now time.Time) (answered []*call[D]) {
 	for _, e := range bt {
 		if g.keys[e.key] != e {
 			continue // forgotten by a Reset: its lease is dropped
@@ -523,7 +523,7 @@ func (g *Group[D]) settle(bt []*entry[D]) (answered []*call[D]) {
 				w.d, ok = g.fromLease(w.key, w.n, now)
 			}
 			if !ok && !g.cfg.General { // batch.general's answers are not GCRA's: nothing to share
-				w.d, ok = g.decider.Follow(e.last, w.n, time.Since(e.sent))
+				w.d, ok = g.decider.Follow(e.last, w.n, now.Sub(e.sent))
 			}
 			if ok {
 				answered = append(answered, w)
@@ -755,9 +755,10 @@ func (g *Group[D]) decideSkipped(e *entry[D]) {
 		alone(e)
 	}
 	cancel()
+	now := time.Now()
 	answer(e)
 	g.mu.Lock()
-	answered := g.settle([]*entry[D]{e})
+	answered := g.settle([]*entry[D]{e}, now)
 	next := g.next()
 	g.mu.Unlock()
 	release(answered)
