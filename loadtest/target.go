@@ -289,7 +289,6 @@ func (s *poolSession) limiter(p *pgxpool.Pool, v variant, cooldown time.Duration
 		}
 	}
 	w := &levelWatch{}
-	w.level.Store(startLevel)
 	s.watch = append(s.watch, w)
 	return pglimit.New(p, &pglimit.Config{
 		Observer:     w,
@@ -305,12 +304,9 @@ func (s *poolSession) limiter(p *pgxpool.Pool, v variant, cooldown time.Duration
 	})
 }
 
-// startLevel is where a limiter's in-flight level starts (pglimit's
-// LevelObserver).
-const startLevel = 2
-
 // levelWatch is the Observer of a limiter under test: it keeps the last
-// in-flight level the limiter moved to, and nothing else.
+// in-flight level the limiter moved to, from where it started, and nothing
+// else. It stays 0 for a limiter that does not gather.
 type levelWatch struct{ level atomic.Int64 }
 
 func (w *levelWatch) StartDecision(ctx context.Context, _ pglimit.Observation) context.Context {
@@ -319,10 +315,13 @@ func (w *levelWatch) StartDecision(ctx context.Context, _ pglimit.Observation) c
 func (w *levelWatch) EndDecision(context.Context, pglimit.Observation) {}
 func (w *levelWatch) ObserveLevel(o pglimit.LevelObservation)          { w.level.Store(int64(o.To)) }
 
+// levels returns each instance's last level, or nil where none gathers.
 func (s *poolSession) levels() []int {
-	out := make([]int, len(s.watch))
-	for i, w := range s.watch {
-		out[i] = int(w.level.Load())
+	var out []int
+	for _, w := range s.watch {
+		if l := w.level.Load(); l > 0 {
+			out = append(out, int(l))
+		}
 	}
 	return out
 }

@@ -2,7 +2,6 @@ package pglimit_test
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -347,25 +346,17 @@ func TestObserverLevel(t *testing.T) {
 	pool := testdb.Pool(t)
 	obs := &levels{}
 	lim, _ := newBatchLimiter(t, pool, pglimit.Upsert, func(cfg *pglimit.Config) { cfg.Observer = obs })
-	var wg sync.WaitGroup
-	for w := range 16 {
-		wg.Go(func() {
-			for i := range 100 {
-				if _, err := lim.Allow(t.Context(), fmt.Sprintf("w%d-%d", w, i)); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	testdb.Spread(t, lim, 16, 100)
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
-	if len(obs.moves) == 0 {
-		t.Fatal("the level never moved in 1,600 calls of 16 workers")
+	if len(obs.moves) < 2 {
+		t.Fatalf("the level never moved in 1,600 calls of 16 workers: %+v", obs.moves)
 	}
-	if first := obs.moves[0]; first.From != 2 {
-		t.Errorf("the first move left level %d, want the start, 2", first.From)
+	if first := obs.moves[0]; first.From != 0 || first.To != 2 {
+		t.Errorf("the first observation is %d to %d, want the start, 0 to 2", first.From, first.To)
+	}
+	if second := obs.moves[1]; second.From != 2 {
+		t.Errorf("the first move left level %d, want the start, 2", second.From)
 	}
 	most := int(pool.Config().MaxConns)
 	for _, m := range obs.moves {

@@ -133,8 +133,8 @@ var (
 )
 
 // ObserveLevel sets pglimit_in_flight_level to the level the limiter moved
-// to: it makes m a [pglimit.LevelObserver] too. The series appears at the
-// level's first move.
+// to: it makes m a [pglimit.LevelObserver] too. The series appears as the
+// limiter is made, at the level it starts at.
 func (m *Metrics) ObserveLevel(o pglimit.LevelObservation) {
 	m.level.WithLabelValues(o.Namespace, string(o.Strategy)).Set(float64(o.To))
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -419,23 +418,16 @@ func TestObserveSemaphore(t *testing.T) {
 	}
 }
 
-// The in-flight level of a limiter under concurrent calls shows as a
-// gauge once it moves, within the pool's connections (testdb's have 4).
+// The in-flight level of a limiter shows as a gauge from the start, at 2,
+// and under concurrent calls stays within the pool's connections (testdb's
+// have 4).
 func TestObserveLevel(t *testing.T) {
 	b := setup(t, nil)
 	lim := b.limiter(t, pglimit.Config{Namespace: "levels", Cooldown: time.Hour})
-	var wg sync.WaitGroup
-	for w := range 16 {
-		wg.Go(func() {
-			for i := range 100 {
-				if _, err := lim.Allow(t.Context(), fmt.Sprintf("w%d-%d", w, i)); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
+	if got := value(t, b.reg, "pglimit_in_flight_level", "limiter", "levels", "strategy", "upsert"); got != 2 {
+		t.Errorf("pglimit_in_flight_level = %v before any call, want the start, 2", got)
 	}
-	wg.Wait()
+	testdb.Spread(t, lim, 16, 100)
 	got := value(t, b.reg, "pglimit_in_flight_level", "limiter", "levels", "strategy", "upsert")
 	if most := float64(b.pool.Config().MaxConns); got < 1 || got > most {
 		t.Errorf("pglimit_in_flight_level = %v after 1,600 calls of 16 workers, want within [1, %v]", got, most)

@@ -392,3 +392,22 @@ func Lock(tb testing.TB, pool *pgxpool.Pool, schema, table string, keys ...strin
 	}
 	return release
 }
+
+// Spread has workers goroutines each make calls Allow calls of lim, every
+// one on a key of its own, and returns once all have: a load under which
+// group commit gathers and its in-flight level moves. An error fails tb.
+func Spread(tb testing.TB, lim pglimit.Limiter, workers, calls int) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range calls {
+				if _, err := lim.Allow(context.Background(), fmt.Sprintf("w%d-%d", w, i)); err != nil {
+					tb.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

@@ -202,6 +202,9 @@ func New[D any](cfg Config, d Decider[D]) *Group[D] {
 	if !cfg.General {
 		g.leases = newLeases(cfg.T, cfg.BurstT)
 	}
+	if cfg.Level != nil {
+		cfg.Level(0, g.level.now) // where it starts, for a gauge to show from the first call
+	}
 	return g
 }
 
