@@ -33,7 +33,8 @@
 // The RateLimit fields follow draft-ietf-httpapi-ratelimit-headers-11 (May
 // 2026). RateLimit-Policy lists every limit, Rate per Period; RateLimit
 // reports the binding one ([pglimit.Decision.Limit]): its remaining units
-// and the seconds, rounded up, until it is back to full:
+// and the seconds, rounded up, until it is back to full (one item per
+// middleware, when several are stacked: see below):
 //
 //	RateLimit-Policy: "per-minute";q=5;w=60, "per-day";q=20;w=86400
 //	RateLimit: "per-minute";r=2;t=12
