@@ -298,3 +298,36 @@ func TestStackSetCostReachesTheInnermost(t *testing.T) {
 		t.Errorf("outer %d and inner %d left, want 90 (the estimate) and 97 (settled at 3)", outer, inner)
 	}
 }
+
+// An inner limiter whose database is down answers 503: the outer count
+// is given back, and the 503 keeps the outer policy without its stale
+// RateLimit item.
+func TestStackOutageInsideChargesNothingOutside(t *testing.T) {
+	t.Parallel()
+	countCfg := pglimit.Config{Schema: testdb.Schema(t), Limits: []pglimit.Limit{{Name: "per-hour", Rate: 10, Period: time.Hour, Algorithm: pglimit.FixedWindow}}}
+	count, err := pglimit.New(testdb.Pool(t), &countCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down, err := pglimit.New(deadPool(t), &pglimit.Config{Cooldown: time.Minute, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outer, err := pglimithttp.Middleware(count, &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := pglimithttp.Middleware(down, &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User"), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(outer(inner(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))))
+	t.Cleanup(srv.Close)
+	resp := stackGet(t, srv, "")
+	if resp.status != http.StatusServiceUnavailable || resp.policy != `"per-hour";q=10;w=3600` || resp.rateLimit != "" {
+		t.Errorf("the inner limiter down: %+v, want 503 with the outer policy and no RateLimit", resp)
+	}
+	if got := remaining(t, &countCfg, "bob"); got != 10 {
+		t.Errorf("after the inner 503: %d left of the outer count, want 10", got)
+	}
+}
