@@ -32,7 +32,9 @@ const OutcomeBusy Outcome = observe.Busy
 //	RateLimit-Policy: "concurrency";q=<slots>;qu="concurrent-requests"
 //	RateLimit: "concurrency";r=0;t=<Retry-After>
 //
-// An admitted request gets RateLimit-Policy. A fail-closed refusal
+// An admitted request gets RateLimit-Policy. Inside another middleware of
+// this package, a request refused here is charged nothing there (package
+// doc, "Stacking middlewares"). A fail-closed refusal
 // ([FailClosed]) waits the semaphore's [pglimitsem.Semaphore.HoldTime].
 //
 // Of cfg it uses KeyFunc, Exempt, ExemptKeys, OnRefused, Logger,
@@ -83,7 +85,7 @@ func (c *concurrency) serve(w http.ResponseWriter, r *http.Request, next http.Ha
 	switch {
 	case err != nil && errors.Is(err, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled):
 		c.report(r, Event{Key: key, Outcome: OutcomeCanceled, Err: err})
-		w.WriteHeader(statusClientClosedRequest)
+		clientGone(w, r)
 	case err != nil:
 		c.failures.Record(time.Now(), "key", key, "on_error", c.cfg.OnError, "err", err)
 		switch c.cfg.OnError {
@@ -95,14 +97,15 @@ func (c *concurrency) serve(w http.ResponseWriter, r *http.Request, next http.Ha
 			c.busy(w, r, c.sem.HoldTime())
 		default:
 			c.report(r, Event{Key: key, Outcome: OutcomeUnavailable, Err: err})
-			c.serviceUnavailable(w, time.Second)
+			c.serviceUnavailable(w, r, time.Second)
 		}
 	case !slot.Acquired:
 		c.report(r, Event{Key: key, Outcome: OutcomeBusy})
 		c.busy(w, r, slot.RetryAfter)
 	default:
 		c.report(r, Event{Key: key, Cost: 1, Outcome: OutcomeAdmitted})
-		w.Header().Set("RateLimit-Policy", c.policy)
+		r, s := stackOf(r)
+		s.admit(w.Header(), c.policy, "")
 		c.hold(r, key, slot, func() { next.ServeHTTP(w, r) })
 	}
 }

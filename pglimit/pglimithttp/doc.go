@@ -33,7 +33,8 @@
 // The RateLimit fields follow draft-ietf-httpapi-ratelimit-headers-11 (May
 // 2026). RateLimit-Policy lists every limit, Rate per Period; RateLimit
 // reports the binding one ([pglimit.Decision.Limit]): its remaining units
-// and the seconds, rounded up, until it is back to full:
+// and the seconds, rounded up, until it is back to full (one item per
+// middleware, when several are stacked: see below):
 //
 //	RateLimit-Policy: "per-minute";q=5;w=60, "per-day";q=20;w=86400
 //	RateLimit: "per-minute";r=2;t=12
@@ -54,6 +55,58 @@
 // [Config.OnRefused] replaces the 429 body with one of the application's,
 // the headers already set. [Config.Exempt] and [Config.ExemptKeys] let
 // health checks, internal callers or known keys through unlimited.
+//
+// # Stacking middlewares
+//
+// Limits that one decision cannot hold together, such as counts of
+// requests beside a budget of bytes settled at the real size, are
+// combined by wrapping one middleware of this package in another:
+//
+//	counts, err := pglimithttp.Levels(levels, nil) // a cooldown, a daily count: 1 a request
+//	size, err := pglimithttp.Middleware(bytes, &pglimithttp.Config{
+//		KeyFunc:  pglimithttp.FromPathValue("user"),
+//		CostFunc: estimate, // settled at the size the handler reports
+//		Settle:   true,
+//	})
+//	mux.Handle("POST /uploads/{user}", counts(size(upload)))
+//
+// A request refused anywhere is charged nowhere. The middlewares of one
+// request find each other in its context, never by its status, so an
+// application's own 429 counts as any answer does. When one answers a
+// request itself (429, fail-closed 429, 400 for its key or cost, 503,
+// 499), the handler never runs, and every middleware outside it that
+// admitted the request gives back the units it took
+// ([pglimit.Limiter.Refund] of the decision's Granted, at every level)
+// instead of settling them. Their [Config.OnDecision] saw the request
+// admitted; the refund is not an event.
+//
+// RateLimit-Policy lists the policies of every middleware the request
+// met, outermost first. RateLimit has one item per middleware that
+// admitted the request, each its binding limit, since the units of
+// different middlewares (requests, bytes) cannot be compared; a 429 from
+// inside carries the refusing middleware's item alone, with its
+// Retry-After and violated-policies, the outer counts being given back.
+// Limit names must differ across the stack, as across levels: nothing
+// checks it.
+//
+// Put outermost the limits that refuse most often and are not settled (a
+// cooldown, a daily count): a request they refuse costs the others
+// nothing. Put innermost the one middleware with [Config.Settle]:
+// [SetCost] reaches only the innermost settling middleware, and one
+// outside it keeps its estimate.
+//
+// A refund is one statement per level of each middleware outside (about
+// one more decision), run after the inner answer is written and before
+// the response is finished, within its limiter's Timeout (a Levels'
+// levels at once), so a refusal from inside may wait that long. A refund
+// that fails (the database, the Range strategy, units served from a
+// lease) keeps the units charged and is logged as a limiter failure, at
+// most one line per [Config.LogInterval], each counting those left out. A
+// limit may also keep them without an error: GCRA takes them back only if
+// no admission of the key came since, a window only within its window.
+// A handler in between that runs the inner middleware on another
+// goroutine and returns first ([http.TimeoutHandler]) can hide its answer:
+// the outer charge then stays.
 //
 // # When the database fails
 //

@@ -17,7 +17,9 @@ import (
 //	RateLimit-Policy: "<name>";q=<quota>;w=<window seconds>, ...
 //	RateLimit:        "<name>";r=<remaining>;t=<seconds until reset>
 //
-// Every limit is one policy: q is its Rate, w its Period. The draft has no
+// Every limit is one policy: q is its Rate, w its Period. Both fields are
+// Lists: middlewares stacked on a request each add their policies, and
+// each admitting one its RateLimit item (stack.go). The draft has no
 // parameter for a burst (q, qu, w and pk only), so a GCRA limit's burst is
 // not advertised; a client that paces itself by q and w stays within it.
 // The same draft defines the quota-exceeded problem type used in the 429

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync"
 
 	"github.com/pglimit/cooldown/pglimit"
 )
@@ -31,6 +32,12 @@ type Level struct {
 // of cfg.ExemptKeys; MaxDelay is not supported. [DecisionFrom] gives the
 // handler the binding level's decision, and [DecisionsFrom] every level's.
 // An Event's Key is the first level's key.
+//
+// One decision charges every level the same cost, and [Config.Settle]
+// settles every level at the same real cost. Limits of other costs, or
+// one settled and others not, are middlewares stacked around each other
+// (package doc, "Stacking middlewares"): a request that one inside
+// refuses is charged nothing here.
 func Levels(levels []Level, cfg *Config) (func(http.Handler) http.Handler, error) {
 	if len(levels) == 0 || len(levels) > pglimit.MaxLevels {
 		return nil, fmt.Errorf("%w: %d levels, not in [1, %d]", ErrInvalidConfig, len(levels), pglimit.MaxLevels)
@@ -116,24 +123,33 @@ func (lm *levelsMiddleware) serve(w http.ResponseWriter, r *http.Request, next h
 		m.badCost(w, r, keys[0], err)
 	case err != nil && errors.Is(err, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled):
 		m.report(r, Event{Key: keys[0], Cost: cost, Outcome: OutcomeCanceled, Err: err})
-		w.WriteHeader(statusClientClosedRequest)
+		clientGone(w, r)
 	case err != nil:
 		m.fail(w, r, next, keys[0], cost, err)
 	case ds.Allowed:
 		// The binding level: the one with the fewest units left.
 		b := slices.MinFunc(ds.Levels, func(a, b pglimit.Decision) int { return a.Remaining - b.Remaining })
 		m.report(r, Event{Key: keys[0], Cost: cost, Outcome: OutcomeAdmitted, Decision: b})
-		h := w.Header()
-		h.Set("RateLimit-Policy", m.policy)
-		h.Set("RateLimit", formatRateLimit(m.binding(b.Limit), b.Remaining, ceilSeconds(b.ResetAfter)))
-		if !m.cfg.Settle {
-			next.ServeHTTP(w, withDecisions(r, ds, b))
-			return
+		r, s := stackOf(r)
+		s.admit(w.Header(), m.policy, formatRateLimit(m.binding(b.Limit), b.Remaining, ceilSeconds(b.ResetAfter)))
+		r = withDecisions(r, ds, b)
+		var rc *realCost
+		if m.cfg.Settle {
+			r, rc = withCost(r)
 		}
-		r, rc := withCost(withDecisions(r, ds, b))
 		next.ServeHTTP(w, r)
-		for i, d := range ds.Levels {
-			m.settle(w, r, lm.charges[i].Limiter, d, rc)
+		switch {
+		case s.answeredInside():
+			// At once, so that the answer waits one Timeout at most.
+			var wg sync.WaitGroup
+			for i, d := range ds.Levels {
+				wg.Go(func() { m.giveBack(r, lm.charges[i].Limiter, d) })
+			}
+			wg.Wait()
+		case rc != nil:
+			for i, d := range ds.Levels {
+				m.settle(w, r, lm.charges[i].Limiter, d, rc)
+			}
 		}
 	default:
 		// The binding level: the refusing one with the longest wait.

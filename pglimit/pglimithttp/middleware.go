@@ -170,7 +170,9 @@ type Config struct {
 	// The settle runs before the response is finished, within the
 	// limiter's Timeout, even if the client has gone; one that fails
 	// keeps the estimate and is logged. With [Levels], every level is
-	// settled at the same cost. Defaults to false.
+	// settled at the same cost; to settle one limit and not the others,
+	// wrap its middleware in theirs (package doc, "Stacking middlewares").
+	// Defaults to false.
 	Settle bool
 
 	// CostHeader names the response header in which a handler may report
@@ -185,6 +187,10 @@ var ErrInvalidConfig = errors.New("pglimithttp: invalid config")
 
 // Middleware returns a middleware that asks lim before every request and
 // advertises lim's limits in the RateLimit headers.
+//
+// Inside another middleware of this package, a request it answers itself
+// is charged by neither, and the RateLimit headers carry both
+// middlewares' policies (package doc, "Stacking middlewares").
 func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handler, error) {
 	if lim == nil {
 		return nil, fmt.Errorf("%w: limiter is nil", ErrInvalidConfig)
@@ -294,7 +300,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.badCost(w, r, key, err)
 	case err != nil && errors.Is(err, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled):
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeCanceled, Err: err})
-		w.WriteHeader(statusClientClosedRequest)
+		clientGone(w, r)
 	case err != nil:
 		m.fail(w, r, next, key, cost, err)
 	case d.Allowed:
@@ -303,15 +309,20 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			outcome = OutcomeShadowed
 		}
 		m.report(r, Event{Key: key, Cost: cost, Outcome: outcome, Decision: d})
-		h.Set("RateLimit-Policy", m.policy)
-		h.Set("RateLimit", formatRateLimit(m.binding(d.Limit), d.Remaining, ceilSeconds(d.ResetAfter)))
-		if !m.cfg.Settle {
-			next.ServeHTTP(w, withDecision(r, d))
-			return
+		r, s := stackOf(r)
+		s.admit(h, m.policy, formatRateLimit(m.binding(d.Limit), d.Remaining, ceilSeconds(d.ResetAfter)))
+		r = withDecision(r, d)
+		var rc *realCost
+		if m.cfg.Settle {
+			r, rc = withCost(r)
 		}
-		r, rc := withCost(withDecision(r, d))
 		next.ServeHTTP(w, r)
-		m.settle(w, r, m.lim, d, rc)
+		switch {
+		case s.answeredInside():
+			m.giveBack(r, m.lim, d)
+		case rc != nil:
+			m.settle(w, r, m.lim, d, rc)
+		}
 	default:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeRefused, Decision: d})
 		names := make([]string, 0, 1)
@@ -333,6 +344,7 @@ func (m *middleware) binding(l pglimit.Limit) string {
 
 func (m *middleware) badCost(w http.ResponseWriter, r *http.Request, key string, err error) {
 	m.report(r, Event{Key: key, Outcome: OutcomeBadCost, Err: err})
+	answer(w, r, "")
 	writeProblem(w, http.StatusBadRequest, problem{
 		Title:  "Bad Request",
 		Detail: "the request's rate limit cost is not valid: " + err.Error(),
@@ -352,7 +364,7 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Hand
 		m.refuse(w, r, m.longestName, 0, m.longest, m.longest, []string{m.longestName})
 	default:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeUnavailable, Err: err})
-		m.serviceUnavailable(w, m.unavailable)
+		m.serviceUnavailable(w, r, m.unavailable)
 	}
 }
 
@@ -370,7 +382,9 @@ func (g *gate) refuse(w http.ResponseWriter, r *http.Request, policy, binding st
 	secs := retryAfterSeconds(wait)
 	h := w.Header()
 	h.Set("Retry-After", formatSeconds(secs))
-	h.Set("RateLimit-Policy", policy)
+	// With the policies of the middlewares outside this one, which give
+	// their units back.
+	h.Set("RateLimit-Policy", answer(w, r, policy))
 	// t is never below Retry-After, so a client that reads only
 	// RateLimit does not come back before the request can pass.
 	h.Set("RateLimit", formatRateLimit(binding, remaining, max(secs, ceilSeconds(reset))))
@@ -488,6 +502,7 @@ func (g *gate) extract(w http.ResponseWriter, r *http.Request, f KeyFunc) (strin
 	}
 	if err != nil {
 		g.report(r, Event{Key: key, Outcome: OutcomeBadKey, Err: err})
+		answer(w, r, "")
 		writeProblem(w, http.StatusBadRequest, problem{
 			Title:  "Bad Request",
 			Detail: "no valid rate limit key in the request: " + err.Error(),
@@ -497,8 +512,15 @@ func (g *gate) extract(w http.ResponseWriter, r *http.Request, f KeyFunc) (strin
 	return key, true
 }
 
+// clientGone answers 499: the client went away while the limiter decided.
+func clientGone(w http.ResponseWriter, r *http.Request) {
+	answer(w, r, "")
+	w.WriteHeader(statusClientClosedRequest)
+}
+
 // serviceUnavailable answers 503: the limiter cannot decide.
-func (g *gate) serviceUnavailable(w http.ResponseWriter, retryAfter time.Duration) {
+func (g *gate) serviceUnavailable(w http.ResponseWriter, r *http.Request, retryAfter time.Duration) {
+	answer(w, r, "")
 	// The cause stays in the server's logs (OnDecision): it names
 	// hosts and SQL states a client has no business seeing.
 	w.Header().Set("Retry-After", formatSeconds(retryAfterSeconds(retryAfter)))
