@@ -363,3 +363,99 @@ func TestTransportPastDeadline(t *testing.T) {
 		}
 	}
 }
+
+// sendLog records when the Transport hands each request to the network:
+// the moment it sends.
+type sendLog struct {
+	base http.RoundTripper
+
+	mu    sync.Mutex
+	sends []time.Time
+}
+
+func (s *sendLog) RoundTrip(r *http.Request) (*http.Response, error) {
+	s.mu.Lock()
+	s.sends = append(s.sends, time.Now())
+	s.mu.Unlock()
+	return s.base.RoundTrip(r)
+}
+
+// between counts the sends in (from, to).
+func (s *sendLog) between(from, to time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, at := range s.sends {
+		if at.After(from) && at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// A pause holds back the requests that already hold their unit: 40
+// callers on two instances, all of whose units the budget (10 a second)
+// reserved before the upstream answered the 15th request 429 with
+// Retry-After: 2. The instance that got the 429 sends nothing from then
+// until the pause ends; the other, which learns of the pause only through
+// the database, sends at most the requests it had waiting for their turn
+// when the pause was stored (its 20 callers), and none it reserved after.
+func TestTransportPauseHoldsWaiters(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, 1000, 1000)
+	up.answer = func(n int, _ *http.Request) (int, string) {
+		if n == 14 {
+			return http.StatusTooManyRequests, "2"
+		}
+		return http.StatusOK, ""
+	}
+	logs := map[string]*sendLog{}
+	clients := transports(t, 10, 2, func(c *pglimithttp.TransportConfig) {
+		l := &sendLog{base: c.Base}
+		logs[c.Base.(instanceHeader).name] = l
+		c.Base = l
+	})
+	var (
+		mu        sync.Mutex
+		answered  time.Time // when the 429's RoundTrip returned to its caller
+		answering string
+		wg        sync.WaitGroup
+	)
+	for i := range 40 {
+		wg.Go(func() {
+			resp, err := clients[i%2].Get(up.srv.URL + "/")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusTooManyRequests {
+				mu.Lock()
+				answered, answering = time.Now(), fmt.Sprint(i%2)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	seen := up.seen()
+	i := slices.IndexFunc(seen, func(a arrival) bool { return a.status == http.StatusTooManyRequests })
+	if i < 0 || answered.IsZero() {
+		t.Fatal("the upstream never answered 429")
+	}
+	ends := seen[i].at.Add(2 * time.Second) // the pause ends no sooner
+	other := map[string]string{"0": "1", "1": "0"}[answering]
+	inWindow := 0
+	for _, a := range seen[i+1:] {
+		if a.at.Before(ends) {
+			inWindow++
+		}
+	}
+	same, others := logs[answering].between(answered, ends), logs[other].between(answered, ends)
+	if same != 0 {
+		t.Errorf("the instance that got the 429 sent %d requests during the pause it learnt", same)
+	}
+	if others > 20 {
+		t.Errorf("the other instance sent %d requests during the pause, more than its 20 callers", others)
+	}
+	t.Logf("the 429 came at request %d; during the pause the upstream saw %d more, %d of them sent by the other instance", i+1, inWindow, others)
+}
