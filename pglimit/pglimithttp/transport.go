@@ -114,6 +114,13 @@ type TransportConfig struct {
 // comes, during the pause: at most one per request it had waiting. (A
 // budget of 1,000 a second or more also spends the units it leased.)
 // Requests already sent when the answer came are on their way.
+//
+// A request returns by its context's deadline or the Limiter's Timeout,
+// whichever comes first, plus the time to hear the server's error or to
+// give up on the connection (the tests allow 500 ms), even while the
+// key's row is locked, the server stopped or the connection dead; an
+// answer that pauses the key is returned by the deadline too, the pause
+// stored for the other instances without the caller, within Timeout.
 // docs/outbound.md has the rules.
 type Transport struct {
 	cfg      TransportConfig
@@ -291,8 +298,10 @@ func (t *Transport) pausedUntil(key string) (time.Time, bool) {
 	return until, ok
 }
 
-// pause holds key back for d: in the database for every instance, and in
-// this process.
+// pause holds key back for d: in this process at once, and in the
+// database for every instance. It waits for the database as long as ctx
+// lasts; the pause is stored on past it, within the Limiter's Timeout,
+// without the caller, who has its answer.
 func (t *Transport) pause(ctx context.Context, key string, d time.Duration) {
 	now := time.Now()
 	until := now.Add(d)
@@ -306,8 +315,16 @@ func (t *Transport) pause(ctx context.Context, key string, d time.Duration) {
 		t.paused[key] = until
 	}
 	t.mu.Unlock()
-	if err := pglimit.Pause(context.WithoutCancel(ctx), t.cfg.Limiter, key, d); err != nil {
-		t.failures.Record(time.Now(), "key", key, "err", err)
+	stored := make(chan struct{})
+	go func() {
+		defer close(stored)
+		if err := pglimit.Pause(context.WithoutCancel(ctx), t.cfg.Limiter, key, d); err != nil {
+			t.failures.Record(time.Now(), "key", key, "err", err)
+		}
+	}()
+	select {
+	case <-stored:
+	case <-ctx.Done():
 	}
 }
 
