@@ -4,12 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
+	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
@@ -246,4 +252,130 @@ func TestDeadlineGiveBack(t *testing.T) {
 	if took := time.Since(start); took > 300*time.Millisecond+deadlineSlack || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("the job returned after %s with %v; want context.DeadlineExceeded within %s of its 300ms deadline", took.Round(time.Millisecond), err, deadlineSlack)
 	}
+}
+
+// Typed errors: a job its middleware cannot decide (over a limiter, a
+// semaphore, or both) is not worked, returns an error wrapping the
+// sentinel of the cause, and changes nothing: a key or cost pglimit
+// rejects (ErrInvalidKey, ErrInvalidCost, before the database; the job is
+// cancelled), the server's lock_timeout or statement_timeout on locked
+// tables (ErrTimeout), a server that cannot write (ErrReadOnly), and
+// nothing listening (ErrUnavailable); River retries those.
+func TestTypedErrors(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nowhere := ln.Addr().String()
+	ln.Close()
+	for _, class := range []struct {
+		name   string
+		params map[string]string
+		url    string // the pool's, instead of the test server's
+		lock   bool
+		keys   []string
+		costs  []int
+		cancel bool // the job is cancelled (river.JobCancel)
+		want   error
+	}{
+		{name: "invalid key", keys: []string{"", strings.Repeat("k", 257), "\xff", "a\x00b"}, cancel: true, want: pglimit.ErrInvalidKey},
+		{name: "invalid cost", costs: []int{0, -1, math.MaxInt, 101}, cancel: true, want: pglimit.ErrInvalidCost},
+		{name: "lock_timeout", params: map[string]string{"lock_timeout": "300ms"}, lock: true, want: pglimit.ErrTimeout},
+		{name: "statement_timeout", params: map[string]string{"statement_timeout": "300ms"}, lock: true, want: pglimit.ErrTimeout},
+		{name: "read-only", params: map[string]string{"default_transaction_read_only": "on"}, want: pglimit.ErrReadOnly},
+		{name: "unavailable", url: "postgres://nobody@" + nowhere + "/none?connect_timeout=2", want: pglimit.ErrUnavailable},
+	} {
+		t.Run(class.name, func(t *testing.T) {
+			t.Parallel()
+			schema := testdb.Schema(t)
+			url := class.url
+			if url == "" {
+				url = testdb.URL(t)
+			}
+			pcfg, err := pgxpool.ParseConfig(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			maps.Copy(pcfg.ConnConfig.RuntimeParams, class.params)
+			pool, err := pgxpool.NewWithConfig(t.Context(), pcfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			plain := testdb.Pool(t)
+			before := rows(t, plain, schema)
+			if class.lock {
+				testdb.Lock(t, testdb.Pool(t), schema, "pglimit_upsert")
+				testdb.Lock(t, testdb.Pool(t), schema, "pglimit_slots")
+			}
+			keys, costs := class.keys, class.costs
+			if keys == nil {
+				keys = []string{"typed"}
+			}
+			if costs == nil {
+				costs = []int{1}
+			}
+			for _, uses := range []string{"limiter", "semaphore", "both"} {
+				if costs[0] != 1 && uses == "semaphore" {
+					continue // a semaphore has no cost
+				}
+				for _, key := range keys {
+					for _, cost := range costs {
+						cfg := pglimitriver.Config{
+							Key:  func(*rivertype.JobRow) (string, error) { return key, nil },
+							Cost: func(*rivertype.JobRow) (int, error) { return cost, nil },
+						}
+						if uses != "semaphore" {
+							if cfg.Limiter, err = pglimit.New(pool, &pglimit.Config{Schema: schema, Timeout: 5 * time.Second,
+								Limits: []pglimit.Limit{{Rate: 100, Period: time.Second, Burst: 100}}}); err != nil {
+								t.Fatal(err)
+							}
+						}
+						if uses != "limiter" {
+							if cfg.Semaphore, err = pglimitsem.New(pool, &pglimitsem.Config{Schema: schema, Slots: 4, TTL: time.Minute, Timeout: 5 * time.Second}); err != nil {
+								t.Fatal(err)
+							}
+						}
+						mw, err := pglimitriver.NewMiddleware(&cfg)
+						if err != nil {
+							t.Fatal(err)
+						}
+						err = mw.Work(t.Context(), &rivertype.JobRow{Kind: "typed"}, func(context.Context) error {
+							t.Errorf("%s: key %q, cost %d: the job was worked", uses, key, cost)
+							return nil
+						})
+						var cancelled *river.JobCancelError
+						switch {
+						case !errors.Is(err, class.want):
+							t.Errorf("%s: key %q, cost %d: %v, want an error wrapping %v", uses, key, cost, err, class.want)
+						case errors.As(err, &cancelled) != class.cancel:
+							t.Errorf("%s: key %q, cost %d: %v; cancelled %t, want %t", uses, key, cost, err, !class.cancel, class.cancel)
+						}
+					}
+				}
+			}
+			if class.lock {
+				return // the tables are locked until the test's end; the server's timeout refused the writes
+			}
+			if after := rows(t, plain, schema); after != before {
+				t.Errorf("the jobs changed the tables:\nbefore %s\nafter  %s", before, after)
+			}
+		})
+	}
+}
+
+// rows is every row of schema's limiter and semaphore tables, as text.
+func rows(t *testing.T, pool *pgxpool.Pool, schema string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, table := range []string{"pglimit_upsert", "pglimit_slots", "pglimit_slot_waiters"} {
+		var s string
+		q := "SELECT coalesce(string_agg(t::text, ' ' ORDER BY t::text), '') FROM " + pgx.Identifier{schema, table}.Sanitize() + " AS t"
+		if err := pool.QueryRow(context.Background(), q).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s: %s\n", table, s)
+	}
+	return b.String()
 }

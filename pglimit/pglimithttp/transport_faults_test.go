@@ -1,11 +1,15 @@
 package pglimithttp_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -236,5 +240,87 @@ func TestTransportPauseWithinDeadline(t *testing.T) {
 	}
 	if n := len(up.seen()); n != 1 {
 		t.Errorf("the upstream saw %d requests, want the first alone", n)
+	}
+}
+
+// Typed errors: a Transport's request that its budget cannot decide fails
+// unsent with an error wrapping the sentinel of the cause, waiting its
+// turn and failing fast, and changes nothing: a key pglimit rejects
+// (empty, 257 bytes, not UTF-8, NUL: ErrInvalidKey, before the database), the server's lock_timeout or
+// statement_timeout on a locked table (ErrTimeout), a server that cannot
+// write (ErrReadOnly), and nothing listening (ErrUnavailable).
+func TestTransportTypedErrors(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, 1000, 1000)
+	schema := testdb.Schema(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nowhere := ln.Addr().String()
+	ln.Close()
+	for _, class := range []struct {
+		name   string
+		params map[string]string
+		url    string // the pool's, instead of the test server's
+		lock   bool
+		keys   []string
+		want   error
+	}{
+		{name: "invalid key", keys: []string{"", strings.Repeat("k", 257), "\xff", "a\x00b"}, want: pglimit.ErrInvalidKey},
+		{name: "lock_timeout", params: map[string]string{"lock_timeout": "300ms"}, lock: true, want: pglimit.ErrTimeout},
+		{name: "statement_timeout", params: map[string]string{"statement_timeout": "300ms"}, lock: true, want: pglimit.ErrTimeout},
+		{name: "read-only", params: map[string]string{"default_transaction_read_only": "on"}, want: pglimit.ErrReadOnly},
+		{name: "unavailable", url: "postgres://nobody@" + nowhere + "/none?connect_timeout=2", want: pglimit.ErrUnavailable},
+	} {
+		t.Run(class.name, func(t *testing.T) {
+			url := cmp.Or(class.url, testdb.URL(t))
+			pcfg, err := pgxpool.ParseConfig(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			maps.Copy(pcfg.ConnConfig.RuntimeParams, class.params)
+			pool, err := pgxpool.NewWithConfig(t.Context(), pcfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			before := tableRows(t, testdb.Pool(t), schema, "pglimit_upsert")
+			if class.lock {
+				testdb.Lock(t, testdb.Pool(t), schema, "pglimit_upsert")
+			}
+			keys := class.keys
+			if keys == nil {
+				keys = []string{"typed-" + class.name}
+			}
+			sent := len(up.seen())
+			for _, failFast := range []bool{false, true} {
+				for _, key := range keys {
+					lim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Namespace: "typed", Timeout: 5 * time.Second,
+						Limits: []pglimit.Limit{{Rate: 100, Period: time.Second, Burst: 100}}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					tr, err := pglimithttp.NewTransport(&pglimithttp.TransportConfig{Limiter: lim, FailFast: failFast,
+						Key: func(*http.Request) (string, error) { return key, nil }})
+					if err != nil {
+						t.Fatal(err)
+					}
+					req, _ := http.NewRequestWithContext(t.Context(), "GET", up.srv.URL+"/", nil)
+					if _, err := (&http.Client{Transport: tr}).Do(req); !errors.Is(err, class.want) {
+						t.Errorf("failfast=%t, key %q: %v, want an error wrapping %v", failFast, key, err, class.want)
+					}
+				}
+			}
+			if n := len(up.seen()); n != sent {
+				t.Errorf("the upstream saw %d requests", n-sent)
+			}
+			if class.lock {
+				return // the table is locked until the test's end; lock_timeout refused the writes
+			}
+			if after := tableRows(t, testdb.Pool(t), schema, "pglimit_upsert"); after != before {
+				t.Errorf("the requests changed the table:\nbefore %s\nafter  %s", before, after)
+			}
+		})
 	}
 }
