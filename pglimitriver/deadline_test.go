@@ -379,3 +379,31 @@ func rows(t *testing.T, pool *pgxpool.Pool, schema string) string {
 	}
 	return b.String()
 }
+
+// A job whose connections go silent while it works returns, once its work
+// is done, within twice the semaphore's Timeout (an extension under way,
+// then the release) plus deadlineSlack; the slot returns when its lease
+// ends.
+func TestDeadlineRelease(t *testing.T) {
+	t.Parallel()
+	const timeout = 200 * time.Millisecond
+	proxy, pool := testdb.StallPool(t)
+	sem, err := pglimitsem.New(pool, &pglimitsem.Config{Schema: testdb.Schema(t), Slots: 1, TTL: time.Minute, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := pglimitriver.NewMiddleware(&pglimitriver.Config{Semaphore: sem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Unstall)
+	var done time.Time
+	err = mw.Work(t.Context(), &rivertype.JobRow{Kind: "release"}, func(context.Context) error {
+		proxy.Stall()
+		done = time.Now()
+		return nil
+	})
+	if took := time.Since(done); err != nil || took > 2*timeout+deadlineSlack {
+		t.Errorf("the job returned %s after its work, with %v; want nil within %s", took.Round(time.Millisecond), err, 2*timeout+deadlineSlack)
+	}
+}
