@@ -2,6 +2,7 @@ package pglimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -31,7 +32,8 @@ func Wait(ctx context.Context, lim Limiter, key string) (Decision, error) {
 // succeeds while no later reservation has been made on the key (as
 // x/time/rate's Reservation.Cancel, as much as the reservations after it
 // allow); else the units stay spent, which never over-admits. WaitN then
-// returns ctx's error at most 250 ms after ctx ends.
+// returns ctx's cause ([context.Cause]) at most 250 ms after ctx ends, as
+// it does when ctx ends while the reservation's statement runs.
 //
 // n must not exceed any limit's Burst ([ErrInvalidCost]); the limits must
 // be GCRA, as Reserve's ([ErrUnsupported]). Without a deadline on ctx a
@@ -70,6 +72,13 @@ func WaitAtMost(ctx context.Context, lim Limiter, key string, n int, maxDelay ti
 		maxDelay = min(maxDelay, left)
 	}
 	d, err := lim.Reserve(ctx, key, n, maxDelay)
+	if err != nil && ctx.Err() != nil {
+		// ctx ended while the reservation's statement ran: the driver's
+		// error says only ctx.Err(); the caller's cause is what it set.
+		if cause := context.Cause(ctx); !errors.Is(err, cause) {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
+	}
 	if err != nil || !d.Allowed || d.Delay <= 0 {
 		return d, err
 	}

@@ -86,13 +86,18 @@ func TestWaitGivesUp(t *testing.T) {
 
 	giveUp, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
+	reserved := &reserveSeen{Limiter: lim, done: make(chan struct{}, 1)}
 	go func() {
-		_, err := pglimit.Wait(giveUp, lim, "k")
+		_, err := pglimit.Wait(giveUp, reserved, "k")
 		done <- err
 	}()
-	// The waiter has reserved once the key is full later than before.
-	for resetIn() < before {
-		time.Sleep(5 * time.Millisecond)
+	// The waiter waits out its reservation once Reserve has returned: the
+	// key's state alone shows the reservation before its answer is back,
+	// and a cancel then cuts off the statement, which leaves the units
+	// spent (they are given back only by a Refund of the decision).
+	<-reserved.done
+	if after := resetIn(); after < before {
+		t.Fatalf("the waiter reserved, yet the key is full in %s, was %s", after, before)
 	}
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
@@ -109,6 +114,42 @@ func TestWaitGivesUp(t *testing.T) {
 	if _, err := pglimit.Wait(ctx, newLimiterOn(t, pool, window), "k"); !errors.Is(err, pglimit.ErrUnsupported) {
 		t.Errorf("Wait on a window: %v, want ErrUnsupported", err)
 	}
+}
+
+// A waiter whose context ends while its reservation's statement is in
+// flight (a long transaction holds the key's row) returns the context's
+// cause, as one whose context ends during the wait does: the driver's
+// error for the cut-off statement says only "context deadline exceeded".
+func TestWaitCutOffReturnsCause(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Timeout: 10 * time.Second, Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}}}
+	lim := newLimiterOn(t, pool, cfg)
+	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	lockKeys(t, pool, cfg.Schema, "pglimit_upsert", "k")
+	gone := errors.New("the client went away")
+	short, cancel := context.WithTimeoutCause(ctx, 200*time.Millisecond, gone)
+	defer cancel()
+	start := time.Now()
+	d, err := pglimit.Wait(short, lim, "k")
+	if took := time.Since(start); !errors.Is(err, gone) || !errors.Is(err, context.DeadlineExceeded) || d.Allowed || took > 200*time.Millisecond+deadlineSlack {
+		t.Fatalf("Wait cut off in its reservation: %+v, %v after %s; want the context's cause within %s", d, err, took, deadlineSlack)
+	}
+}
+
+// reserveSeen is a Limiter that signals each return of Reserve.
+type reserveSeen struct {
+	pglimit.Limiter
+	done chan struct{}
+}
+
+func (r *reserveSeen) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (pglimit.Decision, error) {
+	d, err := r.Limiter.Reserve(ctx, key, n, maxDelay)
+	r.done <- struct{}{}
+	return d, err
 }
 
 // A refusal of WaitAtMost says when the same call, with the same

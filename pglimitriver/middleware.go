@@ -162,6 +162,15 @@ func NewMiddleware(cfg *Config) (*Middleware, error) {
 // job cancelled or deleted while it waits for them, one that finds every
 // slot of its key held when they come due, and one that runs on them and
 // fails (even with RefundOnError) keeps them spent.
+//
+// The decision returns by ctx's deadline or the limiter's or semaphore's
+// Timeout, whichever comes first, plus the time to hear the server's
+// error or to give up on the connection (the tests allow 500 ms), even
+// while a row is locked, the server stopped or the connection dead; units
+// given back when no slot could be had are given back without holding
+// the job past its deadline, within the limiter's Timeout. Once doInner
+// has run, Work returns after the slot's release: at most twice the
+// semaphore's Timeout.
 func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
 	key, err := m.cfg.Key(job)
 	if err == nil {
@@ -197,10 +206,21 @@ func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner fu
 			}
 		}
 	}
-	// giveBack returns the job's units, when it did no work.
+	// giveBack returns the job's units, when it did no work. It waits for
+	// the Refund while ctx lasts; the Refund goes on past it, within the
+	// limiter's Timeout, without the job.
 	giveBack := func() {
-		if d.Allowed && !d.Shadow && !d.Fallback {
+		if !d.Allowed || d.Shadow || d.Fallback {
+			return
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
 			_, _ = m.cfg.Limiter.Refund(context.WithoutCancel(ctx), d, cost) // false or an error: the units stay spent
+		}()
+		select {
+		case <-done:
+		case <-ctx.Done():
 		}
 	}
 	if m.cfg.Semaphore != nil {

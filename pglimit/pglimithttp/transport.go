@@ -103,8 +103,25 @@ type TransportConfig struct {
 // Limiter, waiting its turn or failing fast. A 429, or a 503 with
 // Retry-After, or a RateLimit header with no units left, pauses the key
 // for every instance ([pglimit.Pause]) for as long as the upstream said,
-// clamped to MaxPause: no instance sends before it ends, and then the
-// budget admits at its rate. docs/outbound.md has the rules.
+// clamped to MaxPause, and then the budget admits at its rate.
+//
+// The Transport that got the answer sends nothing more on the key until
+// the pause ends, not even the requests already waiting for their turn
+// with a unit reserved: each checks the pause again just before it is
+// sent. Other instances learn of the pause through the database: none
+// sends a request admitted after the pause was stored, but a request each
+// had already admitted, waiting for its turn then, is sent when its turn
+// comes, during the pause: at most one per request it had waiting. (A
+// budget of 1,000 a second or more also spends the units it leased.)
+// Requests already sent when the answer came are on their way.
+//
+// A request returns by its context's deadline or the Limiter's Timeout,
+// whichever comes first, plus the time to hear the server's error or to
+// give up on the connection (the tests allow 500 ms), even while the
+// key's row is locked, the server stopped or the connection dead; an
+// answer that pauses the key is returned by the deadline too, the pause
+// stored for the other instances without the caller, within Timeout.
+// docs/outbound.md has the rules.
 type Transport struct {
 	cfg      TransportConfig
 	failures *onerror.Log
@@ -196,24 +213,48 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // admit takes a unit of key's budget: at once (FailFast) or in its turn,
-// after any pause this process knows of.
+// after any pause this process knows of. A pause this process learns of
+// while the request waits for its turn holds the request back too: the
+// unit it took is spent, and it waits out the pause and takes another.
 func (t *Transport) admit(ctx context.Context, key string) error {
-	if until, ok := t.pausedUntil(key); ok {
-		wait := time.Until(until)
-		if t.cfg.FailFast {
-			return &ThrottledError{Key: key, RetryAfter: wait}
+	for {
+		if err := t.awaitPause(ctx, key); err != nil {
+			return err
 		}
-		if deadline, ok := ctx.Deadline(); ok && deadline.Before(until) {
-			return &ThrottledError{Key: key, RetryAfter: wait, deadline: true}
+		if err := t.take(ctx, key); err != nil {
+			return err
 		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return context.Cause(ctx)
-		case <-timer.C:
+		if _, paused := t.pausedUntil(key); !paused {
+			return nil
 		}
 	}
+}
+
+// awaitPause waits out the pause of key this process knows of, if any.
+func (t *Transport) awaitPause(ctx context.Context, key string) error {
+	until, ok := t.pausedUntil(key)
+	if !ok {
+		return nil
+	}
+	wait := time.Until(until)
+	if t.cfg.FailFast {
+		return &ThrottledError{Key: key, RetryAfter: wait}
+	}
+	if deadline, ok := ctx.Deadline(); ok && deadline.Before(until) {
+		return &ThrottledError{Key: key, RetryAfter: wait, deadline: true}
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-timer.C:
+		return nil
+	}
+}
+
+// take takes a unit of key's budget: at once (FailFast) or in its turn.
+func (t *Transport) take(ctx context.Context, key string) error {
 	if t.cfg.FailFast {
 		d, err := t.cfg.Limiter.Allow(ctx, key)
 		switch {
@@ -257,8 +298,10 @@ func (t *Transport) pausedUntil(key string) (time.Time, bool) {
 	return until, ok
 }
 
-// pause holds key back for d: in the database for every instance, and in
-// this process.
+// pause holds key back for d: in this process at once, and in the
+// database for every instance. It waits for the database as long as ctx
+// lasts; the pause is stored on past it, within the Limiter's Timeout,
+// without the caller, who has its answer.
 func (t *Transport) pause(ctx context.Context, key string, d time.Duration) {
 	now := time.Now()
 	until := now.Add(d)
@@ -272,8 +315,16 @@ func (t *Transport) pause(ctx context.Context, key string, d time.Duration) {
 		t.paused[key] = until
 	}
 	t.mu.Unlock()
-	if err := pglimit.Pause(context.WithoutCancel(ctx), t.cfg.Limiter, key, d); err != nil {
-		t.failures.Record(time.Now(), "key", key, "err", err)
+	stored := make(chan struct{})
+	go func() {
+		defer close(stored)
+		if err := pglimit.Pause(context.WithoutCancel(ctx), t.cfg.Limiter, key, d); err != nil {
+			t.failures.Record(time.Now(), "key", key, "err", err)
+		}
+	}()
+	select {
+	case <-stored:
+	case <-ctx.Done():
 	}
 }
 

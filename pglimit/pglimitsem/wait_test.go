@@ -128,6 +128,31 @@ func TestWaitGivesUp(t *testing.T) {
 	}
 }
 
+// A waiter whose context ends while its statement is in flight (here a
+// long transaction holds the slots' table) returns the context's cause,
+// as one whose context ends between its tries does: the driver's error
+// for the cut-off statement says only "context deadline exceeded".
+func TestWaitCutOffReturnsCause(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute, Timeout: 10 * time.Second})
+	held, err := sem.Acquire(ctx, "k")
+	if err != nil || !held.Acquired {
+		t.Fatalf("Acquire: %+v, %v", held, err)
+	}
+	testdb.Lock(t, testdb.Pool(t), schema, "pglimit_slots")
+	gone := errors.New("the client went away")
+	short, cancel := context.WithTimeoutCause(ctx, 200*time.Millisecond, gone)
+	defer cancel()
+	start := time.Now()
+	slot, err := sem.Wait(short, "k")
+	if took := time.Since(start); !errors.Is(err, gone) || !errors.Is(err, context.DeadlineExceeded) || slot.Acquired || took > 200*time.Millisecond+boundSlack {
+		t.Fatalf("Wait cut off in its statement: %+v, %v after %s; want the context's cause within %s", slot, err, took, boundSlack)
+	}
+}
+
 // The place of a waiter that died (it renews it no more) stops counting
 // when it lapses: the waiter behind it then takes the slot.
 func TestWaitPastDeadWaiter(t *testing.T) {
