@@ -62,3 +62,51 @@ func ExampleRetryDelay() {
 	fmt.Println(callWaiting(context.Background()))
 	// Output: <nil>
 }
+
+// Daily counts per organisation and user, and a cooldown per API key,
+// chained: a call the inner cooldown refuses, or that has no API key, is
+// charged nothing by the counts outside.
+func Example_chain() {
+	pool, err := pgxpool.New(context.Background(), "postgres://app@127.0.0.1:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	newLimiter := func(cfg pglimit.Config) pglimit.Limiter {
+		lim, err := pglimit.New(pool, &cfg)
+		if err != nil {
+			log.Fatal(err)
+		}
+		return lim
+	}
+	org := newLimiter(pglimit.Config{Namespace: "org", Limits: []pglimit.Limit{{Name: "org-day", Rate: 100000, Period: 24 * time.Hour, Burst: 100000}}})
+	user := newLimiter(pglimit.Config{Namespace: "user", Limits: []pglimit.Limit{{Name: "user-day", Rate: 1000, Period: 24 * time.Hour, Burst: 1000}}})
+	cooldown := newLimiter(pglimit.Config{Namespace: "api-key", Cooldown: time.Second})
+
+	levels := []pglimitgrpc.Level{
+		{Limiter: org, Key: pglimitgrpc.Metadata("x-org")},
+		{Limiter: user, Key: pglimitgrpc.Metadata("x-user")},
+	}
+	perKey := &pglimitgrpc.Config{Key: pglimitgrpc.Metadata("x-api-key")}
+	counts, err := pglimitgrpc.UnaryServerLevels(levels, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	keyed, err := pglimitgrpc.UnaryServerInterceptor(cooldown, perKey)
+	if err != nil {
+		log.Fatal(err)
+	}
+	countStreams, err := pglimitgrpc.StreamServerLevels(levels, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	keyedStreams, err := pglimitgrpc.StreamServerInterceptor(cooldown, perKey)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Outermost first: the counts refuse most often.
+	srv := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(counts, keyed),
+		grpc.ChainStreamInterceptor(countStreams, keyedStreams),
+	)
+	_ = srv // register services, then srv.Serve(listener)
+}

@@ -183,35 +183,65 @@ type Config struct {
 // wait) and a QuotaFailure (the limits that refused it). The same delay is
 // sent as the trailer grpc-retry-pushback-ms, which gRPC's own retries
 // honour.
+//
+// Chained with other interceptors of this package, a call one of them
+// fails itself is charged by none (package doc, "Chaining interceptors").
 func UnaryServerInterceptor(lim pglimit.Limiter, cfg *Config) (grpc.UnaryServerInterceptor, error) {
 	l, err := newLimiter(lim, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return unary(l.decide), nil
+	return unary(l, l.decide), nil
 }
 
-// decideFunc decides a call of method, and returns the status that fails
-// it, or nil to let it through; trailer sets the call's trailer.
-type decideFunc func(ctx context.Context, method string, trailer func(metadata.MD)) error
+// decideFunc decides a call of method, and returns the units it took,
+// or the status that fails it; trailer sets the call's trailer.
+type decideFunc func(ctx context.Context, method string, trailer func(metadata.MD)) ([]held, error)
 
-// unary is the unary interceptor that asks decide before every call.
-func unary(decide decideFunc) grpc.UnaryServerInterceptor {
+// unary is the unary interceptor of l that asks decide before every call.
+// A call that an interceptor of this package inside it fails gets back
+// what decide took.
+func unary(l *limiter, decide decideFunc) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if err := decide(ctx, info.FullMethod, func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) }); err != nil {
+		took, err := decide(ctx, info.FullMethod, func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) })
+		if err != nil {
+			failedHere(ctx)
 			return nil, err
 		}
-		return handler(ctx, req)
+		if len(took) == 0 {
+			return handler(ctx, req)
+		}
+		ctx, c := withChain(ctx)
+		resp, err := handler(ctx, req)
+		if c.failed.Load() {
+			l.giveBack(ctx, info.FullMethod, took)
+		}
+		return resp, err
 	}
 }
 
-// stream is the stream interceptor that asks decide when a stream opens.
-func stream(decide decideFunc) grpc.StreamServerInterceptor {
+// stream is the stream interceptor of l that asks decide when a stream
+// opens, and gives back what it took as unary does.
+func stream(l *limiter, decide decideFunc) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if err := decide(ss.Context(), info.FullMethod, ss.SetTrailer); err != nil {
+		ctx := ss.Context()
+		took, err := decide(ctx, info.FullMethod, ss.SetTrailer)
+		if err != nil {
+			failedHere(ctx)
 			return err
 		}
-		return handler(srv, ss)
+		if len(took) == 0 {
+			return handler(srv, ss)
+		}
+		cctx, c := withChain(ctx)
+		if cctx != ctx {
+			ss = &chainStream{ServerStream: ss, ctx: cctx}
+		}
+		err = handler(srv, ss)
+		if c.failed.Load() {
+			l.giveBack(ctx, info.FullMethod, took)
+		}
+		return err
 	}
 }
 
@@ -222,7 +252,7 @@ func StreamServerInterceptor(lim pglimit.Limiter, cfg *Config) (grpc.StreamServe
 	if err != nil {
 		return nil, err
 	}
-	return stream(l.decide), nil
+	return stream(l, l.decide), nil
 }
 
 // RetryDelay returns how long err, a refusal by these interceptors (or any
@@ -318,12 +348,12 @@ func validMethod(m string) bool {
 	return strings.HasPrefix(m, "/") && ok && svc != "" && method != "" && !strings.Contains(method, "/")
 }
 
-// decide decides a call of method, and returns the status that fails it,
-// or nil to let it through; trailer sets the call's trailer.
-func (l *limiter) decide(ctx context.Context, method string, trailer func(metadata.MD)) error {
+// decide decides a call of method, and returns the units it took, or the
+// status that fails it; trailer sets the call's trailer.
+func (l *limiter) decide(ctx context.Context, method string, trailer func(metadata.MD)) ([]held, error) {
 	if l.exempt[method] {
 		l.report(ctx, Event{Method: method, Outcome: OutcomeExempt})
-		return nil
+		return nil, nil
 	}
 	g := l.byMethod[method]
 	if g == nil {
@@ -335,7 +365,7 @@ func (l *limiter) decide(ctx context.Context, method string, trailer func(metada
 	}
 	if err != nil {
 		l.report(ctx, Event{Method: method, Outcome: OutcomeBadKey, Err: err})
-		return status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's rate limit key: %v", err)
+		return nil, status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's rate limit key: %v", err)
 	}
 	d, err := g.lim.Allow(ctx, key)
 	ev := Event{Method: method, Key: key, Decision: d, Err: err}
@@ -344,19 +374,19 @@ func (l *limiter) decide(ctx context.Context, method string, trailer func(metada
 		// The client gave up: no failure of the limiter.
 		ev.Outcome = OutcomeCanceled
 		l.report(ctx, ev)
-		return status.FromContextError(ctx.Err()).Err()
+		return nil, status.FromContextError(ctx.Err()).Err()
 	case err != nil:
 		l.failures.Record(time.Now(), "method", method, "key", key, "err", err)
 		ev.Outcome = failOutcome(l.onError)
 		l.report(ctx, ev)
-		return l.fail(g, trailer)
+		return nil, l.fail(g, trailer)
 	case d.Allowed:
 		ev.Outcome = OutcomeAdmitted
 		if d.Shadow {
 			ev.Outcome = OutcomeShadowed
 		}
 		l.report(ctx, ev)
-		return nil
+		return holds(nil, g.lim, d), nil
 	}
 	ev.Outcome = OutcomeRefused
 	l.report(ctx, ev)
@@ -364,7 +394,7 @@ func (l *limiter) decide(ctx context.Context, method string, trailer func(metada
 	if len(violated) == 0 {
 		violated = []pglimit.Limit{d.Limit}
 	}
-	return refusal(violated, d.RetryAfter, trailer, nil)
+	return nil, refusal(violated, d.RetryAfter, trailer, nil)
 }
 
 // failOutcome is the outcome of a call whose limiter failed under policy p.

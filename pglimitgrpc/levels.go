@@ -28,12 +28,17 @@ type Level struct {
 // is as for [UnaryServerInterceptor], but each level has its own key
 // function, so cfg.Key and cfg.Methods must be unset. An Event's Key is
 // the first level's key, and its Decision the binding level's.
+//
+// Limits that need a Config of their own beside the levels (per-method
+// limiters, another OnError or Exempt) are interceptors chained with this
+// one (package doc, "Chaining interceptors"): a call that one inside
+// fails is charged nothing here.
 func UnaryServerLevels(levels []Level, cfg *Config) (grpc.UnaryServerInterceptor, error) {
 	l, err := newLevels(levels, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return unary(l.decideLevels), nil
+	return unary(l.limiter, l.decideLevels), nil
 }
 
 // StreamServerLevels limits streams as [UnaryServerLevels] limits unary
@@ -43,7 +48,7 @@ func StreamServerLevels(levels []Level, cfg *Config) (grpc.StreamServerIntercept
 	if err != nil {
 		return nil, err
 	}
-	return stream(l.decideLevels), nil
+	return stream(l.limiter, l.decideLevels), nil
 }
 
 // levels is the state of the levels' interceptors: the limiter's, with a
@@ -90,10 +95,10 @@ func newLevels(lvs []Level, cfg *Config) (*levels, error) {
 }
 
 // decideLevels is decide for the levels.
-func (l *levels) decideLevels(ctx context.Context, method string, trailer func(metadata.MD)) error {
+func (l *levels) decideLevels(ctx context.Context, method string, trailer func(metadata.MD)) ([]held, error) {
 	if l.exempt[method] {
 		l.report(ctx, Event{Method: method, Outcome: OutcomeExempt})
-		return nil
+		return nil, nil
 	}
 	charges := make([]pglimit.Charge, len(l.charges))
 	for i, c := range l.charges {
@@ -103,7 +108,7 @@ func (l *levels) decideLevels(ctx context.Context, method string, trailer func(m
 		}
 		if err != nil {
 			l.report(ctx, Event{Method: method, Outcome: OutcomeBadKey, Err: err})
-			return status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's rate limit key of level %d: %v", i, err)
+			return nil, status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's rate limit key of level %d: %v", i, err)
 		}
 		charges[i] = pglimit.Charge{Limiter: c.Limiter, Key: key}
 	}
@@ -113,12 +118,12 @@ func (l *levels) decideLevels(ctx context.Context, method string, trailer func(m
 	case err != nil && ctx.Err() != nil:
 		ev.Outcome = OutcomeCanceled
 		l.report(ctx, ev)
-		return status.FromContextError(ctx.Err()).Err()
+		return nil, status.FromContextError(ctx.Err()).Err()
 	case err != nil:
 		l.failures.Record(time.Now(), "method", method, "key", charges[0].Key, "err", err)
 		ev.Outcome = failOutcome(l.onError)
 		l.report(ctx, ev)
-		return l.fail(l.def, trailer)
+		return nil, l.fail(l.def, trailer)
 	case ds.Allowed:
 		ev.Outcome, ev.Decision = OutcomeAdmitted, ds.Levels[0]
 		for _, d := range ds.Levels {
@@ -127,7 +132,11 @@ func (l *levels) decideLevels(ctx context.Context, method string, trailer func(m
 			}
 		}
 		l.report(ctx, ev)
-		return nil
+		var took []held
+		for i, d := range ds.Levels {
+			took = holds(took, charges[i].Limiter, d)
+		}
+		return took, nil
 	}
 	var violated []pglimit.Limit
 	for _, d := range ds.Levels {
@@ -145,5 +154,5 @@ func (l *levels) decideLevels(ctx context.Context, method string, trailer func(m
 	}
 	ev.Outcome = OutcomeRefused
 	l.report(ctx, ev)
-	return refusal(violated, ds.RetryAfter, trailer, nil)
+	return nil, refusal(violated, ds.RetryAfter, trailer, nil)
 }
