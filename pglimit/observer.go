@@ -68,10 +68,10 @@ type BatchObservation struct {
 // and follows what the limiter measures (docs/throughput.md, "Group
 // commit"), so that a load test or a dashboard can show where it settled.
 type LevelObserver interface {
-	// ObserveLevel is called once as the limiter is made, From 0 to where
-	// the level starts, then after each statement that moved the level has
-	// returned, on the goroutine that ran it. A limiter whose strategy
-	// does not gather (Range) has no level and is never observed.
+	// ObserveLevel is told where the level starts and each move. The
+	// start comes as the limiter is made, From 0; a move, after the
+	// statement that made it has returned, on the goroutine that ran it.
+	// A limiter whose strategy does not gather (Range) is never observed.
 	ObserveLevel(l LevelObservation)
 }
 
