@@ -157,26 +157,30 @@ func TestWaitPastDeadWaiter(t *testing.T) {
 // BenchmarkWaitWake measures how long after a Release a waiter holds the
 // slot, as the median and 90th percentile of its rounds (run it with
 // -benchtime=50x for 50): woken by the release in its own process, or,
-// in another instance, by the release's notification or at its next poll
-// (WaitPoll 50ms).
+// in another instance, at its next poll (WaitPoll 50ms) or by the
+// release's notification (Config.Listen).
 func BenchmarkWaitWake(b *testing.B) {
 	ctx := context.Background()
 	schema := testdb.Schema(b)
 	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute}
 	pool := testdb.Pool(b)
 	holder := newSemaphore(b, pool, cfg)
+	other := testdb.Pool(b)
+	listening := cfg
+	listening.Listen = other.Config().ConnConfig
 	for _, bc := range []struct {
-		name string
-		sem  *pglimitsem.Semaphore
+		name        string
+		holder, sem *pglimitsem.Semaphore
 	}{
-		{"same-process", holder},
-		{"other-instance", newSemaphore(b, testdb.Pool(b), cfg)},
+		{"same-process", holder, holder},
+		{"other-instance-poll", holder, newSemaphore(b, other, cfg)},
+		{"other-instance-notify", newSemaphore(b, pool, listening), newSemaphore(b, other, listening)},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			var took []time.Duration
 			for i := 0; b.Loop(); i++ {
 				key := fmt.Sprint(bc.name, i)
-				held, err := holder.Acquire(ctx, key)
+				held, err := bc.holder.Acquire(ctx, key)
 				if err != nil || !held.Acquired {
 					b.Fatalf("Acquire: %+v, %v", held, err)
 				}
@@ -191,7 +195,7 @@ func BenchmarkWaitWake(b *testing.B) {
 				}()
 				waitFor(b, "the waiter's place", func() bool { return waiters(b, pool, schema, key) == 1 })
 				released := time.Now()
-				if err := holder.Release(ctx, held); err != nil {
+				if err := bc.holder.Release(ctx, held); err != nil {
 					b.Fatal(err)
 				}
 				took = append(took, (<-got).Sub(released))
@@ -201,21 +205,5 @@ func BenchmarkWaitWake(b *testing.B) {
 			b.ReportMetric(float64(took[len(took)*9/10].Microseconds())/1000, "ms/wake-p90")
 			b.ReportMetric(0, "ns/op")
 		})
-	}
-}
-
-// BenchmarkAcquireRelease is the path without waiters: one Acquire and
-// one Release of a key no one waits for, a round trip each.
-func BenchmarkAcquireRelease(b *testing.B) {
-	ctx := context.Background()
-	sem := newSemaphore(b, testdb.Pool(b), pglimitsem.Config{Schema: testdb.Schema(b), Slots: 1, TTL: time.Minute})
-	for b.Loop() {
-		slot, err := sem.Acquire(ctx, "k")
-		if err != nil || !slot.Acquired {
-			b.Fatalf("Acquire: %+v, %v", slot, err)
-		}
-		if err := sem.Release(ctx, slot); err != nil {
-			b.Fatal(err)
-		}
 	}
 }
