@@ -131,7 +131,9 @@ type Call struct {
 // write is [pglimit.ErrReadOnly]; an invalid key is [pglimit.ErrInvalidKey]
 // and a slot never acquired [ErrSlotLost], and neither reaches the
 // database. The Semaphore keeps one number in memory (the average hold,
-// for [Slot.RetryAfter]), whatever the number of keys.
+// for [Slot.RetryAfter]), whatever the number of keys; with
+// [Config.Listen], also one connection and one goroutine, from its first
+// Wait until [Semaphore.Close].
 type Semaphore struct {
 	db  pglimit.DB
 	cfg Config
