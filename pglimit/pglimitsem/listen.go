@@ -53,7 +53,7 @@ type listener struct {
 // startListening starts the listener, with the first caller of Wait of a
 // semaphore with Config.Listen, until Close. Called with wakeMu held.
 func (s *Semaphore) startListening() {
-	if s.cfg.Listen == nil || s.listener != nil || s.closed {
+	if s.listen == nil || s.listener != nil || s.closed {
 		return
 	}
 	ctx, stop := context.WithCancel(context.Background())
@@ -61,7 +61,7 @@ func (s *Semaphore) startListening() {
 	s.listener = l
 	// Releases while no session listened went unheard: each time the
 	// session starts listening, every waiter tries again.
-	session := listen.New(listen.SessionConfig(s.cfg.Listen), s.channel, listenHeartbeat, s.wokenTag, s.wakeAll)
+	session := listen.New(s.listen, s.channel, listenHeartbeat, s.wokenTag, s.wakeAll)
 	go func() {
 		defer close(l.done)
 		session.Run(ctx)

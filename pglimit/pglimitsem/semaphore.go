@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/internal/listen"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
@@ -145,8 +146,10 @@ type Semaphore struct {
 	// in this process, in ns; 0 before the first release.
 	hold atomic.Int64
 
-	// channel is the namespace's notification channel (channelOf).
+	// channel is the namespace's notification channel (channelOf);
+	// listen, Config.Listen's copy for the listening session, or nil.
 	channel string
+	listen  *pgx.ConnConfig
 
 	// wakeMu guards wake, listener and closed. wake is, for each key with
 	// a caller of Wait in this process, by its tag (tagOf), a channel that
@@ -241,6 +244,7 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	s.stmts.release = queries.Text("slots.release", args)
 	if c.Listen != nil {
 		s.stmts.release = queries.Text("slots.release_notify", args)
+		s.listen = listen.SessionConfig(c.Listen)
 	}
 	s.stmts.enqueue = queries.Text("slots.enqueue", args)
 	s.stmts.leave = queries.Text("slots.leave", args)
