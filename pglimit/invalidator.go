@@ -11,8 +11,6 @@ import (
 	"weak"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/pglimit/cooldown/pglimit/internal/listen"
 	"github.com/pglimit/cooldown/pglimit/internal/service"
@@ -70,12 +68,7 @@ func NewInvalidator(cfg *InvalidatorConfig) (*Invalidator, error) {
 	if cfg.Heartbeat < 0 {
 		return nil, fmt.Errorf("%w: Heartbeat must not be negative, got %s", ErrInvalidConfig, cfg.Heartbeat)
 	}
-	conn := cfg.ConnConfig.Copy()
-	// A heartbeat's deadline must leave the session usable: a deadline on
-	// the socket does, a cancel request might cancel the next statement.
-	conn.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
-	}
+	conn := listen.SessionConfig(cfg.ConnConfig)
 	v := &Invalidator{subs: make(map[int32][]func() forgetter)}
 	// Resets committed before a LISTEN were not heard: each (re)start
 	// empties the pre-blocks and leases.

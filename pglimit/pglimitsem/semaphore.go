@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/internal/listen"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
@@ -59,9 +60,35 @@ type Config struct {
 	Timeout time.Duration
 
 	// WaitPoll is how often a caller of [Semaphore.Wait] asks again for a
-	// slot while all are held, when no release in its own process wakes it
-	// sooner. From 1ms to 1 minute. Defaults to 50ms.
+	// slot while all are held, when no release wakes it sooner (one in its
+	// own process, or, with Listen, one it hears of). From 1ms to 1
+	// minute. Defaults to 50ms.
 	WaitPoll time.Duration
+
+	// Listen, when set, is how to open a session on which the semaphore
+	// hears (LISTEN) the releases of other instances, so that its callers
+	// of [Semaphore.Wait] take a freed slot within milliseconds rather
+	// than at their next poll. The semaphore opens it at its first Wait
+	// and keeps it, one connection outside db's pool, until
+	// [Semaphore.Close], which a semaphore with Listen needs. The session
+	// proves itself alive every second and reconnects after a failure
+	// (a pause of 50ms, doubling to 5s); meanwhile waiters poll every
+	// WaitPoll. It must reach the server itself, as the Invalidator's
+	// does: behind a PgBouncer in transaction pooling mode a LISTEN hears
+	// nothing, and leaves the server connection it ran on listening for
+	// other clients. For a *pgxpool.Pool that reaches the server
+	// directly, pool.Config().ConnConfig. The semaphore uses a copy.
+	//
+	// A semaphore with Listen also notifies: its Release of a slot of a
+	// key that has waiters (in any instance) tells the listeners, when the
+	// release commits. Set it on every instance, then: a release without
+	// it notifies no one, and waiters elsewhere take the slot at their
+	// next poll. Looking for waiters costs each release one more index
+	// probe.
+	//
+	// Defaults to nil: waiters hear only this process's releases, and
+	// poll.
+	Listen *pgx.ConnConfig
 
 	// Observe, when set, is called once after every Acquire and AcquireTx
 	// with what happened, on the caller's goroutine: a hook for metrics
@@ -105,7 +132,9 @@ type Call struct {
 // write is [pglimit.ErrReadOnly]; an invalid key is [pglimit.ErrInvalidKey]
 // and a slot never acquired [ErrSlotLost], and neither reaches the
 // database. The Semaphore keeps one number in memory (the average hold,
-// for [Slot.RetryAfter]), whatever the number of keys.
+// for [Slot.RetryAfter]), whatever the number of keys; with
+// [Config.Listen], also one connection and one goroutine, from its first
+// Wait until [Semaphore.Close].
 type Semaphore struct {
 	db  pglimit.DB
 	cfg Config
@@ -117,11 +146,21 @@ type Semaphore struct {
 	// in this process, in ns; 0 before the first release.
 	hold atomic.Int64
 
-	// wakeMu guards wake: for each key with a caller of Wait in this
-	// process, a channel that a Release of the key closes. An entry lives
-	// while a caller waits for the key.
-	wakeMu sync.Mutex
-	wake   map[string]*waking
+	// channel is the namespace's notification channel (channelOf);
+	// listen, Config.Listen's copy for the listening session, or nil.
+	channel string
+	listen  *pgx.ConnConfig
+
+	// wakeMu guards wake, listener and closed. wake is, for each key with
+	// a caller of Wait in this process, by its tag (tagOf), a channel that
+	// a Release of the key closes, in this process or, heard by the
+	// listener, in another. An entry lives while a caller waits for the
+	// key. listener runs from the first Wait of a semaphore with Listen
+	// until Close.
+	wakeMu   sync.Mutex
+	wake     map[string]*waking
+	listener *listener
+	closed   bool
 }
 
 // waking is a key's callers of Wait in this process, and the channel that
@@ -197,10 +236,16 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	table := pgx.Identifier{c.Schema, slotsTable}.Sanitize()
 	waiters := pgx.Identifier{c.Schema, waitersTable}.Sanitize()
 	s.lockSeed = lockid.SlotSeed(table)
-	args := queries.Args{"table": table, "waiters": waiters, "queue": "", "turn": "", "turn_first": "", "dequeue": "", "waiting": ""}
+	s.channel = channelOf(table, c.Namespace)
+	args := queries.Args{"table": table, "waiters": waiters, "channel": s.channel, "tag_len": strconv.Itoa(tagLen),
+		"queue": "", "turn": "", "turn_first": "", "dequeue": "", "waiting": ""}
 	s.stmts.acquire = queries.Text("slots.acquire", args)
 	s.stmts.extend = queries.Text("slots.extend", args)
 	s.stmts.release = queries.Text("slots.release", args)
+	if c.Listen != nil {
+		s.stmts.release = queries.Text("slots.release_notify", args)
+		s.listen = listen.SessionConfig(c.Listen)
+	}
 	s.stmts.enqueue = queries.Text("slots.enqueue", args)
 	s.stmts.leave = queries.Text("slots.leave", args)
 	args["queue"], args["dequeue"] = queries.Text("slots.turn", args), queries.Text("slots.dequeue", args)
@@ -484,8 +529,8 @@ func (s *Semaphore) release(ctx context.Context, slot Slot, bound time.Duration,
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, bound, pglimit.ErrTimeout)
 	defer cancel()
-	var released bool
-	err := run(ctx, func(row pgx.Row) error { return row.Scan(&released) })
+	var notified bool // a row: the slot was released
+	err := run(ctx, func(row pgx.Row) error { return row.Scan(&notified) })
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: its lease ended, or it was released already, or the transaction that acquired it has not committed", ErrSlotLost)

@@ -26,6 +26,7 @@ func newSemaphore(t testing.TB, db pglimit.DB, cfg pglimitsem.Config) *pglimitse
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(s.Close)
 	return s
 }
 

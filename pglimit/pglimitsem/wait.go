@@ -23,8 +23,9 @@ type place struct {
 // ahead of it than slots are free. [Semaphore.Acquire] does not queue: it
 // takes a free slot, if there is one, ahead of the waiters.
 //
-// A waiter asks again when a Release of the key in its own process wakes
-// it, and otherwise every WaitPoll. It keeps its place by renewing it at
+// A waiter asks again when a Release of the key wakes it, in its own
+// process or, with Config.Listen, heard of from another instance, and
+// otherwise every WaitPoll. It keeps its place by renewing it at
 // each try; the place of a waiter that died stops counting after
 // max(2s, 20 WaitPoll), which bounds how long it holds up those behind it.
 // When ctx ends, Wait leaves the queue and returns ctx's error (its
@@ -104,14 +105,17 @@ func (s *Semaphore) wakeChan(w *waking) <-chan struct{} {
 	return w.ch
 }
 
-// waiting registers a caller of Wait for key in this process.
+// waiting registers a caller of Wait for key in this process, and starts
+// the listener with the first.
 func (s *Semaphore) waiting(key string) *waking {
+	tag := tagOf(key)
 	s.wakeMu.Lock()
 	defer s.wakeMu.Unlock()
-	w := s.wake[key]
+	s.startListening()
+	w := s.wake[tag]
 	if w == nil {
 		w = &waking{ch: make(chan struct{})}
-		s.wake[key] = w
+		s.wake[tag] = w
 	}
 	w.callers++
 	return w
@@ -119,11 +123,12 @@ func (s *Semaphore) waiting(key string) *waking {
 
 // doneWaiting unregisters one, forgetting the key with its last caller.
 func (s *Semaphore) doneWaiting(key string) {
+	tag := tagOf(key)
 	s.wakeMu.Lock()
 	defer s.wakeMu.Unlock()
-	if w := s.wake[key]; w != nil {
+	if w := s.wake[tag]; w != nil {
 		if w.callers--; w.callers == 0 {
-			delete(s.wake, key)
+			delete(s.wake, tag)
 		}
 	}
 }
@@ -132,8 +137,28 @@ func (s *Semaphore) doneWaiting(key string) {
 // released.
 func (s *Semaphore) woken(key string) {
 	s.wakeMu.Lock()
+	none := len(s.wake) == 0
+	s.wakeMu.Unlock()
+	if !none {
+		s.wokenTag(tagOf(key))
+	}
+}
+
+// wokenTag wakes this process's callers of Wait for the key of tag.
+func (s *Semaphore) wokenTag(tag string) {
+	s.wakeMu.Lock()
 	defer s.wakeMu.Unlock()
-	if w := s.wake[key]; w != nil {
+	if w := s.wake[tag]; w != nil {
+		close(w.ch)
+		w.ch = make(chan struct{})
+	}
+}
+
+// wakeAll wakes every caller of Wait in this process.
+func (s *Semaphore) wakeAll() {
+	s.wakeMu.Lock()
+	defer s.wakeMu.Unlock()
+	for _, w := range s.wake {
 		close(w.ch)
 		w.ch = make(chan struct{})
 	}

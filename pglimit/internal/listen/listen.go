@@ -1,6 +1,7 @@
 // Package listen keeps one session listening on a channel: it proves the
 // session alive with a heartbeat, reconnects after any failure, and says
-// until when what it heard can be trusted. The Invalidator uses it.
+// until when what it heard can be trusted. The Invalidator and
+// pglimitsem's Semaphore use it.
 package listen
 
 import (
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
@@ -34,6 +37,18 @@ type Listener struct {
 	first     chan struct{} // closed at the first LISTEN
 	once      sync.Once
 	lastErr   atomic.Pointer[error] // the session's last failure
+}
+
+// SessionConfig is a copy of conn for a listening session: a
+// heartbeat's deadline must leave the session usable, which a deadline on
+// the socket does and a cancel request might not (it might cancel the
+// next statement).
+func SessionConfig(conn *pgx.ConnConfig) *pgx.ConnConfig {
+	c := conn.Copy()
+	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
+	return c
 }
 
 // New returns a listener on channel over sessions of conn, proved alive

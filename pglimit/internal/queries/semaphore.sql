@@ -101,8 +101,25 @@ WHERE namespace = $1 AND key = $2 AND slot = $3 AND holder = $4::uuid AND expire
 RETURNING $5::bigint
 {{end}}
 
+-- slots.release_notify is slots.release that, when it frees a slot of a
+-- key with live places in the queue, also notifies the namespace's
+-- channel (placeholder channel) with the key's tag, the first tag_len hex
+-- digits of its SHA-256 (as pglimitsem's tagOf computes it), delivered
+-- when the release commits; it answers whether it notified. A release
+-- with no waiter notifies nothing, and so takes no part in the lock that
+-- serialises the commits of notifying transactions; it pays for the look
+-- at the queue only.
 {{define "slots.release"}}
 DELETE FROM {{.table}}
 WHERE namespace = $1 AND key = $2 AND slot = $3 AND holder = $4::uuid AND expires_at > clock_timestamp()
-RETURNING true
+RETURNING false
+{{end}}
+
+{{define "slots.release_notify"}}
+DELETE FROM {{.table}}
+WHERE namespace = $1 AND key = $2 AND slot = $3 AND holder = $4::uuid AND expires_at > clock_timestamp()
+RETURNING CASE WHEN EXISTS (SELECT FROM {{.waiters}} AS w
+                            WHERE w.namespace = $1 AND w.key = $2 AND w.expires_at > clock_timestamp())
+               THEN pg_notify('{{.channel}}', left(encode(sha256(convert_to($2, 'UTF8')), 'hex'), {{.tag_len}}))::text IS NOT NULL
+               ELSE false END
 {{end}}
