@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/cleanup"
+	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
@@ -77,18 +78,18 @@ func InspectCleaner(ctx context.Context, db DB, cfg *CleanerConfig) (CleanerStat
 		}
 		st.Leader = &leader
 	case !errors.Is(err, pgx.ErrNoRows):
-		return CleanerState{}, wrapErr(ctx, "InspectCleaner", 0, err)
+		return CleanerState{}, fault.Wrap(ctx, "InspectCleaner", 0, err)
 	}
 	for _, name := range c.Tables {
 		t, err := cleanup.Describe(ctx, db, c.Schema, name)
 		if errors.Is(err, cleanup.ErrNotLimiterTable) {
 			return CleanerState{}, fmt.Errorf("%w: InspectCleaner: %w", ErrInvalidConfig, err)
 		} else if err != nil {
-			return CleanerState{}, wrapErr(ctx, "InspectCleaner", 0, err)
+			return CleanerState{}, fault.Wrap(ctx, "InspectCleaner", 0, err)
 		}
 		b, err := t.Backlog(ctx, db, c.Retention)
 		if err != nil {
-			return CleanerState{}, wrapErr(ctx, "InspectCleaner", 0, fmt.Errorf("%s: %w", t.Name, err))
+			return CleanerState{}, fault.Wrap(ctx, "InspectCleaner", 0, fmt.Errorf("%s: %w", t.Name, err))
 		}
 		st.Tables = append(st.Tables, TableState{Table: name, Bytes: b.Bytes, Rows: b.Rows, Due: b.Due, Overdue: micros(b.Overdue)})
 	}

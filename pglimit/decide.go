@@ -2,13 +2,12 @@ package pglimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
+	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/flights"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
-	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/preblock"
 )
 
@@ -172,36 +171,9 @@ func (l *limiter) database(ctx context.Context, key string, via path, fn func(ct
 // the server before giving up on the connection.
 const txClientTimeoutMargin = time.Second
 
-// wrap is wrapErr for the limiter's calls, named by its strategy.
+// wrap is fault.Wrap for the limiter's calls, named by its strategy.
 func (l *limiter) wrap(ctx context.Context, err error) error {
-	return wrapErr(ctx, string(l.cfg.Strategy), l.cfg.Timeout, err)
-}
-
-// wrapErr adds what failed (a strategy's name, say) and the sentinel of
-// the cause to err, from a statement run under ctx, which timeout bounds:
-// ErrTimeout when that timeout fired (the pgx error then only says the
-// context was cancelled) or the server's did (a lock_timeout or
-// statement_timeout of the database or role), ErrReadOnly when the server
-// could not write, ErrUnavailable when it could not be reached.
-func wrapErr(ctx context.Context, what string, timeout time.Duration, err error) error {
-	switch {
-	case errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout):
-		return fmt.Errorf("%w (%s, after %s): %w", ErrTimeout, what, timeout, err)
-	case ctx.Err() == nil && pgtx.ServerTimeout(err) && !errors.Is(err, ErrTimeout):
-		return fmt.Errorf("%w (%s, by the server's lock_timeout or statement_timeout): %w", ErrTimeout, what, err)
-	case readOnly(err):
-		return fmt.Errorf("%w (%s): %w", ErrReadOnly, what, err)
-	case ctx.Err() == nil && pgtx.Unavailable(err) && !errors.Is(err, ErrUnavailable):
-		return fmt.Errorf("%w (%s): %w", ErrUnavailable, what, err)
-	}
-	return fmt.Errorf("pglimit: %s: %w", what, err)
-}
-
-// readOnly reports whether err says that the server cannot write, and does
-// not say so as ErrReadOnly yet: SQLSTATE 25006, or no read-write server
-// for a pool that asks for one.
-func readOnly(err error) bool {
-	return !errors.Is(err, ErrReadOnly) && pgtx.ReadOnly(err)
+	return fault.Wrap(ctx, string(l.cfg.Strategy), l.cfg.Timeout, err)
 }
 
 // lostRace is the refusal of a request that lost a race it could not see

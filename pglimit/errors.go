@@ -1,38 +1,38 @@
 package pglimit
 
-import "errors"
+import "github.com/pglimit/cooldown/pglimit/internal/fault"
 
 // Sentinel errors, every one the package has. Errors returned by this
 // package wrap one of these (or a database error) so callers can test
-// them with [errors.Is].
+// them with [errors.Is]. pglimitsem raises the same values.
 var (
 	// ErrInvalidKey reports a key or namespace that is empty, longer than
 	// [MaxKeyLength], not valid UTF-8, or contains a NUL byte.
-	ErrInvalidKey = errors.New("pglimit: invalid key")
+	ErrInvalidKey = fault.InvalidKey
 
 	// ErrInvalidConfig reports a [Config] that cannot be used; the message
 	// names the field. A decision returns it for what only the database
 	// shows: a key's row of per-key limits that its limits cannot use
 	// ([Config.Overrides]), or a calendar window's zone it does not know.
-	ErrInvalidConfig = errors.New("pglimit: invalid config")
+	ErrInvalidConfig = fault.InvalidConfig
 
 	// ErrTimeout reports a decision that did not finish within
 	// [Config.Timeout]. The caller's own context deadline is reported as
 	// [context.DeadlineExceeded] instead.
-	ErrTimeout = errors.New("pglimit: decision timed out")
+	ErrTimeout = fault.Timeout
 
 	// ErrNoExclusionConstraint reports a Range table without the exclusion
 	// constraint that makes it a limiter (its btree_gist extension was
 	// dropped, say). A Range limiter refuses to decide on such a table; run
 	// [Migrate] on its schema to restore the constraint.
-	ErrNoExclusionConstraint = errors.New("pglimit: the Range table has no exclusion constraint; run pglimit.Migrate on its schema to restore it")
+	ErrNoExclusionConstraint = fault.NoExclusionConstraint
 
 	// ErrUnsupported reports an operation the limiter's strategy, limits
 	// or table cannot do: Reserve and Wait on Range or on a limit that is
 	// not GCRA; Inspect, LimitedKeys, AllowAll, Refund and Settle on
 	// Range; AllowAll, Refund, Settle and a limit's Debt on a table Citus
 	// distributes; Refund and Settle of units served from a lease.
-	ErrUnsupported = errors.New("pglimit: unsupported")
+	ErrUnsupported = fault.Unsupported
 
 	// ErrReadOnly reports a server that cannot write: a standby, a former
 	// primary that came back as one after a failover, or a server in
@@ -41,7 +41,7 @@ var (
 	// wraps the server's error (SQLSTATE 25006), or pgx's
 	// [pgconn.ErrReadOnlyConnection] when a pool that asks for a read-write
 	// server (target_session_attrs=read-write) reaches only read-only ones.
-	ErrReadOnly = errors.New("pglimit: the server is read-only (a standby?); decisions need the primary")
+	ErrReadOnly = fault.ReadOnly
 
 	// ErrUnavailable reports a database that could not be reached or was
 	// lost during the call: no connection, a connection refused or cut, a
@@ -49,33 +49,30 @@ var (
 	// the driver's error. A call cut off after its statement was sent may
 	// still have been decided (docs/operations.md, "Bounds every call
 	// keeps").
-	ErrUnavailable = errors.New("pglimit: the database is unavailable")
+	ErrUnavailable = fault.Unavailable
 
 	// ErrInvalidCost reports a cost (n) that is not positive, or larger
 	// than any of the limiter's limits could ever admit at once. Nothing
 	// is written.
-	ErrInvalidCost = errors.New("pglimit: invalid cost")
+	ErrInvalidCost = fault.InvalidCost
 
 	// ErrNotAdmitted reports a [Settle] of a decision that took no units
 	// from the database: a refusal, a shadow or fallback admission, or an
 	// admission in a caller's transaction that rolled back.
-	ErrNotAdmitted = errors.New("pglimit: the decision admitted nothing")
+	ErrNotAdmitted = fault.NotAdmitted
 
 	// ErrAlreadySettled reports a [Settle] of a decision settled before,
 	// or a Refund of one settled.
-	ErrAlreadySettled = errors.New("pglimit: the decision was settled already")
+	ErrAlreadySettled = fault.AlreadySettled
 
 	// ErrForeignDecision reports a [Settle] of a decision that another
 	// limiter made: another value of [New], even one of the same namespace,
 	// limits and table, such as another instance's.
-	ErrForeignDecision = errors.New("pglimit: the decision is another limiter's")
+	ErrForeignDecision = fault.ForeignDecision
 
 	// ErrExtension reports that the database lacks the btree_gist extension,
 	// which the Range strategy's exclusion constraint needs, and that [Migrate]
 	// could not create it. A Range limiter's decisions return it, wrapped with
 	// [ErrNoExclusionConstraint]; the message says how to install it.
-	ErrExtension = errors.New("pglimit: the database has no btree_gist extension, which the Range strategy needs; " +
-		"install PostgreSQL's contrib modules (Debian/Ubuntu: apt-get install postgresql-contrib), " +
-		"run CREATE SCHEMA " + extensionSchema + "; CREATE EXTENSION btree_gist SCHEMA " + extensionSchema +
-		" as a superuser or a role with CREATE on the database, then pglimit.Migrate again")
+	ErrExtension = fault.Extension
 )

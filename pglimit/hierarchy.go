@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
@@ -138,7 +139,7 @@ func allowAll(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, e
 			// a level's row after the caller's snapshot: it won the race.
 			return lostRaces(levels), nil
 		case err != nil:
-			return Decisions{}, wrapErr(ctx, "AllowAll", first.cfg.Timeout, err)
+			return Decisions{}, fault.Wrap(ctx, "AllowAll", first.cfg.Timeout, err)
 		case len(missing) == 0:
 			return out, nil
 		}
@@ -152,7 +153,7 @@ func allowAll(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, e
 				return nil
 			})
 			if err != nil {
-				return Decisions{}, wrapErr(ctx, "AllowAll", first.cfg.Timeout, err)
+				return Decisions{}, fault.Wrap(ctx, "AllowAll", first.cfg.Timeout, err)
 			}
 		}
 	}

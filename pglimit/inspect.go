@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -86,7 +87,7 @@ func Inspect(ctx context.Context, db DB, cfg *Config, key string) (KeyState, err
 	defer cancel()
 	err = db.QueryRow(ctx, inspectSQL(c), c.Namespace, key).Scan(&state, &tat, &now, &doc, &ownUntil)
 	if err != nil {
-		return KeyState{}, wrapErr(ctx, "Inspect", c.Timeout, err)
+		return KeyState{}, fault.Wrap(ctx, "Inspect", c.Timeout, err)
 	}
 	limits := c.Limits
 	var own *KeyLimits
@@ -174,7 +175,7 @@ func LimitedKeys(ctx context.Context, db DB, cfg *Config, n int, after string, m
 	defer cancel()
 	err = db.QueryRow(ctx, queries.Text("inspect.limited", args), c.Namespace, after, max, n).Scan(&now, &page)
 	if err != nil {
-		return nil, wrapErr(ctx, "LimitedKeys", c.Timeout, err)
+		return nil, fault.Wrap(ctx, "LimitedKeys", c.Timeout, err)
 	}
 	out := make([]KeyState, len(page))
 	for i, p := range page {

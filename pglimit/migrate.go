@@ -15,6 +15,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/pglimit/cooldown/migrations"
+	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
@@ -31,7 +32,7 @@ const migrationsTable = "pglimit_goose_db_version"
 // table in the database: dropping a tenant's schema must not do that.
 // Migrate refuses to migrate it. Where btree_gist already exists, in any
 // schema, Migrate uses it where it is.
-const extensionSchema = "pglimit_ext"
+const extensionSchema = fault.ExtensionSchema
 
 // The Range table and the exclusion constraint migration 00002 gives it;
 // without the constraint the table admits everything.
@@ -113,7 +114,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 func prepareDatabase(ctx context.Context, connCfg *pgx.ConnConfig, schema string) error {
 	conn, err := pgx.ConnectConfig(ctx, connCfg)
 	if err != nil {
-		if readOnly(err) {
+		if fault.IsReadOnly(err) {
 			return fmt.Errorf("%w: migrate: %w", ErrReadOnly, err)
 		}
 		return fmt.Errorf("pglimit: migrate: %w", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -261,7 +262,7 @@ func setKeyLimits(ctx context.Context, db DB, cfg *Config, key string, ttl *int6
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
 	if _, err = db.Exec(ctx, sql, args...); err != nil {
-		return wrapErr(ctx, "SetKeyLimits", c.Timeout, err)
+		return fault.Wrap(ctx, "SetKeyLimits", c.Timeout, err)
 	}
 	return nil
 }
@@ -316,7 +317,7 @@ func ListKeyLimits(ctx context.Context, db DB, cfg *Config, after string, max in
 		Updated time.Time   `json:"updated"`
 	}
 	if err := db.QueryRow(ctx, sql, c.Namespace, after, max).Scan(&page); err != nil {
-		return nil, wrapErr(ctx, "ListKeyLimits", c.Timeout, err)
+		return nil, fault.Wrap(ctx, "ListKeyLimits", c.Timeout, err)
 	}
 	out := make([]KeyLimits, len(page))
 	for i, p := range page {

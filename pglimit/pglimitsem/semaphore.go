@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/listen"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
@@ -546,26 +547,9 @@ func (s *Semaphore) release(ctx context.Context, slot Slot, bound time.Duration,
 // in flight at once.
 func (s *Semaphore) Slots() int { return s.cfg.Slots }
 
-// wrap adds pglimit.ErrTimeout when the semaphore's own timeout fired or
-// the server gave up waiting, pglimit.ErrReadOnly when the server could
-// not write, and the cause of the caller's context when that ended.
+// wrap is the engine's wrapping of a failure, named "semaphore": the
+// sentinel of its cause (pglimit.ErrTimeout, ErrReadOnly, ErrUnavailable)
+// in the engine's words.
 func (s *Semaphore) wrap(ctx context.Context, err error) error {
-	switch {
-	case errors.Is(context.Cause(ctx), pglimit.ErrTimeout) && !errors.Is(err, pglimit.ErrTimeout):
-		return fmt.Errorf("%w (semaphore, after %s): %w", pglimit.ErrTimeout, s.cfg.Timeout, err)
-	case ctx.Err() != nil:
-		// The caller's context ended: a cancel request the driver sent
-		// for it is no timeout of the server's. The driver's error says
-		// only ctx.Err(); the caller's cause is what it set.
-		if cause := context.Cause(ctx); !errors.Is(err, cause) {
-			return fmt.Errorf("pglimit: semaphore: %w: %w", cause, err)
-		}
-	case pgtx.ServerTimeout(err):
-		return fmt.Errorf("%w (semaphore, the server's lock_timeout or statement_timeout): %w", pglimit.ErrTimeout, err)
-	case pgtx.ReadOnly(err):
-		return fmt.Errorf("%w (semaphore): %w", pglimit.ErrReadOnly, err)
-	case pgtx.Unavailable(err):
-		return fmt.Errorf("%w (semaphore): %w", pglimit.ErrUnavailable, err)
-	}
-	return fmt.Errorf("pglimit: semaphore: %w", err)
+	return fault.Wrap(ctx, "semaphore", s.cfg.Timeout, err)
 }
