@@ -56,17 +56,18 @@ var (
 	// is written.
 	ErrInvalidCost = fault.InvalidCost
 
-	// ErrNotAdmitted reports a [Settle] of a decision that took no units
-	// from the database: a refusal, a shadow or fallback admission, or an
-	// admission in a caller's transaction that rolled back.
+	// ErrNotAdmitted reports a [Settle] or a Refund of a decision that took
+	// no units from the database: a refusal, a shadow or fallback
+	// admission, a zero Decision, or (for Settle) an admission in a
+	// caller's transaction that rolled back.
 	ErrNotAdmitted = fault.NotAdmitted
 
 	// ErrAlreadySettled reports a [Settle] of a decision settled before,
 	// or a Refund of one settled.
 	ErrAlreadySettled = fault.AlreadySettled
 
-	// ErrForeignDecision reports a [Settle] of a decision that another
-	// limiter made: another value of [New], even one of the same namespace,
+	// ErrForeignDecision reports a [Settle] or a Refund of a decision that
+	// another limiter made: another value of [New], even one of the same namespace,
 	// limits and table, such as another instance's.
 	ErrForeignDecision = fault.ForeignDecision
 

@@ -55,7 +55,7 @@ func ExampleLimiter_Refund() {
 		panic(err)
 	}
 	_, err = lim.Refund(ctx, d, 1)
-	fmt.Println("refund a refusal:", errors.Is(err, pglimit.ErrInvalidCost))
+	fmt.Println("refund a refusal:", errors.Is(err, pglimit.ErrNotAdmitted))
 	// Output:
 	// done / failed, not counted / done / done / refused
 	// refund a refusal: true

@@ -98,8 +98,8 @@ func TestAllowAllAllOrNothing(t *testing.T) {
 	if back, err := tn2.user.Refund(ctx, ok.Levels[1], 1); err != nil || !back || left(t, tn.pool, tn2.userCfg, "erin") != 2 {
 		t.Errorf("Refund of erin's level: %t, %v; want her unit back", back, err)
 	}
-	if _, err := tn.org.Refund(ctx, d.Levels[0], 1); !errors.Is(err, pglimit.ErrInvalidCost) {
-		t.Errorf("Refund of a level of a refused request: %v, want ErrInvalidCost", err)
+	if _, err := tn.org.Refund(ctx, d.Levels[0], 1); !errors.Is(err, pglimit.ErrNotAdmitted) {
+		t.Errorf("Refund of a level of a refused request: %v, want ErrNotAdmitted", err)
 	}
 }
 

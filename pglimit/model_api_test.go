@@ -424,8 +424,9 @@ func (s *apiSequence) compare(i int, c *apiCall, phase string) {
 }
 
 // refund gives back units of an earlier decision, and checks the answer
-// against docs/limits.md: ErrInvalidCost for a refusal, a Peek, another
-// limiter's decision, n <= 0 or more units than are left; otherwise each
+// against docs/limits.md: ErrNotAdmitted for a refusal or a Peek,
+// ErrForeignDecision for another limiter's decision, ErrInvalidCost for
+// n <= 0 or more units than are left; otherwise each
 // limit takes them back by the model's rule, and Refund reports whether
 // all did. An admission rolled back took nothing, so nothing comes back:
 // false, or ErrInvalidCost.
@@ -469,19 +470,20 @@ func (s *apiSequence) refund(ctx context.Context, i int) {
 	what := fmt.Sprintf("%d: Refund(%s, n=%d) on instance %d", i, a, n, inst)
 	s.logf("%s = %t, %v", what, ok, err)
 	defer s.peekAfter(ctx, i, what)
-	invalid := func(why string) {
-		if !errors.Is(err, pglimit.ErrInvalidCost) {
-			s.fail("%s = %t, %v; want ErrInvalidCost: %s", what, ok, err, why)
+	refused := func(want error, why string) {
+		if !errors.Is(err, want) {
+			s.fail("%s = %t, %v; want %v: %s", what, ok, err, want, why)
 		}
-		s.stats.add("Refund ErrInvalidCost")
+		s.stats.add(fmt.Sprintf("Refund %v", want))
 	}
+	invalid := func(why string) { refused(pglimit.ErrInvalidCost, why) }
 	switch {
 	case !a.d.Allowed:
-		invalid("a refusal took nothing")
+		refused(pglimit.ErrNotAdmitted, "a refusal took nothing")
 	case a.op == "Peek":
-		invalid("a Peek took nothing")
+		refused(pglimit.ErrNotAdmitted, "a Peek took nothing")
 	case inst != a.inst:
-		invalid("another limiter's decision")
+		refused(pglimit.ErrForeignDecision, "another limiter's decision")
 	case n <= 0:
 		invalid("n is not positive")
 	case a.rolledBack:

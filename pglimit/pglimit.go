@@ -90,10 +90,12 @@ type Limiter interface {
 	// knows whether its transaction committed is not refunded: false.
 	//
 	// [ErrUnsupported] on Range, on a table Citus distributes, and for
-	// units served from a lease; [ErrInvalidCost] for a refusal (a shadow
-	// or fallback admission among them), another limiter's decision
-	// (another value of [New], even of the same Config), n
-	// not positive, or more units than are left.
+	// units served from a lease; [ErrNotAdmitted] for a decision that took
+	// no units from the database (a refusal, a shadow or fallback
+	// admission, a zero Decision); [ErrForeignDecision] for another
+	// limiter's decision (another value of [New], even of the same
+	// Config); [ErrInvalidCost] for n not positive, or more units than
+	// are left. [Settle] names each misuse with the same sentinel.
 	Refund(ctx context.Context, d Decision, n int) (bool, error)
 
 	// Peek returns the decision AllowN(ctx, key, n) would make now, and

@@ -63,9 +63,9 @@ func (l *limiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
 	case d.leased:
 		return false, fmt.Errorf("%w: Refund of units served from a lease", ErrUnsupported)
 	case t == nil || !d.Allowed || d.Shadow || d.Fallback:
-		return false, fmt.Errorf("%w: Refund: the decision took no units from the database", ErrInvalidCost)
+		return false, fmt.Errorf("%w: Refund: the decision took no units from the database", ErrNotAdmitted)
 	case t.owner != l:
-		return false, fmt.Errorf("%w: Refund: the decision is another limiter's", ErrInvalidCost)
+		return false, fmt.Errorf("%w: Refund: the decision is another limiter's", ErrForeignDecision)
 	case n <= 0:
 		return false, fmt.Errorf("%w: Refund: n must be positive, got %d", ErrInvalidCost, n)
 	}

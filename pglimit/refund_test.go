@@ -48,15 +48,15 @@ func TestRefundGCRA(t *testing.T) {
 			if !d1.Allowed || !d2.Allowed || refused.Allowed {
 				t.Fatalf("a burst of 2: %v %v %v", d1.Allowed, d2.Allowed, refused.Allowed)
 			}
-			if _, err := lim.Refund(ctx, refused, 1); !errors.Is(err, pglimit.ErrInvalidCost) {
-				t.Fatalf("Refund of a refusal: %v, want ErrInvalidCost", err)
+			if _, err := lim.Refund(ctx, refused, 1); !errors.Is(err, pglimit.ErrNotAdmitted) {
+				t.Fatalf("Refund of a refusal: %v, want ErrNotAdmitted", err)
 			}
 			if _, err := lim.Refund(ctx, d2, 2); !errors.Is(err, pglimit.ErrInvalidCost) {
 				t.Fatalf("Refund of 2 units of an admission of 1: %v, want ErrInvalidCost", err)
 			}
 			other := newLimiterOn(t, testdb.Pool(t), cfg)
-			if _, err := other.Refund(ctx, d2, 1); !errors.Is(err, pglimit.ErrInvalidCost) {
-				t.Fatalf("Refund through another limiter: %v, want ErrInvalidCost", err)
+			if _, err := other.Refund(ctx, d2, 1); !errors.Is(err, pglimit.ErrForeignDecision) {
+				t.Fatalf("Refund through another limiter: %v, want ErrForeignDecision", err)
 			}
 
 			// d2 was the last admission: exact.
@@ -78,6 +78,56 @@ func TestRefundGCRA(t *testing.T) {
 				t.Fatalf("after a refund that gave nothing back: %+v, want refused", d)
 			}
 		})
+	}
+}
+
+// One misuse gets one sentinel, whether it is refunded or settled: a
+// refusal, or a zero Decision (which admitted nothing either), is
+// ErrNotAdmitted; another limiter's decision, even one of the same Config,
+// ErrForeignDecision. Neither is ErrInvalidCost, and nothing is written.
+func TestRefundSettleMisuse(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	must := decided(t)
+	pool := testdb.Pool(t)
+	cfg := pglimit.Config{Schema: testdb.Schema(t), Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 1}}}
+	lim := newLimiterOn(t, pool, cfg)
+	twin := newLimiterOn(t, pool, cfg)
+	admitted := must(lim.Allow(ctx, "k"))
+	refused := must(lim.Allow(ctx, "k"))
+	if !admitted.Allowed || refused.Allowed {
+		t.Fatalf("a burst of 1: %+v, %+v", admitted, refused)
+	}
+	sentinels := []error{pglimit.ErrNotAdmitted, pglimit.ErrForeignDecision, pglimit.ErrInvalidCost}
+	for _, op := range []struct {
+		name string
+		call func(pglimit.Limiter, pglimit.Decision) error
+	}{
+		{"Refund", func(l pglimit.Limiter, d pglimit.Decision) error { _, err := l.Refund(ctx, d, 1); return err }},
+		{"Settle", func(l pglimit.Limiter, d pglimit.Decision) error { _, err := pglimit.Settle(ctx, l, d, 0); return err }},
+	} {
+		for _, tc := range []struct {
+			name string
+			lim  pglimit.Limiter
+			d    pglimit.Decision
+			want error
+		}{
+			{"a refusal", lim, refused, pglimit.ErrNotAdmitted},
+			{"another limiter's decision", twin, admitted, pglimit.ErrForeignDecision},
+			{"a zero Decision", lim, pglimit.Decision{}, pglimit.ErrNotAdmitted},
+		} {
+			err := op.call(tc.lim, tc.d)
+			for _, s := range sentinels {
+				if errors.Is(err, s) != (s == tc.want) {
+					t.Errorf("%s of %s: %v, want %v alone", op.name, tc.name, err, tc.want)
+					break
+				}
+			}
+		}
+	}
+	// Nothing was written: the admission is still there to give back.
+	if ok, err := lim.Refund(ctx, admitted, 1); err != nil || !ok {
+		t.Fatalf("Refund of the admission after the misuses: %t, %v; want its unit back", ok, err)
 	}
 }
 
@@ -408,8 +458,8 @@ func TestRefundShadow(t *testing.T) {
 				if !d.Allowed || !d.Shadow {
 					t.Fatalf("past the quota in shadow mode: %+v, want a shadow admission", d)
 				}
-				if ok, err := lim.Refund(ctx, d, 1); !errors.Is(err, pglimit.ErrInvalidCost) || ok {
-					t.Fatalf("Refund of a shadow admission: %v, %v; want ErrInvalidCost", ok, err)
+				if ok, err := lim.Refund(ctx, d, 1); !errors.Is(err, pglimit.ErrNotAdmitted) || ok {
+					t.Fatalf("Refund of a shadow admission: %v, %v; want ErrNotAdmitted", ok, err)
 				}
 			}
 			if n := admissions(t, lim, "k"); n != 0 {

@@ -64,12 +64,15 @@ func settleStatement(limits []Limit, table string) string {
 // it: the value [New] returned, not another of the same Config, in this
 // process or on another instance ([ErrForeignDecision]). It settles only
 // if it took units from the database ([ErrNotAdmitted]: a refusal, a
-// shadow or fallback admission, or one in a caller's transaction that
-// rolled back, which took nothing and is charged nothing). A decision in a caller's transaction settles once it
-// committed; before, Settle returns [ErrInvalidCost] and the decision
-// stays unsettled. cost must not be negative ([ErrInvalidCost]). Settle
-// takes a decision of the Upsert or NoWait strategy, not served from a
-// lease nor on a Citus distributed table ([ErrUnsupported]).
+// shadow or fallback admission, a zero Decision, or one in a caller's
+// transaction that rolled back, which took nothing and is charged
+// nothing). [Limiter.Refund] of a refusal, a zero Decision or another
+// limiter's decision returns the same sentinel as Settle. A decision in
+// a caller's transaction settles once it committed; before, Settle
+// returns [ErrInvalidCost] and the decision stays unsettled. cost must
+// not be negative ([ErrInvalidCost]). Settle takes a decision of the
+// Upsert or NoWait strategy, not served from a lease nor on a Citus
+// distributed table ([ErrUnsupported]).
 func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (Settlement, error) {
 	l, ok := lim.(*limiter)
 	t := d.refund
