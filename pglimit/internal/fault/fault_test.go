@@ -16,7 +16,7 @@ import (
 // context ended is not the server's; the message is the engine's,
 // whoever wraps (the strategies, AllowAll, the semaphore).
 func TestWrap(t *testing.T) {
-	timedOut, cancel := context.WithTimeoutCause(context.Background(), 0, Timeout)
+	timedOut, cancel := context.WithTimeoutCause(context.Background(), 0, ErrTimeout)
 	defer cancel()
 	cancelled, cancel2 := context.WithCancel(context.Background())
 	cancel2()
@@ -36,18 +36,18 @@ func TestWrap(t *testing.T) {
 		want error // nil: no sentinel
 		msg  string
 	}{
-		{"its timeout fired", timedOut, context.DeadlineExceeded, Timeout,
+		{"its timeout fired", timedOut, context.DeadlineExceeded, ErrTimeout,
 			"pglimit: decision timed out (semaphore, after 2s): context deadline exceeded"},
-		{"its timeout, carrying it already", timedOut, Timeout, Timeout, "pglimit: semaphore: pglimit: decision timed out"},
-		{"the server's lock_timeout", live, lock, Timeout,
+		{"its timeout, carrying it already", timedOut, ErrTimeout, ErrTimeout, "pglimit: semaphore: pglimit: decision timed out"},
+		{"the server's lock_timeout", live, lock, ErrTimeout,
 			"pglimit: decision timed out (semaphore, by the server's lock_timeout or statement_timeout): :  (SQLSTATE 55P03)"},
 		{"a cancel the caller's context sent", cancelled, canceled, nil, "pglimit: semaphore: context canceled: :  (SQLSTATE 57014)"},
-		{"read-only", live, readOnly, ReadOnly, "pglimit: the server is read-only (a standby?); decisions need the primary (semaphore): :  (SQLSTATE 25006)"},
-		{"read-only, the caller's context ended", cancelled, readOnly, ReadOnly,
+		{"read-only", live, readOnly, ErrReadOnly, "pglimit: the server is read-only (a standby?); decisions need the primary (semaphore): :  (SQLSTATE 25006)"},
+		{"read-only, the caller's context ended", cancelled, readOnly, ErrReadOnly,
 			"pglimit: the server is read-only (a standby?); decisions need the primary (semaphore): :  (SQLSTATE 25006)"},
-		{"no read-write server", live, pgconn.ErrReadOnlyConnection, ReadOnly, ""},
-		{"a server shutting down", live, shutdown, Unavailable, "pglimit: the database is unavailable (semaphore): :  (SQLSTATE 57P01)"},
-		{"a connection cut", live, io.ErrUnexpectedEOF, Unavailable, "pglimit: the database is unavailable (semaphore): unexpected EOF"},
+		{"no read-write server", live, pgconn.ErrReadOnlyConnection, ErrReadOnly, ""},
+		{"a server shutting down", live, shutdown, ErrUnavailable, "pglimit: the database is unavailable (semaphore): :  (SQLSTATE 57P01)"},
+		{"a connection cut", live, io.ErrUnexpectedEOF, ErrUnavailable, "pglimit: the database is unavailable (semaphore): unexpected EOF"},
 		{"a connection cut, the caller's context ended", cancelled, io.ErrUnexpectedEOF, nil, "pglimit: semaphore: context canceled: unexpected EOF"},
 		{"cut off by the caller's cause", goneCtx, context.Canceled, nil, "pglimit: semaphore: the client went away: context canceled"},
 		{"cut off, carrying the cause already", goneCtx, gone, nil, "pglimit: semaphore: the client went away"},
@@ -58,7 +58,7 @@ func TestWrap(t *testing.T) {
 			if !errors.Is(got, tc.err) {
 				t.Errorf("Wrap = %v, which does not wrap %v", got, tc.err)
 			}
-			for _, s := range []error{Timeout, ReadOnly, Unavailable} {
+			for _, s := range []error{ErrTimeout, ErrReadOnly, ErrUnavailable} {
 				if errors.Is(got, s) != (s == tc.want) {
 					t.Errorf("Wrap = %v, want the sentinel %v alone", got, tc.want)
 				}
