@@ -56,6 +56,42 @@ func TestDocGoBlocks(t *testing.T) {
 	}
 }
 
+// The README opens with the common case: the commands that run the demo
+// and the tests, then, before any other block or table, a short ```go
+// block of Migrate, New with a Cooldown, Allow and a decision's
+// RetryAfter, which TestDocGoBlocks holds to ExampleLimiter_Allow.
+func TestReadmeOpensWithCommonCase(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(src)
+	commands := "```sh\nmake demo    # runs the demo service"
+	first := strings.Index(readme, "```")
+	if first < 0 || !strings.HasPrefix(readme[first:], commands) || !strings.Contains(readme[first:], "\nmake test    # every test") {
+		t.Fatalf("README.md's first block is not the commands that run the demo and the tests (%q)", commands)
+	}
+	bs, err := goBlocks(readme)
+	if err != nil || len(bs) == 0 {
+		t.Fatalf("README.md has no ```go block: %v", err)
+	}
+	b := bs[0]
+	before := strings.Join(strings.Split(readme, "\n")[:b.line-1], "\n")
+	if strings.Count(before, "```") != 2 || strings.Contains(before, "\n|") {
+		t.Errorf("README.md's first ```go block (line %d) comes after another block or a table: it should follow the two commands", b.line)
+	}
+	if len(b.lines) > 15 {
+		t.Errorf("README.md's first ```go block has %d lines: the common case should take about 10", len(b.lines))
+	}
+	code := strings.Join(b.lines, "\n")
+	for _, want := range []string{"pglimit.Migrate(", "pglimit.New(", "Cooldown:", "lim.Allow(", "d.Allowed", "d.RetryAfter"} {
+		if !strings.Contains(code, want) {
+			t.Errorf("README.md's first ```go block has no %s: it should show the common case", want)
+		}
+	}
+}
+
 var fromComment = regexp.MustCompile(`^<!-- from (\S+) -->$`)
 
 // A goBlock is a ```go block of a doc: its line (of the opening fence), the

@@ -56,6 +56,41 @@ func Example() {
 	// come back within 2s: true
 }
 
+// The common case, which the README opens with: one report export per
+// user a minute, decided by the database for every instance at once. A
+// refusal says when to come back (rounded here, as the clock runs between
+// the two calls).
+func ExampleLimiter_Allow() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+
+	if err := pglimit.Migrate(ctx, pool, ""); err != nil { // at start-up, from every instance
+		panic(err)
+	}
+	lim, err := pglimit.New(pool, &pglimit.Config{Namespace: "report", Cooldown: time.Minute})
+	if err != nil {
+		panic(err)
+	}
+	for range 2 { // two requests of one user
+		d, err := lim.Allow(ctx, "user-42")
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(d.Allowed, d.RetryAfter.Round(time.Minute))
+	}
+
+	if err := lim.Reset(ctx, "user-42"); err != nil {
+		panic(err)
+	}
+	// Output:
+	// true 0s
+	// false 1m0s
+}
+
 func ExampleNewCleaner() {
 	ctx := context.Background()
 	pool := migratedPool(ctx) // as in the package example
