@@ -86,7 +86,7 @@ func Inspect(ctx context.Context, db DB, cfg *Config, key string) (KeyState, err
 	defer cancel()
 	err = db.QueryRow(ctx, inspectSQL(c), c.Namespace, key).Scan(&state, &tat, &now, &doc, &ownUntil)
 	if err != nil {
-		return KeyState{}, wrapErr(ctx, "Inspect", c.Timeout, err)
+		return KeyState{}, statementErr(ctx, db, c, pgx.Identifier{c.Schema, c.Table}.Sanitize(), shapes[c.Strategy], "Inspect", err)
 	}
 	limits := c.Limits
 	var own *KeyLimits
@@ -174,7 +174,7 @@ func LimitedKeys(ctx context.Context, db DB, cfg *Config, n int, after string, m
 	defer cancel()
 	err = db.QueryRow(ctx, queries.Text("inspect.limited", args), c.Namespace, after, max, n).Scan(&now, &page)
 	if err != nil {
-		return nil, wrapErr(ctx, "LimitedKeys", c.Timeout, err)
+		return nil, statementErr(ctx, db, c, pgx.Identifier{c.Schema, c.Table}.Sanitize(), shapes[c.Strategy], "LimitedKeys", err)
 	}
 	out := make([]KeyState, len(page))
 	for i, p := range page {

@@ -271,3 +271,19 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("with no URL: exit %d, %q; want 2 and how to give one", code, errOut)
 	}
 }
+
+// A misspelt schema is bad input, exit status 2, with a message naming the
+// table, as the library's ErrInvalidConfig says it: not status 1 and a
+// bare SQLSTATE that reads like an outage.
+func TestMisspeltSchemaCommand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.use(t, "a", 1)
+	b.env["PGLIMIT_SCHEMA"] += "x"
+	for _, args := range [][]string{{"inspect", "a"}, {"limited"}, {"overrides", "list"}} {
+		code, out, errOut := b.pglimit(t, args...)
+		if code != 2 || !strings.Contains(errOut, "invalid config") || !strings.Contains(errOut, b.env["PGLIMIT_SCHEMA"]) {
+			t.Errorf("pglimit %q with a misspelt schema: exit %d, %s%s; want 2 and ErrInvalidConfig naming %s", args, code, out, errOut, b.env["PGLIMIT_SCHEMA"])
+		}
+	}
+}
