@@ -76,6 +76,10 @@ type limiter struct {
 	verify   func(ctx context.Context, db DB) error
 	verified atomic.Bool
 
+	// recorded is set once the limiter has set out to record its policy
+	// (policies.go), at its first decision.
+	recorded atomic.Bool
+
 	batch *batch.Group[Decision] // nil when Allow calls are not batched (batched.go)
 
 	observers observers // Config.Observer, and which events it takes
