@@ -3,12 +3,14 @@ package pglimit
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
@@ -22,8 +24,8 @@ const policiesTable = "pglimit_policies"
 // database, for those who hold no [Config]: the operator command, the
 // person on call who reads a 429.
 //
-// A limiter records its policy once, at its first decision, in the
-// pglimit_policies table of its schema (migration 00011): one row per
+// A limiter over a pool records its policy once, at its first decision,
+// in the pglimit_policies table of its schema (migration 00011): one row per
 // table and namespace, holding the latest policy recorded and the one
 // recorded before it, when that differed. Both run during a rolling deploy
 // that changes a namespace's limits; the latest is the one whose limiter
@@ -130,14 +132,12 @@ func (d policyDoc) recorded(table, namespace string, at time.Time, latest bool) 
 // then one upsert, together bounded by Config.Timeout. Nothing depends on
 // it: where it cannot write (a schema migrated before 00011, a role without
 // INSERT on the table, a standby) the limiter decides as before, and the
-// reason is logged once (slog's default logger, at Warn). A limiter whose
-// db is a transaction records nothing: a failed statement would abort it,
-// and its rollback would undo the record.
+// reason is logged once (slog's default logger, at Warn). Only a limiter
+// over a pool records: one over a single connection or a transaction would
+// use it at the same time as its decisions do, which neither allows, and a
+// failed statement would abort the transaction.
 func (l *limiter) record() {
-	if !l.recorded.CompareAndSwap(false, true) {
-		return
-	}
-	if _, tx := l.db.(interface{ Commit(context.Context) error }); tx {
+	if !isPool(l.db) || !l.recorded.CompareAndSwap(false, true) {
 		return
 	}
 	go func() {
@@ -166,4 +166,15 @@ func (l *limiter) recordPolicy(ctx context.Context) error {
 	}
 	_, err = l.db.Exec(ctx, queries.Text("policies.record", queries.Args{"policies": table}), l.cfg.Table, l.cfg.Namespace, string(doc))
 	return err
+}
+
+// isPool reports whether db is a pool, safe for concurrent use: a
+// *pgxpool.Pool, or database/sql's (pglimitsql.DB), with or without a
+// bound on its connections.
+func isPool(db DB) bool {
+	switch db.(type) {
+	case *pgxpool.Pool, interface{ Stats() sql.DBStats }:
+		return true
+	}
+	return false
 }

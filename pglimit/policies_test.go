@@ -139,3 +139,34 @@ func TestRecordedPoliciesUnmigrated(t *testing.T) {
 		t.Errorf("RecordedPolicies without the table: %v; want ErrInvalidConfig naming it and Migrate", err)
 	}
 }
+
+// A limiter over one connection, which is not safe for concurrent use,
+// records nothing: recording beside its decisions would use the connection
+// at the same time as they do ("conn busy"). So does one over a
+// transaction, which a failed statement would abort.
+func TestRecordedPoliciesNotOverAConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := testdb.Pool(t), testdb.Schema(t)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, db := range []pglimit.DB{conn.Conn(), tx} {
+		lim, err := pglimit.New(db, &pglimit.Config{Schema: schema, Namespace: fmt.Sprintf("%T", db), Limits: []pglimit.Limit{pglimit.PerMinute(1000)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 50 {
+			if _, err := lim.Allow(ctx, fmt.Sprint("k", i)); err != nil {
+				t.Fatalf("Allow %d over %T: %v", i+1, db, err)
+			}
+		}
+	}
+}
