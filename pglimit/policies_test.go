@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/stdlib"
+
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitsql"
 )
 
 // limitWords is a limit's exported fields, for comparing limits whatever
@@ -71,6 +74,17 @@ func TestRecordedPolicies(t *testing.T) {
 		got[0].Strategy != pglimit.NoWait || limitWords(got[0].Limits) != limitWords(want.Limits) || got[0].Recorded.IsZero() {
 		t.Errorf("recorded %+v; want %+v on pglimit_nowait with Overrides", got, want)
 	}
+	// database/sql's pool, through pglimitsql, records too.
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	viaSQL, err := pglimit.New(pglimitsql.DB(sqlDB), &pglimit.Config{Schema: schema, Namespace: "items-sql", Cooldown: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := viaSQL.Allow(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	waitRecorded(t, pool, schema, func(r []pglimit.RecordedPolicy) bool { return len(r) == 2 && r[1].Namespace == "items-sql" })
 	if _, err := pglimit.RecordedPolicies(ctx, pool, "bad schema"); !errors.Is(err, pglimit.ErrInvalidConfig) {
 		t.Errorf("RecordedPolicies of a bad schema name: %v; want ErrInvalidConfig", err)
 	}
