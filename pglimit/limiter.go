@@ -76,9 +76,11 @@ type limiter struct {
 	verify   func(ctx context.Context, db DB) error
 	verified atomic.Bool
 
-	// recorded is set once the limiter has set out to record its policy
-	// (policies.go), at its first decision.
-	recorded atomic.Bool
+	// recordAt says when the limiter is to record its policy
+	// (policies.go): 0 at its first decision, -1 never again (recorded,
+	// under way, or failed for good), else not before this time, in
+	// Unix nanoseconds, after a failure that may pass.
+	recordAt atomic.Int64
 
 	batch *batch.Group[Decision] // nil when Allow calls are not batched (batched.go)
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -127,25 +128,43 @@ func (d policyDoc) recorded(table, namespace string, at time.Time, latest bool) 
 	return p
 }
 
-// record records the limiter's policy in pglimit_policies, once, on a
-// goroutine of its own, so that no decision waits for it: a catalog read,
-// then one upsert, together bounded by Config.Timeout. Nothing depends on
-// it: where it cannot write (a schema migrated before 00011, a role without
-// INSERT on the table, a standby) the limiter decides as before, and the
-// reason is logged once (slog's default logger, at Warn). Only a limiter
-// over a pool records: one over a single connection or a transaction would
-// use it at the same time as its decisions do, which neither allows, and a
-// failed statement would abort the transaction.
+// recordRetry is how soon a record that failed for a reason that may pass
+// is tried again, at the next decision after it.
+const recordRetry = time.Minute
+
+// errNoPoliciesTable is a schema without pglimit_policies, or a standby.
+var errNoPoliciesTable = errors.New("no table to record the policy in")
+
+// record records the limiter's policy in pglimit_policies, at its first
+// decision, on a goroutine of its own, so that no decision waits for it: a
+// catalog read, then one upsert, together bounded by Config.Timeout.
+// Nothing depends on it: where it cannot write, the limiter decides as
+// before, and the first failure is logged (slog's default logger, at
+// Warn). A failure that may pass (the database unavailable or slow, a
+// schema not migrated yet, a standby) is tried again at the first decision
+// a minute (recordRetry) later; any other (a role without INSERT on the
+// table) is not, so that the server's log does not repeat it. Only a
+// limiter over a pool records: one over a single connection or a
+// transaction would use it at the same time as its decisions do, which
+// neither allows, and a failed statement would abort the transaction.
 func (l *limiter) record() {
-	if !isPool(l.db) || !l.recorded.CompareAndSwap(false, true) {
+	at := l.recordAt.Load()
+	if at < 0 || at > 0 && time.Now().UnixNano() < at || !isPool(l.db) || !l.recordAt.CompareAndSwap(at, -1) {
 		return
 	}
 	go func() {
 		ctx, cancel := context.WithTimeoutCause(context.Background(), l.cfg.Timeout, ErrTimeout)
 		defer cancel()
-		if err := l.recordPolicy(ctx); err != nil {
+		err := l.recordPolicy(ctx)
+		if err == nil {
+			return
+		}
+		if at == 0 {
 			slog.Warn("pglimit: the limiter's policy was not recorded; the operator command cannot check a description of it",
 				"namespace", l.cfg.Namespace, "table", l.table, "error", err)
+		}
+		if errors.Is(err, errNoPoliciesTable) || ctx.Err() != nil || pgtx.Unavailable(err) || pgtx.ReadOnly(err) {
+			l.recordAt.Store(time.Now().Add(cmp.Or(l.cfg.recordRetry, recordRetry)).UnixNano())
 		}
 	}()
 }
@@ -158,7 +177,7 @@ func (l *limiter) recordPolicy(ctx context.Context) error {
 		return err
 	}
 	if !can {
-		return fmt.Errorf("table %s does not exist (apply migration 00011: pglimit.Migrate), or the server is a standby", table)
+		return fmt.Errorf("%w: table %s does not exist (apply migration 00011: pglimit.Migrate), or the server is a standby", errNoPoliciesTable, table)
 	}
 	doc, err := json.Marshal(newPolicyDoc(l.cfg))
 	if err != nil {

@@ -184,3 +184,43 @@ func TestRecordedPoliciesNotOverAConnection(t *testing.T) {
 		}
 	}
 }
+
+// A limiter whose first record failed for a reason that may pass (here, a
+// schema not migrated yet) tries again at a later decision, and records
+// once it can.
+func TestRecordedPoliciesRetry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema, migrated := testdb.Pool(t), testdb.Schema(t), testdb.Schema(t)
+	if _, err := pool.Exec(ctx, "DROP TABLE "+schema+".pglimit_policies"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := pglimit.Config{Schema: schema, Namespace: "late", Cooldown: time.Minute}
+	pglimit.SetRecordRetry(&cfg, 10*time.Millisecond)
+	lim, err := pglimit.New(pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lim.Allow(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	// The migration arrives after the limiter's first decision.
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".pglimit_policies (LIKE "+migrated+".pglimit_policies INCLUDING ALL)"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := lim.Peek(ctx, "k", 1); err != nil {
+			t.Fatal(err)
+		}
+		got, err := pglimit.RecordedPolicies(ctx, pool, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) == 1 && got[0].Namespace == "late" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s of decisions, recorded %+v; want the limiter's policy", got)
+		}
+	}
+}
