@@ -81,6 +81,8 @@ type limiter struct {
 	// under way, or failed for good), else not before this time, in
 	// Unix nanoseconds, after a failure that may pass.
 	recordAt atomic.Int64
+	// recordLogged is set once a failed record has been logged.
+	recordLogged atomic.Bool
 
 	batch *batch.Group[Decision] // nil when Allow calls are not batched (batched.go)
 

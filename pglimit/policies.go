@@ -135,12 +135,13 @@ const recordRetry = time.Minute
 // errNoPoliciesTable is a schema without pglimit_policies, or a standby.
 var errNoPoliciesTable = errors.New("no table to record the policy in")
 
-// record records the limiter's policy in pglimit_policies, at its first
-// decision, on a goroutine of its own, so that no decision waits for it: a
-// catalog read, then one upsert, together bounded by Config.Timeout.
-// Nothing depends on it: where it cannot write, the limiter decides as
-// before, and the first failure is logged (slog's default logger, at
-// Warn). A failure that may pass (the database unavailable or slow, a
+// record records the limiter's policy in pglimit_policies, once its first
+// decision is made, on a goroutine of its own, so that no decision waits
+// for it: a catalog read, then one upsert, together bounded by
+// Config.Timeout. Nothing depends on it: where it cannot write, the
+// limiter decides as before, and the first failure other than the database
+// out of reach, slow or read-only (which the decisions report) is logged
+// (slog's default logger, at Warn). A failure that may pass (the database unavailable or slow, a
 // schema not migrated yet, a standby) is tried again at the first decision
 // a minute (recordRetry) later; any other (a role without INSERT on the
 // table) is not, so that the server's log does not repeat it. Only a
@@ -159,11 +160,14 @@ func (l *limiter) record() {
 		if err == nil {
 			return
 		}
-		if at == 0 {
+		// The database out of reach, slow or read-only is the decisions'
+		// to report; this says only what they do not.
+		passing := ctx.Err() != nil || pgtx.Unavailable(err) || pgtx.ReadOnly(err)
+		if !passing && !l.recordLogged.Swap(true) {
 			slog.Warn("pglimit: the limiter's policy was not recorded; the operator command cannot check a description of it",
 				"namespace", l.cfg.Namespace, "table", l.table, "error", err)
 		}
-		if errors.Is(err, errNoPoliciesTable) || ctx.Err() != nil || pgtx.Unavailable(err) || pgtx.ReadOnly(err) {
+		if passing || errors.Is(err, errNoPoliciesTable) {
 			l.recordAt.Store(time.Now().Add(cmp.Or(l.cfg.recordRetry, recordRetry)).UnixNano())
 		}
 	}()
