@@ -169,6 +169,10 @@ type Config struct {
 	// Defaults to nil: no decision pays for observation beyond a nil
 	// check.
 	Observer Observer
+
+	// recordRetry, a test lever, is how soon a record of the policy that
+	// failed is tried again (policies.go); zero means recordRetry.
+	recordRetry time.Duration
 }
 
 const (

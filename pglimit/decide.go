@@ -121,6 +121,7 @@ func (l *limiter) decideValid(ctx context.Context, r request, invalid error, fn 
 	if err := ValidateKey(r.key); err != nil {
 		return Decision{}, err
 	}
+	defer l.record() // after the decision, which it must not slow down
 	if r.via.fallback && l.fallback != nil {
 		return l.withFallback(ctx, r.key, r.n, func() (Decision, error) { return l.enforce(ctx, r, fn) })
 	}

@@ -69,6 +69,17 @@
 // all replenished more than CleanerConfig.Retention ago. Cleaner.Stats exposes
 // what it did for metrics.
 //
+// # Recorded policies
+//
+// A limiter records its policy (strategy, limits, per-key limits) in the
+// pglimit_policies table of its schema once, at its first decision, off
+// the decision's path; [RecordedPolicies] reads it, and the pglimit command
+// checks a description of a limiter against it, or uses it. During a
+// rolling deploy that changes a namespace's limits, the table keeps the
+// latest policy recorded and the one before it, and both versions decide as
+// they always did. A schema migrated before the table existed, or a role
+// that may not write it, records nothing and decides as before.
+//
 // # Citus
 //
 // On a Citus cluster, run [Distribute] on the coordinator after [Migrate]:

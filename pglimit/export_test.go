@@ -2,6 +2,7 @@ package pglimit
 
 import (
 	"context"
+	"time"
 
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 )
@@ -46,3 +47,7 @@ func UseFunctions(lim Limiter) {
 	s := l.distributedStatements()
 	l.dist.Store(&s)
 }
+
+// SetRecordRetry makes a limiter built from cfg try a failed record of its
+// policy again after d instead of a minute.
+func SetRecordRetry(cfg *Config, d time.Duration) { cfg.recordRetry = d }

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
-	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -87,7 +86,7 @@ func Inspect(ctx context.Context, db DB, cfg *Config, key string) (KeyState, err
 	defer cancel()
 	err = db.QueryRow(ctx, inspectSQL(c), c.Namespace, key).Scan(&state, &tat, &now, &doc, &ownUntil)
 	if err != nil {
-		return KeyState{}, fault.Wrap(ctx, "Inspect", c.Timeout, err)
+		return KeyState{}, statementErr(ctx, db, c, pgx.Identifier{c.Schema, c.Table}.Sanitize(), shapes[c.Strategy], "Inspect", err)
 	}
 	limits := c.Limits
 	var own *KeyLimits
@@ -175,7 +174,7 @@ func LimitedKeys(ctx context.Context, db DB, cfg *Config, n int, after string, m
 	defer cancel()
 	err = db.QueryRow(ctx, queries.Text("inspect.limited", args), c.Namespace, after, max, n).Scan(&now, &page)
 	if err != nil {
-		return nil, fault.Wrap(ctx, "LimitedKeys", c.Timeout, err)
+		return nil, statementErr(ctx, db, c, pgx.Identifier{c.Schema, c.Table}.Sanitize(), shapes[c.Strategy], "LimitedKeys", err)
 	}
 	out := make([]KeyState, len(page))
 	for i, p := range page {

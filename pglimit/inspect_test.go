@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -210,5 +211,44 @@ func TestSetKeyLimitsFor(t *testing.T) {
 	}
 	if own, err := pglimit.ListKeyLimits(ctx, pool, &cfg, "", 10); err != nil || len(own) != 0 {
 		t.Errorf("ListKeyLimits once they lapsed: %+v, %v; want none", own, err)
+	}
+}
+
+// A Table or Schema that names no table makes Inspect, LimitedKeys,
+// ListKeyLimits and SetKeyLimits fail with ErrInvalidConfig naming it, as
+// a decision does, not with a bare SQLSTATE 42P01 that looks like an
+// outage. ListKeyLimits and SetKeyLimits read the schema's table of own
+// limits, not Table: only a misspelt schema fails them.
+func TestInspectMisspeltTableIsInvalidConfig(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := testdb.Pool(t), testdb.Schema(t)
+	for _, tc := range []struct {
+		name   string
+		cfg    pglimit.Config
+		names  string
+		schema bool // the misspelling is the schema's
+	}{
+		{"misspelt table", pglimit.Config{Schema: schema, Table: "pglimit_upsrt", Namespace: "ns", Overrides: true, Limits: inspectLimits}, "pglimit_upsrt", false},
+		{"misspelt schema", pglimit.Config{Schema: schema + "x", Namespace: "ns", Overrides: true, Limits: inspectLimits}, schema + "x", true},
+		{"Upsert on a Range table", pglimit.Config{Schema: schema, Table: "pglimit_range", Namespace: "ns", Limits: inspectLimits}, "pglimit_range", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := func(what string, err error) {
+				t.Helper()
+				if !errors.Is(err, pglimit.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.names) {
+					t.Errorf("%s: %v; want ErrInvalidConfig naming %s", what, err, tc.names)
+				}
+			}
+			_, err := pglimit.Inspect(ctx, pool, &tc.cfg, "k")
+			want("Inspect", err)
+			_, err = pglimit.LimitedKeys(ctx, pool, &tc.cfg, 1, "", 10)
+			want("LimitedKeys", err)
+			if tc.schema {
+				_, err = pglimit.ListKeyLimits(ctx, pool, &tc.cfg, "", 10)
+				want("ListKeyLimits", err)
+				want("SetKeyLimits", pglimit.SetKeyLimits(ctx, pool, &tc.cfg, "k", pglimit.Limit{Name: "per-minute", Burst: 9}))
+			}
+		})
 	}
 }

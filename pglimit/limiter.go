@@ -76,6 +76,14 @@ type limiter struct {
 	verify   func(ctx context.Context, db DB) error
 	verified atomic.Bool
 
+	// recordAt says when the limiter is to record its policy
+	// (policies.go): 0 at its first decision, -1 never again (recorded,
+	// under way, or failed for good), else not before this time, in
+	// Unix nanoseconds, after a failure that may pass.
+	recordAt atomic.Int64
+	// recordLogged is set once a failed record has been logged.
+	recordLogged atomic.Bool
+
 	batch *batch.Group[Decision] // nil when Allow calls are not batched (batched.go)
 
 	observers observers // Config.Observer, and which events it takes

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
-	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -262,7 +261,7 @@ func setKeyLimits(ctx context.Context, db DB, cfg *Config, key string, ttl *int6
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
 	if _, err = db.Exec(ctx, sql, args...); err != nil {
-		return fault.Wrap(ctx, "SetKeyLimits", c.Timeout, err)
+		return statementErr(ctx, db, c, table, nil, "SetKeyLimits", err)
 	}
 	return nil
 }
@@ -317,7 +316,7 @@ func ListKeyLimits(ctx context.Context, db DB, cfg *Config, after string, max in
 		Updated time.Time   `json:"updated"`
 	}
 	if err := db.QueryRow(ctx, sql, c.Namespace, after, max).Scan(&page); err != nil {
-		return nil, fault.Wrap(ctx, "ListKeyLimits", c.Timeout, err)
+		return nil, statementErr(ctx, db, c, table, nil, "ListKeyLimits", err)
 	}
 	out := make([]KeyLimits, len(page))
 	for i, p := range page {

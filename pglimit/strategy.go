@@ -2,11 +2,13 @@ package pglimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
@@ -96,27 +98,52 @@ var shapes = map[Strategy][]string{
 // SQLSTATE (42P01, 42703) that looks like an outage. It reads the catalog
 // only, so that it aborts no caller's transaction.
 func (l *limiter) checkTable(ctx context.Context, db DB) error {
+	return checkTableOf(ctx, db, l.cfg, l.table, shapes[l.cfg.Strategy])
+}
+
+// checkTableOf is checkTable for table, of c, which must have the columns
+// shape.
+func checkTableOf(ctx context.Context, db DB, c Config, table string, shape []string) error {
 	var (
 		exists bool
 		lines  string
 	)
-	if err := db.QueryRow(ctx, queries.Static("table.columns"), l.table).Scan(&exists, &lines); err != nil {
-		return fmt.Errorf("look up table %s: %w", l.table, err)
+	if err := db.QueryRow(ctx, queries.Static("table.columns"), table).Scan(&exists, &lines); err != nil {
+		return fmt.Errorf("look up table %s: %w", table, err)
 	}
 	columns := strings.Split(lines, "\n")
 	if !exists {
 		return fmt.Errorf("%w: table %s does not exist (Config.Schema %q, Config.Table %q): check both names, or apply the migrations to the schema (pglimit.Migrate)",
-			ErrInvalidConfig, l.table, l.cfg.Schema, l.cfg.Table)
+			ErrInvalidConfig, table, c.Schema, c.Table)
 	}
 	var missing []string
-	for _, col := range shapes[l.cfg.Strategy] {
+	for _, col := range shape {
 		if !slices.Contains(columns, col) {
 			missing = append(missing, col)
 		}
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: table %s (Config.Table %q) lacks the columns strategy %s uses: %s (its columns: %s); the migrations create %s for %s",
-			ErrInvalidConfig, l.table, l.cfg.Table, l.cfg.Strategy, strings.Join(missing, ", "), strings.Join(columns, ", "), defaultTables[l.cfg.Strategy], l.cfg.Strategy)
+			ErrInvalidConfig, table, c.Table, c.Strategy, strings.Join(missing, ", "), strings.Join(columns, ", "), defaultTables[c.Strategy], c.Strategy)
 	}
 	return nil
+}
+
+// statementErr is err, the failure of op's statement on table (of c, with
+// the columns shape), as fault.Wrap words it, or as ErrInvalidConfig naming
+// the table where the server says that a table or a column does not exist (42P01, 42703): a
+// misspelt Schema or Table, or a schema not migrated, is not an outage.
+// It reads the catalog only after a statement has failed, so it costs the
+// calls that succeed nothing. In a caller's transaction, which the failure
+// has aborted, the lookup fails too, and the server's words, which name
+// the relation, say it instead.
+func statementErr(ctx context.Context, db DB, c Config, table string, shape []string, op string, err error) error {
+	if code := pgtx.Code(err); code != pgtx.CodeUndefinedTable && code != pgtx.CodeUndefinedColumn {
+		return fault.Wrap(ctx, op, c.Timeout, err)
+	}
+	if cerr := checkTableOf(ctx, db, c, table, shape); errors.Is(cerr, ErrInvalidConfig) {
+		return fmt.Errorf("%w (%s)", cerr, op)
+	}
+	return fmt.Errorf("%w: %s on table %s (Config.Schema %q, Config.Table %q): %w: check both names, or apply the migrations to the schema (pglimit.Migrate)",
+		ErrInvalidConfig, op, table, c.Schema, c.Table, err)
 }

@@ -11,10 +11,17 @@
 //	pglimit [flags] reset KEY
 //	pglimit [flags] cleaner [-tables T1,T2] [-retention DURATION]
 //
-// The limiter is described as the application configures it: its
-// namespace, strategy, limits and whether it has per-key limits
-// (-namespace, -strategy, -limit, -cooldown, -overrides, or their
-// PGLIMIT_ variables). The database URL comes from -database-url or
+// The limiter is the one its namespace recorded: a limiter records its
+// policy (strategy, limits, per-key limits) in its schema at its first
+// decision (pglimit.RecordedPolicies), so -namespace (or
+// PGLIMIT_NAMESPACE) and -schema are enough. A description given as well
+// (-strategy, -limit, -cooldown, -overrides, or their PGLIMIT_ variables)
+// is checked against it: one that differs from the latest recorded policy,
+// and from the one before it, which a rolling deploy may still run, is
+// refused with exit status 2 naming each difference, as is a namespace
+// that recorded none, naming those that did, closest first. In a schema
+// migrated before limiters recorded their policies, the description is
+// taken as given, with a warning. The database URL comes from -database-url or
 // DATABASE_URL. Every command is one statement of the library's Go API
 // (Inspect, LimitedKeys, ListKeyLimits, SetKeyLimits, SetKeyLimitsFor,
 // Reset, InspectCleaner). With -dry-run a command that writes runs in a
@@ -56,6 +63,7 @@ type options struct {
 	cfg         pglimit.Config
 	json        bool
 	dryRun      bool
+	given       given // what the flags describe of the limiter
 }
 
 const usage = `usage: pglimit [flags] COMMAND [ARGS]
@@ -74,7 +82,7 @@ Commands:
                                   the cleanup job's leader and each table's backlog
 
 A limit (-limit, repeated; or PGLIMIT_LIMITS, separated by ";"):
-  [NAME=]RATE/PERIOD[,burst=N][,fixed|,sliding][,tz=ZONE]
+  [NAME=]RATE/PERIOD[,burst=N][,debt=N][,fixed|,sliding][,tz=ZONE]
   such as per-minute=5/1m,burst=3  daily=1000/day,tz=Europe/Paris  hourly=100/1h,sliding
 
 Flags:
@@ -86,7 +94,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return 0
 	}
 	if err == nil {
-		err = o.command(ctx, rest, stdout)
+		err = o.command(ctx, rest, stdout, stderr)
 	}
 	if err == nil {
 		return 0
@@ -125,9 +133,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	var strategy string
 	fs.StringVar(&o.databaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL URL (env DATABASE_URL)")
 	fs.StringVar(&o.cfg.Schema, "schema", env("PGLIMIT_SCHEMA", ""), `the limiter's schema (env PGLIMIT_SCHEMA; "" means public)`)
-	fs.StringVar(&o.cfg.Namespace, "namespace", env("PGLIMIT_NAMESPACE", ""), "the limiter's Config.Namespace (env PGLIMIT_NAMESPACE; empty: derived from its limits, as the library does)")
+	fs.StringVar(&o.cfg.Namespace, "namespace", env("PGLIMIT_NAMESPACE", ""), "the limiter's Config.Namespace (env PGLIMIT_NAMESPACE; empty: derived from -limit, as the library does, or else the only one the schema recorded)")
 	fs.StringVar(&strategy, "strategy", env("PGLIMIT_STRATEGY", "upsert"), "upsert or nowait (env PGLIMIT_STRATEGY)")
-	fs.Func("limit", "one of the limiter's limits, in its order; repeat for each (env PGLIMIT_LIMITS)", func(s string) error {
+	fs.Func("limit", "one of the limiter's limits, in its order; repeat for each (env PGLIMIT_LIMITS; default: those the namespace recorded, which a description must match)", func(s string) error {
 		if fromEnv {
 			limits, fromEnv = nil, false // the flags replace the environment's
 		}
@@ -145,6 +153,19 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 		}
 		return nil, nil, usageError{err}
 	}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "strategy":
+			o.given.strategy = true
+		case "limit", "cooldown":
+			o.given.limits = true
+		case "overrides":
+			o.given.overrides = true
+		}
+	})
+	o.given.strategy = o.given.strategy || getenv("PGLIMIT_STRATEGY") != ""
+	o.given.limits = o.given.limits || limits != nil
+	o.given.overrides = o.given.overrides || getenv("PGLIMIT_OVERRIDES") != ""
 	var err error
 	if o.cfg.Strategy, err = pglimit.ParseStrategy(strategy); err != nil {
 		return nil, nil, err
@@ -164,7 +185,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 }
 
 // command runs the command args names.
-func (o *options) command(ctx context.Context, args []string, stdout io.Writer) error {
+func (o *options) command(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	name, args := args[0], args[1:]
 	if name == "overrides" {
 		if len(args) == 0 {
@@ -200,9 +221,6 @@ func (o *options) command(ctx context.Context, args []string, stdout io.Writer) 
 	if _, ok := usages[name]; !ok {
 		return usageError{fmt.Errorf("unknown command %q", name)}
 	}
-	if strings.HasPrefix(name, "overrides ") && !o.cfg.Overrides {
-		return usageError{fmt.Errorf("%s: the limiter described reads no per-key limits: pass -overrides before the command (or set PGLIMIT_OVERRIDES=true), as its Config sets Overrides", name)}
-	}
 	if o.databaseURL == "" {
 		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
 	}
@@ -212,6 +230,14 @@ func (o *options) command(ctx context.Context, args []string, stdout io.Writer) 
 	}
 	defer pool.Close()
 	p := printer{w: stdout, json: o.json}
+	if name != "cleaner" {
+		if err := o.resolve(ctx, pool, stderr); err != nil {
+			return err
+		}
+	}
+	if strings.HasPrefix(name, "overrides ") && !o.cfg.Overrides {
+		return usageError{fmt.Errorf("%s: the limiter described reads no per-key limits: pass -overrides before the command (or set PGLIMIT_OVERRIDES=true), as its Config sets Overrides", name)}
+	}
 
 	switch name {
 	case "inspect":

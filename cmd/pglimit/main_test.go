@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +41,7 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
+	record(t, pool, lim, schema)
 	return &bundle{pool: pool, cfg: cfg, lim: lim, env: map[string]string{
 		"DATABASE_URL":      testdb.URL(t),
 		"PGLIMIT_SCHEMA":    schema,
@@ -47,6 +49,33 @@ func setup(t *testing.T) *bundle {
 		"PGLIMIT_OVERRIDES": "true",
 		"PGLIMIT_LIMITS":    "per-minute=5/1m,burst=3; per-day=20/day,tz=Europe/Paris",
 	}}
+}
+
+// record has lim record its policy, as its first decision does (Peek, which
+// consumes nothing), and waits until schema holds it: the record is
+// written on a goroutine of its own. It gives up after 10 s, far past one
+// catalog read and one upsert on a loaded machine.
+func record(t *testing.T, pool *pgxpool.Pool, lim pglimit.Limiter, schema string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := lim.Peek(ctx, "record-policy", 1); err != nil {
+		t.Fatal(err)
+	}
+	want := lim.Policy()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		recs, err := pglimit.RecordedPolicies(ctx, pool, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(recs, func(r pglimit.RecordedPolicy) bool {
+			return r.Latest && r.Namespace == want.Namespace && words(r.Limits) == words(want.Limits)
+		}) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("namespace %s not recorded after 10 s: %+v", want.Namespace, recs)
+		}
+	}
 }
 
 // pglimit runs the command with args, and returns its exit status and
@@ -269,5 +298,137 @@ func TestBadInput(t *testing.T) {
 	b.env["DATABASE_URL"] = ""
 	if code, _, errOut := b.pglimit(t, "inspect", "a"); code != 2 || !strings.Contains(errOut, "DATABASE_URL") {
 		t.Errorf("with no URL: exit %d, %q; want 2 and how to give one", code, errOut)
+	}
+}
+
+// A misspelt schema is bad input, exit status 2, with a message naming the
+// table, as the library's ErrInvalidConfig says it: not status 1 and a
+// bare SQLSTATE that reads like an outage.
+func TestMisspeltSchemaCommand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.use(t, "a", 1)
+	b.env["PGLIMIT_SCHEMA"] += "x"
+	for _, args := range [][]string{{"inspect", "a"}, {"limited"}, {"overrides", "list"}} {
+		code, out, errOut := b.pglimit(t, args...)
+		if code != 2 || !strings.Contains(errOut, "invalid config") || !strings.Contains(errOut, b.env["PGLIMIT_SCHEMA"]) {
+			t.Errorf("pglimit %q with a misspelt schema: exit %d, %s%s; want 2 and ErrInvalidConfig naming %s", args, code, out, errOut, b.env["PGLIMIT_SCHEMA"])
+		}
+	}
+}
+
+// The command believed whatever limiter it was described, and exited 0:
+// each case below read a key its 3 s cooldown refuses as another limiter's
+// state. Each is refused now, naming the difference, and with no
+// description the command uses the one the limiter recorded.
+func TestDescriptionMustMatchRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, pool := testdb.Schema(t), testdb.Pool(t)
+	cfg := pglimit.Config{Schema: schema, Namespace: "partner-export", Overrides: true, Limits: []pglimit.Limit{
+		{Name: "cooldown", Rate: 1, Period: 3 * time.Second, Burst: 2},
+		{Name: "daily", Rate: 100, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow},
+	}}
+	lim, err := pglimit.New(pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	record(t, pool, lim, schema)
+	for _, ns := range []string{"billing", "partner-import"} {
+		other, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Namespace: ns, Cooldown: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		record(t, pool, other, schema)
+	}
+	// The key's own burst is 1: one request, and the cooldown refuses it.
+	if err := pglimit.SetKeyLimits(ctx, pool, &cfg, "k", pglimit.Limit{Name: "cooldown", Burst: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	b := &bundle{env: map[string]string{"DATABASE_URL": testdb.URL(t), "PGLIMIT_SCHEMA": schema}}
+	limits := []string{"-limit", "cooldown=1/3s,burst=2", "-limit", "daily=100/24h,fixed"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // in the message
+	}{
+		{"namespace typo", append([]string{"-namespace", "partner-exprot", "-overrides"}, limits...),
+			`namespace "partner-exprot" has no recorded policy in schema "` + schema + `" (a limiter records its own at its first decision); namespaces recorded, closest first: partner-export, partner-import, billing`},
+		{"wrong period", []string{"-namespace", "partner-export", "-overrides", "-limit", "cooldown=1/1h,burst=2", "-limit", "daily=100/24h,fixed"},
+			"limit 1: described cooldown=1/1h0m0s,burst=2, recorded cooldown=1/3s,burst=2"},
+		{"limits in reverse order", []string{"-namespace", "partner-export", "-overrides", "-limit", "daily=100/24h,fixed", "-limit", "cooldown=1/3s,burst=2"},
+			"limit 1: described daily=100/24h0m0s,fixed, recorded cooldown=1/3s,burst=2; limit 2: described cooldown=1/3s,burst=2, recorded daily=100/24h0m0s,fixed"},
+		{"forgotten -overrides", append([]string{"-namespace", "partner-export"}, limits...),
+			"per-key limits: the limiter reads them, the description does not (pass -overrides"},
+		{"no namespace, several recorded", []string{}, "no namespace given"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := b.pglimit(t, append(tc.args, "inspect", "k")...)
+			if code != 2 || !strings.Contains(errOut, tc.want) {
+				t.Errorf("pglimit %q inspect k: exit %d, stdout:\n%sstderr: %s\nwant exit 2 and a message with %q", tc.args, code, out, errOut, tc.want)
+			}
+		})
+	}
+	t.Run("the recorded policy", func(t *testing.T) {
+		code, out, errOut := b.pglimit(t, "-namespace", "partner-export", "inspect", "k")
+		if code != 0 || errOut != "" || !strings.Contains(out, "refused now: a request of 1 unit may pass in") || !strings.Contains(out, "own limits: cooldown burst 1") {
+			t.Errorf("pglimit -namespace partner-export inspect k: exit %d, stdout:\n%sstderr: %s\nwant k refused under its own burst of 1", code, out, errOut)
+		}
+		code, out, errOut = b.pglimit(t, append(append([]string{"-namespace", "partner-export", "-overrides"}, limits...), "inspect", "k")...)
+		if code != 0 || errOut != "" || !strings.Contains(out, "refused now: a request of 1 unit may pass in") {
+			t.Errorf("pglimit with the right description: exit %d, stdout:\n%sstderr: %s", code, out, errOut)
+		}
+	})
+}
+
+// In a schema migrated before limiters recorded their policies the command
+// takes the description as given, and says that it could not check it;
+// with no description it says what is missing.
+func TestUnrecordedSchemaCommand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.use(t, "a", 3)
+	if _, err := b.pool.Exec(context.Background(), "DROP TABLE "+b.cfg.Schema+".pglimit_policies"); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := b.pglimit(t, "inspect", "a")
+	if code != 0 || !strings.Contains(errOut, "warning: the limiter described is not checked") || !strings.Contains(out, "refused now: a request of 1 unit") {
+		t.Errorf("inspect on a schema without pglimit_policies: exit %d, %s%s; want the described limiter's answer and a warning", code, out, errOut)
+	}
+	b.env["PGLIMIT_LIMITS"] = ""
+	code, out, errOut = b.pglimit(t, "inspect", "a")
+	if code != 2 || !strings.Contains(errOut, `pglimit_policies" does not exist`) || !strings.Contains(errOut, "Migrate") {
+		t.Errorf("inspect with no description on a schema without pglimit_policies: exit %d, %s%s; want 2, the table and Migrate", code, out, errOut)
+	}
+}
+
+// During a rolling deploy that changes a namespace's limits, both versions'
+// policies are recorded: the command uses the latest and names the one
+// before it, and a description of the one before it is taken, with a
+// warning.
+func TestRollingDeployCommand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	next := b.cfg
+	next.Limits = []pglimit.Limit{{Name: "per-minute", Rate: 10, Period: time.Minute, Burst: 3}, b.cfg.Limits[1]}
+	lim, err := pglimit.New(b.pool, &next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	record(t, b.pool, lim, b.cfg.Schema)
+
+	code, out, errOut := b.pglimit(t, "inspect", "a") // the environment describes the version before
+	if code != 0 || !strings.Contains(errOut, `warning: the limiter described is namespace "items"'s policy before the latest`) ||
+		!strings.Contains(errOut, "limit 1: described per-minute=5/1m0s,burst=3, recorded per-minute=10/1m0s,burst=3") || !strings.Contains(out, "5 per 1m0s") {
+		t.Errorf("inspect described as the version before: exit %d, %s%s; want it, and a warning naming the difference", code, out, errOut)
+	}
+	b.env["PGLIMIT_LIMITS"] = ""
+	code, out, errOut = b.pglimit(t, "inspect", "a")
+	if code != 0 || !strings.Contains(out, "10 per 1m0s") || !strings.Contains(errOut, "note: namespace \"items\" recorded another policy before the latest") ||
+		!strings.Contains(errOut, "per-minute=5/1m0s,burst=3") {
+		t.Errorf("inspect with no description: exit %d, %s%s; want the latest, and a note naming the one before", code, out, errOut)
 	}
 }

@@ -16,7 +16,7 @@ var calendarUnits = []string{"minute", "hour", "day", "week", "month", "year"}
 // parseLimit reads a limit as the command takes it, the limiter's own
 // fields in a line:
 //
-//	[NAME=]RATE/PERIOD[,burst=N][,fixed|,sliding][,tz=ZONE]
+//	[NAME=]RATE/PERIOD[,burst=N][,debt=N][,fixed|,sliding][,tz=ZONE]
 //
 // PERIOD is a Go duration (1m, 24h) or a calendar unit (day, month, ...),
 // which makes a FixedWindow aligned to the calendar of tz (UTC by
@@ -31,7 +31,7 @@ func parseLimit(s string) (pglimit.Limit, error) {
 	}
 	rate, period, ok := strings.Cut(head, "/")
 	if !ok {
-		return l, fmt.Errorf("limit %q: want [NAME=]RATE/PERIOD[,burst=N][,fixed|,sliding][,tz=ZONE]", s)
+		return l, fmt.Errorf("limit %q: want [NAME=]RATE/PERIOD[,burst=N][,debt=N][,fixed|,sliding][,tz=ZONE]", s)
 	}
 	var err error
 	if l.Rate, err = strconv.Atoi(rate); err != nil {
@@ -49,6 +49,10 @@ func parseLimit(s string) (pglimit.Limit, error) {
 			if l.Burst, err = strconv.Atoi(val); err != nil {
 				return l, fmt.Errorf("limit %q: burst %q is not a whole number", s, val)
 			}
+		case key == "debt":
+			if l.Debt, err = strconv.Atoi(val); err != nil {
+				return l, fmt.Errorf("limit %q: debt %q is not a whole number", s, val)
+			}
 		case key == "tz" && val != "":
 			l.TimeZone = val
 		case opt == "fixed":
@@ -56,7 +60,7 @@ func parseLimit(s string) (pglimit.Limit, error) {
 		case opt == "sliding":
 			l.Algorithm = pglimit.SlidingWindow
 		default:
-			return l, fmt.Errorf("limit %q: unknown option %q (burst=N, fixed, sliding, tz=ZONE)", s, opt)
+			return l, fmt.Errorf("limit %q: unknown option %q (burst=N, debt=N, fixed, sliding, tz=ZONE)", s, opt)
 		}
 	}
 	return l, nil

@@ -122,5 +122,5 @@ func (c *concurrency) hold(r *http.Request, key string, slot pglimitsem.Slot, se
 // busy writes the 429 of a key whose slots are all held, or hands r to
 // OnRefused with the headers set.
 func (c *concurrency) busy(w http.ResponseWriter, r *http.Request, wait time.Duration) {
-	c.refuse(w, r, c.policy, concurrencyPolicy, 0, wait, wait, []string{concurrencyPolicy})
+	c.refuse(w, r, c.policy, concurrencyPolicy, 0, wait, wait, []string{concurrencyPolicy}, nil)
 }

@@ -26,7 +26,10 @@
 // headers set. A refused one gets 429 Too Many Requests with Retry-After (whole
 // seconds, rounded up, at least 1), the same RateLimit headers and an RFC 9457
 // problem+json body of the quota-exceeded type, whose violated-policies
-// member names the limits that refused. A key that cannot be extracted or is
+// member names the limits that refused, and whose namespaces member the
+// namespaces of their limiters (none for [Concurrency]): the application's
+// own names for its limiters, never a key, which lead the person on call
+// to the limiter's recorded policy ([pglimit.RecordedPolicies]). A key that cannot be extracted or is
 // not a valid pglimit key, and a cost that [CostFunc] cannot compute or that
 // no limit could admit, get 400 and never reach the database.
 //

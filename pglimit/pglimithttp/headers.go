@@ -111,6 +111,9 @@ type problem struct {
 	Status           int      `json:"status"`
 	Detail           string   `json:"detail,omitempty"`
 	ViolatedPolicies []string `json:"violated-policies,omitempty"`
+	// Namespaces, an extension member (RFC 9457 §3.2), names the
+	// namespaces of the limiters that refused.
+	Namespaces []string `json:"namespaces,omitempty"`
 }
 
 func writeProblem(w http.ResponseWriter, status int, p problem) {

@@ -68,13 +68,14 @@ func Levels(levels []Level, cfg *Config) (func(http.Handler) http.Handler, error
 		}
 		limits = append(limits, p.Limits...)
 		lm.charges = append(lm.charges, pglimit.Charge{Limiter: lv.Limiter})
+		lm.namespaces = append(lm.namespaces, p.Namespace)
 		lm.keys = append(lm.keys, lv.KeyFunc)
 	}
 	if len(limits) == 0 {
 		return nil, fmt.Errorf("%w: the levels' policies have no limits", ErrInvalidConfig)
 	}
 	// RateLimit-Policy lists every level's limits, in the levels' order.
-	lm.m = newMiddleware(g, nil, limits)
+	lm.m = newMiddleware(g, nil, limits, lm.namespaces)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			lm.serve(w, r, next)
@@ -83,9 +84,10 @@ func Levels(levels []Level, cfg *Config) (func(http.Handler) http.Handler, error
 }
 
 type levelsMiddleware struct {
-	m       *middleware // the headers, failures and events, over every level's limits
-	charges []pglimit.Charge
-	keys    []KeyFunc
+	m          *middleware // the headers, failures and events, over every level's limits
+	charges    []pglimit.Charge
+	keys       []KeyFunc
+	namespaces []string // each level's limiter's
 }
 
 type decisionsKey struct{}
@@ -154,14 +156,15 @@ func (lm *levelsMiddleware) serve(w http.ResponseWriter, r *http.Request, next h
 	default:
 		// The binding level: the refusing one with the longest wait.
 		var b pglimit.Decision
-		var violated []string
-		for _, d := range ds.Levels {
+		var violated, namespaces []string
+		for i, d := range ds.Levels {
 			if d.Allowed {
 				continue
 			}
 			if d.RetryAfter >= b.RetryAfter {
 				b = d
 			}
+			namespaces = append(namespaces, lm.namespaces[i])
 			for _, l := range d.Violated() {
 				violated = append(violated, l.Name)
 			}
@@ -170,7 +173,7 @@ func (lm *levelsMiddleware) serve(w http.ResponseWriter, r *http.Request, next h
 			violated = append(violated, m.binding(b.Limit))
 		}
 		m.report(r, Event{Key: keys[0], Cost: cost, Outcome: OutcomeRefused, Decision: b})
-		m.refuse(w, withDecisions(r, ds, b), m.binding(b.Limit), b.Remaining, ds.RetryAfter, b.ResetAfter, violated)
+		m.refuse(w, withDecisions(r, ds, b), m.binding(b.Limit), b.Remaining, ds.RetryAfter, b.ResetAfter, violated, namespaces)
 	}
 }
 

@@ -2,6 +2,7 @@ package pglimithttp_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -114,5 +115,51 @@ func TestLevelsConfig(t *testing.T) {
 		if _, err := pglimithttp.Levels(c.levels, c.cfg); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
+	}
+}
+
+// A 429 names the namespace of each limiter that refused, in its problem
+// body, so that the person on call finds the limiter's recorded policy
+// (pglimit.RecordedPolicies, the pglimit command) without the code.
+func TestRefusalNamesNamespace(t *testing.T) {
+	t.Parallel()
+	type body struct {
+		Detail     string   `json:"detail"`
+		Namespaces []string `json:"namespaces"`
+	}
+	read := func(t *testing.T, rec *httptest.ResponseRecorder) body {
+		t.Helper()
+		var b body
+		if rec.Code != http.StatusTooManyRequests {
+			t.Fatalf("status %d, want 429", rec.Code)
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+
+	h, _, _ := levelsSetup(t)
+	for range 2 {
+		levelsGet(h, "acme", "alice")
+	}
+	b := read(t, levelsGet(h, "acme", "alice")) // alice's 2 an hour are spent
+	if !slices.Equal(b.Namespaces, []string{"user"}) || !strings.Contains(b.Detail, `namespace "user"`) {
+		t.Errorf("Levels' 429: %+v; want the user level's namespace, in namespaces and detail", b)
+	}
+
+	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: testdb.Schema(t), Namespace: "partner-export", Cooldown: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := pglimithttp.Middleware(lim, &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h = mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	levelsGet(h, "", "bob")
+	b = read(t, levelsGet(h, "", "bob"))
+	if !slices.Equal(b.Namespaces, []string{"partner-export"}) || !strings.Contains(b.Detail, `namespace "partner-export"`) {
+		t.Errorf("Middleware's 429: %+v; want its namespace, in namespaces and detail", b)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -218,7 +219,7 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 			return nil, fmt.Errorf("%w: MaxDelay holds requests for GCRA limits only; limiter's Limits[%d] (%q) is %s", ErrInvalidConfig, i, l.Name, l.Algorithm)
 		}
 	}
-	m := newMiddleware(g, lim, p.Limits)
+	m := newMiddleware(g, lim, p.Limits, []string{p.Namespace})
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			m.serve(w, r, next)
@@ -227,11 +228,11 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 }
 
 // newMiddleware is the middleware of g over limits (lim's, or several
-// levels' for Levels, with lim nil): its headers and its answers when the
-// limiter fails.
-func newMiddleware(g gate, lim pglimit.Limiter, limits []pglimit.Limit) *middleware {
+// levels' for Levels, with lim nil) of namespaces: its headers and its
+// answers when the limiter fails.
+func newMiddleware(g gate, lim pglimit.Limiter, limits []pglimit.Limit, namespaces []string) *middleware {
 	p := pglimit.Policy{Limits: limits}
-	m := &middleware{gate: g, lim: lim, limits: limits, policy: formatPolicy(limits), longest: p.LongestWait()}
+	m := &middleware{gate: g, lim: lim, limits: limits, policy: formatPolicy(limits), longest: p.LongestWait(), namespaces: namespaces}
 	m.longestName = limits[0].Name
 	m.unavailable = limits[0].Period / time.Duration(limits[0].Rate)
 	for _, l := range limits {
@@ -251,6 +252,9 @@ type middleware struct {
 	lim    pglimit.Limiter
 	limits []pglimit.Limit
 	policy string // the RateLimit-Policy field value, the same on every response
+	// namespaces are the limiters' namespaces, which a 429 names: the
+	// limiter's, or every level's for a fail-closed refusal of Levels.
+	namespaces []string
 	// longest is the longest any limit makes a key wait, longestName the
 	// first limit that does: a fail-closed refusal's.
 	longest     time.Duration
@@ -332,7 +336,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if len(names) == 0 {
 			names = append(names, m.binding(d.Limit))
 		}
-		m.refuse(w, withDecision(r, d), m.binding(d.Limit), d.Remaining, d.RetryAfter, d.ResetAfter, names)
+		m.refuse(w, withDecision(r, d), m.binding(d.Limit), d.Remaining, d.RetryAfter, d.ResetAfter, names, m.namespaces)
 	}
 }
 
@@ -361,7 +365,7 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Hand
 	case FailClosed:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeFailClosed, Err: err})
 		// As if the limit that makes a key wait longest were exhausted.
-		m.refuse(w, r, m.longestName, 0, m.longest, m.longest, []string{m.longestName})
+		m.refuse(w, r, m.longestName, 0, m.longest, m.longest, []string{m.longestName}, m.namespaces)
 	default:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeUnavailable, Err: err})
 		m.serviceUnavailable(w, r, m.unavailable)
@@ -369,16 +373,25 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, next http.Hand
 }
 
 // refuse writes a 429 that tells the client to wait for wait, reporting the
-// limit named binding with remaining units, reset after reset, or hands r
-// to OnRefused with those headers set.
-func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, binding string, remaining int, wait, reset time.Duration, violated []string) {
-	m.gate.refuse(w, r, m.policy, binding, remaining, wait, reset, violated)
+// limit named binding with remaining units, reset after reset, and the
+// limits violated of the limiters of namespaces, or hands r to OnRefused
+// with those headers set.
+func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, binding string, remaining int, wait, reset time.Duration, violated, namespaces []string) {
+	m.gate.refuse(w, r, m.policy, binding, remaining, wait, reset, violated, namespaces)
 }
 
-// refuse writes the 429 of a refusal by the policies violated, policy
-// being the RateLimit-Policy value; the rate and concurrency middlewares
-// both answer with it.
-func (g *gate) refuse(w http.ResponseWriter, r *http.Request, policy, binding string, remaining int, wait, reset time.Duration, violated []string) {
+// refuse writes the 429 of a refusal by the policies violated, of the
+// limiters of namespaces (none for a semaphore), policy being the
+// RateLimit-Policy value; the rate and concurrency middlewares both answer
+// with it.
+//
+// The body names the namespaces, so that the person on call finds the
+// limiter's recorded policy (pglimit.RecordedPolicies, the pglimit
+// command) from a 429 alone. A namespace is the application's
+// Config.Namespace, a name it chose for the limiter (or one derived from
+// the limits, which the RateLimit-Policy header states already), never a
+// key: it tells a client which limiter refused it, as the policy names do.
+func (g *gate) refuse(w http.ResponseWriter, r *http.Request, policy, binding string, remaining int, wait, reset time.Duration, violated, namespaces []string) {
 	secs := retryAfterSeconds(wait)
 	h := w.Header()
 	h.Set("Retry-After", formatSeconds(secs))
@@ -392,11 +405,24 @@ func (g *gate) refuse(w http.ResponseWriter, r *http.Request, policy, binding st
 		g.cfg.OnRefused.ServeHTTP(w, r)
 		return
 	}
+	of := ""
+	switch len(namespaces) {
+	case 0:
+	case 1:
+		of = fmt.Sprintf(" of namespace %q", namespaces[0])
+	default:
+		q := make([]string, len(namespaces))
+		for i, ns := range namespaces {
+			q[i] = strconv.Quote(ns)
+		}
+		of = " of namespaces " + strings.Join(q, ", ")
+	}
 	writeProblem(w, http.StatusTooManyRequests, problem{
 		Type:             quotaExceededType,
 		Title:            "Too Many Requests",
-		Detail:           fmt.Sprintf("refused by the %s policy; retry in %d s", strings.Join(violated, ", "), secs),
+		Detail:           fmt.Sprintf("refused by the %s policy%s; retry in %d s", strings.Join(violated, ", "), of, secs),
 		ViolatedPolicies: violated,
+		Namespaces:       namespaces,
 	})
 }
 

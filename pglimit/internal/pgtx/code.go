@@ -17,6 +17,8 @@ const (
 	CodeReadOnly              = "25006" // read_only_sql_transaction: a standby, or read-only mode
 	CodeQueryCanceled         = "57014" // statement_timeout, or a cancel request
 	CodeInvalidParameterValue = "22023" // such as a time zone the server does not know
+	CodeUndefinedTable        = "42P01" // a misspelt Schema or Table, or an unmigrated schema
+	CodeUndefinedColumn       = "42703" // a table of another strategy's shape
 )
 
 // Code returns the SQLSTATE of err, or "" if it is not a server error.
