@@ -104,8 +104,10 @@ type Call struct {
 // setting or the role's), is [pglimit.ErrTimeout]; a server that cannot
 // write is [pglimit.ErrReadOnly]; an invalid key is [pglimit.ErrInvalidKey]
 // and a slot never acquired [ErrSlotLost], and neither reaches the
-// database. The Semaphore keeps one number in memory (the average hold,
-// for [Slot.RetryAfter]), whatever the number of keys.
+// database. The Semaphore keeps in memory one number (the average hold,
+// for [Slot.RetryAfter]), whatever the number of keys, and for each key
+// with a caller of [Semaphore.Wait] in this process a wake channel,
+// dropped when the key's last caller returns.
 type Semaphore struct {
 	db  pglimit.DB
 	cfg Config
