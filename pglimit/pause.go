@@ -24,8 +24,9 @@ import (
 // second or more) are not recalled.
 //
 // A pause whose outcome is unknown (its connection lost, or its backend
-// terminated, after it was sent) is not run again; its error, which wraps
-// [ErrUnavailable], says so. It may have paused the key: calling Pause
+// terminated, after it was sent) is not run again; its error says so, and
+// wraps [ErrUnavailable] (or [ErrTimeout], when Timeout cut the statement
+// off). It may have paused the key: calling Pause
 // again is safe, since a pause only moves the key's end later, to d
 // from the later call, and never adds one pause to another.
 func Pause(ctx context.Context, lim Limiter, key string, d time.Duration) error {
