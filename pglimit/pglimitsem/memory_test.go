@@ -1,6 +1,8 @@
 package pglimitsem_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -94,6 +96,76 @@ func TestMemoryIdleWaitKeys(t *testing.T) {
 	after, kept := liveHeap(), pglimitsem.WaitingKeys(sem)
 	perKey := (float64(after) - float64(before)) / float64(keys)
 	t.Logf("%d keys waited for in %s; idle, %d wake channels kept, live heap %.1f B per key", keys, time.Since(start).Round(time.Millisecond), kept, perKey)
+	if kept != 0 {
+		t.Errorf("idle, the semaphore keeps the wake channels of %d keys; want none", kept)
+	}
+	if bound := float64(idleBytesPerKey*keys + idleNoise); float64(after)-float64(before) > bound {
+		t.Errorf("idle, the semaphore keeps %.1f B per key, %.0f B in all; the bound is %d B per key and %d B", perKey, float64(after)-float64(before), idleBytesPerKey, idleNoise)
+	}
+	runtime.KeepAlive(sem)
+}
+
+// The same bound when every key's caller waits at once: callers of Wait
+// on many distinct keys, all blocked at once on a pool whose one
+// connection the test holds (a database that does not answer in time),
+// give up when their context ends, and leave nothing of any key, the wake
+// channels' table included. 100,000 keys in the full tier, 10,000 in the
+// quick one.
+func TestMemoryIdleWaitKeysAtOnce(t *testing.T) {
+	keys := 100_000
+	if testing.Short() {
+		keys = 10_000
+	}
+	pcfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 1
+	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
+	pool, err := pgxpool.NewWithConfig(t.Context(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: testdb.Schema(t), Slots: 1, Timeout: time.Hour})
+	held, err := pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	waitAll := func(prefix string, n int) {
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				if _, err := sem.Wait(ctx, fmt.Sprintf("%s-%d", prefix, i)); !errors.Is(err, context.Canceled) {
+					t.Errorf("Wait with no connection to be had: %v, want context.Canceled once the test gives up", err)
+				}
+			})
+		}
+		for deadline := time.Now().Add(time.Minute); pglimitsem.WaitingKeys(sem) < n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d keys waiting after a minute", pglimitsem.WaitingKeys(sem), n)
+			}
+		}
+		cancel()
+		wg.Wait()
+	}
+	waitAll("warm", 200)
+	// As many goroutines as the keys, first: the runtime keeps a
+	// goroutine's descriptor once it has ended, for the next one.
+	var gs sync.WaitGroup
+	release := make(chan struct{})
+	for range keys {
+		gs.Go(func() { <-release })
+	}
+	close(release)
+	gs.Wait()
+	before := liveHeap()
+	waitAll("k", keys)
+	after, kept := liveHeap(), pglimitsem.WaitingKeys(sem)
+	perKey := (float64(after) - float64(before)) / float64(keys)
+	t.Logf("%d keys waited for at once; idle, %d wake channels kept, live heap %.1f B per key", keys, kept, perKey)
 	if kept != 0 {
 		t.Errorf("idle, the semaphore keeps the wake channels of %d keys; want none", kept)
 	}
