@@ -121,7 +121,7 @@ type Semaphore struct {
 
 	// wakeMu guards wake: for each key with a caller of Wait in this
 	// process, a channel that a Release of the key closes. An entry lives
-	// while a caller waits for the key.
+	// while a caller waits for the key; the map, while any does.
 	wakeMu sync.Mutex
 	wake   map[string]*waking
 }
@@ -195,7 +195,7 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	if c.WaitPoll < time.Millisecond || c.WaitPoll > time.Minute {
 		return nil, fmt.Errorf("%w: WaitPoll must be from 1ms to 1m, got %s", pglimit.ErrInvalidConfig, c.WaitPoll)
 	}
-	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds(), wake: map[string]*waking{}}
+	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds()}
 	table := pgx.Identifier{c.Schema, slotsTable}.Sanitize()
 	waiters := pgx.Identifier{c.Schema, waitersTable}.Sanitize()
 	s.lockSeed = lockid.SlotSeed(table)

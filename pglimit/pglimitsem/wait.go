@@ -108,6 +108,9 @@ func (s *Semaphore) wakeChan(w *waking) <-chan struct{} {
 func (s *Semaphore) waiting(key string) *waking {
 	s.wakeMu.Lock()
 	defer s.wakeMu.Unlock()
+	if s.wake == nil {
+		s.wake = map[string]*waking{}
+	}
 	w := s.wake[key]
 	if w == nil {
 		w = &waking{ch: make(chan struct{})}
@@ -117,7 +120,9 @@ func (s *Semaphore) waiting(key string) *waking {
 	return w
 }
 
-// doneWaiting unregisters one, forgetting the key with its last caller.
+// doneWaiting unregisters one, forgetting the key with its last caller,
+// and the map with the last key: a map keeps the table of its busiest
+// moment.
 func (s *Semaphore) doneWaiting(key string) {
 	s.wakeMu.Lock()
 	defer s.wakeMu.Unlock()
@@ -125,6 +130,9 @@ func (s *Semaphore) doneWaiting(key string) {
 		if w.callers--; w.callers == 0 {
 			delete(s.wake, key)
 		}
+	}
+	if len(s.wake) == 0 {
+		s.wake = nil
 	}
 }
 
