@@ -314,8 +314,9 @@ func TestSettleConcurrent(t *testing.T) {
 
 // A fallback admission (Decision.Fallback, made in process while the
 // database was unavailable) took no units from the database: Settle of it
-// is ErrNotAdmitted, at any cost, during the outage and after it, and
-// changes neither the fallback's count in this process nor the key's row.
+// is ErrNotAdmitted, at any cost, during the outage and after it, runs no
+// statement, and changes neither the fallback's count in this process nor
+// the key's row.
 func TestSettleFallbackDecision(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -337,7 +338,7 @@ func TestSettleFallbackDecision(t *testing.T) {
 	if err != nil || !d.Allowed || !d.Fallback {
 		t.Fatalf("Allow with the database stalled: %+v, %v; want an in-process admission", d, err)
 	}
-	for _, cost := range []int{0, 1, 10} {
+	for _, cost := range []int{0, 1, 50} {
 		if _, err := pglimit.Settle(ctx, lim, d, cost); !errors.Is(err, pglimit.ErrNotAdmitted) {
 			t.Fatalf("Settle at %d of a fallback admission: %v, want ErrNotAdmitted", cost, err)
 		}
@@ -355,7 +356,11 @@ func TestSettleFallbackDecision(t *testing.T) {
 	if _, err := pglimit.Settle(ctx, lim, d, 0); !errors.Is(err, pglimit.ErrNotAdmitted) {
 		t.Fatalf("Settle of a fallback admission once the database is back: %v, want ErrNotAdmitted", err)
 	}
-	if got := left(t, pool, cfg, "k"); got != 99 {
-		t.Fatalf("after the outage: %d left of 100, want 99: only the admission before it charged the key", got)
+	// Each of the 6 calls on k during the outage may have sent a statement
+	// that its timeout cut off and the server ran once the proxy let it
+	// through: charged at most once, as any call whose outcome is unknown.
+	// A settle at 50 would have charged 49 more.
+	if got := left(t, pool, cfg, "k"); got > 99 || got < 99-6 {
+		t.Fatalf("after the outage: %d left of 100, want 93 to 99: the admission before it, and at most one unit for each call during it", got)
 	}
 }
