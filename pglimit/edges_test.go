@@ -750,12 +750,61 @@ func TestServerTimeoutIsErrTimeout(t *testing.T) {
 	}
 }
 
+// syncRepFault makes every commit on admin's server wait for a
+// synchronous standby that never comes, and terminates each backend that
+// waits, every 2 ms: its transaction has committed locally, and its
+// client gets an error. stop ends the fault and returns how many backends
+// it terminated.
+func syncRepFault(t *testing.T, admin *pgxpool.Pool) (stop func() int) {
+	t.Helper()
+	ctx := t.Context()
+	syncRep := func(names string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syncRep("nobody")
+	done := make(chan struct{})
+	var terminator sync.WaitGroup
+	var terminated int
+	terminator.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			var n int
+			if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n); err != nil {
+				t.Error(err)
+				return
+			}
+			terminated += n
+		}
+	})
+	return func() int {
+		close(done)
+		terminator.Wait()
+		syncRep("")
+		return terminated
+	}
+}
+
+// unknownOutcome reports whether err is a call's error that says its
+// outcome is unknown, as Allow's does: ErrUnavailable, saying so.
+func unknownOutcome(err error) bool {
+	return errors.Is(err, pglimit.ErrUnavailable) && strings.Contains(err.Error(), "outcome is unknown")
+}
+
 // At-most-once charging. Every commit waits for a synchronous standby
-// that never comes, and each backend that waits is terminated: its
-// transaction has committed locally, and its client gets an error. The
-// database's record then shows each caller charged at most once: a batch
-// whose statement may have committed is never run again by its callers,
-// for one limit or several.
+// that never comes, and each backend that waits is terminated
+// (syncRepFault). The database's record then shows each caller charged
+// at most once: a batch whose statement may have committed is never run
+// again by its callers, for one limit or several.
 func TestChargedAtMostOnce(t *testing.T) {
 	testdb.Slow(t)
 	ctx := t.Context()
@@ -766,15 +815,6 @@ func TestChargedAtMostOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	burst := 1000
-	syncRep := func(t *testing.T, names string) {
-		t.Helper()
-		if _, err := admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
-			t.Fatal(err)
-		}
-	}
 	// One GCRA limit (batch.allow), and the same beside a daily window
 	// (batch.general), whose binding limit stays the GCRA one.
 	for _, limits := range [][]pglimit.Limit{
@@ -786,25 +826,7 @@ func TestChargedAtMostOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			syncRep(t, "nobody")
-			stop := make(chan struct{})
-			var terminator sync.WaitGroup
-			var terminated int
-			terminator.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(2 * time.Millisecond):
-					}
-					var n int
-					if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n); err != nil {
-						t.Error(err)
-						return
-					}
-					terminated += n
-				}
-			})
+			stop := syncRepFault(t, admin)
 			keys := []string{"a", "b", "c", "d"}
 			var (
 				mu       sync.Mutex
@@ -831,9 +853,7 @@ func TestChargedAtMostOnce(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			close(stop)
-			terminator.Wait()
-			syncRep(t, "")
+			terminated := stop()
 			if terminated == 0 {
 				t.Fatal("no backend was terminated while its commit waited: the test proves nothing")
 			}
@@ -851,6 +871,144 @@ func TestChargedAtMostOnce(t *testing.T) {
 			t.Logf("%d backends terminated at their commit; %d callers got an error", terminated, failed)
 		})
 	}
+}
+
+// At-most-once settling and pausing, under TestChargedAtMostOnce's fault
+// (syncRepFault). Settle: 64 admissions of one unit on 4 keys, made
+// before the fault, are settled at a cost of 6 during it; each key is then
+// charged 5 units for each settle that succeeded and at most 5 for each
+// that failed, never twice, every failed settle's error says its outcome
+// is unknown, and settling that decision again is ErrAlreadySettled.
+// Pause: 64 pauses of 10 minutes on 4 keys; a pause never lengthens by
+// being applied twice (each key's wait is at most 10 minutes), a key
+// whose pause succeeded is paused, and every failed pause's error says
+// its outcome is unknown.
+func TestSettleAndPauseChargedAtMostOnce(t *testing.T) {
+	testdb.Slow(t)
+	ctx := t.Context()
+	srv := testdb.OwnServer(t)
+	admin := testdb.ServerPool(t, srv, 2)
+	pool := testdb.ServerPool(t, srv, 16)
+	if err := pglimit.Migrate(ctx, admin, "public"); err != nil {
+		t.Fatal(err)
+	}
+	const burst, calls = 1000, 64
+	keys := []string{"a", "b", "c", "d"}
+	newLim := func(t *testing.T, ns string) pglimit.Limiter {
+		lim, err := pglimit.New(pool, &pglimit.Config{Namespace: ns, Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: burst}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	}
+	// failedCall checks the error of a call that may have been applied.
+	var logged atomic.Int32
+	failedCall := func(t *testing.T, what string, err error) {
+		if logged.Add(1) <= 3 {
+			t.Logf("%s: %v", what, err)
+		}
+		if !unknownOutcome(err) {
+			t.Errorf("%s: %v; want ErrUnavailable, saying the outcome is unknown", what, err)
+		}
+	}
+
+	t.Run("Settle", func(t *testing.T) {
+		const extra = 5
+		lim := newLim(t, "settle")
+		decisions := make([]pglimit.Decision, calls)
+		for i := range decisions {
+			d, err := lim.Allow(ctx, keys[i%len(keys)])
+			if err != nil || !d.Allowed {
+				t.Fatalf("Allow before the fault: %+v, %v", d, err)
+			}
+			decisions[i] = d
+		}
+		var (
+			mu               sync.Mutex
+			settled, unknown = map[string]int{}, map[string]int{}
+			wg               sync.WaitGroup
+		)
+		stop := syncRepFault(t, admin)
+		for i, d := range decisions {
+			key := keys[i%len(keys)]
+			wg.Go(func() {
+				s, err := pglimit.Settle(ctx, lim, d, 1+extra)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil && s.Charged == extra:
+					settled[key]++
+				case err == nil:
+					t.Errorf("Settle at 1+%d of a unit: %+v; want %d charged", extra, s, extra)
+				default:
+					unknown[key]++
+					failedCall(t, "Settle of "+key, err)
+					if _, err := pglimit.Settle(ctx, lim, d, 1+extra); !errors.Is(err, pglimit.ErrAlreadySettled) {
+						t.Errorf("Settle again after a Settle whose outcome is unknown: %v; want ErrAlreadySettled", err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if stop() == 0 {
+			t.Fatal("no backend was terminated while its commit waited: the test proves nothing")
+		}
+		for _, key := range keys {
+			d, err := lim.Peek(ctx, key, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			admitted := calls / len(keys)
+			charged := burst - 1 - d.Remaining - admitted // Peek's Remaining counts its own unit as taken
+			t.Logf("key %s: %d settles, %d failed; %d units charged by them", key, settled[key]+unknown[key], unknown[key], charged)
+			if charged < extra*settled[key] || charged > extra*(settled[key]+unknown[key]) || charged%extra != 0 {
+				t.Errorf("key %s: settles charged %d units; %d settles of %d each succeeded and %d failed: each settle charges once or not at all",
+					key, charged, settled[key], extra, unknown[key])
+			}
+		}
+	})
+
+	t.Run("Pause", func(t *testing.T) {
+		const pause = 10 * time.Minute
+		lim := newLim(t, "pause")
+		var (
+			mu     sync.Mutex
+			paused = map[string]int{}
+			wg     sync.WaitGroup
+		)
+		start := time.Now()
+		stop := syncRepFault(t, admin)
+		for i := range calls {
+			key := keys[i%len(keys)]
+			wg.Go(func() {
+				err := pglimit.Pause(ctx, lim, key, pause)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					failedCall(t, "Pause of "+key, err)
+					return
+				}
+				paused[key]++
+			})
+		}
+		wg.Wait()
+		if stop() == 0 {
+			t.Fatal("no backend was terminated while its commit waited: the test proves nothing")
+		}
+		for _, key := range keys {
+			d, err := lim.Peek(ctx, key, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("key %s: %d pauses succeeded; the key waits %s", key, paused[key], d.RetryAfter)
+			if d.RetryAfter > pause {
+				t.Errorf("key %s waits %s after pauses of %s: a pause applied twice lengthened it", key, d.RetryAfter, pause)
+			}
+			if paused[key] > 0 && d.RetryAfter < pause-time.Since(start) {
+				t.Errorf("key %s waits %s, less than its pause of %s less the %s since it began", key, d.RetryAfter, pause, time.Since(start))
+			}
+		}
+	})
 }
 
 // errorClass is a way for a call to fail, for TestTypedErrors.

@@ -102,3 +102,64 @@ func decideAll(t *testing.T, lims []pglimit.Limiter, prefix string, n int) {
 	}
 	wg.Wait()
 }
+
+// The memory bound of AllowAll and Settle: a hierarchical decision on two
+// levels (an organisation's key and a user's) of each of many distinct
+// pairs of keys, then a Settle of the user's level at a cost above or
+// below its estimate, leave nothing per key once the process has been
+// idle for twice leaseIdle: AllowAll keeps only its statements, by set of
+// limiters, and a decision's settle state is the caller's Decision.
+// 100,000 pairs in the full tier, 10,000 in the quick one.
+func TestMemoryIdleAllowAllSettle(t *testing.T) {
+	keys := 100_000
+	if testing.Short() {
+		keys = 10_000
+	}
+	pool := bigPool(t, 16)
+	schema := testdb.Schema(t)
+	newLim := func(ns string, rate int) pglimit.Limiter {
+		lim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Namespace: ns,
+			Limits: []pglimit.Limit{{Rate: rate, Period: time.Second, Burst: 10, Debt: 10}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	}
+	org, user := newLim("org", 100), newLim("user", 10)
+	run := func(prefix string, n int) {
+		var wg sync.WaitGroup
+		window := make(chan struct{}, 64)
+		for i := range n {
+			window <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-window }()
+				d, err := pglimit.AllowAll(t.Context(), 2,
+					pglimit.Charge{Limiter: org, Key: fmt.Sprintf("%s-org-%d", prefix, i)},
+					pglimit.Charge{Limiter: user, Key: fmt.Sprintf("%s-user-%d", prefix, i)})
+				if err != nil || !d.Allowed {
+					t.Errorf("AllowAll: %+v, %v", d, err)
+					return
+				}
+				// Half the settles give units back, half charge more.
+				if _, err := pglimit.Settle(t.Context(), user, d.Levels[1], 1+2*(i%2)); err != nil {
+					t.Errorf("Settle: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	run("warm", 200)
+	before := liveHeap()
+	start := time.Now()
+	run("k", keys)
+	busy := liveHeap()
+	time.Sleep(2*time.Second + 100*time.Millisecond)
+	after := liveHeap()
+	perKey := func(h uint64) float64 { return (float64(h) - float64(before)) / float64(keys) }
+	t.Logf("%d pairs of keys decided and settled in %s: live heap %.1f B per pair at the end, %.1f B per pair idle",
+		keys, time.Since(start).Round(time.Millisecond), perKey(busy), perKey(after))
+	if bound := float64(idleBytesPerKey*keys + idleNoise); float64(after)-float64(before) > bound {
+		t.Errorf("idle, AllowAll and Settle keep %.1f B per pair of keys, %.0f B in all; the bound is %d B per key and %d B", perKey(after), float64(after)-float64(before), idleBytesPerKey, idleNoise)
+	}
+	runtime.KeepAlive([]pglimit.Limiter{org, user})
+}

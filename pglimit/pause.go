@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 )
 
 // Pause makes lim refuse key for d from now, on every instance, and then
@@ -20,6 +22,13 @@ import (
 // ([ErrInvalidCost]). Units that this process's lease of a busy key
 // holds are dropped; those another instance leased (a limit of 1,000 a
 // second or more) are not recalled.
+//
+// A pause whose outcome is unknown (its connection lost, or its backend
+// terminated, after it was sent) is not run again; its error says so, and
+// wraps [ErrUnavailable] (or [ErrTimeout], when Timeout cut the statement
+// off). It may have paused the key: calling Pause
+// again is safe, since a pause only moves the key's end later, to d
+// from the later call, and never adds one pause to another.
 func Pause(ctx context.Context, lim Limiter, key string, d time.Duration) error {
 	l, ok := lim.(*limiter)
 	switch {
@@ -43,7 +52,13 @@ func Pause(ctx context.Context, lim Limiter, key string, d time.Duration) error 
 	}
 	// The first unit fits when TAT + T - now <= Burst*T.
 	reach := d.Microseconds() + l.burstT - l.emission
-	if _, err := l.db.Exec(ctx, l.keySQL.pause, l.cfg.Namespace, key, reach); err != nil {
+	_, err := l.db.Exec(ctx, l.keySQL.pause, l.cfg.Namespace, key, reach)
+	switch {
+	case err != nil && pgtx.UnknownOutcome(err):
+		// It may have paused the key: pausing it again is safe, as a
+		// pause only ever moves the key's end later.
+		return l.wrap(ctx, fmt.Errorf("pause, whose outcome is unknown: %w", err))
+	case err != nil:
 		return l.wrap(ctx, fmt.Errorf("pause: %w", err))
 	}
 	l.batch.Forget(key)

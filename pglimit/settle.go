@@ -73,6 +73,21 @@ func settleStatement(limits []Limit, table string) string {
 // not be negative ([ErrInvalidCost]). Settle takes a decision of the
 // Upsert or NoWait strategy, not served from a lease nor on a Citus
 // distributed table ([ErrUnsupported]).
+//
+// A fallback admission ([Decision.Fallback], made in process by
+// [Config.Fallback] while the database was unavailable) never settles,
+// during the outage or after it: its units came from the fallback's count
+// in this process, which the database never saw and which ends with the
+// outage, so Settle returns [ErrNotAdmitted] at any cost and changes
+// neither that count nor the key's row. The work's real cost is not
+// charged anywhere, nor anything given back.
+//
+// A settle whose outcome is unknown (its connection lost, or its backend
+// terminated, after it was sent) is not run again, and the decision
+// counts as settled ([ErrAlreadySettled] from then on): the difference is
+// given back or charged once or not at all, never twice. Its error says
+// that the outcome is unknown, and wraps [ErrUnavailable] (or
+// [ErrTimeout], when Timeout cut the statement off).
 func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (Settlement, error) {
 	l, ok := lim.(*limiter)
 	t := d.refund

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
@@ -307,5 +309,58 @@ func TestSettleConcurrent(t *testing.T) {
 	}
 	if charged.Load() == 0 || returned.Load() == 0 {
 		t.Errorf("%d charged and %d given back: the test reached neither case", charged.Load(), returned.Load())
+	}
+}
+
+// A fallback admission (Decision.Fallback, made in process while the
+// database was unavailable) took no units from the database: Settle of it
+// is ErrNotAdmitted, at any cost, during the outage and after it, runs no
+// statement, and changes neither the fallback's count in this process nor
+// the key's row.
+func TestSettleFallbackDecision(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	proxy, pcfg := testdb.NewStallProxy(t)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var logs syncBuffer
+	cfg := fallbackConfig(testdb.Schema(t), &logs) // 100 a key in the database, 5 in process
+	lim := newLimiterOn(t, pool, cfg)
+	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed || d.Fallback {
+		t.Fatalf("Allow with the database up: %+v, %v", d, err)
+	}
+
+	proxy.Stall()
+	d, err := lim.Allow(ctx, "k")
+	if err != nil || !d.Allowed || !d.Fallback {
+		t.Fatalf("Allow with the database stalled: %+v, %v; want an in-process admission", d, err)
+	}
+	for _, cost := range []int{0, 1, 50} {
+		if _, err := pglimit.Settle(ctx, lim, d, cost); !errors.Is(err, pglimit.ErrNotAdmitted) {
+			t.Fatalf("Settle at %d of a fallback admission: %v, want ErrNotAdmitted", cost, err)
+		}
+	}
+	// The fallback's burst of 5, one of which d took: 4 more pass.
+	for i := range 5 {
+		next, err := lim.Allow(ctx, "k")
+		if err != nil || !next.Fallback || next.Allowed != (i < 4) {
+			t.Fatalf("in-process call %d after the settles: %+v, %v; want %d of them admitted: the settles gave nothing back to the fallback", i+2, next, err, 4)
+		}
+	}
+
+	proxy.Unstall()
+	waitForDatabase(t, lim)
+	if _, err := pglimit.Settle(ctx, lim, d, 0); !errors.Is(err, pglimit.ErrNotAdmitted) {
+		t.Fatalf("Settle of a fallback admission once the database is back: %v, want ErrNotAdmitted", err)
+	}
+	// Each of the 6 calls on k during the outage may have sent a statement
+	// that its timeout cut off and the server ran once the proxy let it
+	// through: charged at most once, as any call whose outcome is unknown.
+	// A settle at 50 would have charged 49 more.
+	if got := left(t, pool, cfg, "k"); got > 99 || got < 99-6 {
+		t.Fatalf("after the outage: %d left of 100, want 93 to 99: the admission before it, and at most one unit for each call during it", got)
 	}
 }

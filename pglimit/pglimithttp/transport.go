@@ -121,6 +121,9 @@ type TransportConfig struct {
 // key's row is locked, the server stopped or the connection dead; an
 // answer that pauses the key is returned by the deadline too, the pause
 // stored for the other instances without the caller, within Timeout.
+//
+// A Transport keeps in memory one pause end per key whose pause it learnt
+// is in force, dropped within a second of the pause's end.
 // docs/outbound.md has the rules.
 type Transport struct {
 	cfg      TransportConfig
@@ -128,11 +131,17 @@ type Transport struct {
 
 	// paused is, per key, until when this process holds it back: the
 	// pauses it learnt, kept also when the database could not store
-	// them. An entry is dropped once it has passed, when it is looked up
-	// or another pause begins: it holds at most the pauses in force then.
-	mu     sync.Mutex
-	paused map[string]time.Time
+	// them. An entry is dropped when it is looked up once it has passed,
+	// or by the sweeper within pauseSweep of its end; the map is made
+	// afresh once empty, as a map never shrinks.
+	mu      sync.Mutex
+	paused  map[string]time.Time
+	sweeper *time.Timer // drops ended pauses; nil while none is kept
 }
+
+// pauseSweep is how often a Transport that holds pauses drops those that
+// have ended: an entry outlives its pause by at most that.
+const pauseSweep = time.Second
 
 // NewTransport returns a Transport of cfg.
 func NewTransport(cfg *TransportConfig) (*Transport, error) {
@@ -162,7 +171,6 @@ func NewTransport(cfg *TransportConfig) (*Transport, error) {
 	return &Transport{
 		cfg:      c,
 		failures: &onerror.Log{Logger: c.Logger, Interval: 10 * time.Second, Message: "pglimithttp: transport: the pause is held in this process only"},
-		paused:   map[string]time.Time{},
 	}, nil
 }
 
@@ -306,13 +314,14 @@ func (t *Transport) pause(ctx context.Context, key string, d time.Duration) {
 	now := time.Now()
 	until := now.Add(d)
 	t.mu.Lock()
-	for k, u := range t.paused { // pauses are rare: the ended ones go here
-		if !now.Before(u) {
-			delete(t.paused, k)
-		}
+	if t.paused == nil {
+		t.paused = map[string]time.Time{}
 	}
 	if old, ok := t.paused[key]; !ok || until.After(old) {
 		t.paused[key] = until
+	}
+	if t.sweeper == nil {
+		t.sweeper = time.AfterFunc(pauseSweep, t.sweep)
 	}
 	t.mu.Unlock()
 	stored := make(chan struct{})
@@ -326,6 +335,24 @@ func (t *Transport) pause(ctx context.Context, key string, d time.Duration) {
 	case <-stored:
 	case <-ctx.Done():
 	}
+}
+
+// sweep is the sweeper's: it drops the pauses that have ended, and comes
+// back while any is kept. The last one gone, it lets the map go too.
+func (t *Transport) sweep() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	for k, u := range t.paused {
+		if !now.Before(u) {
+			delete(t.paused, k)
+		}
+	}
+	if len(t.paused) > 0 {
+		t.sweeper.Reset(pauseSweep)
+		return
+	}
+	t.paused, t.sweeper = nil, nil
 }
 
 // pauseOf is how long resp says to hold back its key, clamped to

@@ -132,10 +132,12 @@ type Call struct {
 // setting or the role's), is [pglimit.ErrTimeout]; a server that cannot
 // write is [pglimit.ErrReadOnly]; an invalid key is [pglimit.ErrInvalidKey]
 // and a slot never acquired [ErrSlotLost], and neither reaches the
-// database. The Semaphore keeps one number in memory (the average hold,
-// for [Slot.RetryAfter]), whatever the number of keys; with
-// [Config.Listen], also one connection and one goroutine, from its first
-// Wait until [Semaphore.Close].
+// database. The Semaphore keeps in memory one number (the average hold,
+// for [Slot.RetryAfter]), whatever the number of keys, and for each key
+// with a caller of [Semaphore.Wait] in this process a wake channel,
+// dropped when the key's last caller returns; with [Config.Listen], also
+// one connection and one goroutine, from its first Wait until
+// [Semaphore.Close].
 type Semaphore struct {
 	db  pglimit.DB
 	cfg Config
@@ -156,8 +158,8 @@ type Semaphore struct {
 	// a caller of Wait in this process, by its tag (tagOf), a channel that
 	// a Release of the key closes, in this process or, heard by the
 	// listener, in another. An entry lives while a caller waits for the
-	// key. listener runs from the first Wait of a semaphore with Listen
-	// until Close.
+	// key; the map, while any does. listener runs from the first Wait of a
+	// semaphore with Listen until Close.
 	wakeMu   sync.Mutex
 	wake     map[string]*waking
 	listener *listener
@@ -233,7 +235,7 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	if c.WaitPoll < time.Millisecond || c.WaitPoll > time.Minute {
 		return nil, fmt.Errorf("%w: WaitPoll must be from 1ms to 1m, got %s", pglimit.ErrInvalidConfig, c.WaitPoll)
 	}
-	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds(), wake: map[string]*waking{}}
+	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds()}
 	table := pgx.Identifier{c.Schema, slotsTable}.Sanitize()
 	waiters := pgx.Identifier{c.Schema, waitersTable}.Sanitize()
 	s.lockSeed = lockid.SlotSeed(table)

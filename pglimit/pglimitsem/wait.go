@@ -112,6 +112,9 @@ func (s *Semaphore) waiting(key string) *waking {
 	s.wakeMu.Lock()
 	defer s.wakeMu.Unlock()
 	s.startListening()
+	if s.wake == nil {
+		s.wake = map[string]*waking{}
+	}
 	w := s.wake[tag]
 	if w == nil {
 		w = &waking{ch: make(chan struct{})}
@@ -121,7 +124,9 @@ func (s *Semaphore) waiting(key string) *waking {
 	return w
 }
 
-// doneWaiting unregisters one, forgetting the key with its last caller.
+// doneWaiting unregisters one, forgetting the key with its last caller,
+// and the map with the last key: a map keeps the table of its busiest
+// moment.
 func (s *Semaphore) doneWaiting(key string) {
 	tag := tagOf(key)
 	s.wakeMu.Lock()
@@ -130,6 +135,9 @@ func (s *Semaphore) doneWaiting(key string) {
 		if w.callers--; w.callers == 0 {
 			delete(s.wake, tag)
 		}
+	}
+	if len(s.wake) == 0 {
+		s.wake = nil
 	}
 }
 
