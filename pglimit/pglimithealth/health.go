@@ -348,9 +348,9 @@ func (cfg *Config) validate() (Config, string, error) {
 // noDB lets New check a limiter configuration; New does no I/O.
 type noDB struct{ pglimit.DB }
 
-// Start starts the election and the sampling loop. The first sample comes
-// one Period after this instance becomes leader. A throttle starts at most
-// once.
+// Start starts the election and the sampling loop, without I/O of its
+// own. The leader samples every Period, so the first sample comes within
+// one Period of this instance's election. A throttle starts at most once.
 func (t *Throttle) Start() error {
 	if err := t.svc.Start(t.loop); err != nil {
 		return fmt.Errorf("pglimithealth: %w", err)
@@ -451,6 +451,7 @@ func (t *Throttle) acquire(ctx context.Context) (*pgx.Conn, error) {
 
 // Querier runs a query, as *pgxpool.Pool, *pgx.Conn and pgx.Tx do.
 type Querier interface {
+	// Query runs sql with args and returns its rows, as pgx's Query does.
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
