@@ -46,7 +46,8 @@
 //     plus a round trip when the session ends, max(4E, 5s) + E when the
 //     leader's host vanishes.
 //   - Each sample is bounded by a statement_timeout of max(Period, 1s) on
-//     the leader's session.
+//     the leader's session, and given up 1s after that if the server
+//     goes silent.
 //
 // The signals read the primary's views: replication lag is that of the
 // standbys connected now (a standby that is disconnected is not seen).
@@ -232,6 +233,7 @@ const (
 	maxRate             = 1 << 30              // pglimit_overrides' bound
 	maxSpan             = 366 * 24 * time.Hour // pglimit's longest period
 	minSampleTimeout    = time.Second
+	silentGrace         = time.Second // past statement_timeout, for a silent server
 )
 
 // New returns a throttle over pool's database. It does no I/O; a Config
@@ -285,8 +287,15 @@ func (cfg *Config) validate() (Config, string, error) {
 	if c.Limiter == nil || !c.Limiter.Overrides {
 		return bad("Limiter must be a configuration with Overrides set")
 	}
-	// pglimit's own checks of the limiter, without I/O.
-	if _, err := pglimit.New(noDB{}, c.Limiter); err != nil {
+	// A copy, which the caller cannot change under the throttle.
+	lc := *c.Limiter
+	lc.Limits = slices.Clone(lc.Limits)
+	c.Limiter = &lc
+	// pglimit's own checks of the limiter, without I/O, and without
+	// what would attach the check's limiter to anything.
+	check := lc
+	check.Invalidator, check.Observer, check.Fallback = nil, nil, nil
+	if _, err := pglimit.New(noDB{}, &check); err != nil {
 		return Config{}, "", fmt.Errorf("pglimithealth: Limiter: %w", err)
 	}
 	lim := c.Limiter.Limits
@@ -416,6 +425,10 @@ func (t *Throttle) loop(ctx context.Context) {
 // sample takes one sample on the leader's session and writes the rate.
 func (t *Throttle) sample(ctx context.Context) (State, error) {
 	var s State
+	// The server's statement_timeout bounds a slow statement; this, a
+	// server or network gone silent.
+	ctx, cancel := context.WithTimeout(ctx, t.sampleTimeout()+silentGrace)
+	defer cancel()
 	err := t.elector.Do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
 		c := t.cfg
 		return scanState(conn.QueryRow(ctx, t.stmt, c.Name, c.Floor, c.Ceiling, c.Increase, c.Decrease,
@@ -441,7 +454,7 @@ func (t *Throttle) acquire(ctx context.Context) (*pgx.Conn, error) {
 		return nil, err
 	}
 	conn := pc.Hijack()
-	ms := max(t.cfg.Period, minSampleTimeout).Milliseconds()
+	ms := t.sampleTimeout().Milliseconds()
 	if _, err := conn.Exec(ctx, queries.Static("health.session"), fmt.Sprintf("%dms", ms)); err != nil {
 		_ = conn.Close(ctx)
 		return nil, err
@@ -454,6 +467,9 @@ type Querier interface {
 	// Query runs sql with args and returns its rows, as pgx's Query does.
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
+
+// sampleTimeout is the statement_timeout of the leader's session.
+func (t *Throttle) sampleTimeout() time.Duration { return max(t.cfg.Period, minSampleTimeout) }
 
 // Status returns the state of the throttles of schema ("" for "public"):
 // the one named name, or all of them for "". One statement; ctx bounds
