@@ -1,15 +1,22 @@
 package pglimithealth_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
@@ -161,4 +168,80 @@ func TestTransportFollowsThrottle(t *testing.T) {
 	if err := send(); !errors.As(err, &throttled) {
 		t.Fatalf("a request 20ms later under a throttle of 1 a second: %v, want a ThrottledError", err)
 	}
+}
+
+// A role without pg_read_all_stats would read every signal low (other
+// roles' sessions and the standbys' lag are hidden from it): its throttle
+// never leads, never samples, and says why in its log.
+func TestRoleWithoutStats(t *testing.T) {
+	ctx := t.Context()
+	schema := testdb.Schema(t)
+	super := testdb.Pool(t)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	role := "health_" + hex.EncodeToString(b[:])
+	for _, stmt := range []string{
+		"CREATE ROLE " + role + " LOGIN PASSWORD 'pglimit'",
+		fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s", pgx.Identifier{schema}.Sanitize(), role),
+		fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA %s TO %s", pgx.Identifier{schema}.Sanitize(), role),
+	} {
+		if _, err := super.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = super.Exec(context.Background(), fmt.Sprintf("DROP OWNED BY %s", role))
+		_, _ = super.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	pc, err := pgxpool.ParseConfig(testdb.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.User, pc.ConnConfig.Password = role, "pglimit"
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+
+	var log syncBuffer
+	samples := make(chan pglimithealth.State, 100)
+	cfg := healthy(schema, samples)
+	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	th := start(t, pool, cfg)
+	for deadline := time.Now().Add(patience); !strings.Contains(log.String(), "pg_read_all_stats"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line names pg_read_all_stats: %s", log.String())
+		}
+	}
+	time.Sleep(5 * cfg.Period)
+	if th.Leader() || len(samples) != 0 {
+		t.Errorf("a role without pg_read_all_stats: leader %t, %d samples; want neither", th.Leader(), len(samples))
+	}
+	if st, err := pglimithealth.Status(ctx, super, schema, ""); err != nil || len(st) != 0 {
+		t.Errorf("Status: %v, %v; want nothing written", st, err)
+	}
+	// Granted it, the same role leads and samples.
+	if _, err := super.Exec(ctx, "GRANT pg_read_all_stats TO "+role); err != nil {
+		t.Fatal(err)
+	}
+	nextSample(t, samples, "once granted", func(pglimithealth.State) bool { return true })
+}
+
+// syncBuffer is a log's buffer, written by the throttle's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

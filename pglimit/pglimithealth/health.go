@@ -446,8 +446,14 @@ func scanState(row pgx.Row, s *State) error {
 	return nil
 }
 
+// ErrNoStats is why an instance whose role lacks pg_read_all_stats never
+// leads: its signals would read other roles' sessions and the standbys'
+// lag as nothing. Its election logs it, once.
+var ErrNoStats = errors.New("pglimithealth: the role cannot read every session's statistics: GRANT pg_monitor (or pg_read_all_stats) to it")
+
 // acquire takes a connection out of the pool for the election, bounding
-// each sample with a statement_timeout of max(Period, 1s).
+// each sample with a statement_timeout of max(Period, 1s), and refuses
+// one whose role cannot see every session (ErrNoStats).
 func (t *Throttle) acquire(ctx context.Context) (*pgx.Conn, error) {
 	pc, err := t.pool.Acquire(ctx)
 	if err != nil {
@@ -455,9 +461,15 @@ func (t *Throttle) acquire(ctx context.Context) (*pgx.Conn, error) {
 	}
 	conn := pc.Hijack()
 	ms := t.sampleTimeout().Milliseconds()
-	if _, err := conn.Exec(ctx, queries.Static("health.session"), fmt.Sprintf("%dms", ms)); err != nil {
+	var timeout string
+	var stats bool
+	if err := conn.QueryRow(ctx, queries.Static("health.session"), fmt.Sprintf("%dms", ms)).Scan(&timeout, &stats); err != nil {
 		_ = conn.Close(ctx)
 		return nil, err
+	}
+	if !stats {
+		_ = conn.Close(ctx)
+		return nil, ErrNoStats
 	}
 	return conn, nil
 }

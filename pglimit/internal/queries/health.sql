@@ -70,7 +70,11 @@ WHERE $1::text IS NULL OR name = $1
 ORDER BY name
 {{end}}
 
--- health.session bounds the leader's statements on its session.
+-- health.session bounds the leader's statements on its session, and says
+-- whether its role may read every session's and standby's statistics:
+-- without pg_read_all_stats (pg_monitor has it), pg_stat_activity hides
+-- other roles' state and wait events, and pg_stat_replication their lag,
+-- so every signal would read low.
 {{define "health.session"}}
-SELECT set_config('statement_timeout', $1, false)
+SELECT set_config('statement_timeout', $1, false), pg_has_role('pg_read_all_stats', 'USAGE')
 {{end}}
