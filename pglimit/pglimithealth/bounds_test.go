@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -108,6 +109,24 @@ func TestStatusDeadline(t *testing.T) {
 	_, err := pglimithealth.Status(ctx, pool, schema, "")
 	if took := time.Since(began); !errors.Is(err, context.DeadlineExceeded) || took > within+slack {
 		t.Errorf("Status against a silent server: %v after %s; want the context's error within %s", err, took, within+slack)
+	}
+}
+
+// Status from a database that cannot be reached is ErrUnavailable.
+func TestStatusUnavailable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	pool, err := pgxpool.New(t.Context(), "postgres://nobody@"+addr+"/none?connect_timeout=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pglimithealth.Status(t.Context(), pool, "", ""); !errors.Is(err, pglimit.ErrUnavailable) {
+		t.Errorf("Status from a closed port: %v, want ErrUnavailable", err)
 	}
 }
 

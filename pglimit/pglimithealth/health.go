@@ -75,6 +75,7 @@ import (
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/internal/leadership"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
+	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 	"github.com/pglimit/cooldown/pglimit/internal/service"
 )
@@ -485,7 +486,7 @@ func (t *Throttle) sampleTimeout() time.Duration { return max(t.cfg.Period, minS
 
 // Status returns the state of the throttles of schema ("" for "public"):
 // the one named name, or all of them for "". One statement; ctx bounds
-// it.
+// it. A database it cannot reach is [pglimit.ErrUnavailable].
 func Status(ctx context.Context, db Querier, schema, name string) ([]State, error) {
 	schema = cmp.Or(schema, "public")
 	if err := pglimit.ValidateIdentifier(schema); err != nil {
@@ -498,7 +499,7 @@ func Status(ctx context.Context, db Querier, schema, name string) ([]State, erro
 	sql := queries.Text("health.state", queries.Args{"health": pgx.Identifier{schema, "pglimit_health"}.Sanitize()})
 	r, err := db.Query(ctx, sql, arg)
 	if err != nil {
-		return nil, fmt.Errorf("pglimithealth: status: %w", err)
+		return nil, statusErr(ctx, err)
 	}
 	defer r.Close()
 	var out []State
@@ -510,7 +511,20 @@ func Status(ctx context.Context, db Querier, schema, name string) ([]State, erro
 		out = append(out, s)
 	}
 	if err := r.Err(); err != nil {
-		return nil, fmt.Errorf("pglimithealth: status: %w", err)
+		return nil, statusErr(ctx, err)
 	}
 	return out, nil
+}
+
+// statusErr types Status's failures as pglimit's calls do: a database
+// that cannot be reached is [pglimit.ErrUnavailable], the server's
+// statement_timeout [pglimit.ErrTimeout]; ctx's end wraps ctx's error.
+func statusErr(ctx context.Context, err error) error {
+	switch {
+	case ctx.Err() == nil && pgtx.Unavailable(err):
+		return fmt.Errorf("%w (pglimithealth: status): %w", pglimit.ErrUnavailable, err)
+	case ctx.Err() == nil && pgtx.ServerTimeout(err):
+		return fmt.Errorf("%w (pglimithealth: status, by the server's statement_timeout): %w", pglimit.ErrTimeout, err)
+	}
+	return fmt.Errorf("pglimithealth: status: %w", err)
 }
