@@ -311,6 +311,7 @@ func TestHealthCommand(t *testing.T) {
 		!strings.Contains(out, "<= 1000") || !strings.Contains(out, "worker-1") {
 		t.Fatalf("health backfills: exit %d, %s%s", code, out, errOut)
 	}
+	t.Logf("pglimit health backfills:\n%s", out)
 	code, out, errOut = b.pglimit(t, "-json", "health")
 	var got []struct {
 		Name   string `json:"name"`
