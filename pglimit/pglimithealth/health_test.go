@@ -325,10 +325,11 @@ func TestReplicationLagThrottle(t *testing.T) {
 }
 
 // Sessions that sit in pg_sleep push the active sessions past the
-// threshold; ending them lets the rate recover.
+// threshold; ending them lets the rate recover. On a server of its own,
+// so that no other test's sessions count.
 func TestActiveSessionsThrottle(t *testing.T) {
 	testdb.Slow(t)
-	url := testdb.URL(t)
+	url := testdb.OwnServer(t).URL()
 	pool := testdb.PoolOn(t, url)
 	const sleepers = 8
 	var active, maxConns float64
