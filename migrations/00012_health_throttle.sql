@@ -7,7 +7,8 @@
 -- signal, value and threshold are the sample's worst signal (the largest
 -- value/threshold); over is whether it passed its threshold, which made
 -- the rate decrease. samples counts the samples taken, since is when the
--- rate last changed, leader is the id of the instance that sampled.
+-- rate last changed, leader is the id of the instance that sampled, and
+-- wal_lsn the primary's WAL position then (for WAL bytes a second).
 
 -- +goose Up
 CREATE TABLE pglimit_health (
@@ -20,7 +21,8 @@ CREATE TABLE pglimit_health (
     samples    bigint           NOT NULL DEFAULT 1,
     sampled_at timestamptz      NOT NULL,
     since      timestamptz      NOT NULL,
-    leader     text             NOT NULL
+    leader     text             NOT NULL,
+    wal_lsn    pg_lsn           NOT NULL
 );
 
 -- +goose Down

@@ -99,10 +99,16 @@ const (
 	// LockWaiters is the number of sessions waiting for a lock
 	// (pg_stat_activity, wait_event_type 'Lock').
 	LockWaiters Kind = "lock_waiters"
+	// WALRate is the WAL the primary wrote, in bytes a second, since the
+	// throttle's previous sample (by any leader: the position is stored
+	// with the state); 0 at the first sample.
+	WALRate Kind = "wal_rate"
 )
 
 // Kinds returns every signal kind.
-func Kinds() []Kind { return []Kind{ReplicationLag, ReplicationLagBytes, ActiveSessions, LockWaiters} }
+func Kinds() []Kind {
+	return []Kind{ReplicationLag, ReplicationLagBytes, ActiveSessions, LockWaiters, WALRate}
+}
 
 // signalSQL names each kind's statement, a scalar subquery.
 var signalSQL = map[Kind]string{
@@ -110,6 +116,7 @@ var signalSQL = map[Kind]string{
 	ReplicationLagBytes: "health.signal.replication_lag_bytes",
 	ActiveSessions:      "health.signal.active_sessions",
 	LockWaiters:         "health.signal.lock_waiters",
+	WALRate:             "health.signal.wal_rate",
 }
 
 // Signal is one signal and the threshold past which the rate decreases.
@@ -248,15 +255,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Throttle, error) {
 		return nil, err
 	}
 	schema := cmp.Or(c.Limiter.Schema, "public")
+	health := pgx.Identifier{schema, "pglimit_health"}.Sanitize()
 	rows := make([]string, len(c.Signals))
 	for i, s := range c.Signals {
-		rows[i] = fmt.Sprintf("('%s', %s, %s::float8)", s.Kind, queries.Static(signalSQL[s.Kind]),
+		rows[i] = fmt.Sprintf("('%s', %s, %s::float8)", s.Kind, queries.Text(signalSQL[s.Kind], queries.Args{"health": health}),
 			strconv.FormatFloat(s.Threshold, 'g', -1, 64))
 	}
 	t := &Throttle{pool: pool, cfg: c, ns: ns}
 	t.stmt = queries.Text("health.sample", queries.Args{
 		"signals":   strings.Join(rows, ", "),
-		"health":    pgx.Identifier{schema, "pglimit_health"}.Sanitize(),
+		"health":    health,
 		"overrides": pgx.Identifier{schema, "pglimit_overrides"}.Sanitize(),
 	})
 	t.lockKey = lockid.Of[int64]("pglimit/health/" + schema + "/" + c.Name)

@@ -426,3 +426,34 @@ func TestInvalidConfig(t *testing.T) {
 		t.Errorf("the good configuration: %v", err)
 	}
 }
+
+// A write load pushes the WAL written a second past the threshold;
+// stopping it lets the rate recover. On a server of its own, so that no
+// other test's writes count.
+func TestWALRateThrottle(t *testing.T) {
+	testdb.Slow(t)
+	url := testdb.OwnServer(t).URL()
+	pool := testdb.PoolOn(t, url)
+	if _, err := pool.Exec(t.Context(), "CREATE TABLE public.load (id bigint, pad text)"); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		stop func()
+		wg   sync.WaitGroup
+	)
+	p := pressure{
+		on: func() {
+			ctx, cancel := context.WithCancel(t.Context())
+			stop = func() { cancel(); wg.Wait() }
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					_, _ = pool.Exec(ctx, "INSERT INTO public.load SELECT g, repeat('x', 100) FROM generate_series(1, 1000) g")
+				}
+			})
+		},
+		off: func() { stop() },
+	}
+	// 500 kB a second: the throttle's own writes are a few kB a second,
+	// the load several MB.
+	scenario(t, url, pglimithealth.Signal{Kind: pglimithealth.WALRate, Threshold: 500_000}, p)
+}

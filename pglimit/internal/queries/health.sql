@@ -16,6 +16,11 @@
 -- lock_waiters: sessions waiting for a heavyweight lock.
 {{define "health.signal.lock_waiters"}}(SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock')::float8{{end}}
 
+-- wal_rate: WAL bytes a second written since the throttle's previous
+-- sample (by any leader), read from the WAL position that sample stored;
+-- 0 at the first. {{.health}} is the state table, $1 the throttle's name.
+{{define "health.signal.wal_rate"}}coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), h.wal_lsn) / nullif(extract(epoch FROM now() - h.sampled_at), 0) FROM {{.health}} h WHERE h.name = $1), 0)::float8{{end}}
+
 -- health.sample is the whole period's work, one statement on the leader's
 -- session: it samples the signals ({{.signals}}, rows of (signal, value,
 -- threshold)), applies the rule to the rate the throttle's row holds
@@ -51,14 +56,14 @@ WITH sample AS (
         SET limits = o.limits || excluded.limits, updated_at = now(), expires_at = NULL
         WHERE o.limits -> $8::text IS DISTINCT FROM excluded.limits -> $8::text OR o.expires_at IS NOT NULL
 )
-INSERT INTO {{.health}} AS h (name, rate, over, signal, value, threshold, samples, sampled_at, since, leader)
+INSERT INTO {{.health}} AS h (name, rate, over, signal, value, threshold, samples, sampled_at, since, leader, wal_lsn)
 SELECT $1, rate, over, signal, value, threshold, samples + 1, now(),
-       CASE WHEN prev_rate IS DISTINCT FROM rate THEN now() ELSE since END, $9
+       CASE WHEN prev_rate IS DISTINCT FROM rate THEN now() ELSE since END, $9, pg_current_wal_lsn()
 FROM next
 ON CONFLICT (name) DO UPDATE
     SET rate = excluded.rate, over = excluded.over, signal = excluded.signal, value = excluded.value,
         threshold = excluded.threshold, samples = excluded.samples, sampled_at = excluded.sampled_at,
-        since = excluded.since, leader = excluded.leader
+        since = excluded.since, leader = excluded.leader, wal_lsn = excluded.wal_lsn
 RETURNING name, rate, over, signal, value, threshold, samples, sampled_at, since, leader
 {{end}}
 
