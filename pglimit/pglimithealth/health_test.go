@@ -285,8 +285,8 @@ func replicaPair(t *testing.T) (primary, standby *pgserver.Server) {
 }
 
 // The standby's replay is paused under write load: replication lag grows
-// past 0.5s, the rate falls to the floor, and recovers after the replay
-// resumes.
+// past 0.5s (or 256 kB of WAL), the rate falls to the floor, and recovers
+// after the replay resumes.
 func TestReplicationLagThrottle(t *testing.T) {
 	testdb.Slow(t)
 	primary, standby := replicaPair(t)
@@ -321,7 +321,12 @@ func TestReplicationLagThrottle(t *testing.T) {
 			exec(sp, "SELECT pg_wal_replay_resume()")
 		},
 	}
-	scenario(t, primary.URL(), pglimithealth.Signal{Kind: pglimithealth.ReplicationLag, Threshold: 0.5}, p)
+	for _, sig := range []pglimithealth.Signal{
+		{Kind: pglimithealth.ReplicationLag, Threshold: 0.5},
+		{Kind: pglimithealth.ReplicationLagBytes, Threshold: 256 << 10},
+	} {
+		t.Run(string(sig.Kind), func(t *testing.T) { scenario(t, primary.URL(), sig, p) })
+	}
 }
 
 // Sessions that sit in pg_sleep push the active sessions past the
