@@ -39,7 +39,8 @@
 //     unlimited. Before the first sample the limiter's own configured
 //     rate applies: configure it at the floor.
 //   - One statement per Period per cluster and name, on the leader's
-//     session: followers read nothing.
+//     session. The election is apart, as the Cleaner's: each follower
+//     asks for the lock, and the leader pings, every min(Period, 10s).
 //   - If the leader dies the rate stays where it was (the overrides row
 //     never lapses) until another leader samples: within the election
 //     bounds of the Cleaner (package leadership), E = min(Period, 10s)
@@ -51,8 +52,13 @@
 //
 // The signals read the primary's views: replication lag is that of the
 // standbys connected now (a standby that is disconnected is not seen).
-// The throttle needs PostgreSQL 14 or later, and a real session (not
-// PgBouncer transaction pooling) for its election.
+// The throttle needs PostgreSQL 14 or later, a real session (not
+// PgBouncer transaction pooling) for its election, and a role with
+// pg_monitor (or pg_read_all_stats): one without never leads
+// ([ErrNoStats]). A Transport over a limiter with per-key limits cannot
+// store a 429's pause for every instance ([pglimit.Pause] refuses it):
+// the pause holds back the instance that got it. docs/health.md has a
+// worked example.
 package pglimithealth
 
 import (
@@ -228,9 +234,9 @@ type Throttle struct {
 	ns      string
 	stmt    string
 	elector *leadership.Elector
-	lockKey int64 // the election's advisory lock, per schema and Name
-	svc     service.Service
-	mu      sync.Mutex
+	lockKey int64           // the election's advisory lock, per schema and Name
+	svc     service.Service // the sampling loop
+	mu      sync.Mutex      // orders Start and Stop
 	started bool
 }
 
@@ -370,12 +376,12 @@ type noDB struct{ pglimit.DB }
 // own. The leader samples every Period, so the first sample comes within
 // one Period of this instance's election. A throttle starts at most once.
 func (t *Throttle) Start() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if err := t.svc.Start(t.loop); err != nil {
 		return fmt.Errorf("pglimithealth: %w", err)
 	}
-	t.mu.Lock()
 	t.started = true
-	t.mu.Unlock()
 	t.elector.Start()
 	return nil
 }
