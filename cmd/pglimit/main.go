@@ -10,6 +10,7 @@
 //	pglimit [flags] overrides clear KEY
 //	pglimit [flags] reset KEY
 //	pglimit [flags] cleaner [-tables T1,T2] [-retention DURATION]
+//	pglimit [flags] health [NAME]
 //
 // The limiter is the one its namespace recorded: a limiter records its
 // policy (strategy, limits, per-key limits) in its schema at its first
@@ -24,7 +25,7 @@
 // taken as given, with a warning. The database URL comes from -database-url or
 // DATABASE_URL. Every command is one statement of the library's Go API
 // (Inspect, LimitedKeys, ListKeyLimits, SetKeyLimits, SetKeyLimitsFor,
-// Reset, InspectCleaner). With -dry-run a command that writes runs in a
+// Reset, InspectCleaner, pglimithealth.Status). With -dry-run a command that writes runs in a
 // transaction that it rolls back, and prints what it would have done.
 // With -json it prints JSON instead of tables.
 //
@@ -46,6 +47,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimithealth"
 )
 
 func main() {
@@ -80,6 +82,7 @@ Commands:
   reset KEY                       clear KEY's state: every limit back to full
   cleaner [-tables T,...] [-retention D]
                                   the cleanup job's leader and each table's backlog
+  health [NAME]                   each health throttle's rate now, and why (or NAME's)
 
 A limit (-limit, repeated; or PGLIMIT_LIMITS, separated by ";"):
   [NAME=]RATE/PERIOD[,burst=N][,debt=N][,fixed|,sliding][,tz=ZONE]
@@ -286,6 +289,21 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 			return err
 		}
 		return p.cleaner(st)
+	case "health":
+		if len(args) > 1 {
+			return usageError{fmt.Errorf("health: want %s", usages[name])}
+		}
+		var throttle string
+		if len(args) == 1 {
+			throttle = args[0]
+		}
+		ctx, cancel := context.WithTimeout(ctx, o.cfg.Timeout)
+		defer cancel()
+		st, err := pglimithealth.Status(ctx, pool, o.cfg.Schema, throttle)
+		if err != nil {
+			return err
+		}
+		return p.health(throttle, st)
 	}
 	return nil
 }
@@ -294,6 +312,7 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 var usages = map[string]string{
 	"inspect": "KEY", "limited": "no arguments", "overrides list": "no arguments",
 	"overrides set": "KEY NAME=RATE[/BURST] ...", "overrides clear": "KEY", "reset": "KEY", "cleaner": "no arguments",
+	"health": "[NAME]",
 }
 
 // write runs a command that writes (name), on key, then prints the key's

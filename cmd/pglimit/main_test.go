@@ -15,6 +15,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimithealth"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -430,5 +431,58 @@ func TestRollingDeployCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "10 per 1m0s") || !strings.Contains(errOut, "note: namespace \"items\" recorded another policy before the latest") ||
 		!strings.Contains(errOut, "per-minute=5/1m0s,burst=3") {
 		t.Errorf("inspect with no description: exit %d, %s%s; want the latest, and a note naming the one before", code, out, errOut)
+	}
+}
+
+// health shows each throttle's rate and why, as its leader wrote them.
+func TestHealthCommand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if code, out, errOut := b.pglimit(t, "health"); code != 0 || !strings.Contains(out, "no health throttle") {
+		t.Fatalf("health before any throttle: exit %d, %s%s", code, out, errOut)
+	}
+	sampled := make(chan pglimithealth.State, 1)
+	th, err := pglimithealth.New(b.pool, &pglimithealth.Config{
+		Name: "backfills", Limiter: &b.cfg, Key: "backfill", Limit: "per-minute",
+		Signals: []pglimithealth.Signal{{Kind: pglimithealth.LockWaiters, Threshold: 1000}},
+		Floor:   1, Ceiling: 60, Increase: 5, Decrease: 0.5, Period: 50 * time.Millisecond, ID: "worker-1",
+		OnSample: func(s pglimithealth.State) {
+			select {
+			case sampled <- s:
+			default:
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := th.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sampled:
+	case <-time.After(time.Minute):
+		t.Fatal("no sample within a minute")
+	}
+	if err := th.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := b.pglimit(t, "health", "backfills")
+	if code != 0 || !strings.Contains(out, "backfills") || !strings.Contains(out, "lock_waiters") ||
+		!strings.Contains(out, "<= 1000") || !strings.Contains(out, "worker-1") {
+		t.Fatalf("health backfills: exit %d, %s%s", code, out, errOut)
+	}
+	t.Logf("pglimit health backfills:\n%s", out)
+	code, out, errOut = b.pglimit(t, "-json", "health")
+	var got []struct {
+		Name   string `json:"name"`
+		Rate   int64  `json:"rate"`
+		Signal string `json:"signal"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil || len(got) != 1 || got[0].Rate != 60 || got[0].Signal != "lock_waiters" {
+		t.Fatalf("-json health: exit %d, %s%s (%v)", code, out, errOut, err)
+	}
+	if code, out, errOut := b.pglimit(t, "health", "a", "b"); code != 2 {
+		t.Errorf("health with two names: exit %d, %s%s; want 2", code, out, errOut)
 	}
 }

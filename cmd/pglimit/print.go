@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimithealth"
 )
 
 // printer writes a command's answer as tables for people, or as JSON.
@@ -336,4 +338,46 @@ func size(n int64) string {
 		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 	}
 	return fmt.Sprintf("%d kB", n/1024)
+}
+
+// health prints each health throttle's rate and why it is there.
+func (p printer) health(name string, states []pglimithealth.State) error {
+	if p.json {
+		type throttle struct {
+			Name      string    `json:"name"`
+			Rate      int64     `json:"rate"`
+			Since     time.Time `json:"since"`
+			Over      bool      `json:"over"`
+			Signal    string    `json:"signal"`
+			Value     float64   `json:"value"`
+			Threshold float64   `json:"threshold"`
+			SampledAt time.Time `json:"sampled_at"`
+			Leader    string    `json:"leader"`
+			Samples   int64     `json:"samples"`
+		}
+		out := []throttle{}
+		for _, s := range states {
+			out = append(out, throttle{s.Name, s.Rate, s.Since, s.Over, string(s.Signal), s.Value, s.Threshold, s.SampledAt, s.Leader, s.Samples})
+		}
+		return p.encode(out)
+	}
+	if len(states) == 0 {
+		if name != "" {
+			fmt.Fprintf(p.w, "no health throttle %q has sampled yet\n", name)
+		} else {
+			fmt.Fprintln(p.w, "no health throttle has sampled yet")
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "THROTTLE\tRATE\tSINCE\tBECAUSE\tSAMPLED\tBY")
+	for _, s := range states {
+		cmp := "<="
+		if s.Over {
+			cmp = ">"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s %s %s %s\t%s\t%s\n", s.Name, s.Rate, when(s.Since), s.Signal,
+			strconv.FormatFloat(s.Value, 'g', 4, 64), cmp, strconv.FormatFloat(s.Threshold, 'g', 4, 64), when(s.SampledAt), s.Leader)
+	}
+	return tw.Flush()
 }

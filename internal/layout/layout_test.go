@@ -31,6 +31,7 @@ var mayImport = map[string][]string{
 	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/leadership"},
 	"pglimit/internal/leadership": {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/service"},
 	"pglimit/pglimitsem":          {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/internal/"},
+	"pglimit/pglimithealth":       {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/internal/"},
 	"pglimit/pglimithttp":         {"~/pglimit", "~/pglimit/pglimitsem", "~/internal/onpglimit/observe", "~/internal/onerror"},
 	"pglimit/pglimitprom":         {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitsem", "~/internal/onpglimit/observe"},
 	"pglimit/pglimitsql":          {"github.com/jackc/pgx/v5/", "~/pglimit"},
@@ -41,7 +42,7 @@ var mayImport = map[string][]string{
 	"internal/onpglimit/testdb":   {"github.com/jackc/pgx/v5/", "go.uber.org/goleak", "~/pglimit", "~/internal/pgserver"},
 	"internal/pgserver":           {"github.com/jackc/pgx/v5/"},
 	"internal/layout":             {},
-	"cmd/pglimit":                 {"github.com/jackc/pgx/v5/", "~/pglimit"},
+	"cmd/pglimit":                 {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/pglimithealth"},
 	"demo":                        {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimithttp", "~/pglimit/pglimitprom", "~/pglimit/pglimitsem", "~/internal/pgserver"},
 }
 

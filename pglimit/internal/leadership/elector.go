@@ -34,6 +34,9 @@ type Config struct {
 	// Logger receives leadership changes and connection failures.
 	Logger *slog.Logger
 
+	// Role names the leader's work in log lines ("cleanup" if empty).
+	Role string
+
 	// OnChange, if not nil, is called with the new state whenever
 	// leadership is gained or lost, from the elector's goroutine or from
 	// Do. It must not call the elector.
@@ -274,11 +277,11 @@ func (e *Elector) setLeader(leader bool, reason string) {
 	}
 	switch {
 	case leader:
-		e.cfg.Logger.Info("pglimit: cleanup leadership acquired", "lock_key", e.cfg.Key)
+		e.cfg.Logger.Info("pglimit: "+e.role()+" leadership acquired", "lock_key", e.cfg.Key)
 	case reason == reasonStopped:
-		e.cfg.Logger.Info("pglimit: cleanup leadership released", "lock_key", e.cfg.Key)
+		e.cfg.Logger.Info("pglimit: "+e.role()+" leadership released", "lock_key", e.cfg.Key)
 	default:
-		e.cfg.Logger.Warn("pglimit: cleanup leadership lost", "lock_key", e.cfg.Key, "reason", reason)
+		e.cfg.Logger.Warn("pglimit: "+e.role()+" leadership lost", "lock_key", e.cfg.Key, "reason", reason)
 	}
 	if e.cfg.OnChange != nil {
 		e.cfg.OnChange(leader)
@@ -293,5 +296,13 @@ func (e *Elector) logFailure(what string, err error) {
 		return
 	}
 	e.lastErr = msg
-	e.cfg.Logger.Warn("pglimit: cleanup election: "+what+" failed", "lock_key", e.cfg.Key, "err", err)
+	e.cfg.Logger.Warn("pglimit: "+e.role()+" election: "+what+" failed", "lock_key", e.cfg.Key, "err", err)
+}
+
+// role is Config.Role, or "cleanup".
+func (e *Elector) role() string {
+	if e.cfg.Role == "" {
+		return "cleanup"
+	}
+	return e.cfg.Role
 }
