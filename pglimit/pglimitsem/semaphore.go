@@ -65,6 +65,13 @@ type Config struct {
 	// minute. Defaults to 50ms.
 	WaitPoll time.Duration
 
+	// FlowQueue bounds the queue of each flow of a key for
+	// [Semaphore.WaitFlow]: a waiter that finds as many live places of its
+	// flow in the key's queue is refused with [ErrQueueFull]. Waiters that
+	// join at the same instant may each pass the bound, by at most their
+	// number. From 1 to 100,000. Defaults to 1,000.
+	FlowQueue int
+
 	// Listen, when set, is how to open a session on which the semaphore
 	// hears (LISTEN) the releases of other instances, so that its callers
 	// of [Semaphore.Wait] take a freed slot within milliseconds rather
@@ -141,7 +148,12 @@ type Semaphore struct {
 	ttl int64 // µs
 	// lockSeed seeds the hash of a slot's advisory lock, one per table.
 	lockSeed int64
-	stmts    struct{ acquire, extend, release, wait, enqueue, leave string }
+	stmts    struct {
+		acquire, extend, release, wait, enqueue, leave string
+		// waitFlow and enqueueFlow are wait and enqueue for a waiter of a
+		// flow (WaitFlow).
+		waitFlow, enqueueFlow string
+	}
 	// hold is the average time from an acquisition to its release seen
 	// in this process, in ns; 0 before the first release.
 	hold atomic.Int64
@@ -224,6 +236,10 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	if c.TTL < time.Second || c.TTL > maxTTL {
 		return nil, fmt.Errorf("%w: TTL must be from 1s to %s, got %s", pglimit.ErrInvalidConfig, maxTTL, c.TTL)
 	}
+	c.FlowQueue = cmp.Or(c.FlowQueue, defaultFlowQueue)
+	if c.FlowQueue < 1 || c.FlowQueue > maxFlowQueue {
+		return nil, fmt.Errorf("%w: FlowQueue must be from 1 to %d, got %d", pglimit.ErrInvalidConfig, maxFlowQueue, c.FlowQueue)
+	}
 	if c.Timeout < 0 {
 		return nil, fmt.Errorf("%w: Timeout must not be negative, got %s", pglimit.ErrInvalidConfig, c.Timeout)
 	}
@@ -238,7 +254,8 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	s.lockSeed = lockid.SlotSeed(table)
 	s.channel = channelOf(table, c.Namespace)
 	args := queries.Args{"table": table, "waiters": waiters, "channel": s.channel, "tag_len": strconv.Itoa(tagLen),
-		"queue": "", "turn": "", "turn_first": "", "dequeue": "", "waiting": ""}
+		"queue": "", "turn": "", "turn_first": "", "dequeue": "", "waiting": "",
+		"set_flow": "", "flow_col": "", "flow_val": ""}
 	s.stmts.acquire = queries.Text("slots.acquire", args)
 	s.stmts.extend = queries.Text("slots.extend", args)
 	s.stmts.release = queries.Text("slots.release", args)
@@ -252,6 +269,10 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	args["turn"], args["turn_first"] = " AND (SELECT ok FROM turn)", "(SELECT ok FROM turn) AND "
 	args["waiting"] = ", (SELECT ok FROM turn), EXISTS (SELECT FROM renewed)"
 	s.stmts.wait = queries.Text("slots.acquire", args)
+	s.stmts.enqueueFlow = queries.Text("slots.enqueue_flow", args)
+	args["queue"] = queries.Text("slots.fair_turn", args)
+	args["set_flow"], args["flow_col"], args["flow_val"] = ", flow = $9", ", flow", ", $9"
+	s.stmts.waitFlow = queries.Text("slots.acquire", args)
 	return s, nil
 }
 
@@ -273,7 +294,12 @@ const (
 	waitersTable    = "pglimit_slot_waiters"
 	defaultWaitPoll = 50 * time.Millisecond
 	maxSlots        = 10_000
-	defaultSlotTTL  = time.Minute
+	// defaultFlowQueue and maxFlowQueue bound Config.FlowQueue; maxWeight
+	// a Flow's Weight.
+	defaultFlowQueue = 1_000
+	maxFlowQueue     = 100_000
+	maxWeight        = 10_000
+	defaultSlotTTL   = time.Minute
 
 	// As a limiter's: the defaults of Config, the longest TTL (366 days),
 	// and the attempts after a lost race.
