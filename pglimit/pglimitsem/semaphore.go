@@ -151,8 +151,8 @@ type Semaphore struct {
 	stmts    struct {
 		acquire, extend, release, wait, enqueue, leave string
 		// waitFlow and enqueueFlow are wait and enqueue for a waiter of a
-		// flow (WaitFlow).
-		waitFlow, enqueueFlow string
+		// flow (WaitFlow); takeFlow its first try, before it joins.
+		waitFlow, enqueueFlow, takeFlow string
 	}
 	// hold is the average time from an acquisition to its release seen
 	// in this process, in ns; 0 before the first release.
@@ -273,6 +273,9 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	args["queue"] = queries.Text("slots.fair_turn", args)
 	args["set_flow"], args["flow_col"], args["flow_val"] = ", flow = $9", ", flow", ", $9"
 	s.stmts.waitFlow = queries.Text("slots.acquire", args)
+	args["queue"], args["dequeue"], args["waiting"] = queries.Text("slots.no_waiters", args), "", ", (SELECT ok FROM turn), false"
+	args["set_flow"], args["flow_val"] = ", flow = $6", ", $6"
+	s.stmts.takeFlow = queries.Text("slots.acquire", args)
 	return s, nil
 }
 

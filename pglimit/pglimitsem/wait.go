@@ -67,7 +67,8 @@ type Flow struct {
 // waiter whose flow is furthest below its share: the lowest (slots its
 // flow holds + its place among the flow's waiters) / Weight, ties going
 // to the earliest; within a flow, waiters are served in arrival order.
-// Each try is one statement, as Wait's.
+// Each try is one statement, as Wait's; the first, while no one waits
+// for the key, takes a free slot without joining the queue.
 //
 // A flow's queue is bounded by Config.FlowQueue: past it, WaitFlow
 // returns [ErrQueueFull] with a Slot whose RetryAfter is the hold time
@@ -94,6 +95,16 @@ func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow) (Slot, err
 	}
 	w := s.waiting(key)
 	defer s.doneWaiting(key)
+	if flow != nil {
+		// A free slot with no one waiting is taken at once, without
+		// joining the queue: one statement, as Acquire's.
+		slot, _, err := s.acquireInTurn(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
+			return scan(s.db.QueryRow(ctx, s.stmts.takeFlow, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, flow.Name))
+		}, &place{})
+		if err != nil || slot.Acquired {
+			return slot, err
+		}
+	}
 	var q *place
 	for {
 		if q == nil {

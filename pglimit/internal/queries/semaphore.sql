@@ -108,6 +108,15 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
     FROM (SELECT) AS one LEFT JOIN tagged AS me ON me.arrived = $6 AND me.waiter = $7::uuid
 ){{end}}
 
+-- slots.no_waiters makes slots.acquire the first try of a waiter of flow
+-- $6 (which the slot it takes records), before it joins the queue: it
+-- takes a free slot only while the key has no live place in the queue,
+-- as the statement's snapshot sees it, and answers whether that was so.
+{{define "slots.no_waiters"}}, turn AS MATERIALIZED (
+    SELECT NOT EXISTS (SELECT FROM {{.waiters}} AS w, clock
+                       WHERE w.namespace = $1 AND w.key = $2 AND w.expires_at > clock.now) AS ok
+){{end}}
+
 -- slots.enqueue_flow is slots.enqueue for a waiter of flow $4 with weight
 -- $5, which joins only while its flow has fewer than $6 live places in the
 -- key's queue (as the statement's snapshot sees them): it returns no row
