@@ -255,7 +255,7 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	s.channel = channelOf(table, c.Namespace)
 	args := queries.Args{"table": table, "waiters": waiters, "channel": s.channel, "tag_len": strconv.Itoa(tagLen),
 		"queue": "", "turn": "", "turn_first": "", "dequeue": "", "waiting": "",
-		"set_flow": "", "flow_col": "", "flow_val": ""}
+		"set_extra": "", "extra_col": "", "extra_val": ""}
 	s.stmts.acquire = queries.Text("slots.acquire", args)
 	s.stmts.extend = queries.Text("slots.extend", args)
 	s.stmts.release = queries.Text("slots.release", args)
@@ -271,10 +271,10 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	s.stmts.wait = queries.Text("slots.acquire", args)
 	s.stmts.enqueueFlow = queries.Text("slots.enqueue_flow", args)
 	args["queue"] = queries.Text("slots.fair_turn", args)
-	args["set_flow"], args["flow_col"], args["flow_val"] = ", flow = $9", ", flow", ", $9"
+	args["set_extra"], args["extra_col"], args["extra_val"] = ", flow = $9", ", flow", ", $9"
 	s.stmts.waitFlow = queries.Text("slots.acquire", args)
 	args["queue"], args["dequeue"], args["waiting"] = queries.Text("slots.no_waiters", args), "", ", (SELECT ok FROM turn), false"
-	args["set_flow"], args["flow_val"] = ", flow = $6", ", $6"
+	args["set_extra"], args["extra_val"] = ", flow = $6", ", $6"
 	s.stmts.takeFlow = queries.Text("slots.acquire", args)
 	return s, nil
 }

@@ -24,13 +24,13 @@ WITH clock AS (
     FOR UPDATE OF s SKIP LOCKED
 ), reused AS (
     UPDATE {{.table}} AS s
-    SET holder = gen_random_uuid(){{.set_flow}}, expires_at = clock.now + $4 * interval '1 microsecond'
+    SET holder = gen_random_uuid(){{.set_extra}}, expires_at = clock.now + $4 * interval '1 microsecond'
     FROM free, clock
     WHERE s.namespace = $1 AND s.key = $2 AND s.slot = free.slot
     RETURNING s.slot, s.holder, s.expires_at
 ), added AS (
-    INSERT INTO {{.table}} (namespace, key, slot, holder, expires_at{{.flow_col}})
-    SELECT $1, $2, g, gen_random_uuid(), clock.now + $4 * interval '1 microsecond'{{.flow_val}}
+    INSERT INTO {{.table}} (namespace, key, slot, holder, expires_at{{.extra_col}})
+    SELECT $1, $2, g, gen_random_uuid(), clock.now + $4 * interval '1 microsecond'{{.extra_val}}
     FROM (SELECT g FROM generate_series(0, $3 - 1) AS g
           WHERE {{.turn_first}}CASE WHEN EXISTS (SELECT FROM reused)
                        OR EXISTS (SELECT FROM {{.table}} AS o WHERE o.namespace = $1 AND o.key = $2 AND o.slot = g)
