@@ -72,6 +72,12 @@ type Config struct {
 	// number. From 1 to 100,000. Defaults to 1,000.
 	FlowQueue int
 
+	// Levels are the priority levels of [Semaphore.AcquireLevel], each
+	// with a guaranteed share of every key's slots, what of it the others
+	// may borrow, and a ceiling: see [Level]. At most 16, whose Min add up
+	// to at most Slots. Defaults to none.
+	Levels []Level
+
 	// Listen, when set, is how to open a session on which the semaphore
 	// hears (LISTEN) the releases of other instances, so that its callers
 	// of [Semaphore.Wait] take a freed slot within milliseconds rather
@@ -153,10 +159,15 @@ type Semaphore struct {
 		// waitFlow and enqueueFlow are wait and enqueue for a waiter of a
 		// flow (WaitFlow); takeFlow its first try, before it joins.
 		waitFlow, enqueueFlow, takeFlow string
+		// acquireLevel is acquire for a priority level (AcquireLevel).
+		acquireLevel string
 	}
 	// hold is the average time from an acquisition to its release seen
 	// in this process, in ns; 0 before the first release.
 	hold atomic.Int64
+
+	// levels is Config.Levels, checked, for AcquireLevel.
+	levels levels
 
 	// channel is the namespace's notification channel (channelOf);
 	// listen, Config.Listen's copy for the listening session, or nil.
@@ -248,7 +259,11 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	if c.WaitPoll < time.Millisecond || c.WaitPoll > time.Minute {
 		return nil, fmt.Errorf("%w: WaitPoll must be from 1ms to 1m, got %s", pglimit.ErrInvalidConfig, c.WaitPoll)
 	}
-	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds(), wake: map[string]*waking{}}
+	levels, err := newLevels(c.Levels, c.Slots)
+	if err != nil {
+		return nil, err
+	}
+	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds(), wake: map[string]*waking{}, levels: levels}
 	table := pgx.Identifier{c.Schema, slotsTable}.Sanitize()
 	waiters := pgx.Identifier{c.Schema, waitersTable}.Sanitize()
 	s.lockSeed = lockid.SlotSeed(table)
@@ -276,6 +291,8 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	args["queue"], args["dequeue"], args["waiting"] = queries.Text("slots.no_waiters", args), "", ", (SELECT ok FROM turn), false"
 	args["set_extra"], args["extra_val"] = ", flow = $6", ", $6"
 	s.stmts.takeFlow = queries.Text("slots.acquire", args)
+	args["queue"], args["set_extra"], args["extra_col"] = queries.Text("slots.level", args), ", level = $6", ", level"
+	s.stmts.acquireLevel = queries.Text("slots.acquire", args)
 	return s, nil
 }
 

@@ -117,6 +117,25 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
                        WHERE w.namespace = $1 AND w.key = $2 AND w.expires_at > clock.now) AS ok
 ){{end}}
 
+-- slots.level makes slots.acquire the acquisition of level $6 (which the
+-- slot it takes records), of the levels $7 each keeping $8 slots for
+-- itself while it holds fewer (its guarantee less what it lends): it
+-- takes a free slot only while the level holds fewer than $9 (its
+-- ceiling) and a free slot is left beyond what the other levels keep, as
+-- the statement's snapshot sees them, and answers whether that was so.
+{{define "slots.level"}}, by_level AS MATERIALIZED (
+    SELECT s.level, count(*) AS n FROM {{.table}} AS s, clock
+    WHERE s.namespace = $1 AND s.key = $2 AND s.slot < $3 AND s.expires_at > clock.now
+    GROUP BY s.level
+), turn AS MATERIALIZED (
+    SELECT coalesce((SELECT n FROM by_level WHERE level = $6), 0) < $9::integer
+       AND $3::integer - (SELECT coalesce(sum(n), 0) FROM by_level)
+           - (SELECT coalesce(sum(greatest(k.keep - coalesce(b.n, 0), 0)), 0)
+              FROM unnest($7::text[], $8::integer[]) AS k(level, keep)
+              LEFT JOIN by_level AS b ON b.level = k.level
+              WHERE k.level <> $6) > 0 AS ok
+){{end}}
+
 -- slots.enqueue_flow is slots.enqueue for a waiter of flow $4 with weight
 -- $5, which joins only while its flow has fewer than $6 live places in the
 -- key's queue (as the statement's snapshot sees them): it returns no row
