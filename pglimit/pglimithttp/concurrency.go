@@ -45,7 +45,12 @@ const OutcomeBusy Outcome = observe.Busy
 // FlowWait, or whose flow's queue is full ([pglimitsem.ErrQueueFull]), is
 // refused as above; a flow FlowFunc cannot give, or a bad one, is a 400.
 //
-// Of cfg it uses KeyFunc, FlowFunc, FlowWait, Exempt, ExemptKeys,
+// With a LevelFunc, a request takes a slot of its priority level of the
+// semaphore's Config.Levels ([pglimitsem.Semaphore.AcquireLevel]), and is
+// refused as above when its level may take none; a level LevelFunc
+// cannot give, or an unknown one, is a 400.
+//
+// Of cfg it uses KeyFunc, FlowFunc, FlowWait, LevelFunc, Exempt, ExemptKeys,
 // OnRefused, Logger, LogInterval, OnError and OnDecision; a CostFunc is
 // an error. The admitted request's [Event.Decision] is zero.
 func Concurrency(sem *pglimitsem.Semaphore, cfg *Config) (func(http.Handler) http.Handler, error) {
@@ -58,6 +63,9 @@ func Concurrency(sem *pglimitsem.Semaphore, cfg *Config) (func(http.Handler) htt
 	g, err := newGate(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if g.cfg.LevelFunc != nil && g.cfg.FlowFunc != nil {
+		return nil, fmt.Errorf("%w: LevelFunc and FlowFunc: a request either waits by fair share or takes a slot of its level", ErrInvalidConfig)
 	}
 	if g.cfg.FlowWait < 0 || (g.cfg.FlowWait != 0 && g.cfg.FlowFunc == nil) {
 		return nil, fmt.Errorf("%w: FlowWait: must not be negative, and needs a FlowFunc; got %s", ErrInvalidConfig, g.cfg.FlowWait)
@@ -135,10 +143,11 @@ const defaultFlowWait = 10 * time.Second
 // errWaitedEnough is the cause of a FlowWait that ended.
 var errWaitedEnough = errors.New("pglimithttp: waited FlowWait for a slot")
 
-// noFlow refuses a FlowFunc or a FlowWait outside Concurrency.
+// noFlow refuses a FlowFunc, a FlowWait or a LevelFunc outside
+// Concurrency.
 func noFlow(cfg *Config) error {
-	if cfg != nil && (cfg.FlowFunc != nil || cfg.FlowWait != 0) {
-		return fmt.Errorf("%w: FlowFunc and FlowWait are for Concurrency only", ErrInvalidConfig)
+	if cfg != nil && (cfg.FlowFunc != nil || cfg.FlowWait != 0 || cfg.LevelFunc != nil) {
+		return fmt.Errorf("%w: FlowFunc, FlowWait and LevelFunc are for Concurrency only", ErrInvalidConfig)
 	}
 	return nil
 }
@@ -148,6 +157,17 @@ func noFlow(cfg *Config) error {
 // full queue, is a slot not acquired. answered is true when it answered
 // r itself: a bad flow's 400.
 func (c *concurrency) acquire(w http.ResponseWriter, r *http.Request, key string) (_ pglimitsem.Slot, answered bool, _ error) {
+	if c.cfg.LevelFunc != nil {
+		level, err := c.cfg.LevelFunc(r)
+		if err == nil {
+			var slot pglimitsem.Slot
+			if slot, err = c.sem.AcquireLevel(r.Context(), key, level); !errors.Is(err, pglimitsem.ErrUnknownLevel) {
+				return slot, false, err
+			}
+		}
+		c.extract(w, r, func(*http.Request) (string, error) { return key, fmt.Errorf("LevelFunc: %w", err) })
+		return pglimitsem.Slot{}, true, nil
+	}
 	if c.cfg.FlowFunc == nil {
 		slot, err := c.sem.Acquire(r.Context(), key)
 		return slot, false, err

@@ -143,7 +143,7 @@ func TestConcurrencyFlowWaitEnds(t *testing.T) {
 	}
 }
 
-// FlowFunc and FlowWait are for Concurrency only, and FlowWait needs a
+// FlowFunc, FlowWait and LevelFunc are for Concurrency only, and FlowWait needs a
 // FlowFunc and must not be negative.
 func TestConcurrencyFlowConfigErrors(t *testing.T) {
 	t.Parallel()
@@ -153,13 +153,79 @@ func TestConcurrencyFlowConfigErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, err := range map[string]error{
-		"Middleware with a FlowFunc": second(pglimithttp.Middleware(lim, &pglimithttp.Config{FlowFunc: flowOf})),
-		"FlowWait without FlowFunc":  second(pglimithttp.Concurrency(sem, &pglimithttp.Config{FlowWait: time.Second})),
-		"negative FlowWait":          second(pglimithttp.Concurrency(sem, &pglimithttp.Config{FlowFunc: flowOf, FlowWait: -1})),
+		"Middleware with a FlowFunc":  second(pglimithttp.Middleware(lim, &pglimithttp.Config{FlowFunc: flowOf})),
+		"Middleware with a LevelFunc": second(pglimithttp.Middleware(lim, &pglimithttp.Config{LevelFunc: func(*http.Request) (string, error) { return "", nil }})),
+		"FlowWait without FlowFunc":   second(pglimithttp.Concurrency(sem, &pglimithttp.Config{FlowWait: time.Second})),
+		"negative FlowWait":           second(pglimithttp.Concurrency(sem, &pglimithttp.Config{FlowFunc: flowOf, FlowWait: -1})),
 	} {
 		if !errors.Is(err, pglimithttp.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
+	}
+}
+
+// With a LevelFunc, a request takes a slot of its level: with batch in
+// its one slot, a second batch request is refused while critical's kept
+// slot lets a critical request in; an unknown level is a 400.
+func TestConcurrencyLevels(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	sem, err := pglimitsem.New(pool, &pglimitsem.Config{Schema: schema, Slots: 2, TTL: time.Minute, Levels: []pglimitsem.Level{
+		{Name: "critical", Min: 1, Max: 2}, {Name: "batch", Max: 2},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, err := pglimithttp.Concurrency(sem, &pglimithttp.Config{
+		KeyFunc:   func(*http.Request) (string, error) { return "api", nil },
+		LevelFunc: func(r *http.Request) (string, error) { return r.Header.Get("X-Level"), nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inside, release := make(chan string), make(chan struct{})
+	srv := httptest.NewServer(limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inside <- r.Header.Get("X-Level")
+		<-release
+	})))
+	t.Cleanup(srv.Close)
+	get := func(level string) <-chan int {
+		done := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest("GET", srv.URL, nil)
+			req.Header.Set("X-Level", level)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				done <- 0
+				return
+			}
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+		return done
+	}
+	first := get("batch")
+	<-inside
+	if code := <-get("batch"); code != http.StatusTooManyRequests {
+		t.Errorf("a second batch request: %d, want 429 (critical keeps its slot)", code)
+	}
+	critical := get("critical")
+	if who := <-inside; who != "critical" {
+		t.Errorf("inside: %s, want critical", who)
+	}
+	if code := <-get("nightly"); code != http.StatusBadRequest {
+		t.Errorf("an unknown level: %d, want 400", code)
+	}
+	close(release)
+	for _, c := range []<-chan int{first, critical} {
+		if code := <-c; code != http.StatusOK {
+			t.Errorf("status %d, want 200", code)
+		}
+	}
+	if _, err := pglimithttp.Concurrency(sem, &pglimithttp.Config{LevelFunc: func(*http.Request) (string, error) { return "", nil }, FlowFunc: flowOf}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
+		t.Errorf("LevelFunc and FlowFunc: %v, want ErrInvalidConfig", err)
 	}
 }
 

@@ -184,6 +184,13 @@ type Config struct {
 	// waiting.
 	FlowFunc FlowFunc
 
+	// LevelFunc, for [Concurrency] only, gives a request's priority level
+	// of the semaphore's Config.Levels: the request then takes a slot as
+	// [pglimitsem.Semaphore.AcquireLevel] does, within its level's
+	// guarantee and ceiling. An error, or a level the semaphore does not
+	// have, is a 400 as a bad key is. Not with FlowFunc. Defaults to nil.
+	LevelFunc func(r *http.Request) (string, error)
+
 	// FlowWait, with FlowFunc, bounds how long a request waits for its
 	// slot (besides the request's own context); past it the request is
 	// refused as a busy one is, with a Retry-After of the semaphore's
