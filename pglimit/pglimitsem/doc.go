@@ -16,4 +16,6 @@
 // [Semaphore.Wait] queues for a slot in arrival order; [Semaphore.WaitFlow]
 // queues as a waiter of a flow (a tenant) with a weight, and shares the
 // key's slots among the flows that wait in proportion to their weights.
+// [Semaphore.AcquireLevel] acquires for a priority level of
+// [Config.Levels], each with a guaranteed share that it may lend.
 package pglimitsem
