@@ -25,7 +25,7 @@ type Level struct {
 
 	// Lend is how many of Min the other levels may borrow while this one
 	// does not use them; from 0 to Min. A level that lends gets those back
-	// only as their borrowers release them.
+	// only as free slots, which it competes for with the borrowers.
 	Lend int
 
 	// Max is the level's ceiling: it never holds more than Max slots of a
@@ -88,10 +88,9 @@ func newLevels(ls []Level, slots int) (levels, error) {
 // [Config.Levels]. It takes a free slot of key only while the level holds
 // fewer than its Max, and a slot is free beyond those the other levels
 // keep: each keeps Min-Lend slots free for itself while it holds fewer
-// than that. So a level within its guarantee finds a slot at once unless
-// slots it lent are borrowed, and then waits for a borrower's release
-// rather than behind the other levels' work; a level past its guarantee
-// borrows what the others do not use, up to its Max.
+// than that. So a level finds a slot at once while it holds fewer than
+// Min-Lend, never behind the other levels' work; past that it competes
+// for free slots, and borrows what the others do not use, up to its Max.
 //
 // Like Acquire it does not queue: a refusal writes nothing, and its
 // RetryAfter is the hold time's hint, or WaitPoll when the level's share
