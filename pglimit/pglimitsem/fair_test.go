@@ -300,3 +300,42 @@ func TestWaitFlowBadInput(t *testing.T) {
 		t.Errorf("%d places after bad input, want 0", n)
 	}
 }
+
+// WaitFlow keeps Wait's bounds: it returns by its context's deadline plus
+// boundSlack with the context's cause, leaving no place behind; a
+// read-only server is ErrReadOnly and writes nothing.
+func TestWaitFlowBounds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute, Timeout: time.Second}
+	sem := newSemaphore(t, pool, cfg)
+	held, err := sem.Acquire(ctx, "k")
+	if err != nil || !held.Acquired {
+		t.Fatalf("Acquire: %+v, %v", held, err)
+	}
+	flow := pglimitsem.Flow{Name: "a", Weight: 1}
+	const deadline = 200 * time.Millisecond
+	cctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	start := time.Now()
+	slot, err := sem.WaitFlow(cctx, "k", flow)
+	if took := time.Since(start); took > deadline+boundSlack {
+		t.Errorf("returned after %s, past its deadline %s + %s", took, deadline, boundSlack)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || slot.Acquired {
+		t.Errorf("WaitFlow past its deadline: %+v, %v; want DeadlineExceeded", slot, err)
+	}
+	if n := waiters(t, pool, schema, "k"); n != 0 {
+		t.Errorf("%d places left, want 0", n)
+	}
+
+	readOnly := newSemaphore(t, poolWith(t, map[string]string{"default_transaction_read_only": "on"}), cfg)
+	if slot, err := readOnly.WaitFlow(ctx, "k", flow); !errors.Is(err, pglimit.ErrReadOnly) || slot.Acquired {
+		t.Errorf("WaitFlow on a read-only server: %+v, %v; want ErrReadOnly", slot, err)
+	}
+	if n := waiters(t, pool, schema, "k"); n != 0 {
+		t.Errorf("%d places after ErrReadOnly, want 0", n)
+	}
+}
