@@ -339,3 +339,98 @@ func TestWaitFlowBounds(t *testing.T) {
 		t.Errorf("%d places after ErrReadOnly, want 0", n)
 	}
 }
+
+// A weight set at runtime wins over the one waiters name, for the flow's
+// waiters already queued. Of 2 slots, flow a holds one; a's waiter, then
+// b's, wait for the other. With none set, b's goes first (a holds a slot,
+// b none: tags 2 and 1); with a's weight set to 3, a's does (tag 2/3).
+func TestSetFlowWeight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	for _, set := range []bool{true, false} {
+		sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Namespace: fmt.Sprintf("set-%v", set), Slots: 2, TTL: time.Minute})
+		heldByA, err := sem.WaitFlow(ctx, "k", pglimitsem.Flow{Name: "a", Weight: 1})
+		if err != nil || !heldByA.Acquired {
+			t.Fatalf("WaitFlow: %+v, %v", heldByA, err)
+		}
+		first, err := sem.Acquire(ctx, "k")
+		if err != nil || !first.Acquired {
+			t.Fatalf("Acquire: %+v, %v", first, err)
+		}
+		var (
+			mu    sync.Mutex
+			order []string
+			wg    sync.WaitGroup
+		)
+		for i, name := range []string{"a1", "b1"} {
+			wg.Go(func() {
+				slot, err := sem.WaitFlow(ctx, "k", pglimitsem.Flow{Name: name[:1], Weight: 1})
+				if err != nil {
+					t.Errorf("%s: %v", name, err)
+					return
+				}
+				mu.Lock()
+				order = append(order, name)
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+				_ = sem.Release(ctx, slot)
+			})
+			waitFor(t, name+"'s place", func() bool { return waiters(t, pool, schema, "k") == i+1 })
+		}
+		if set {
+			if err := sem.SetFlowWeight(ctx, "a", 3); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := sem.Release(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		if err := sem.Release(ctx, heldByA); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"b1", "a1"}
+		if set {
+			want = []string{"a1", "b1"}
+		}
+		if fmt.Sprint(order) != fmt.Sprint(want) {
+			t.Errorf("weight set: %v: served %v, want %v", set, order, want)
+		}
+	}
+
+	// Bad input writes nothing; a reset deletes the weight.
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Namespace: "set-true", Slots: 1})
+	for _, tc := range []struct {
+		flow   string
+		weight int
+	}{{"a", 0}, {"a", 10_001}, {"", 1}} {
+		if err := sem.SetFlowWeight(ctx, tc.flow, tc.weight); !errors.Is(err, pglimitsem.ErrInvalidFlow) {
+			t.Errorf("SetFlowWeight(%q, %d): %v, want ErrInvalidFlow", tc.flow, tc.weight, err)
+		}
+	}
+	if err := sem.ResetFlowWeight(ctx, ""); !errors.Is(err, pglimitsem.ErrInvalidFlow) {
+		t.Errorf("ResetFlowWeight(\"\"): %v, want ErrInvalidFlow", err)
+	}
+	weights := func() string {
+		rows, err := pool.Query(ctx, fmt.Sprintf("SELECT namespace || '/' || flow || '=' || weight FROM %s ORDER BY 1", pgx.Identifier{schema, "pglimit_slot_flows"}.Sanitize()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(got)
+	}
+	if got := weights(); got != "[set-true/a=3]" {
+		t.Errorf("weights after bad input: %s, want [set-true/a=3]", got)
+	}
+	if err := sem.ResetFlowWeight(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if got := weights(); got != "[]" {
+		t.Errorf("weights after the reset: %s, want none", got)
+	}
+}

@@ -159,6 +159,8 @@ type Semaphore struct {
 		// waitFlow and enqueueFlow are wait and enqueue for a waiter of a
 		// flow (WaitFlow); takeFlow its first try, before it joins.
 		waitFlow, enqueueFlow, takeFlow string
+		// setWeight and resetWeight set and reset a flow's weight.
+		setWeight, resetWeight string
 		// acquireLevel is acquire for a priority level (AcquireLevel).
 		acquireLevel string
 	}
@@ -266,11 +268,12 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds(), wake: map[string]*waking{}, levels: levels}
 	table := pgx.Identifier{c.Schema, slotsTable}.Sanitize()
 	waiters := pgx.Identifier{c.Schema, waitersTable}.Sanitize()
+	flows := pgx.Identifier{c.Schema, flowsTable}.Sanitize()
 	s.lockSeed = lockid.SlotSeed(table)
 	s.channel = channelOf(table, c.Namespace)
 	args := queries.Args{"table": table, "waiters": waiters, "channel": s.channel, "tag_len": strconv.Itoa(tagLen),
 		"queue": "", "turn": "", "turn_first": "", "dequeue": "", "waiting": "",
-		"set_extra": "", "extra_col": "", "extra_val": ""}
+		"set_extra": "", "extra_col": "", "extra_val": "", "flows": flows}
 	s.stmts.acquire = queries.Text("slots.acquire", args)
 	s.stmts.extend = queries.Text("slots.extend", args)
 	s.stmts.release = queries.Text("slots.release", args)
@@ -285,6 +288,8 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	args["waiting"] = ", (SELECT ok FROM turn), EXISTS (SELECT FROM renewed)"
 	s.stmts.wait = queries.Text("slots.acquire", args)
 	s.stmts.enqueueFlow = queries.Text("slots.enqueue_flow", args)
+	s.stmts.setWeight = queries.Text("slots.set_flow_weight", args)
+	s.stmts.resetWeight = queries.Text("slots.reset_flow_weight", args)
 	args["queue"] = queries.Text("slots.fair_turn", args)
 	args["set_extra"], args["extra_col"], args["extra_val"] = ", flow = $9", ", flow", ", $9"
 	s.stmts.waitFlow = queries.Text("slots.acquire", args)
@@ -312,6 +317,7 @@ func derivedNamespace(slots int) string {
 const (
 	slotsTable      = "pglimit_slots"
 	waitersTable    = "pglimit_slot_waiters"
+	flowsTable      = "pglimit_slot_flows"
 	defaultWaitPoll = 50 * time.Millisecond
 	maxSlots        = 10_000
 	// defaultFlowQueue and maxFlowQueue bound Config.FlowQueue; maxWeight

@@ -54,8 +54,9 @@ type Flow struct {
 
 	// Weight is the flow's weight, from 1 to 10,000: while flows wait,
 	// each holds slots of the key in proportion to its weight. A waiter
-	// keeps the weight it joined with; a change applies to the flow's
-	// waiters that join after it.
+	// keeps the weight it joined with, and a change applies to the flow's
+	// waiters that join after it; a weight set with
+	// [Semaphore.SetFlowWeight] wins over it, for every waiter at once.
 	Weight int
 }
 
@@ -79,13 +80,54 @@ type Flow struct {
 // and Wait take belong to no flow and count only as held, and Acquire
 // takes a free slot ahead of every waiter.
 func (s *Semaphore) WaitFlow(ctx context.Context, key string, flow Flow) (Slot, error) {
-	if err := pglimit.ValidateKey(flow.Name); err != nil {
-		return Slot{}, fmt.Errorf("%w: Name: %w", ErrInvalidFlow, err)
-	}
-	if flow.Weight < 1 || flow.Weight > maxWeight {
-		return Slot{}, fmt.Errorf("%w: Weight must be from 1 to %d, got %d", ErrInvalidFlow, maxWeight, flow.Weight)
+	if err := checkFlow(flow); err != nil {
+		return Slot{}, err
 	}
 	return s.wait(ctx, key, &flow)
+}
+
+// SetFlowWeight sets the weight of flow in this semaphore's namespace, at
+// runtime and for every key and instance: from the next try of each
+// waiter, it wins over the weight the flow's waiters name, until
+// [Semaphore.ResetFlowWeight]. A weight out of 1 to 10,000 or a bad flow
+// name is [ErrInvalidFlow] and writes nothing. The weights live in
+// pglimit_slot_flows, one row per flow set; the Cleaner leaves them.
+func (s *Semaphore) SetFlowWeight(ctx context.Context, flow string, weight int) error {
+	if err := checkFlow(Flow{Name: flow, Weight: weight}); err != nil {
+		return err
+	}
+	return s.exec(ctx, s.stmts.setWeight, s.cfg.Namespace, flow, weight)
+}
+
+// ResetFlowWeight deletes the weight SetFlowWeight set for flow, so that
+// the weights its waiters name count again. A flow with none set is left
+// as it is. A bad flow name is [ErrInvalidFlow].
+func (s *Semaphore) ResetFlowWeight(ctx context.Context, flow string) error {
+	if err := checkFlow(Flow{Name: flow, Weight: 1}); err != nil {
+		return err
+	}
+	return s.exec(ctx, s.stmts.resetWeight, s.cfg.Namespace, flow)
+}
+
+// exec runs sql within Timeout.
+func (s *Semaphore) exec(ctx context.Context, sql string, args ...any) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
+	defer cancel()
+	if _, err := s.db.Exec(ctx, sql, args...); err != nil {
+		return s.wrap(ctx, err)
+	}
+	return nil
+}
+
+// checkFlow is ErrInvalidFlow for a flow with a bad name or weight.
+func checkFlow(flow Flow) error {
+	if err := pglimit.ValidateKey(flow.Name); err != nil {
+		return fmt.Errorf("%w: Name: %w", ErrInvalidFlow, err)
+	}
+	if flow.Weight < 1 || flow.Weight > maxWeight {
+		return fmt.Errorf("%w: Weight must be from 1 to %d, got %d", ErrInvalidFlow, maxWeight, flow.Weight)
+	}
+	return nil
 }
 
 // wait is Wait, for a waiter of flow unless it is nil.

@@ -82,15 +82,17 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
 -- $9 its flow, which the slot it takes records): the waiters of the key
 -- are served in the order of their tags, and within a tag in arrival
 -- order. A waiter's tag is (what its flow holds + its place among its
--- flow's live waiters, from 1) / its weight, so that the flow furthest
+-- flow's live waiters, from 1) / its weight (its flow's in the table
+-- flows, placeholder, when set there; else the one it joined with), so that the flow furthest
 -- below its weighted share goes first; a flow with no waiter takes no
 -- part (its share is lent). A waiter takes a slot while fewer waiters with
 -- a lower tag are live than slots are free; one whose place lapsed takes
 -- none, and joins again.
 {{define "slots.fair_turn"}}, live AS MATERIALIZED (
-    SELECT w.flow, w.arrived, w.waiter, w.weight,
+    SELECT w.flow, w.arrived, w.waiter, coalesce(f.weight, w.weight) AS weight,
            row_number() OVER (PARTITION BY w.flow ORDER BY w.arrived, w.waiter) AS j
-    FROM {{.waiters}} AS w, clock
+    FROM {{.waiters}} AS w CROSS JOIN clock
+    LEFT JOIN {{.flows}} AS f ON f.namespace = $1 AND f.flow = w.flow
     WHERE w.namespace = $1 AND w.key = $2 AND w.expires_at > clock.now
 ), holding AS MATERIALIZED (
     SELECT s.flow, count(*) AS n FROM {{.table}} AS s, clock
@@ -135,6 +137,18 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
               LEFT JOIN by_level AS b ON b.level = k.level
               WHERE k.level <> $6) > 0 AS ok
 ){{end}}
+
+-- slots.set_flow_weight sets the weight of flow $2 in namespace $1 to
+-- $3; slots.reset_flow_weight deletes it, so that waiters' own weights
+-- count again.
+{{define "slots.set_flow_weight"}}
+INSERT INTO {{.flows}} (namespace, flow, weight) VALUES ($1, $2, $3)
+ON CONFLICT (namespace, flow) DO UPDATE SET weight = excluded.weight
+{{end}}
+
+{{define "slots.reset_flow_weight"}}
+DELETE FROM {{.flows}} WHERE namespace = $1 AND flow = $2
+{{end}}
 
 -- slots.enqueue_flow is slots.enqueue for a waiter of flow $4 with weight
 -- $5, which joins only while its flow has fewer than $6 live places in the
