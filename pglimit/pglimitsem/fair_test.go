@@ -34,6 +34,12 @@ type flood struct {
 	to      time.Time
 	lastUp  atomic.Int64 // UnixNano of the flow's last release
 	running atomic.Int64 // the flow's goroutines
+	// stop, once set, makes each of the flow's goroutines end after the
+	// slot it waits for or holds: the flow stops sending work, without a
+	// statement cut off (a place cut off while it joins stays live until
+	// it lapses, as a dead waiter's; a slot taken by a statement cut off,
+	// until its lease ends).
+	stop atomic.Bool
 	// took, if set, is called after each slot the flow takes.
 	took func()
 }
@@ -69,6 +75,9 @@ func (f *flood) run(t *testing.T, ctx context.Context, sem *pglimitsem.Semaphore
 			f.busy += e.Sub(s)
 		}
 		f.mu.Unlock()
+		if f.stop.Load() {
+			return
+		}
 	}
 }
 
@@ -146,7 +155,7 @@ func TestWaitFlowFairShare(t *testing.T) {
 			full.CompareAndSwap(0, time.Now().UnixNano())
 		}
 	}
-	ctxs[3]()
+	heavy.stop.Store(true)
 	waitFor(t, "the weight-4 flow's last release", func() bool { return heavy.running.Load() == 0 })
 	last := time.Unix(0, heavy.lastUp.Load())
 	for _, f := range floods[:3] {
