@@ -71,6 +71,9 @@ type Flow struct {
 // Each try is one statement, as Wait's; the first, while no one waits
 // for the key, takes a free slot without joining the queue.
 //
+// As with Wait, a waiter whose ctx ends while it joins the queue may leave
+// its place behind, counted until it lapses, as a dead waiter's.
+//
 // A flow's queue is bounded by Config.FlowQueue: past it, WaitFlow
 // returns [ErrQueueFull] with a Slot whose RetryAfter is the hold time
 // ([Semaphore.HoldTime]). A bad Flow is [ErrInvalidFlow], a bad key
