@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -128,7 +129,29 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.export = holdSlot(http.HandlerFunc(a.exportItems))
+	// Past the user's own slots, an export waits for one of the fleet's
+	// exportSlots, which organisations share by fair share: while several
+	// wait, each runs as many exports as the others, whatever the number
+	// it asked for (docs/limits.md, "Fair share").
+	fleet, err := pglimitsem.New(pool, &pglimitsem.Config{
+		Schema: cfg.schema, Namespace: "exports-fleet", Slots: cfg.exportSlots, TTL: 30 * time.Second,
+		Observe: lm.ObserveSemaphore,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fleet export slots: %w", err)
+	}
+	holdFleetSlot, err := pglimithttp.Concurrency(fleet, &pglimithttp.Config{
+		KeyFunc:    func(*http.Request) (string, error) { return "exports", nil },
+		FlowFunc:   exportOrg,
+		FlowWait:   time.Minute,
+		OnError:    cfg.onError,
+		OnDecision: a.logDecision,
+		Logger:     logger.With("semaphore", "exports-fleet"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.export = holdSlot(holdFleetSlot(http.HandlerFunc(a.exportItems)))
 
 	// A search costs the items it finds, which only the search knows: it
 	// is admitted on an estimate at the organisation's and the user's
@@ -234,6 +257,14 @@ func (a *app) createItem(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.create.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), itemKey{}, in)))
+}
+
+// exportOrg is an export's flow for the fleet's export slots: its
+// organisation, the org query parameter, or else the user, an
+// organisation of one; every organisation weighs the same.
+func exportOrg(r *http.Request) (pglimitsem.Flow, error) {
+	org := cmp.Or(r.URL.Query().Get("org"), r.PathValue("user"))
+	return pglimitsem.Flow{Name: org, Weight: 1}, nil
 }
 
 // exportItems is a heavy job: it works for the configured export time,

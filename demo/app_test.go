@@ -48,7 +48,7 @@ func setup(t *testing.T, pool *pgxpool.Pool, edit func(*config)) *testBundle {
 		maxUsers: 10,
 
 		itemsPerMinute: 5, itemsBurst: 3, itemsPerDay: 20,
-		exportsAtOnce:      2,
+		exportsAtOnce: 2, exportSlots: 8,
 		searchOrgPerMinute: 60, searchUserPerMinute: 50,
 	}
 	if pool == nil {
@@ -142,6 +142,62 @@ func TestExportsAtOnce(t *testing.T) {
 	}
 	if got[http.StatusOK] != 3 || got[http.StatusTooManyRequests] != 1 {
 		t.Fatalf("three exports of alice and one of bob at once: %v, want three 200 and one 429", got)
+	}
+}
+
+// The fleet's export slots are shared fairly among organisations: with 2
+// slots, organisation big asks for 4 exports at once and small, once
+// two of big's wait, for 1. When big's first two end, small's export
+// takes one of the slots (it holds none; big would hold two), ahead of
+// big's last, and ends before it. Served in arrival order, it would end
+// last.
+func TestExportsFairPerOrganisation(t *testing.T) {
+	b := setup(t, nil, func(c *config) { c.exportSlots, c.exportTime = 2, time.Second })
+	type done struct {
+		who  string
+		code int
+	}
+	ended := make(chan done, 5)
+	get := func(user, org string) {
+		go func() {
+			resp, err := b.srv.Client().Get(b.srv.URL + "/exports/" + user + "?org=" + org)
+			if err != nil {
+				t.Error(err)
+				ended <- done{user, 0}
+				return
+			}
+			_, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			ended <- done{user, resp.StatusCode}
+		}()
+	}
+	for i := range 4 {
+		get(fmt.Sprintf("big-%d", i), "big")
+	}
+	q := fmt.Sprintf("SELECT count(*) FROM %s WHERE expires_at > clock_timestamp()", pgx.Identifier{b.schema, "pglimit_slot_waiters"}.Sanitize())
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var n int
+		if err := b.pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of big's exports wait, want 2", n)
+		}
+	}
+	get("small-0", "small")
+	var order []string
+	for range 5 {
+		d := <-ended
+		if d.code != http.StatusOK {
+			t.Errorf("%s's export: %d, want 200", d.who, d.code)
+		}
+		order = append(order, d.who)
+	}
+	if order[4] == "small-0" {
+		t.Errorf("exports ended in the order %v; small's should end before big's last", order)
 	}
 }
 

@@ -3,7 +3,9 @@
 // user by two limits at once (a rate with a burst, and a daily quota),
 // GET /items/{user} lists them and is limited to one call per cooldown per
 // user, and GET /exports/{user}, a slow CSV export, runs at most twice at
-// once per user (a concurrency limit); every limit is shared by every
+// once per user (a concurrency limit) and waits for one of a fleet-wide
+// number of export slots, shared fairly among organisations (the org
+// query parameter, or else the user); every limit is shared by every
 // instance through PostgreSQL.
 //
 // With no database URL it starts a throwaway PostgreSQL from local binaries
@@ -20,6 +22,7 @@
 //	-items-per-day      PGLIMIT_ITEMS_PER_DAY      POST /items per user per day, a fixed window (20)
 //	-exports-at-once    PGLIMIT_EXPORTS_AT_ONCE    GET /exports/{user} running at once per user (2)
 //	-export-time        PGLIMIT_EXPORT_TIME        how long an export works (3s)
+//	-export-slots       PGLIMIT_EXPORT_SLOTS       exports running at once in the fleet, shared fairly per organisation (8)
 //	-migrate            PGLIMIT_MIGRATE            apply pglimit's and the demo's schema at start (true)
 //	-schema             PGLIMIT_SCHEMA             schema of every table (public)
 //	-on-error           PGLIMIT_ON_ERROR           unavailable, fail-open or fail-closed (unavailable)
@@ -76,6 +79,9 @@ type config struct {
 
 	exportsAtOnce int
 	exportTime    time.Duration
+	// exportSlots is how many exports run at once in the whole fleet,
+	// shared by fair share among the organisations that wait.
+	exportSlots int
 
 	// searchOrgPerMinute and searchUserPerMinute limit GET /search, by
 	// the items it finds, per organisation and per user of one.
@@ -112,7 +118,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	c := config{
 		cooldown: 2 * time.Second, migrate: true, maxUsers: 100,
 		itemsPerMinute: 5, itemsBurst: 3, itemsPerDay: 20,
-		exportsAtOnce: 2, exportTime: 3 * time.Second,
+		exportsAtOnce: 2, exportTime: 3 * time.Second, exportSlots: 8,
 		searchOrgPerMinute: 600, searchUserPerMinute: 100,
 		// Shorter than the library's defaults, so that the dashboard's
 		// cleanup panels move within minutes of trying the demo.
@@ -124,6 +130,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	envAs("PGLIMIT_ITEMS_PER_DAY", func(v string) (err error) { c.itemsPerDay, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_EXPORTS_AT_ONCE", func(v string) (err error) { c.exportsAtOnce, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_EXPORT_TIME", func(v string) (err error) { c.exportTime, err = time.ParseDuration(v); return err })
+	envAs("PGLIMIT_EXPORT_SLOTS", func(v string) (err error) { c.exportSlots, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_MIGRATE", func(v string) (err error) { c.migrate, err = strconv.ParseBool(v); return err })
 	envAs("PGLIMIT_DEMO_MAX_USERS", func(v string) (err error) { c.maxUsers, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_CLEANUP", func(v string) (err error) { c.cleanup, err = strconv.ParseBool(v); return err })
@@ -148,6 +155,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.IntVar(&c.itemsPerDay, "items-per-day", c.itemsPerDay, "POST /items per user per day, a fixed window (env PGLIMIT_ITEMS_PER_DAY)")
 	fs.IntVar(&c.exportsAtOnce, "exports-at-once", c.exportsAtOnce, "GET /exports/{user} running at once per user (env PGLIMIT_EXPORTS_AT_ONCE)")
 	fs.DurationVar(&c.exportTime, "export-time", c.exportTime, "how long an export works (env PGLIMIT_EXPORT_TIME)")
+	fs.IntVar(&c.exportSlots, "export-slots", c.exportSlots, "exports running at once in the fleet, shared fairly per organisation (env PGLIMIT_EXPORT_SLOTS)")
 	fs.BoolVar(&c.migrate, "migrate", c.migrate, "apply pglimit's and the demo's schema at start (env PGLIMIT_MIGRATE)")
 	fs.StringVar(&c.schema, "schema", env("PGLIMIT_SCHEMA", "public"), "schema of every table (env PGLIMIT_SCHEMA)")
 	fs.StringVar(&onError, "on-error", env("PGLIMIT_ON_ERROR", "unavailable"), "when the database fails: unavailable (503), fail-open or fail-closed (429) (env PGLIMIT_ON_ERROR)")
@@ -189,6 +197,8 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 		return config{}, fmt.Errorf("-items-per-day: must be positive, got %d", c.itemsPerDay)
 	case c.exportsAtOnce <= 0:
 		return config{}, fmt.Errorf("-exports-at-once: must be positive, got %d", c.exportsAtOnce)
+	case c.exportSlots <= 0 || c.exportSlots > 10_000:
+		return config{}, fmt.Errorf("-export-slots: must be from 1 to 10000, got %d", c.exportSlots)
 	case c.exportTime < 0 || c.exportTime > time.Minute:
 		return config{}, fmt.Errorf("-export-time: must be from 0 to 1m, got %s", c.exportTime)
 	}

@@ -1,6 +1,7 @@
 package pglimithttp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,9 +38,21 @@ const OutcomeBusy Outcome = observe.Busy
 // doc, "Stacking middlewares"). A fail-closed refusal
 // ([FailClosed]) waits the semaphore's [pglimitsem.Semaphore.HoldTime].
 //
-// Of cfg it uses KeyFunc, Exempt, ExemptKeys, OnRefused, Logger,
-// LogInterval, OnError and OnDecision; a CostFunc is an error. The
-// admitted request's [Event.Decision] is zero.
+// With a FlowFunc, a request waits for a slot instead, up to FlowWait,
+// as a waiter of its flow ([pglimitsem.Semaphore.WaitFlow]): while the
+// key's slots are all held, flows are served in proportion to their
+// weights and, within a flow, in arrival order. One that waits past
+// FlowWait, or whose flow's queue is full ([pglimitsem.ErrQueueFull]), is
+// refused as above; a flow FlowFunc cannot give, or a bad one, is a 400.
+//
+// With a LevelFunc, a request takes a slot of its priority level of the
+// semaphore's Config.Levels ([pglimitsem.Semaphore.AcquireLevel]), and is
+// refused as above when its level may take none; a level LevelFunc
+// cannot give, or an unknown one, is a 400.
+//
+// Of cfg it uses KeyFunc, FlowFunc, FlowWait, LevelFunc, Exempt, ExemptKeys,
+// OnRefused, Logger, LogInterval, OnError and OnDecision; a CostFunc is
+// an error. The admitted request's [Event.Decision] is zero.
 func Concurrency(sem *pglimitsem.Semaphore, cfg *Config) (func(http.Handler) http.Handler, error) {
 	if sem == nil {
 		return nil, fmt.Errorf("%w: semaphore is nil", ErrInvalidConfig)
@@ -51,6 +64,13 @@ func Concurrency(sem *pglimitsem.Semaphore, cfg *Config) (func(http.Handler) htt
 	if err != nil {
 		return nil, err
 	}
+	if g.cfg.LevelFunc != nil && g.cfg.FlowFunc != nil {
+		return nil, fmt.Errorf("%w: LevelFunc and FlowFunc: a request either waits by fair share or takes a slot of its level", ErrInvalidConfig)
+	}
+	if g.cfg.FlowWait < 0 || (g.cfg.FlowWait != 0 && g.cfg.FlowFunc == nil) {
+		return nil, fmt.Errorf("%w: FlowWait: must not be negative, and needs a FlowFunc; got %s", ErrInvalidConfig, g.cfg.FlowWait)
+	}
+	g.cfg.FlowWait = cmp.Or(g.cfg.FlowWait, defaultFlowWait)
 	c := &concurrency{gate: g, sem: sem, policy: formatConcurrencyPolicy(sem.Slots())}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -81,7 +101,10 @@ func (c *concurrency) serve(w http.ResponseWriter, r *http.Request, next http.Ha
 	if !ok {
 		return
 	}
-	slot, err := c.sem.Acquire(r.Context(), key)
+	slot, answered, err := c.acquire(w, r, key)
+	if answered {
+		return
+	}
 	switch {
 	case err != nil && errors.Is(err, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled):
 		c.report(r, Event{Key: key, Outcome: OutcomeCanceled, Err: err})
@@ -108,6 +131,65 @@ func (c *concurrency) serve(w http.ResponseWriter, r *http.Request, next http.Ha
 		s.admit(w.Header(), c.policy, "")
 		c.hold(r, key, slot, func() { next.ServeHTTP(w, r) })
 	}
+}
+
+// FlowFunc returns the flow of a request for [Config.FlowFunc]: a tenant
+// and its weight.
+type FlowFunc func(r *http.Request) (pglimitsem.Flow, error)
+
+// defaultFlowWait is Config.FlowWait's default.
+const defaultFlowWait = 10 * time.Second
+
+// errWaitedEnough is the cause of a FlowWait that ended.
+var errWaitedEnough = errors.New("pglimithttp: waited FlowWait for a slot")
+
+// noFlow refuses a FlowFunc, a FlowWait or a LevelFunc outside
+// Concurrency.
+func noFlow(cfg *Config) error {
+	if cfg != nil && (cfg.FlowFunc != nil || cfg.FlowWait != 0 || cfg.LevelFunc != nil) {
+		return fmt.Errorf("%w: FlowFunc, FlowWait and LevelFunc are for Concurrency only", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// acquire takes a slot of key for r: at once, or with a FlowFunc as a
+// waiter of r's flow, for at most FlowWait. A wait that ran out, or a
+// full queue, is a slot not acquired. answered is true when it answered
+// r itself: a bad flow's 400.
+func (c *concurrency) acquire(w http.ResponseWriter, r *http.Request, key string) (_ pglimitsem.Slot, answered bool, _ error) {
+	if c.cfg.LevelFunc != nil {
+		level, err := c.cfg.LevelFunc(r)
+		if err == nil {
+			var slot pglimitsem.Slot
+			if slot, err = c.sem.AcquireLevel(r.Context(), key, level); !errors.Is(err, pglimitsem.ErrUnknownLevel) {
+				return slot, false, err
+			}
+		}
+		c.extract(w, r, func(*http.Request) (string, error) { return key, fmt.Errorf("LevelFunc: %w", err) })
+		return pglimitsem.Slot{}, true, nil
+	}
+	if c.cfg.FlowFunc == nil {
+		slot, err := c.sem.Acquire(r.Context(), key)
+		return slot, false, err
+	}
+	flow, err := c.cfg.FlowFunc(r)
+	if err == nil {
+		ctx, cancel := context.WithTimeoutCause(r.Context(), c.cfg.FlowWait, errWaitedEnough)
+		defer cancel()
+		var slot pglimitsem.Slot
+		slot, err = c.sem.WaitFlow(ctx, key, flow)
+		switch {
+		case errors.Is(err, pglimitsem.ErrInvalidFlow): // a 400, below
+		case errors.Is(err, pglimitsem.ErrQueueFull):
+			return slot, false, nil
+		case err != nil && errors.Is(context.Cause(ctx), errWaitedEnough) && r.Context().Err() == nil:
+			return pglimitsem.Slot{RetryAfter: c.sem.HoldTime()}, false, nil
+		default:
+			return slot, false, err
+		}
+	}
+	c.extract(w, r, func(*http.Request) (string, error) { return key, fmt.Errorf("FlowFunc: %w", err) })
+	return pglimitsem.Slot{}, true, nil
 }
 
 // hold runs serve while it keeps slot (pglimitsem's Hold), and releases

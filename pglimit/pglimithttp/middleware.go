@@ -176,6 +176,28 @@ type Config struct {
 	// Defaults to false.
 	Settle bool
 
+	// FlowFunc, for [Concurrency] only, makes a request wait for a slot
+	// of its key as a waiter of the flow it returns (a tenant and its
+	// weight), with weighted fair share across the flows that wait
+	// ([pglimitsem.Semaphore.WaitFlow]), rather than be refused at once
+	// when every slot is held. An error, or a flow that is not valid, is
+	// a 400 as a bad key is. Defaults to nil: Concurrency acquires without
+	// waiting.
+	FlowFunc FlowFunc
+
+	// LevelFunc, for [Concurrency] only, gives a request's priority level
+	// of the semaphore's Config.Levels: the request then takes a slot as
+	// [pglimitsem.Semaphore.AcquireLevel] does, within its level's
+	// guarantee and ceiling. An error, or a level the semaphore does not
+	// have, is a 400 as a bad key is. Not with FlowFunc. Defaults to nil.
+	LevelFunc func(r *http.Request) (string, error)
+
+	// FlowWait, with FlowFunc, bounds how long a request waits for its
+	// slot (besides the request's own context); past it the request is
+	// refused as a busy one is, with a Retry-After of the semaphore's
+	// HoldTime, as is one whose flow's queue is full. Defaults to 10s.
+	FlowWait time.Duration
+
 	// CostHeader names the response header in which a handler may report
 	// the real cost for Settle, such as "X-Cost". It reaches the client as
 	// the handler sets it. Defaults to "": only SetCost reports one.
@@ -198,6 +220,9 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 	}
 	g, err := newGate(cfg)
 	if err != nil {
+		return nil, err
+	}
+	if err := noFlow(cfg); err != nil {
 		return nil, err
 	}
 	p := lim.Policy()

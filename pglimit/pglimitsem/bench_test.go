@@ -2,9 +2,12 @@ package pglimitsem_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit/pglimitsem"
@@ -48,5 +51,60 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			slices.Sort(m.d)
 			b.ReportMetric(float64(m.d[len(m.d)/2].Nanoseconds())/1000, "µs/"+m.call+"-"+name+"-p50")
 		}
+	}
+}
+
+// BenchmarkWaitFlow is what fair share costs: with a free slot, a Wait
+// and a WaitFlow (each joining the queue and taking the slot, two
+// statements) and a plain Acquire, each followed by a Release, taking
+// turns so that the load of the machine falls on all three alike. It
+// reports the median of each acquisition, and of WaitFlow over Wait and
+// over Acquire. queued is how many live places of other flows (one each,
+// behind the benchmark's waiter) the key's queue holds, which the fair
+// statement reads.
+func BenchmarkWaitFlow(b *testing.B) {
+	for _, queued := range []int{0, 100} {
+		b.Run(fmt.Sprintf("queued=%d", queued), func(b *testing.B) {
+			ctx := context.Background()
+			pool := testdb.Pool(b)
+			schema := testdb.Schema(b)
+			sem := newSemaphore(b, pool, pglimitsem.Config{Schema: schema, Namespace: "bench", Slots: 1, TTL: time.Minute})
+			q := fmt.Sprintf(`INSERT INTO %s (namespace, key, arrived, waiter, expires_at, flow, weight)
+				SELECT 'bench', 'k', 9000000000000000 + g, gen_random_uuid(), clock_timestamp() + interval '1 hour', 'other-' || g, 1
+				FROM generate_series(1, $1::int) AS g`, pgx.Identifier{schema, "pglimit_slot_waiters"}.Sanitize())
+			if _, err := pool.Exec(ctx, q, queued); err != nil {
+				b.Fatal(err)
+			}
+			calls := []func() (pglimitsem.Slot, error){
+				func() (pglimitsem.Slot, error) { return sem.Acquire(ctx, "k") },
+				func() (pglimitsem.Slot, error) { return sem.Wait(ctx, "k") },
+				func() (pglimitsem.Slot, error) {
+					return sem.WaitFlow(ctx, "k", pglimitsem.Flow{Name: "mine", Weight: 2})
+				},
+			}
+			took := make([][]time.Duration, len(calls))
+			for i := 0; b.Loop(); i++ {
+				start := time.Now()
+				slot, err := calls[i%3]()
+				if err != nil || !slot.Acquired {
+					b.Fatalf("call %d: %+v, %v", i%3, slot, err)
+				}
+				took[i%3] = append(took[i%3], time.Since(start))
+				if err := sem.Release(ctx, slot); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var p50 [3]float64
+			for i, name := range []string{"acquire", "wait", "waitflow"} {
+				if len(took[i]) == 0 {
+					return
+				}
+				slices.Sort(took[i])
+				p50[i] = float64(took[i][len(took[i])/2].Nanoseconds()) / 1000
+				b.ReportMetric(p50[i], "µs/"+name+"-p50")
+			}
+			b.ReportMetric(p50[2]/p50[1], "waitflow/wait")
+			b.ReportMetric(p50[2]/p50[0], "waitflow/acquire")
+		})
 	}
 }

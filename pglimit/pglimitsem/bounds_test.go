@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,6 +37,10 @@ var semCalls = []semCall{
 	}},
 	{name: "AcquireTx", tx: true, run: func(ctx context.Context, sem *pglimitsem.Semaphore, tx pgx.Tx, key string, _ pglimitsem.Slot) error {
 		_, err := sem.AcquireTx(ctx, tx, key)
+		return err
+	}},
+	{name: "AcquireLevel", run: func(ctx context.Context, sem *pglimitsem.Semaphore, _ pgx.Tx, key string, _ pglimitsem.Slot) error {
+		_, err := sem.AcquireLevel(ctx, key, "level")
 		return err
 	}},
 	{name: "Extend", run: func(ctx context.Context, sem *pglimitsem.Semaphore, _ pgx.Tx, _ string, held pglimitsem.Slot) error {
@@ -93,7 +98,8 @@ func TestSemaphoreBounds(t *testing.T) {
 			schema := testdb.Schema(t)
 			plain := testdb.Pool(t)
 			pool := poolWith(t, c.params)
-			cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute, Timeout: c.timeout}
+			cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute, Timeout: c.timeout,
+				Levels: []pglimitsem.Level{{Name: "level", Max: 1}}}
 			holder, sem := newSemaphore(t, plain, cfg), newSemaphore(t, pool, cfg)
 			for _, call := range semCalls {
 				t.Run(call.name, func(t *testing.T) {
@@ -128,9 +134,10 @@ func TestSemaphoreBounds(t *testing.T) {
 					if took > c.deadline+boundSlack {
 						t.Errorf("returned after %s, past its deadline %s + %s", took, c.deadline, boundSlack)
 					}
-					waits := c.lock != "row" || (call.name != "Acquire" && call.name != "AcquireTx")
+					acquires := strings.HasPrefix(call.name, "Acquire")
+					waits := c.lock != "row" || !acquires
 					switch {
-					case c.bad && (call.name == "Acquire" || call.name == "AcquireTx"):
+					case c.bad && acquires:
 						if !errors.Is(err, pglimit.ErrInvalidKey) {
 							t.Fatalf("an invalid key: %v, want ErrInvalidKey", err)
 						}

@@ -12,4 +12,10 @@
 // The slots live in pglimit_slots, which [pglimit.Migrate] creates and
 // [pglimit.Cleaner] cleans. pglimithttp.Concurrency holds a slot for the
 // length of an HTTP request.
+//
+// [Semaphore.Wait] queues for a slot in arrival order; [Semaphore.WaitFlow]
+// queues as a waiter of a flow (a tenant) with a weight, and shares the
+// key's slots among the flows that wait in proportion to their weights.
+// [Semaphore.AcquireLevel] acquires for a priority level of
+// [Config.Levels], each with a guaranteed share that it may lend.
 package pglimitsem

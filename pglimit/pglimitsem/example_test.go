@@ -95,3 +95,44 @@ func ExampleSemaphore_Wait() {
 	// first and second run: true true
 	// third runs once the first ends: true
 }
+
+// Critical work keeps a share of a service's slots while batch work takes
+// the rest: with 4 slots, critical keeps 1 for itself (Min 1, lending
+// none), so batch gets 3, and critical still gets its one at once.
+func ExampleSemaphore_AcquireLevel() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool, ""); err != nil {
+		panic(err)
+	}
+	sem, err := pglimitsem.New(pool, &pglimitsem.Config{
+		Namespace: "example-levels",
+		Slots:     4,
+		Levels: []pglimitsem.Level{
+			{Name: "critical", Min: 1, Lend: 0, Max: 4},
+			{Name: "batch", Min: 0, Max: 4},
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	var held []pglimitsem.Slot
+	batch := 0
+	for range 4 {
+		if slot, _ := sem.AcquireLevel(ctx, "reports", "batch"); slot.Acquired {
+			held = append(held, slot)
+			batch++
+		}
+	}
+	critical, _ := sem.AcquireLevel(ctx, "reports", "critical")
+	fmt.Println("batch:", batch, "critical:", critical.Acquired)
+	for _, slot := range append(held, critical) {
+		_ = sem.Release(ctx, slot)
+	}
+	// Output:
+	// batch: 3 critical: true
+}

@@ -66,6 +66,19 @@ type Config struct {
 	// minute. Defaults to 50ms.
 	WaitPoll time.Duration
 
+	// FlowQueue bounds the queue of each flow of a key for
+	// [Semaphore.WaitFlow]: a waiter that finds as many live places of its
+	// flow in the key's queue is refused with [ErrQueueFull]. Waiters that
+	// join at the same instant may each pass the bound, by at most their
+	// number. From 1 to 100,000. Defaults to 1,000.
+	FlowQueue int
+
+	// Levels are the priority levels of [Semaphore.AcquireLevel], each
+	// with a guaranteed share of every key's slots, what of it the others
+	// may borrow, and a ceiling: see [Level]. At most 16, whose Min add up
+	// to at most Slots. Defaults to none.
+	Levels []Level
+
 	// Listen, when set, is how to open a session on which the semaphore
 	// hears (LISTEN) the releases of other instances, so that its callers
 	// of [Semaphore.Wait] take a freed slot within milliseconds rather
@@ -144,10 +157,22 @@ type Semaphore struct {
 	ttl int64 // µs
 	// lockSeed seeds the hash of a slot's advisory lock, one per table.
 	lockSeed int64
-	stmts    struct{ acquire, extend, release, wait, enqueue, leave string }
+	stmts    struct {
+		acquire, extend, release, wait, enqueue, leave string
+		// waitFlow and enqueueFlow are wait and enqueue for a waiter of a
+		// flow (WaitFlow); takeFlow its first try, before it joins.
+		waitFlow, enqueueFlow, takeFlow string
+		// setWeight and resetWeight set and reset a flow's weight.
+		setWeight, resetWeight string
+		// acquireLevel is acquire for a priority level (AcquireLevel).
+		acquireLevel string
+	}
 	// hold is the average time from an acquisition to its release seen
 	// in this process, in ns; 0 before the first release.
 	hold atomic.Int64
+
+	// levels is Config.Levels, checked, for AcquireLevel.
+	levels levels
 
 	// channel is the namespace's notification channel (channelOf);
 	// listen, Config.Listen's copy for the listening session, or nil.
@@ -227,6 +252,10 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	if c.TTL < time.Second || c.TTL > maxTTL {
 		return nil, fmt.Errorf("%w: TTL must be from 1s to %s, got %s", pglimit.ErrInvalidConfig, maxTTL, c.TTL)
 	}
+	c.FlowQueue = cmp.Or(c.FlowQueue, defaultFlowQueue)
+	if c.FlowQueue < 1 || c.FlowQueue > maxFlowQueue {
+		return nil, fmt.Errorf("%w: FlowQueue must be from 1 to %d, got %d", pglimit.ErrInvalidConfig, maxFlowQueue, c.FlowQueue)
+	}
 	if c.Timeout < 0 {
 		return nil, fmt.Errorf("%w: Timeout must not be negative, got %s", pglimit.ErrInvalidConfig, c.Timeout)
 	}
@@ -235,13 +264,19 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	if c.WaitPoll < time.Millisecond || c.WaitPoll > time.Minute {
 		return nil, fmt.Errorf("%w: WaitPoll must be from 1ms to 1m, got %s", pglimit.ErrInvalidConfig, c.WaitPoll)
 	}
-	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds()}
+	levels, err := newLevels(c.Levels, c.Slots)
+	if err != nil {
+		return nil, err
+	}
+	s := &Semaphore{db: db, cfg: c, ttl: c.TTL.Microseconds(), levels: levels}
 	table := pgx.Identifier{c.Schema, slotsTable}.Sanitize()
 	waiters := pgx.Identifier{c.Schema, waitersTable}.Sanitize()
+	flows := pgx.Identifier{c.Schema, flowsTable}.Sanitize()
 	s.lockSeed = lockid.SlotSeed(table)
 	s.channel = channelOf(table, c.Namespace)
 	args := queries.Args{"table": table, "waiters": waiters, "channel": s.channel, "tag_len": strconv.Itoa(tagLen),
-		"queue": "", "turn": "", "turn_first": "", "dequeue": "", "waiting": ""}
+		"queue": "", "turn": "", "turn_first": "", "dequeue": "", "waiting": "",
+		"set_extra": "", "extra_col": "", "extra_val": "", "flows": flows}
 	s.stmts.acquire = queries.Text("slots.acquire", args)
 	s.stmts.extend = queries.Text("slots.extend", args)
 	s.stmts.release = queries.Text("slots.release", args)
@@ -255,6 +290,17 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	args["turn"], args["turn_first"] = " AND (SELECT ok FROM turn)", "(SELECT ok FROM turn) AND "
 	args["waiting"] = ", (SELECT ok FROM turn), EXISTS (SELECT FROM renewed)"
 	s.stmts.wait = queries.Text("slots.acquire", args)
+	s.stmts.enqueueFlow = queries.Text("slots.enqueue_flow", args)
+	s.stmts.setWeight = queries.Text("slots.set_flow_weight", args)
+	s.stmts.resetWeight = queries.Text("slots.reset_flow_weight", args)
+	args["queue"] = queries.Text("slots.fair_turn", args)
+	args["set_extra"], args["extra_col"], args["extra_val"] = ", flow = $9", ", flow", ", $9"
+	s.stmts.waitFlow = queries.Text("slots.acquire", args)
+	args["queue"], args["dequeue"], args["waiting"] = queries.Text("slots.no_waiters", args), "", ", (SELECT ok FROM turn), false"
+	args["set_extra"], args["extra_val"] = ", flow = $6", ", $6"
+	s.stmts.takeFlow = queries.Text("slots.acquire", args)
+	args["queue"], args["set_extra"], args["extra_col"] = queries.Text("slots.level", args), ", level = $6", ", level"
+	s.stmts.acquireLevel = queries.Text("slots.acquire", args)
 	return s, nil
 }
 
@@ -274,9 +320,15 @@ func derivedNamespace(slots int) string {
 const (
 	slotsTable      = "pglimit_slots"
 	waitersTable    = "pglimit_slot_waiters"
+	flowsTable      = "pglimit_slot_flows"
 	defaultWaitPoll = 50 * time.Millisecond
 	maxSlots        = 10_000
-	defaultSlotTTL  = time.Minute
+	// defaultFlowQueue and maxFlowQueue bound Config.FlowQueue; maxWeight
+	// a Flow's Weight.
+	defaultFlowQueue = 1_000
+	maxFlowQueue     = 100_000
+	maxWeight        = 10_000
+	defaultSlotTTL   = time.Minute
 
 	// As a limiter's: the defaults of Config, the longest TTL (366 days),
 	// and the attempts after a lost race.

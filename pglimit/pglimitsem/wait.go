@@ -2,6 +2,7 @@ package pglimitsem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -32,21 +33,139 @@ type place struct {
 // cause); a slot taken by a statement that ctx cut off returns when its
 // lease ends. Each statement is bounded by Timeout.
 func (s *Semaphore) Wait(ctx context.Context, key string) (Slot, error) {
+	return s.wait(ctx, key, nil)
+}
+
+// ErrInvalidFlow reports a [Flow] that [Semaphore.WaitFlow] refuses
+// before it reaches the database: a Name that is not a valid key, or a
+// Weight out of range.
+var ErrInvalidFlow = errors.New("pglimitsem: invalid flow")
+
+// ErrQueueFull reports a waiter that [Semaphore.WaitFlow] refused because
+// its flow already had Config.FlowQueue live places in the key's queue.
+// The Slot returned with it has a RetryAfter.
+var ErrQueueFull = errors.New("pglimitsem: the flow's queue is full")
+
+// Flow is who a waiter of [Semaphore.WaitFlow] waits for: a tenant, such
+// as an organisation, and its weight.
+type Flow struct {
+	// Name names the flow. Same rules as a key.
+	Name string
+
+	// Weight is the flow's weight, from 1 to 10,000: while flows wait,
+	// each holds slots of the key in proportion to its weight. A waiter
+	// keeps the weight it joined with, and a change applies to the flow's
+	// waiters that join after it; a weight set with
+	// [Semaphore.SetFlowWeight] wins over it, for every waiter at once.
+	Weight int
+}
+
+// WaitFlow is Wait for a waiter of flow, with weighted fair share
+// across the flows that wait for the key. While flows are backlogged,
+// each holds the key's slots in proportion to its Weight; a flow with no
+// waiter lends its share to the others, so that no slot stays free while
+// a waiter waits (work-conserving). Across flows a free slot goes to the
+// waiter whose flow is furthest below its share: the lowest (slots its
+// flow holds + its place among the flow's waiters) / Weight, ties going
+// to the earliest; within a flow, waiters are served in arrival order.
+// Each try is one statement, as Wait's; the first, while no one waits
+// for the key, takes a free slot without joining the queue.
+//
+// As with Wait, a waiter whose ctx ends while it joins the queue may leave
+// its place behind, counted until it lapses, as a dead waiter's.
+//
+// A flow's queue is bounded by Config.FlowQueue: past it, WaitFlow
+// returns [ErrQueueFull] with a Slot whose RetryAfter is the hold time
+// ([Semaphore.HoldTime]). A bad Flow is [ErrInvalidFlow], a bad key
+// [pglimit.ErrInvalidKey], and neither reaches the database.
+//
+// Use a key either with WaitFlow or without flows: slots that Acquire
+// and Wait take belong to no flow and count only as held, and Acquire
+// takes a free slot ahead of every waiter.
+func (s *Semaphore) WaitFlow(ctx context.Context, key string, flow Flow) (Slot, error) {
+	if err := checkFlow(flow); err != nil {
+		return Slot{}, err
+	}
+	return s.wait(ctx, key, &flow)
+}
+
+// SetFlowWeight sets the weight of flow in this semaphore's namespace, at
+// runtime and for every key and instance: from the next try of each
+// waiter, it wins over the weight the flow's waiters name, until
+// [Semaphore.ResetFlowWeight]. A weight out of 1 to 10,000 or a bad flow
+// name is [ErrInvalidFlow] and writes nothing. The weights live in
+// pglimit_slot_flows, one row per flow set; the Cleaner leaves them.
+func (s *Semaphore) SetFlowWeight(ctx context.Context, flow string, weight int) error {
+	if err := checkFlow(Flow{Name: flow, Weight: weight}); err != nil {
+		return err
+	}
+	return s.exec(ctx, s.stmts.setWeight, s.cfg.Namespace, flow, weight)
+}
+
+// ResetFlowWeight deletes the weight SetFlowWeight set for flow, so that
+// the weights its waiters name count again. A flow with none set is left
+// as it is. A bad flow name is [ErrInvalidFlow].
+func (s *Semaphore) ResetFlowWeight(ctx context.Context, flow string) error {
+	if err := checkFlow(Flow{Name: flow, Weight: 1}); err != nil {
+		return err
+	}
+	return s.exec(ctx, s.stmts.resetWeight, s.cfg.Namespace, flow)
+}
+
+// exec runs sql within Timeout.
+func (s *Semaphore) exec(ctx context.Context, sql string, args ...any) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
+	defer cancel()
+	if _, err := s.db.Exec(ctx, sql, args...); err != nil {
+		return s.wrap(ctx, err)
+	}
+	return nil
+}
+
+// checkFlow is ErrInvalidFlow for a flow with a bad name or weight.
+func checkFlow(flow Flow) error {
+	if err := pglimit.ValidateKey(flow.Name); err != nil {
+		return fmt.Errorf("%w: Name: %w", ErrInvalidFlow, err)
+	}
+	if flow.Weight < 1 || flow.Weight > maxWeight {
+		return fmt.Errorf("%w: Weight must be from 1 to %d, got %d", ErrInvalidFlow, maxWeight, flow.Weight)
+	}
+	return nil
+}
+
+// wait is Wait, for a waiter of flow unless it is nil.
+func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow) (Slot, error) {
 	if err := pglimit.ValidateKey(key); err != nil {
 		return Slot{}, err
 	}
 	w := s.waiting(key)
 	defer s.doneWaiting(key)
+	if flow != nil {
+		// A free slot with no one waiting is taken at once, without
+		// joining the queue: one statement, as Acquire's.
+		slot, _, err := s.acquireInTurn(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
+			return scan(s.db.QueryRow(ctx, s.stmts.takeFlow, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, flow.Name))
+		}, &place{})
+		if err != nil || slot.Acquired {
+			return slot, err
+		}
+	}
 	var q *place
 	for {
 		if q == nil {
 			var err error
-			if q, err = s.enqueue(ctx, key); err != nil {
+			if q, err = s.enqueue(ctx, key, flow); err != nil {
+				if errors.Is(err, ErrQueueFull) {
+					return Slot{RetryAfter: s.HoldTime()}, err
+				}
 				return Slot{}, err
 			}
 		}
 		wake := s.wakeChan(w) // taken before the try: a release after it wakes this wait
 		slot, queued, err := s.acquireInTurn(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
+			if flow != nil {
+				return scan(s.db.QueryRow(ctx, s.stmts.waitFlow, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL(), flow.Name))
+			}
 			return scan(s.db.QueryRow(ctx, s.stmts.wait, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL()))
 		}, q)
 		switch {
@@ -76,12 +195,22 @@ func (s *Semaphore) placeTTL() int64 {
 	return max(2*time.Second, 20*s.cfg.WaitPoll).Microseconds()
 }
 
-// enqueue puts a waiter for key at the end of its queue.
-func (s *Semaphore) enqueue(ctx context.Context, key string) (*place, error) {
+// enqueue puts a waiter for key, of flow unless it is nil, at the end of
+// its queue. A flow whose queue is full is ErrQueueFull.
+func (s *Semaphore) enqueue(ctx context.Context, key string, flow *Flow) (*place, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
 	defer cancel()
 	var q place
-	if err := s.db.QueryRow(ctx, s.stmts.enqueue, s.cfg.Namespace, key, s.placeTTL()).Scan(&q.arrived, &q.waiter); err != nil {
+	var row pgx.Row
+	if flow != nil {
+		row = s.db.QueryRow(ctx, s.stmts.enqueueFlow, s.cfg.Namespace, key, s.placeTTL(), flow.Name, flow.Weight, s.cfg.FlowQueue)
+	} else {
+		row = s.db.QueryRow(ctx, s.stmts.enqueue, s.cfg.Namespace, key, s.placeTTL())
+	}
+	if err := row.Scan(&q.arrived, &q.waiter); err != nil {
+		if flow != nil && errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("%w: flow %q has %d places in the queue of key %q", ErrQueueFull, flow.Name, s.cfg.FlowQueue, key)
+		}
 		return nil, s.wrap(ctx, fmt.Errorf("join the queue: %w", err))
 	}
 	return &q, nil

@@ -24,13 +24,13 @@ WITH clock AS (
     FOR UPDATE OF s SKIP LOCKED
 ), reused AS (
     UPDATE {{.table}} AS s
-    SET holder = gen_random_uuid(), expires_at = clock.now + $4 * interval '1 microsecond'
+    SET holder = gen_random_uuid(){{.set_extra}}, expires_at = clock.now + $4 * interval '1 microsecond'
     FROM free, clock
     WHERE s.namespace = $1 AND s.key = $2 AND s.slot = free.slot
     RETURNING s.slot, s.holder, s.expires_at
 ), added AS (
-    INSERT INTO {{.table}} (namespace, key, slot, holder, expires_at)
-    SELECT $1, $2, g, gen_random_uuid(), clock.now + $4 * interval '1 microsecond'
+    INSERT INTO {{.table}} (namespace, key, slot, holder, expires_at{{.extra_col}})
+    SELECT $1, $2, g, gen_random_uuid(), clock.now + $4 * interval '1 microsecond'{{.extra_val}}
     FROM (SELECT g FROM generate_series(0, $3 - 1) AS g
           WHERE {{.turn_first}}CASE WHEN EXISTS (SELECT FROM reused)
                        OR EXISTS (SELECT FROM {{.table}} AS o WHERE o.namespace = $1 AND o.key = $2 AND o.slot = g)
@@ -77,6 +77,91 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
     WHERE w.namespace = $1 AND w.key = $2 AND w.arrived = $6 AND w.waiter = $7::uuid AND NOT EXISTS (SELECT FROM taken)
     RETURNING 1
 ){{end}}
+
+-- slots.fair_turn is slots.turn for a waiter of a flow (migration 00014;
+-- $9 its flow, which the slot it takes records): the waiters of the key
+-- are served in the order of their tags, and within a tag in arrival
+-- order. A waiter's tag is (what its flow holds + its place among its
+-- flow's live waiters, from 1) / its weight (its flow's in the table
+-- flows, placeholder, when set there; else the one it joined with), so that the flow furthest
+-- below its weighted share goes first; a flow with no waiter takes no
+-- part (its share is lent). A waiter takes a slot while fewer waiters with
+-- a lower tag are live than slots are free; one whose place lapsed takes
+-- none, and joins again.
+{{define "slots.fair_turn"}}, live AS MATERIALIZED (
+    SELECT w.flow, w.arrived, w.waiter, coalesce(f.weight, w.weight) AS weight,
+           row_number() OVER (PARTITION BY w.flow ORDER BY w.arrived, w.waiter) AS j
+    FROM {{.waiters}} AS w CROSS JOIN clock
+    LEFT JOIN {{.flows}} AS f ON f.namespace = $1 AND f.flow = w.flow
+    WHERE w.namespace = $1 AND w.key = $2 AND w.expires_at > clock.now
+), holding AS MATERIALIZED (
+    SELECT s.flow, count(*) AS n FROM {{.table}} AS s, clock
+    WHERE s.namespace = $1 AND s.key = $2 AND s.slot < $3 AND s.expires_at > clock.now
+    GROUP BY s.flow
+), tagged AS MATERIALIZED (
+    SELECT l.arrived, l.waiter, (coalesce(h.n, 0) + l.j)::float8 / l.weight AS tag
+    FROM live AS l LEFT JOIN holding AS h ON h.flow = l.flow
+), turn AS MATERIALIZED (
+    SELECT CASE WHEN me.waiter IS NULL THEN false
+                ELSE (SELECT count(*) FROM tagged AS t
+                      WHERE (t.tag, t.arrived, t.waiter) < (me.tag, me.arrived, me.waiter))
+                     < $3::integer - (SELECT coalesce(sum(n), 0) FROM holding)
+           END AS ok
+    FROM (SELECT) AS one LEFT JOIN tagged AS me ON me.arrived = $6 AND me.waiter = $7::uuid
+){{end}}
+
+-- slots.no_waiters makes slots.acquire the first try of a waiter of flow
+-- $6 (which the slot it takes records), before it joins the queue: it
+-- takes a free slot only while the key has no live place in the queue,
+-- as the statement's snapshot sees it, and answers whether that was so.
+{{define "slots.no_waiters"}}, turn AS MATERIALIZED (
+    SELECT NOT EXISTS (SELECT FROM {{.waiters}} AS w, clock
+                       WHERE w.namespace = $1 AND w.key = $2 AND w.expires_at > clock.now) AS ok
+){{end}}
+
+-- slots.level makes slots.acquire the acquisition of level $6 (which the
+-- slot it takes records), of the levels $7 each keeping $8 slots for
+-- itself while it holds fewer (its guarantee less what it lends): it
+-- takes a free slot only while the level holds fewer than $9 (its
+-- ceiling) and a free slot is left beyond what the other levels keep, as
+-- the statement's snapshot sees them, and answers whether that was so.
+{{define "slots.level"}}, by_level AS MATERIALIZED (
+    SELECT s.level, count(*) AS n FROM {{.table}} AS s, clock
+    WHERE s.namespace = $1 AND s.key = $2 AND s.slot < $3 AND s.expires_at > clock.now
+    GROUP BY s.level
+), turn AS MATERIALIZED (
+    SELECT coalesce((SELECT n FROM by_level WHERE level = $6), 0) < $9::integer
+       AND $3::integer - (SELECT coalesce(sum(n), 0) FROM by_level)
+           - (SELECT coalesce(sum(greatest(k.keep - coalesce(b.n, 0), 0)), 0)
+              FROM unnest($7::text[], $8::integer[]) AS k(level, keep)
+              LEFT JOIN by_level AS b ON b.level = k.level
+              WHERE k.level <> $6) > 0 AS ok
+){{end}}
+
+-- slots.set_flow_weight sets the weight of flow $2 in namespace $1 to
+-- $3; slots.reset_flow_weight deletes it, so that waiters' own weights
+-- count again.
+{{define "slots.set_flow_weight"}}
+INSERT INTO {{.flows}} (namespace, flow, weight) VALUES ($1, $2, $3)
+ON CONFLICT (namespace, flow) DO UPDATE SET weight = excluded.weight
+{{end}}
+
+{{define "slots.reset_flow_weight"}}
+DELETE FROM {{.flows}} WHERE namespace = $1 AND flow = $2
+{{end}}
+
+-- slots.enqueue_flow is slots.enqueue for a waiter of flow $4 with weight
+-- $5, which joins only while its flow has fewer than $6 live places in the
+-- key's queue (as the statement's snapshot sees them): it returns no row
+-- when the flow's queue is full.
+{{define "slots.enqueue_flow"}}
+INSERT INTO {{.waiters}} (namespace, key, arrived, waiter, expires_at, flow, weight)
+SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, gen_random_uuid(), c.now + $3 * interval '1 microsecond', $4, $5
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE (SELECT count(*) FROM {{.waiters}} AS w
+       WHERE w.namespace = $1 AND w.key = $2 AND w.flow = $4 AND w.expires_at > c.now) < $6
+RETURNING arrived, waiter::text
+{{end}}
 
 -- slots.enqueue puts a waiter for a slot of key $2 in namespace $1 in the
 -- queue, for $3 µs unless renewed, and returns its place.
