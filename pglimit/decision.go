@@ -52,6 +52,12 @@ type Decision struct {
 	// fallback's limits.
 	Fallback bool
 
+	// Replayed reports the first decision of an id ([WithID]) returned to
+	// a later call with the same id, which charged nothing. It has no
+	// refund ticket: [Limiter.Refund] and [Settle] of it are
+	// [ErrInvalidCost] or [ErrNotAdmitted].
+	Replayed bool
+
 	violated uint16  // bit i: the policy's limit i refused
 	policy   *Policy // the limiter's, for Violated
 	next     time.Duration
