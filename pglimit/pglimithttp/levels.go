@@ -45,6 +45,9 @@ func Levels(levels []Level, cfg *Config) (func(http.Handler) http.Handler, error
 	if cfg != nil && (cfg.KeyFunc != nil || cfg.MaxDelay != 0) {
 		return nil, fmt.Errorf("%w: Levels: give each level its KeyFunc; Config.KeyFunc and MaxDelay must be unset", ErrInvalidConfig)
 	}
+	if cfg != nil && cfg.IdempotencyKey {
+		return nil, fmt.Errorf("%w: Levels: IdempotencyKey (AllowAll takes no decision ids yet)", ErrInvalidConfig)
+	}
 	g, err := newGate(cfg)
 	if err != nil {
 		return nil, err
