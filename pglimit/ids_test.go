@@ -417,3 +417,108 @@ func TestIDRetentionStored(t *testing.T) {
 		t.Errorf("the id is kept %d µs after its decision, want 2 h", kept)
 	}
 }
+
+// An unknown outcome: the backend is terminated while its commit waits
+// for a synchronous standby that never answers, so the caller gets an
+// error for an admission that committed. Retrying every failed id once
+// the standby is no longer waited for leaves each id charged once or not
+// at all, never twice: the key's charges are exactly the ids stored.
+func TestIDUnknownOutcomeChargedOnce(t *testing.T) {
+	testdb.Slow(t)
+	ctx := t.Context()
+	srv := testdb.OwnServer(t)
+	admin := testdb.ServerPool(t, srv, 2)
+	pool := testdb.ServerPool(t, srv, 16)
+	if err := pglimit.Migrate(ctx, admin, "public"); err != nil {
+		t.Fatal(err)
+	}
+	syncRep := func(names string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const burst = 1000
+	for _, shape := range []struct {
+		name   string
+		limits []pglimit.Limit
+	}{
+		{"single", []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: burst}}},
+		{"general", []pglimit.Limit{{Name: "rate", Rate: 1, Period: time.Hour, Burst: burst}, {Name: "day", Rate: 10 * burst, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow}}},
+	} {
+		t.Run(shape.name, func(t *testing.T) {
+			lim := newLimiterOn(t, pool, pglimit.Config{Limits: shape.limits})
+			syncRep("nobody")
+			stop := make(chan struct{})
+			var terminator sync.WaitGroup
+			var terminated int
+			terminator.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(2 * time.Millisecond):
+					}
+					var n int
+					if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n); err != nil {
+						t.Error(err)
+						return
+					}
+					terminated += n
+				}
+			})
+			const ids = 64
+			var (
+				mu     sync.Mutex
+				failed []string
+				wg     sync.WaitGroup
+			)
+			for i := range ids {
+				id := fmt.Sprint(shape.name, "-", i)
+				wg.Go(func() {
+					if _, err := lim.Allow(pglimit.WithID(ctx, id), "k"); err != nil {
+						mu.Lock()
+						failed = append(failed, id)
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			close(stop)
+			terminator.Wait()
+			syncRep("")
+			if terminated == 0 {
+				t.Fatal("no backend was terminated while its commit waited: the test proves nothing")
+			}
+			replayed := 0
+			for _, id := range failed {
+				d, err := lim.Allow(pglimit.WithID(ctx, id), "k")
+				if err != nil {
+					t.Fatalf("retry of %s: %v", id, err)
+				}
+				if d.Replayed {
+					replayed++
+				}
+			}
+			var stored int
+			if err := admin.QueryRow(ctx, "SELECT count(*) FROM public.pglimit_ids WHERE namespace = $1", lim.Policy().Namespace).Scan(&stored); err != nil {
+				t.Fatal(err)
+			}
+			d, err := lim.Peek(ctx, "k", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			charged := burst - 1 - d.Remaining
+			t.Logf("%d backends terminated at their commit; %d callers failed, %d of their retries replayed a committed admission; %d charged, %d ids stored", terminated, len(failed), replayed, charged, stored)
+			if charged != stored || stored > ids {
+				t.Errorf("%d units charged for %d ids stored (%d ids): an id was charged twice", charged, stored, ids)
+			}
+			if replayed == 0 {
+				t.Log("no failed call had committed: the unknown outcome was not met this time")
+			}
+		})
+	}
+}
