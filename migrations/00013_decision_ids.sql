@@ -7,7 +7,8 @@
 -- key, the units, the state it decided on and the time), from which a
 -- retry rebuilds the first decision. expires_at is when the id may be
 -- forgotten: the decision's time plus the limiter's IDRetention; the
--- cleanup job deletes rows past it (expires_at index).
+-- cleanup job deletes rows past it (expires_at index). done marks an id
+-- refunded by id (RefundID), from any instance, at most once.
 
 -- +goose Up
 CREATE TABLE pglimit_ids (
@@ -19,6 +20,7 @@ CREATE TABLE pglimit_ids (
     tat        bigint,    -- µs: the TAT written (single GCRA limit) or read (general)
     now        bigint      NOT NULL, -- µs: the database time of the decision
     expires_at timestamptz NOT NULL,
+    done       text,      -- 'refunded' once RefundID gave its units back; NULL before
     PRIMARY KEY (namespace, id)
 );
 

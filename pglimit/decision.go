@@ -53,9 +53,10 @@ type Decision struct {
 	Fallback bool
 
 	// Replayed reports the first decision of an id ([WithID]) returned to
-	// a later call with the same id, which charged nothing. It has no
-	// refund ticket: [Limiter.Refund] and [Settle] of it are
-	// [ErrInvalidCost] or [ErrNotAdmitted].
+	// a later call with the same id, which charged nothing. A decision
+	// with an id, first or replayed, is refunded by its id ([RefundID]),
+	// from any instance; [Limiter.Refund] and [Settle] of its value are
+	// [ErrInvalidCost] and [ErrNotAdmitted] (settling by id: not yet).
 	Replayed bool
 
 	violated uint16  // bit i: the policy's limit i refused

@@ -66,11 +66,12 @@ var (
 
 	// ErrNotAdmitted reports a [Settle] of a decision that took no units
 	// from the database: a refusal, a shadow or fallback admission, or an
-	// admission in a caller's transaction that rolled back.
+	// admission in a caller's transaction that rolled back; or a
+	// [RefundID] of an id with no admission stored.
 	ErrNotAdmitted = errors.New("pglimit: the decision admitted nothing")
 
 	// ErrAlreadySettled reports a [Settle] of a decision settled before,
-	// or a Refund of one settled.
+	// a Refund of one settled, or a [RefundID] of an id refunded before.
 	ErrAlreadySettled = errors.New("pglimit: the decision was settled already")
 
 	// ErrForeignDecision reports a [Settle] of a decision that another

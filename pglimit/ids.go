@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -40,7 +41,9 @@ type idContextKey struct{}
 // nothing and returns the first admission, with [Decision.Replayed] set.
 // An id first refused is decided afresh; an id admitted by AllowTx in a
 // transaction that rolled back was never admitted. docs/limits.md,
-// "Decision ids", defines them.
+// "Decision ids", defines them. An admission with an id is refunded by its
+// id ([RefundID]), from any instance, at most once; its Decision value
+// cannot be refunded or settled.
 //
 // Allow, AllowN, AllowTx and AllowTxN (and through them [Wait] and
 // [WaitN]) of an Upsert or NoWait limiter without Overrides read the id;
@@ -86,6 +89,8 @@ type idStatements struct {
 	general, generalTx string // modeAllow's
 	lookupFast         string
 	lookupGeneral      string
+	refundSingle       string // RefundID's, for a single GCRA limit
+	refundGeneral      string // RefundID's, for any other set of limits
 }
 
 // newIDStatements writes the id statements of a limiter of limits on
@@ -109,6 +114,15 @@ func newIDStatements(limits []Limit, schema, table, fast, column, lock string) *
 		})
 	}
 	s.general, s.generalTx = stmt(column, ""), stmt(xactColumn, xactReturning)
+	if len(limits) == 1 && limits[0].Algorithm == GCRA {
+		s.refundSingle = queries.Text("refund.single_id", queries.Args{"table": table, "ids": ids})
+	} else {
+		refundState, flags := arith.RefundSQL(sp)
+		s.refundGeneral = queries.Text("refund.general_id", queries.Args{
+			"table": table, "ids": ids, "new_state": refundState, "flags": flags,
+			"state_length": strconv.Itoa(3 * len(limits)), "limits": strconv.Itoa(len(limits)),
+		})
+	}
 	return s
 }
 
@@ -180,6 +194,9 @@ func (l *limiter) decideID(ctx context.Context, tx DB, q query, id string) (Deci
 			// The id's row was deleted since (the cleanup job): decide
 			// afresh.
 		case err == nil && decided && d.Allowed:
+			// Its ticket is its id's row (RefundID): a ticket in the value
+			// too would let both give the units back.
+			d.refund = nil
 			return d, nil
 		case err == nil && decided:
 			return l.refusedID(ctx, db, id, d)
@@ -227,36 +244,126 @@ func (l *limiter) refusedID(ctx context.Context, db DB, id string, refusal Decis
 	return refusal, nil
 }
 
-// replay is the first decision of id, rebuilt from its row as its
-// statement answered, and whether the id has one. A replayed decision
-// charged nothing: it has no refund ticket.
-func (l *limiter) replay(ctx context.Context, db DB, id string) (Decision, bool, error) {
+// idRow is an id's row: its first decision, rebuilt as its statement
+// answered, that decision's key and units, the anchors a refund of it
+// checks, and done, set once it was refunded by id.
+type idRow struct {
+	d       Decision
+	key     string
+	n       int
+	anchors []int64
+	done    *string
+}
+
+// lookupID reads the row of id, if any.
+func (l *limiter) lookupID(ctx context.Context, db DB, id string) (idRow, bool, error) {
 	var r struct {
 		state []int64
 		tat   *int64
 		now   int64
-		key   string
-		n     int
 	}
+	var row idRow
 	var err error
 	if l.single {
-		err = db.QueryRow(ctx, l.ids.lookupFast, l.args.namespace, id).Scan(&r.tat, &r.now, &r.key, &r.n)
+		err = db.QueryRow(ctx, l.ids.lookupFast, l.args.namespace, id).Scan(&r.tat, &r.now, &row.key, &row.n, &row.done)
 	} else {
-		err = db.QueryRow(ctx, l.ids.lookupGeneral, l.args.namespace, id).Scan(&r.state, &r.tat, &r.now, &r.key, &r.n)
+		err = db.QueryRow(ctx, l.ids.lookupGeneral, l.args.namespace, id).Scan(&r.state, &r.tat, &r.now, &row.key, &row.n, &row.done)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Decision{}, false, nil
+		return idRow{}, false, nil
 	}
 	if err != nil {
-		return Decision{}, false, fmt.Errorf("look up decision id: %w", err)
+		return idRow{}, false, fmt.Errorf("look up decision id: %w", err)
 	}
-	var d Decision
 	if l.single {
-		d = l.gcraDecision(true, *r.tat, r.now, r.n)
+		row.d, row.anchors = l.gcraDecision(true, *r.tat, r.now, row.n), []int64{*r.tat}
 	} else {
-		e := arith.Evaluate(l.specs, r.state, r.tat, r.now, int64(r.n), arith.Mode(modeAllow), 0)
-		d = evaluated(e, l.cfg.Limits, l.policy, r.now, r.n, modeAllow)
+		e := arith.Evaluate(l.specs, r.state, r.tat, r.now, int64(row.n), arith.Mode(modeAllow), 0)
+		row.d, row.anchors = evaluated(e, l.cfg.Limits, l.policy, r.now, row.n, modeAllow), e.Anchors
 	}
-	d.Replayed = true
-	return d, true, nil
+	row.d.Replayed = true
+	return row, true, nil
+}
+
+// replay is the first decision of id, rebuilt from its row, and whether
+// the id has one. A replayed decision charged nothing: it has no refund
+// ticket.
+func (l *limiter) replay(ctx context.Context, db DB, id string) (Decision, bool, error) {
+	row, found, err := l.lookupID(ctx, db, id)
+	return row.d, found, err
+}
+
+// RefundID is [Limiter.Refund] of the admission whose decision id
+// ([WithID]) is id, from any instance with the same limiter config, at
+// most once.
+//
+// The id's row in the database is the refund's ticket, not a Decision
+// value: a process that did not make the decision may refund it. It gives
+// back n of the units the admission took, once: a second RefundID of the
+// id, here or on another instance, even racing the first, gives back
+// nothing and is [ErrAlreadySettled]. Each limit takes the units back as
+// Refund's do (only while the admission still weighs on it as it left
+// it), and the result is Refund's. An id with no admission stored (never
+// admitted, refused, rolled back, or deleted after its retention) is
+// [ErrNotAdmitted]; n not positive or more than the admission took,
+// [ErrInvalidCost]; an invalid id, [ErrInvalidID]; where decisions take
+// no ids, [ErrUnsupported]. A RefundID whose outcome is unknown may have
+// refunded: a retry of it then reports ErrAlreadySettled.
+func RefundID(ctx context.Context, lim Limiter, id string, n int) (bool, error) {
+	l, ok := lim.(*limiter)
+	switch {
+	case !ok:
+		return false, fmt.Errorf("%w: RefundID: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	case l.ids == nil:
+		return false, fmt.Errorf("%w: RefundID on the %s strategy or with Overrides (not yet)", ErrUnsupported, l.cfg.Strategy)
+	case n <= 0:
+		return false, fmt.Errorf("%w: RefundID: n must be positive, got %d", ErrInvalidCost, n)
+	}
+	if err := ValidateID(id); err != nil {
+		return false, err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
+	defer cancel()
+	if err := l.check(ctx, l.db); err != nil {
+		return false, l.wrap(ctx, fmt.Errorf("refund by id: %w", err))
+	}
+	if l.dist.Load() != nil {
+		return false, fmt.Errorf("%w: RefundID on a Citus distributed table", ErrUnsupported)
+	}
+	row, found, err := l.lookupID(ctx, l.db, id)
+	switch {
+	case err != nil:
+		return false, l.wrap(ctx, err)
+	case !found:
+		return false, fmt.Errorf("%w: RefundID: no admission has the id %q", ErrNotAdmitted, id)
+	case row.done != nil:
+		return false, fmt.Errorf("%w: RefundID: the admission of id %q was %s", ErrAlreadySettled, id, *row.done)
+	case n > row.n:
+		return false, fmt.Errorf("%w: RefundID: %d units, but the admission of id %q took %d", ErrInvalidCost, n, id, row.n)
+	}
+	emissions := make([]int64, len(l.cfg.Limits))
+	for i, lim := range l.cfg.Limits {
+		emissions[i] = lim.emission()
+	}
+	sql, args := l.ids.refundGeneral, []any{l.args.namespace, row.key, row.anchors, int64(n), emissions, id}
+	if l.single {
+		sql, args = l.ids.refundSingle, []any{l.args.namespace, row.key, row.anchors[0], int64(n) * emissions[0], id}
+	}
+	var made *string
+	var took []bool
+	err = l.db.QueryRow(ctx, sql, args...).Scan(&made, &took)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, fmt.Errorf("%w: RefundID: the admission of id %q was refunded by another call", ErrAlreadySettled, id)
+	case err != nil:
+		return false, l.wrap(ctx, fmt.Errorf("refund by id: %w", err))
+	}
+	all := took != nil
+	for _, ok := range took {
+		all = all && ok
+	}
+	if all {
+		l.preblock.Forget(row.key)
+	}
+	return all, nil
 }

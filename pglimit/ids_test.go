@@ -522,3 +522,80 @@ func TestIDUnknownOutcomeChargedOnce(t *testing.T) {
 		})
 	}
 }
+
+// RefundID gives an admission's units back by its id, from any instance:
+// eight calls racing on two instances (one through PgBouncer) refund each
+// id once, and the seven others get ErrAlreadySettled. The Decision value
+// of an admission with an id cannot be refunded or settled; an id with no
+// admission stored is ErrNotAdmitted, too many units ErrInvalidCost.
+func TestRefundIDOnce(t *testing.T) {
+	t.Parallel()
+	for _, shape := range idShapes {
+		t.Run(shape.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			schema := testdb.Schema(t)
+			direct, bounced := testdb.Pool(t), testdb.PgBouncerPool(t)
+			cfg := pglimit.Config{Schema: schema, Limits: shape.limits}
+			lims := []pglimit.Limiter{newLimiterOn(t, direct, cfg), newLimiterOn(t, bounced, cfg)}
+			for round := range 10 {
+				id := fmt.Sprint("job-", round)
+				d, err := lims[round%2].AllowN(pglimit.WithID(ctx, id), "k", 2)
+				if err != nil || !d.Allowed {
+					t.Fatalf("AllowN %s: %+v, %v", id, d, err)
+				}
+				if _, err := lims[round%2].Refund(ctx, d, 1); !errors.Is(err, pglimit.ErrInvalidCost) {
+					t.Fatalf("Refund of a decision with an id: %v, want ErrInvalidCost", err)
+				}
+				if _, err := pglimit.Settle(ctx, lims[round%2], d, 1); !errors.Is(err, pglimit.ErrNotAdmitted) {
+					t.Fatalf("Settle of a decision with an id: %v, want ErrNotAdmitted", err)
+				}
+				if _, err := pglimit.RefundID(ctx, lims[0], id, 3); !errors.Is(err, pglimit.ErrInvalidCost) {
+					t.Fatalf("RefundID of 3 units of 2: %v, want ErrInvalidCost", err)
+				}
+				var (
+					mu      sync.Mutex
+					won     int
+					wg      sync.WaitGroup
+					start   = make(chan struct{})
+					results []error
+				)
+				for c := range 8 {
+					wg.Go(func() {
+						<-start
+						all, err := pglimit.RefundID(ctx, lims[c%2], id, 2)
+						mu.Lock()
+						defer mu.Unlock()
+						results = append(results, err)
+						if err == nil {
+							won++
+							if !all {
+								t.Errorf("%s: the winning refund was declined", id)
+							}
+						} else if !errors.Is(err, pglimit.ErrAlreadySettled) {
+							t.Errorf("%s: a losing RefundID: %v, want ErrAlreadySettled", id, err)
+						}
+					})
+				}
+				close(start)
+				wg.Wait()
+				if won != 1 {
+					t.Fatalf("%s: %d RefundIDs applied, want 1 (%v)", id, won, results)
+				}
+				if p, err := lims[0].Peek(ctx, "k", 1); err != nil || p.Remaining != 2 {
+					t.Fatalf("%s: after its refund the key has %d left after one more (%v), want 2", id, p.Remaining, err)
+				}
+				// A retry of the id still replays the first decision.
+				if d2, err := lims[1].AllowN(pglimit.WithID(ctx, id), "k", 2); err != nil || !d2.Replayed {
+					t.Fatalf("%s after its refund: %+v, %v, want replayed", id, d2, err)
+				}
+			}
+			if _, err := pglimit.RefundID(ctx, lims[0], "never", 1); !errors.Is(err, pglimit.ErrNotAdmitted) {
+				t.Errorf("RefundID of an unknown id: %v, want ErrNotAdmitted", err)
+			}
+			if _, err := pglimit.RefundID(ctx, lims[0], "", 1); !errors.Is(err, pglimit.ErrInvalidID) {
+				t.Errorf("RefundID of an empty id: %v, want ErrInvalidID", err)
+			}
+		})
+	}
+}

@@ -74,7 +74,7 @@ func TestIdempotencyKey(t *testing.T) {
 }
 
 // IdempotencyKey applies where decisions take ids: not with MaxDelay,
-// Levels or Concurrency.
+// Settle, Levels or Concurrency.
 func TestIdempotencyKeyConfig(t *testing.T) {
 	t.Parallel()
 	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Cooldown: time.Second})
@@ -83,6 +83,9 @@ func TestIdempotencyKeyConfig(t *testing.T) {
 	}
 	if _, err := pglimithttp.Middleware(lim, &pglimithttp.Config{IdempotencyKey: true, MaxDelay: time.Second}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
 		t.Errorf("with MaxDelay: %v", err)
+	}
+	if _, err := pglimithttp.Middleware(lim, &pglimithttp.Config{IdempotencyKey: true, Settle: true}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
+		t.Errorf("with Settle: %v", err)
 	}
 	if _, err := pglimithttp.Levels([]pglimithttp.Level{{Limiter: lim, KeyFunc: pglimithttp.FromHeader("X")}}, &pglimithttp.Config{IdempotencyKey: true}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
 		t.Errorf("Levels: %v", err)

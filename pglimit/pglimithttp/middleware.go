@@ -190,8 +190,8 @@ type Config struct {
 	// ([pglimit.ValidateID]), or a header given twice, is a 400 that
 	// charges nothing. A request without the header is decided as usual.
 	// Only the charge is idempotent, not the handler: it runs for the
-	// retry too, and a replayed decision is not settled. Middleware only,
-	// without MaxDelay. Defaults to false.
+	// retry too. Middleware only, without MaxDelay or Settle (a decision
+	// with an id is not settled yet). Defaults to false.
 	IdempotencyKey bool
 }
 
@@ -224,8 +224,8 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 			return nil, fmt.Errorf("%w: limiter's Limits[%d].Name: %w", ErrInvalidConfig, i, err)
 		}
 	}
-	if g.cfg.IdempotencyKey && g.cfg.MaxDelay > 0 {
-		return nil, fmt.Errorf("%w: IdempotencyKey with MaxDelay: decision ids do not apply to held requests yet", ErrInvalidConfig)
+	if g.cfg.IdempotencyKey && (g.cfg.MaxDelay > 0 || g.cfg.Settle) {
+		return nil, fmt.Errorf("%w: IdempotencyKey with MaxDelay or Settle: decision ids apply to neither held nor settled requests yet", ErrInvalidConfig)
 	}
 	if g.cfg.MaxDelay < 0 {
 		return nil, fmt.Errorf("%w: MaxDelay: must not be negative, got %s", ErrInvalidConfig, g.cfg.MaxDelay)
@@ -348,7 +348,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		switch {
 		case s.answeredInside():
 			m.giveBack(r, m.lim, d)
-		case rc != nil && !d.Replayed:
+		case rc != nil:
 			m.settle(w, r, m.lim, d, rc)
 		}
 	default:

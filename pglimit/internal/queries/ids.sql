@@ -140,11 +140,11 @@ WHERE NOT {{.admits}} AND NOT EXISTS (SELECT FROM decided WHERE admits)
 {{end}}
 
 -- ids.lookup_fast and ids.lookup_general read an id's row: what its
--- decision statement answered (ids.lookup_general with the state), its key
--- and units. $1 namespace, $2 the id. Placeholder: ids.
+-- decision statement answered (ids.lookup_general with the state), its key,
+-- units, and whether it was refunded by id (done). $1 namespace, $2 the id. Placeholder: ids.
 {{define "ids.lookup_fast"}}
-SELECT tat, now, key, n FROM {{.ids}} WHERE namespace = $1 AND id = $2
+SELECT tat, now, key, n, done FROM {{.ids}} WHERE namespace = $1 AND id = $2
 {{end}}
 {{define "ids.lookup_general"}}
-SELECT state, tat, now, key, n FROM {{.ids}} WHERE namespace = $1 AND id = $2
+SELECT state, tat, now, key, n, done FROM {{.ids}} WHERE namespace = $1 AND id = $2
 {{end}}
