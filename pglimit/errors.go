@@ -38,8 +38,8 @@ var (
 	// Range; AllowAll, Refund, Settle and a limit's Debt on a table Citus
 	// distributes; Refund and Settle of units served from a lease; a
 	// decision id ([WithID]) on any call but Allow, AllowN, AllowTx and
-	// AllowTxN (through them Wait and WaitN) of an Upsert or NoWait limiter
-	// without Overrides on a table Citus does not distribute (not yet).
+	// AllowTxN of an Upsert or NoWait limiter without Overrides on a table
+	// Citus does not distribute (not yet).
 	ErrUnsupported = errors.New("pglimit: unsupported")
 
 	// ErrReadOnly reports a server that cannot write: a standby, a former

@@ -45,10 +45,11 @@ type idContextKey struct{}
 // id ([RefundID]), from any instance, at most once; its Decision value
 // cannot be refunded or settled.
 //
-// Allow, AllowN, AllowTx and AllowTxN (and through them [Wait] and
-// [WaitN]) of an Upsert or NoWait limiter without Overrides read the id;
-// Peek and Reset ignore it. Any other call with an id is [ErrUnsupported]
-// (not yet), as is a table Citus distributes. An id that is empty, longer
+// Allow, AllowN, AllowTx and AllowTxN of an Upsert or NoWait limiter
+// without Overrides read the id; Peek and Reset ignore it. Any other call
+// with an id (AllowAtMost, Reserve, and so [Wait], [WaitN] and
+// [WaitAtMost], AllowAll) is [ErrUnsupported] (not yet), as is a table
+// Citus distributes. An id that is empty, longer
 // than [MaxIDLength], not valid UTF-8 or that contains a NUL byte makes
 // the call fail with [ErrInvalidID] and write nothing.
 func WithID(ctx context.Context, id string) context.Context {
@@ -136,7 +137,7 @@ func (l *limiter) checkID(ctx context.Context, op string) (hasID bool, err error
 	switch op {
 	case opAllow, opAllowN, opAllowTx, opAllowTxN:
 	default:
-		return true, fmt.Errorf("%w: a decision id on %s (not yet: Allow, AllowN, AllowTx and AllowTxN take ids)", ErrUnsupported, op)
+		return true, fmt.Errorf("%w: a decision id on %s (not yet: Allow, AllowN, AllowTx and AllowTxN take ids; Wait reserves)", ErrUnsupported, op)
 	}
 	if l.ids == nil {
 		return true, fmt.Errorf("%w: a decision id on the %s strategy or with Overrides (not yet)", ErrUnsupported, l.cfg.Strategy)

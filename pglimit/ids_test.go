@@ -184,6 +184,7 @@ func TestIDUnsupported(t *testing.T) {
 			return err
 		},
 		"Range": func() error { _, err := rng.Allow(idCtx, "k"); return err },
+		"Wait":  func() error { _, err := pglimit.Wait(idCtx, lim, "k"); return err },
 	}
 	for name, call := range calls {
 		if err := call(); !errors.Is(err, pglimit.ErrUnsupported) {
