@@ -91,3 +91,45 @@ func TestIdempotencyKeyConfig(t *testing.T) {
 		t.Errorf("Levels: %v", err)
 	}
 }
+
+// A request with an Idempotency-Key that a middleware inside refuses is
+// given back by its id: the outer limit keeps nothing, and a retry of it,
+// replayed, takes nothing either.
+func TestIdempotencyKeyRefusedInside(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	outerLim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Namespace: "outer", Limits: []pglimit.Limit{{Name: "outer", Rate: 3, Period: time.Hour, Burst: 3}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	innerLim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Namespace: "inner", Limits: []pglimit.Limit{{Name: "inner", Rate: 1, Period: time.Hour, Burst: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outer, err := pglimithttp.Middleware(outerLim, &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User"), IdempotencyKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := pglimithttp.Middleware(innerLim, &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := outer(inner(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	if _, err := innerLim.Allow(t.Context(), "bob"); err != nil { // the inner limit is spent
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		req := httptest.NewRequest("POST", "/", nil)
+		req.Header.Set("X-User", "bob")
+		req.Header.Set("Idempotency-Key", `"order-1"`)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusTooManyRequests {
+			t.Fatalf("request %d: %d, want the inner 429", i, rec.Code)
+		}
+		if d, err := outerLim.Peek(t.Context(), "bob", 1); err != nil || d.Remaining != 2 {
+			t.Fatalf("after request %d the outer limit has %d left after one more (%v), want 2: its charge was not given back", i, d.Remaining, err)
+		}
+	}
+}

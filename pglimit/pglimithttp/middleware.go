@@ -190,8 +190,10 @@ type Config struct {
 	// ([pglimit.ValidateID]), or a header given twice, is a 400 that
 	// charges nothing. A request without the header is decided as usual.
 	// Only the charge is idempotent, not the handler: it runs for the
-	// retry too. Middleware only, without MaxDelay or Settle (a decision
-	// with an id is not settled yet). Defaults to false.
+	// retry too. A request a middleware inside this one answers is given
+	// back by its id ([pglimit.RefundID]); its retry is replayed and
+	// charged nothing. Middleware only, without MaxDelay or Settle (a
+	// decision with an id is not settled yet). Defaults to false.
 	IdempotencyKey bool
 }
 
@@ -305,9 +307,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	ctx := r.Context()
+	var id string
 	if m.cfg.IdempotencyKey {
-		id, has, err := idempotencyKey(r.Header)
-		if err != nil {
+		var has bool
+		if id, has, err = idempotencyKey(r.Header); err != nil {
 			m.badID(w, r, key, err)
 			return
 		}
@@ -346,6 +349,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		next.ServeHTTP(w, r)
 		switch {
+		case s.answeredInside() && id != "":
+			m.giveBackID(r, m.lim, id, d)
 		case s.answeredInside():
 			m.giveBack(r, m.lim, d)
 		case rc != nil:
