@@ -8,7 +8,8 @@
 -- retry rebuilds the first decision. expires_at is when the id may be
 -- forgotten: the decision's time plus the limiter's IDRetention; the
 -- cleanup job deletes rows past it (expires_at index). done marks an id
--- refunded by id (RefundID), from any instance, at most once.
+-- refunded or settled by id (RefundID, SettleID), from any instance, at
+-- most once.
 
 -- +goose Up
 CREATE TABLE pglimit_ids (
@@ -20,7 +21,7 @@ CREATE TABLE pglimit_ids (
     tat        bigint,    -- µs: the TAT written (single GCRA limit) or read (general)
     now        bigint      NOT NULL, -- µs: the database time of the decision
     expires_at timestamptz NOT NULL,
-    done       text,      -- 'refunded' once RefundID gave its units back; NULL before
+    done       text,      -- 'refunded' or 'settled' once RefundID or SettleID applied; NULL before
     PRIMARY KEY (namespace, id)
 );
 

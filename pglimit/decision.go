@@ -54,9 +54,9 @@ type Decision struct {
 
 	// Replayed reports the first decision of an id ([WithID]) returned to
 	// a later call with the same id, which charged nothing. A decision
-	// with an id, first or replayed, is refunded by its id ([RefundID]),
-	// from any instance; [Limiter.Refund] and [Settle] of its value are
-	// [ErrInvalidCost] and [ErrNotAdmitted] (settling by id: not yet).
+	// with an id, first or replayed, is refunded or settled by its id
+	// ([RefundID], [SettleID]), from any instance; [Limiter.Refund] and
+	// [Settle] of its value are [ErrInvalidCost] and [ErrNotAdmitted].
 	Replayed bool
 
 	violated uint16  // bit i: the policy's limit i refused

@@ -67,11 +67,12 @@ var (
 	// ErrNotAdmitted reports a [Settle] of a decision that took no units
 	// from the database: a refusal, a shadow or fallback admission, or an
 	// admission in a caller's transaction that rolled back; or a
-	// [RefundID] of an id with no admission stored.
+	// [RefundID] or [SettleID] of an id with no admission stored.
 	ErrNotAdmitted = errors.New("pglimit: the decision admitted nothing")
 
 	// ErrAlreadySettled reports a [Settle] of a decision settled before,
-	// a Refund of one settled, or a [RefundID] of an id refunded before.
+	// a Refund of one settled, or a [RefundID] or [SettleID] of an id
+	// refunded or settled before.
 	ErrAlreadySettled = errors.New("pglimit: the decision was settled already")
 
 	// ErrForeignDecision reports a [Settle] of a decision that another

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -41,9 +42,9 @@ type idContextKey struct{}
 // nothing and returns the first admission, with [Decision.Replayed] set.
 // An id first refused is decided afresh; an id admitted by AllowTx in a
 // transaction that rolled back was never admitted. docs/limits.md,
-// "Decision ids", defines them. An admission with an id is refunded by its
-// id ([RefundID]), from any instance, at most once; its Decision value
-// cannot be refunded or settled.
+// "Decision ids", defines them. An admission with an id is refunded or
+// settled by its id ([RefundID], [SettleID]), from any instance, at most
+// once; its Decision value cannot be refunded or settled.
 //
 // Allow, AllowN, AllowTx and AllowTxN of an Upsert or NoWait limiter
 // without Overrides read the id; Peek and Reset ignore it. Any other call
@@ -92,6 +93,7 @@ type idStatements struct {
 	lookupGeneral      string
 	refundSingle       string // RefundID's, for a single GCRA limit
 	refundGeneral      string // RefundID's, for any other set of limits
+	settle             string // SettleID's
 }
 
 // newIDStatements writes the id statements of a limiter of limits on
@@ -115,6 +117,7 @@ func newIDStatements(limits []Limit, schema, table, fast, column, lock string) *
 		})
 	}
 	s.general, s.generalTx = stmt(column, ""), stmt(xactColumn, xactReturning)
+	s.settle = settleText("settle.id", limits, table, ids, "false")
 	if len(limits) == 1 && limits[0].Algorithm == GCRA {
 		s.refundSingle = queries.Text("refund.single_id", queries.Args{"table": table, "ids": ids})
 	} else {
@@ -367,4 +370,77 @@ func RefundID(ctx context.Context, lim Limiter, id string, n int) (bool, error) 
 		l.preblock.Forget(row.key)
 	}
 	return all, nil
+}
+
+// SettleID is [Settle] of the admission whose decision id ([WithID]) is
+// id, from any instance with the same limiter config, at most once.
+//
+// The id's row is the ticket, as for [RefundID]: it settles the
+// admission's units (its estimate) at cost, once; a second SettleID or a
+// RefundID of the id, here or on another instance, even racing the first,
+// does nothing and is [ErrAlreadySettled], as is a SettleID after a
+// RefundID. The Settlement is Settle's. An id with no admission stored is
+// [ErrNotAdmitted]; a cost out of Settle's bounds, [ErrInvalidCost]; an
+// invalid id, [ErrInvalidID]; where decisions take no ids,
+// [ErrUnsupported]. A SettleID whose outcome is unknown may have settled:
+// a retry of it then reports ErrAlreadySettled.
+func SettleID(ctx context.Context, lim Limiter, id string, cost int) (Settlement, error) {
+	l, ok := lim.(*limiter)
+	switch {
+	case !ok:
+		return Settlement{}, fmt.Errorf("%w: SettleID: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	case l.ids == nil:
+		return Settlement{}, fmt.Errorf("%w: SettleID on the %s strategy or with Overrides (not yet)", ErrUnsupported, l.cfg.Strategy)
+	case cost < 0 || cost > maxSettleCost:
+		return Settlement{}, fmt.Errorf("%w: SettleID: cost must be in [0, %d], got %d", ErrInvalidCost, maxSettleCost, cost)
+	}
+	if err := ValidateID(id); err != nil {
+		return Settlement{}, err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
+	defer cancel()
+	if err := l.check(ctx, l.db); err != nil {
+		return Settlement{}, l.wrap(ctx, fmt.Errorf("settle by id: %w", err))
+	}
+	if l.dist.Load() != nil {
+		return Settlement{}, fmt.Errorf("%w: SettleID on a Citus distributed table", ErrUnsupported)
+	}
+	rates, ts, bts := make([]int64, len(l.cfg.Limits)), make([]int64, len(l.cfg.Limits)), make([]int64, len(l.cfg.Limits))
+	for i, lim := range l.cfg.Limits {
+		_, rates[i], ts[i], bts[i] = lim.micros()
+	}
+	for range 2 {
+		row, found, err := l.lookupID(ctx, l.db, id)
+		switch {
+		case err != nil:
+			return Settlement{}, l.wrap(ctx, err)
+		case !found:
+			return Settlement{}, fmt.Errorf("%w: SettleID: no admission has the id %q", ErrNotAdmitted, id)
+		case row.done != nil:
+			return Settlement{}, fmt.Errorf("%w: SettleID: the admission of id %q was %s", ErrAlreadySettled, id, *row.done)
+		}
+		back, charge := int64(max(row.n-cost, 0)), int64(max(cost-row.n, 0))
+		t := &refundTicket{owner: l, key: row.key, limits: l.cfg.Limits, granted: row.n, anchors: row.anchors}
+		args := []any{l.args.namespace, row.key, slices.Clone(row.anchors), back, charge, id, rates, ts, bts}
+		out, err := l.settle(ctx, t, l.ids.settle, args)
+		switch {
+		case err == nil:
+			if out.Returned > 0 {
+				l.preblock.Forget(row.key)
+			}
+			return out, nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return Settlement{}, l.wrap(ctx, fmt.Errorf("settle by id: %w", err))
+		}
+		// The statement marked nothing: another call settled or refunded
+		// the id meanwhile (the lookup above tells), or a charge found no
+		// row of the key to charge, which a blank one stands for.
+		if _, err := l.db.Exec(ctx, l.keySQL.blank, l.args.namespace, row.key); err != nil {
+			return Settlement{}, l.wrap(ctx, fmt.Errorf("settle by id: %w", err))
+		}
+	}
+	if row, found, err := l.lookupID(ctx, l.db, id); err == nil && found && row.done != nil {
+		return Settlement{}, fmt.Errorf("%w: SettleID: the admission of id %q was %s", ErrAlreadySettled, id, *row.done)
+	}
+	return Settlement{}, fmt.Errorf("settle by id: the key's row kept disappearing")
 }

@@ -600,3 +600,87 @@ func TestRefundIDOnce(t *testing.T) {
 		})
 	}
 }
+
+// SettleID settles an admission by its id from any instance: eight calls
+// racing on two instances settle each id once, and the others get
+// ErrAlreadySettled, as does a RefundID after it or a SettleID after a
+// RefundID. A charge on a key whose row is gone is charged on a blank
+// one.
+func TestSettleIDOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	schema := testdb.Schema(t)
+	direct, bounced := testdb.Pool(t), testdb.PgBouncerPool(t)
+	for _, limits := range [][]pglimit.Limit{
+		{{Name: "gcra", Rate: 10, Period: time.Hour, Burst: 10, Debt: 5}},
+		{{Name: "gcra", Rate: 10, Period: time.Hour, Burst: 10, Debt: 5}, {Name: "day", Rate: 100, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow, Debt: 5}},
+	} {
+		cfg := pglimit.Config{Schema: schema, Namespace: fmt.Sprint("settle-", len(limits)), Limits: limits}
+		lims := []pglimit.Limiter{newLimiterOn(t, direct, cfg), newLimiterOn(t, bounced, cfg)}
+		for round := range 5 {
+			id := fmt.Sprint("job-", round)
+			if d, err := lims[round%2].AllowN(pglimit.WithID(ctx, id), "k", 4); err != nil || !d.Allowed {
+				t.Fatalf("AllowN %s: %+v, %v", id, d, err)
+			}
+			var (
+				mu   sync.Mutex
+				won  []pglimit.Settlement
+				wg   sync.WaitGroup
+				gate = make(chan struct{})
+			)
+			for c := range 8 {
+				wg.Go(func() {
+					<-gate
+					s, err := pglimit.SettleID(ctx, lims[c%2], id, 1)
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case err == nil:
+						won = append(won, s)
+					case !errors.Is(err, pglimit.ErrAlreadySettled):
+						t.Errorf("%s: a losing SettleID: %v, want ErrAlreadySettled", id, err)
+					}
+				})
+			}
+			close(gate)
+			wg.Wait()
+			if len(won) != 1 || won[0].Returned != 3 {
+				t.Fatalf("%d limits, %s: settlements %+v, want one that returned 3", len(limits), id, won)
+			}
+			// Each round leaves one unit used.
+			if p, err := lims[0].Peek(ctx, "k", 1); err != nil || p.Remaining != 8-round {
+				t.Fatalf("%s: after its settle the key has %d left after one more (%v), want %d", id, p.Remaining, err, 8-round)
+			}
+			if _, err := pglimit.RefundID(ctx, lims[1], id, 1); !errors.Is(err, pglimit.ErrAlreadySettled) {
+				t.Fatalf("RefundID after SettleID: %v, want ErrAlreadySettled", err)
+			}
+		}
+		// Refunded, then settled: the settle is refused.
+		if _, err := lims[0].Allow(pglimit.WithID(ctx, "r"), "k"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pglimit.RefundID(ctx, lims[0], "r", 1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pglimit.SettleID(ctx, lims[1], "r", 3); !errors.Is(err, pglimit.ErrAlreadySettled) {
+			t.Errorf("SettleID after RefundID: %v, want ErrAlreadySettled", err)
+		}
+		// A charge on a key reset since: charged on a blank row.
+		if _, err := lims[0].AllowN(pglimit.WithID(ctx, "gone"), "g", 2); err != nil {
+			t.Fatal(err)
+		}
+		if err := lims[0].Reset(ctx, "g"); err != nil {
+			t.Fatal(err)
+		}
+		s, err := pglimit.SettleID(ctx, lims[1], "gone", 5)
+		if err != nil || s.Charged != 3 {
+			t.Errorf("SettleID charging 3 on a reset key: %+v, %v", s, err)
+		}
+		if _, err := pglimit.SettleID(ctx, lims[0], "never", 1); !errors.Is(err, pglimit.ErrNotAdmitted) {
+			t.Errorf("SettleID of an unknown id: %v, want ErrNotAdmitted", err)
+		}
+		if _, err := pglimit.SettleID(ctx, lims[0], "job-0", -1); !errors.Is(err, pglimit.ErrInvalidCost) {
+			t.Errorf("SettleID at a negative cost: %v, want ErrInvalidCost", err)
+		}
+	}
+}
