@@ -74,7 +74,7 @@ func TestIdempotencyKey(t *testing.T) {
 }
 
 // IdempotencyKey applies where decisions take ids: not with MaxDelay,
-// Settle, Levels or Concurrency.
+// Levels or Concurrency.
 func TestIdempotencyKeyConfig(t *testing.T) {
 	t.Parallel()
 	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Cooldown: time.Second})
@@ -83,9 +83,6 @@ func TestIdempotencyKeyConfig(t *testing.T) {
 	}
 	if _, err := pglimithttp.Middleware(lim, &pglimithttp.Config{IdempotencyKey: true, MaxDelay: time.Second}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
 		t.Errorf("with MaxDelay: %v", err)
-	}
-	if _, err := pglimithttp.Middleware(lim, &pglimithttp.Config{IdempotencyKey: true, Settle: true}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
-		t.Errorf("with Settle: %v", err)
 	}
 	if _, err := pglimithttp.Levels([]pglimithttp.Level{{Limiter: lim, KeyFunc: pglimithttp.FromHeader("X")}}, &pglimithttp.Config{IdempotencyKey: true}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
 		t.Errorf("Levels: %v", err)
@@ -130,6 +127,38 @@ func TestIdempotencyKeyRefusedInside(t *testing.T) {
 		}
 		if d, err := outerLim.Peek(t.Context(), "bob", 1); err != nil || d.Remaining != 2 {
 			t.Fatalf("after request %d the outer limit has %d left after one more (%v), want 2: its charge was not given back", i, d.Remaining, err)
+		}
+	}
+}
+
+// With Settle, a request with an Idempotency-Key is settled by its id at
+// the cost its handler reports; its retry, replayed, is not settled
+// again.
+func TestIdempotencyKeySettle(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	lim, err := pglimit.New(pool, &pglimit.Config{Schema: testdb.Schema(t), Limits: []pglimit.Limit{{Name: "tokens", Rate: 10, Period: time.Hour, Burst: 10, Debt: 5}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := pglimithttp.Middleware(lim, &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User"), IdempotencyKey: true, Settle: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		pglimithttp.SetCost(r.Context(), 4)
+	}))
+	for i := range 2 {
+		req := httptest.NewRequest("POST", "/", nil)
+		req.Header.Set("X-User", "bob")
+		req.Header.Set("Idempotency-Key", "job-7")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, rec.Code)
+		}
+		if d, err := lim.Peek(t.Context(), "bob", 1); err != nil || d.Remaining != 5 {
+			t.Fatalf("after request %d bob has %d left after one more (%v), want 5: settled at 4 once", i, d.Remaining, err)
 		}
 	}
 }

@@ -151,7 +151,7 @@ func (lm *levelsMiddleware) serve(w http.ResponseWriter, r *http.Request, next h
 			wg.Wait()
 		case rc != nil:
 			for i, d := range ds.Levels {
-				m.settle(w, r, lm.charges[i].Limiter, d, rc)
+				m.settle(w, r, lm.charges[i].Limiter, "", d, rc)
 			}
 		}
 	default:

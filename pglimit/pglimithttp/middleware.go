@@ -191,9 +191,10 @@ type Config struct {
 	// charges nothing. A request without the header is decided as usual.
 	// Only the charge is idempotent, not the handler: it runs for the
 	// retry too. A request a middleware inside this one answers is given
-	// back by its id ([pglimit.RefundID]); its retry is replayed and
-	// charged nothing. Middleware only, without MaxDelay or Settle (a
-	// decision with an id is not settled yet). Defaults to false.
+	// back by its id ([pglimit.RefundID]), and with Settle a request is
+	// settled by its id ([pglimit.SettleID]); a retry is replayed,
+	// charged nothing and not settled. Middleware only, without MaxDelay.
+	// Defaults to false.
 	IdempotencyKey bool
 }
 
@@ -226,8 +227,8 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 			return nil, fmt.Errorf("%w: limiter's Limits[%d].Name: %w", ErrInvalidConfig, i, err)
 		}
 	}
-	if g.cfg.IdempotencyKey && (g.cfg.MaxDelay > 0 || g.cfg.Settle) {
-		return nil, fmt.Errorf("%w: IdempotencyKey with MaxDelay or Settle: decision ids apply to neither held nor settled requests yet", ErrInvalidConfig)
+	if g.cfg.IdempotencyKey && g.cfg.MaxDelay > 0 {
+		return nil, fmt.Errorf("%w: IdempotencyKey with MaxDelay: decision ids do not apply to held requests yet", ErrInvalidConfig)
 	}
 	if g.cfg.MaxDelay < 0 {
 		return nil, fmt.Errorf("%w: MaxDelay: must not be negative, got %s", ErrInvalidConfig, g.cfg.MaxDelay)
@@ -354,7 +355,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		case s.answeredInside():
 			m.giveBack(r, m.lim, d)
 		case rc != nil:
-			m.settle(w, r, m.lim, d, rc)
+			m.settle(w, r, m.lim, id, d, rc)
 		}
 	default:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeRefused, Decision: d})
