@@ -168,6 +168,26 @@ func BenchmarkFeatures(b *testing.B) {
 			}
 		})
 	}
+	// A decision with an id (WithID) beside the same without: the id's
+	// row is written in the decision's statement.
+	for _, withID := range []bool{false, true} {
+		b.Run(map[bool]string{false: "id-less", true: "with-id"}[withID], func(b *testing.B) {
+			lim, err := pglimit.New(testdb.Pool(b), &pglimit.Config{Schema: testdb.Schema(b), Limits: []pglimit.Limit{{Rate: 1000, Period: time.Second, Burst: 1000}}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				c := ctx
+				if withID {
+					c = pglimit.WithID(ctx, "id-"+strconv.Itoa(i))
+				}
+				if d, err := lim.Allow(c, "k"+strconv.Itoa(i)); err != nil || !d.Allowed {
+					b.Fatalf("%+v, %v", d, err)
+				}
+			}
+		})
+	}
 	b.Run("refund", func(b *testing.B) {
 		lim, err := pglimit.New(testdb.Pool(b), &pglimit.Config{Schema: testdb.Schema(b), Limits: []pglimit.Limit{windows["fixed-window"]}})
 		if err != nil {

@@ -32,8 +32,10 @@ type CleanerConfig struct {
 	// have the shape the migrations create: an expires_at timestamptz column
 	// (Upsert, NoWait, a [Semaphore]'s slots) or a during tstzrange column
 	// (Range). Defaults to "pglimit_upsert", "pglimit_nowait",
-	// "pglimit_range" and "pglimit_slots" (with pglimit_slot_waiters,
-	// which is cleaned with it). A table with
+	// "pglimit_range", "pglimit_slots" (with pglimit_slot_waiters,
+	// which is cleaned with it) and "pglimit_ids", the decision ids
+	// ([WithID]), whose expires_at is the end of the limiter's
+	// IDRetention: an id is deleted Retention after it. A table with
 	// no index on expires_at (the unlogged ones) is swept by ranges of
 	// blocks: each batch reads BatchSize/16 blocks, each run the table once.
 	Tables []string
@@ -199,7 +201,7 @@ func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
 		return out, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
 	}
 	if len(out.Tables) == 0 {
-		out.Tables = []string{defaultTables[Upsert], defaultTables[NoWait], defaultTables[Range], slotsTable}
+		out.Tables = []string{defaultTables[Upsert], defaultTables[NoWait], defaultTables[Range], slotsTable, idsTable}
 	}
 	out.Tables = slices.Clone(out.Tables)
 	for i, t := range out.Tables {

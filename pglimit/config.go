@@ -170,6 +170,13 @@ type Config struct {
 	// check.
 	Observer Observer
 
+	// IDRetention is how long an admitted decision id ([WithID]) is kept:
+	// a retry with the id within it returns the first decision and charges
+	// nothing; after it, once the cleanup job has deleted the id's row,
+	// the id is decided afresh. Between [MinIDRetention] and
+	// [MaxIDRetention]; defaults to [DefaultIDRetention] (a day).
+	IDRetention time.Duration
+
 	// recordRetry, a test lever, is how soon a record of the policy that
 	// failed is tried again (policies.go); zero means recordRetry.
 	recordRetry time.Duration
@@ -225,6 +232,10 @@ func (c *Config) withDefaults() (Config, error) {
 		return Config{}, fmt.Errorf("%w: Timeout must not be negative, got %s", ErrInvalidConfig, out.Timeout)
 	}
 	out.Timeout = cmp.Or(out.Timeout, defaultTimeout)
+	out.IDRetention = cmp.Or(out.IDRetention, DefaultIDRetention)
+	if out.IDRetention < MinIDRetention || out.IDRetention > MaxIDRetention {
+		return Config{}, fmt.Errorf("%w: IDRetention must be between %s and %s, got %s", ErrInvalidConfig, MinIDRetention, MaxIDRetention, out.IDRetention)
+	}
 	if out.PreBlockSize < 0 {
 		return Config{}, fmt.Errorf("%w: PreBlockSize must not be negative, got %d", ErrInvalidConfig, out.PreBlockSize)
 	}

@@ -23,6 +23,7 @@ func newLimiter(db DB, c Config, table string) *limiter {
 	}
 	l.lockClass = lockid.KeyClass(table, c.Namespace)
 	l.args.namespace, l.args.lockClass = c.Namespace, l.lockClass
+	l.args.idRetention = c.IDRetention.Microseconds()
 	if c.PreBlockSize > 0 {
 		var trusted func(time.Time) bool
 		if c.Invalidator != nil {
@@ -122,6 +123,13 @@ func (l *limiter) decideValid(ctx context.Context, r request, invalid error, fn 
 		return Decision{}, err
 	}
 	defer l.record() // after the decision, which it must not slow down
+	if hasID, err := l.checkID(ctx, r.op); err != nil {
+		return Decision{}, err
+	} else if hasID {
+		// A decision with an id asks the database: neither the pre-block
+		// nor the fallback knows the id.
+		r.via.preblock, r.via.fallback = false, false
+	}
 	if r.via.fallback && l.fallback != nil {
 		return l.withFallback(ctx, r.key, r.n, func() (Decision, error) { return l.enforce(ctx, r, fn) })
 	}

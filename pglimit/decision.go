@@ -52,6 +52,13 @@ type Decision struct {
 	// fallback's limits.
 	Fallback bool
 
+	// Replayed reports the first decision of an id ([WithID]) returned to
+	// a later call with the same id, which charged nothing. A decision
+	// with an id, first or replayed, is refunded or settled by its id
+	// ([RefundID], [SettleID]), from any instance; [Limiter.Refund] and
+	// [Settle] of its value are [ErrInvalidCost] and [ErrNotAdmitted].
+	Replayed bool
+
 	violated uint16  // bit i: the policy's limit i refused
 	policy   *Policy // the limiter's, for Violated
 	next     time.Duration

@@ -10,6 +10,11 @@ var (
 	// [MaxKeyLength], not valid UTF-8, or contains a NUL byte.
 	ErrInvalidKey = fault.ErrInvalidKey
 
+	// ErrInvalidID reports a decision id ([WithID]) that is empty, longer
+	// than [MaxIDLength], not valid UTF-8, or contains a NUL byte. The
+	// decision is not made and nothing is written.
+	ErrInvalidID = fault.ErrInvalidID
+
 	// ErrInvalidConfig reports a [Config] that cannot be used; the message
 	// names the field. A decision returns it for what only the database
 	// shows: a key's row of per-key limits that its limits cannot use
@@ -31,7 +36,10 @@ var (
 	// or table cannot do: Reserve and Wait on Range or on a limit that is
 	// not GCRA; Inspect, LimitedKeys, AllowAll, Refund and Settle on
 	// Range; AllowAll, Refund, Settle and a limit's Debt on a table Citus
-	// distributes; Refund and Settle of units served from a lease.
+	// distributes; Refund and Settle of units served from a lease; a
+	// decision id ([WithID]) on any call but Allow, AllowN, AllowTx and
+	// AllowTxN of an Upsert or NoWait limiter without Overrides on a table
+	// Citus does not distribute (not yet).
 	ErrUnsupported = fault.ErrUnsupported
 
 	// ErrReadOnly reports a server that cannot write: a standby, a former
@@ -59,11 +67,13 @@ var (
 	// ErrNotAdmitted reports a [Settle] or a Refund of a decision that took
 	// no units from the database: a refusal, a shadow or fallback
 	// admission, a zero Decision, or (for Settle) an admission in a
-	// caller's transaction that rolled back.
+	// caller's transaction that rolled back; or a [RefundID] or [SettleID]
+	// of an id with no admission stored.
 	ErrNotAdmitted = fault.ErrNotAdmitted
 
 	// ErrAlreadySettled reports a [Settle] of a decision settled before,
-	// or a Refund of one settled.
+	// a Refund of one settled, or a [RefundID] or [SettleID] of an id
+	// refunded or settled before.
 	ErrAlreadySettled = fault.ErrAlreadySettled
 
 	// ErrForeignDecision reports a [Settle] or a Refund of a decision that

@@ -97,6 +97,9 @@ func AllowAllTx(ctx context.Context, tx DB, n int, charges ...Charge) (Decisions
 
 // allowAll is AllowAll, in tx when it is not nil.
 func allowAll(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, error) {
+	if _, ok := IDFrom(ctx); ok {
+		return Decisions{}, fmt.Errorf("%w: a decision id on AllowAll (not yet)", ErrUnsupported)
+	}
 	levels, err := hierarchyLevels(charges, n)
 	if err != nil {
 		return Decisions{}, err

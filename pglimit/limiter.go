@@ -55,7 +55,11 @@ type limiter struct {
 
 	// args holds the statement parameters that never change, boxed once
 	// instead of at every decision.
-	args struct{ namespace, lockClass any }
+	args struct{ namespace, lockClass, idRetention any }
+
+	// ids are the statements of decisions with an id (ids.go); nil where
+	// ids are not supported (Range, Overrides).
+	ids *idStatements
 
 	single    bool       // the limits are one GCRA limit: the fast statement decides
 	table     string     // schema-qualified and quoted
@@ -145,6 +149,7 @@ func (l *limiter) stmts() *statements {
 // strategySQL is what a strategy's statements differ by.
 type strategySQL struct {
 	fast      string // the fast statement's template
+	fastID    string // its template with a decision id; "" where ids are not supported (Range)
 	lock      string // the general statement's lock clause; "" for Range, which has none
 	contended string // the SQLSTATE that means another decision holds the key; "" for none
 }
@@ -180,6 +185,9 @@ func withStatements(l *limiter, table string, sql strategySQL) *limiter {
 	case lock != "":
 		g := newGeneralStatements(l.cfg.Limits, table, column, lock)
 		l.plain.general, l.plain.peek = &g, g.peek
+	}
+	if sql.fastID != "" && !l.cfg.Overrides {
+		l.ids = newIDStatements(l.cfg.Limits, l.cfg.Schema, table, sql.fastID, column, lock)
 	}
 	if lock != "" {
 		l.keySQL.refund = refundStatement(l.cfg.Limits, table)
@@ -307,6 +315,11 @@ func (l *limiter) AllowN(ctx context.Context, key string, n int) (Decision, erro
 // allowN decides AllowN on the database: in a batch, or with the calls
 // on key that share a statement.
 func (l *limiter) allowN(ctx context.Context, key string, n int) (Decision, error) {
+	if id, ok := IDFrom(ctx); ok {
+		// On its own statement: neither batched nor merged with the
+		// key's concurrent calls.
+		return l.decideID(ctx, nil, l.allowQuery(key, n), id)
+	}
 	if l.batch != nil && l.dist.Load() == nil {
 		// The batcher merges concurrent calls on one key itself. A table
 		// Citus distributes is not batched once the limiter knows it (its
@@ -324,14 +337,23 @@ func (l *limiter) allowN(ctx context.Context, key string, n int) (Decision, erro
 
 func (l *limiter) AllowTx(ctx context.Context, tx DB, key string) (Decision, error) {
 	return l.decide(ctx, request{op: opAllowTx, key: key, n: 1, via: callersTx}, l.checkCost(1), func(ctx context.Context) (Decision, error) {
-		return l.runTx(ctx, tx, l.allowQuery(key, 1))
+		return l.allowTx(ctx, tx, l.allowQuery(key, 1))
 	})
 }
 
 func (l *limiter) AllowTxN(ctx context.Context, tx DB, key string, n int) (Decision, error) {
 	return l.decide(ctx, request{op: opAllowTxN, key: key, n: n, via: callersTx}, l.checkCost(n), func(ctx context.Context) (Decision, error) {
-		return l.runTx(ctx, tx, l.allowQuery(key, n))
+		return l.allowTx(ctx, tx, l.allowQuery(key, n))
 	})
+}
+
+// allowTx decides q in the caller's transaction tx, with the id ctx
+// carries if any.
+func (l *limiter) allowTx(ctx context.Context, tx DB, q query) (Decision, error) {
+	if id, ok := IDFrom(ctx); ok {
+		return l.decideID(ctx, tx, q, id)
+	}
+	return l.runTx(ctx, tx, q)
 }
 
 func (l *limiter) AllowAtMost(ctx context.Context, key string, n int) (Decision, error) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
 
 	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
@@ -162,8 +163,9 @@ func (l *limiter) record() {
 			return
 		}
 		// The database out of reach, slow or read-only is the decisions'
-		// to report; this says only what they do not.
-		passing := ctx.Err() != nil || pgtx.Unavailable(err) || pgtx.ReadOnly(err)
+		// to report, and a pool closed meanwhile its owner's; this says
+		// only what they do not.
+		passing := ctx.Err() != nil || pgtx.Unavailable(err) || pgtx.ReadOnly(err) || errors.Is(err, puddle.ErrClosedPool)
 		if !passing && !l.recordLogged.Swap(true) {
 			slog.Warn("pglimit: the limiter's policy was not recorded; the operator command cannot check a description of it",
 				"namespace", l.cfg.Namespace, "table", l.table, "error", err)

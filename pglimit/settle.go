@@ -38,14 +38,20 @@ const maxSettleCost = maxRate
 // settleStatement is a limiter's settle statement, for its limits (their
 // algorithms, periods and debts; the rates and bursts are parameters).
 func settleStatement(limits []Limit, table string) string {
+	return settleText("settle", limits, table, "", "true")
+}
+
+// settleText is the settle statement name for limits on table, with ids
+// the ids table (settle.id) and unmade the settle.tail placeholder.
+func settleText(name string, limits []Limit, table, ids, unmade string) string {
 	sp := specs(limits)
 	params := func(i int) (string, string, string) {
 		n := strconv.Itoa(i + 1)
 		return "x.rates[" + n + "]", "x.ts[" + n + "]", "x.bts[" + n + "]"
 	}
 	charged, state, expires := arith.SettleSQL(sp, "x.state", "x.tat", "x.now", "$3::bigint[]", "x.back", "$5::bigint", "x.units", params)
-	return queries.Text("settle", queries.Args{
-		"table": table, "state": arith.Shaped(sp, "o.state"),
+	return queries.Text(name, queries.Args{
+		"table": table, "ids": ids, "unmade": unmade, "state": arith.Shaped(sp, "o.state"),
 		"charged": charged, "new_state": state, "new_expires": expires,
 	})
 }
@@ -134,7 +140,7 @@ func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (Settlement,
 
 	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
 	defer cancel()
-	out, err := l.settle(ctx, t, args)
+	out, err := l.settle(ctx, t, l.keySQL.settle, args)
 	switch {
 	case err == nil:
 		if out.Returned > 0 {
@@ -153,10 +159,11 @@ func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (Settlement,
 	return Settlement{}, l.wrap(ctx, err)
 }
 
-// settle runs the settle statement with args (see settle.sql) for ticket
-// t, inserting a blank row first for a key that has none, and checks the
-// database's arithmetic against arith.Settle on the same row.
-func (l *limiter) settle(ctx context.Context, t *refundTicket, args []any) (Settlement, error) {
+// settle runs the settle statement sql (settle or settle.id) with args
+// (see settle.sql) for ticket t, inserting a blank row first for a key
+// that has none, and checks the database's arithmetic against
+// arith.Settle on the same row.
+func (l *limiter) settle(ctx context.Context, t *refundTicket, sql string, args []any) (Settlement, error) {
 	anchors, charge := args[2].([]int64), args[4].(int64)
 	for range 2 {
 		var (
@@ -165,7 +172,7 @@ func (l *limiter) settle(ctx context.Context, t *refundTicket, args []any) (Sett
 			tat, now, newTAT *int64
 			backed, units    *int64
 		)
-		if err := l.db.QueryRow(ctx, l.keySQL.settle, args...).Scan(&status, &state, &tat, &now, &backed, &units, &newState, &newTAT); err != nil {
+		if err := l.db.QueryRow(ctx, sql, args...).Scan(&status, &state, &tat, &now, &backed, &units, &newState, &newTAT); err != nil {
 			return Settlement{}, unknownZone(l.cfg.Limits, err)
 		}
 		switch {

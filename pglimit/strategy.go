@@ -22,7 +22,7 @@ import (
 // limit, of which a cooldown is one; other limits use the general
 // statement.
 func newUpsert(l *limiter, table string) *limiter {
-	return withStatements(l, table, strategySQL{fast: "upsert.allow", lock: queries.Static("upsert.lock")})
+	return withStatements(l, table, strategySQL{fast: "upsert.allow", fastID: "upsert.allow_id", lock: queries.Static("upsert.lock")})
 }
 
 // NoWait locks the key's row, then updates it, or inserts it for a key
@@ -51,7 +51,7 @@ func newUpsert(l *limiter, table string) *limiter {
 const noWaitPatience = 20 * time.Millisecond
 
 func newNoWait(l *limiter, table string) *limiter {
-	return withStatements(l, table, strategySQL{fast: "nowait.allow", lock: queries.Static("nowait.lock"), contended: pgtx.CodeLockNotAvailable})
+	return withStatements(l, table, strategySQL{fast: "nowait.allow", fastID: "nowait.allow_id", lock: queries.Static("nowait.lock"), contended: pgtx.CodeLockNotAvailable})
 }
 
 // Range inserts [now, now+cooldown) into a table whose exclusion

@@ -52,6 +52,7 @@ func failedHere(ctx context.Context) {
 type held struct {
 	lim pglimit.Limiter
 	d   pglimit.Decision
+	id  string // the decision's id, by which it is refunded; "" for none
 }
 
 // holds adds d, lim's decision, to took if it took units from the
@@ -60,7 +61,16 @@ func holds(took []held, lim pglimit.Limiter, d pglimit.Decision) []held {
 	if !d.Allowed || d.Shadow || d.Fallback || d.Granted <= 0 {
 		return took
 	}
-	return append(took, held{lim, d})
+	return append(took, held{lim: lim, d: d})
+}
+
+// holdsID is holds for d, a decision with the id id: a replayed one took
+// nothing.
+func holdsID(took []held, lim pglimit.Limiter, id string, d pglimit.Decision) []held {
+	if d.Replayed || !d.Allowed || d.Shadow || d.Fallback || d.Granted <= 0 {
+		return took
+	}
+	return append(took, held{lim: lim, d: d, id: id})
 }
 
 // giveBack refunds took, the admission of a call of method that an
@@ -76,7 +86,13 @@ func (l *limiter) giveBack(ctx context.Context, method string, took []held) {
 	var wg sync.WaitGroup
 	for _, h := range took {
 		wg.Go(func() {
-			if _, err := h.lim.Refund(ctx, h.d, h.d.Granted); err != nil {
+			refund := h.lim.Refund
+			if h.id != "" {
+				refund = func(ctx context.Context, d pglimit.Decision, n int) (bool, error) {
+					return pglimit.RefundID(ctx, h.lim, h.id, n)
+				}
+			}
+			if _, err := refund(ctx, h.d, h.d.Granted); err != nil {
 				l.failures.Record(time.Now(), "method", method,
 					"err", fmt.Errorf("refund of %d units of a call refused inside: %w", h.d.Granted, err))
 			}

@@ -175,6 +175,18 @@ type Config struct {
 	// before the handler runs (or the call fails). It must be safe for
 	// concurrent use, and quick.
 	OnDecision func(ctx context.Context, ev Event)
+
+	// IDMetadata, when set, names the request metadata key (such as
+	// "idempotency-key") whose value is the call's decision id
+	// ([pglimit.WithID]): a retried call with the same value, on any
+	// instance, within the limiter's IDRetention, is charged nothing and
+	// decided as the first. A value that is not a valid id
+	// ([pglimit.ValidateID]), or the key given twice, fails the call with
+	// codes.InvalidArgument and charges nothing; a call without it is
+	// decided as usual. A call an interceptor inside this one fails is
+	// given back by its id ([pglimit.RefundID]). Not with the Levels
+	// interceptors (AllowAll takes no ids yet). Defaults to "": none.
+	IDMetadata string
 }
 
 // UnaryServerInterceptor limits unary calls with lim, or the limiter
@@ -279,6 +291,7 @@ type limiter struct {
 	onError  ErrorPolicy
 	failures *onerror.Log
 	report   func(ctx context.Context, ev Event) // never nil
+	idKey    string                              // Config.IDMetadata, lower case; "" for none
 }
 
 // guard is a limiter with what its policy implies for refusals.
@@ -325,6 +338,12 @@ func newLimiter(lim pglimit.Limiter, cfg *Config) (*limiter, error) {
 	if l.report == nil {
 		l.report = func(context.Context, Event) {}
 	}
+	if c.IDMetadata != "" {
+		l.idKey = strings.ToLower(c.IDMetadata)
+		if strings.HasPrefix(l.idKey, "grpc-") || strings.HasSuffix(l.idKey, "-bin") || strings.Trim(l.idKey, "abcdefghijklmnopqrstuvwxyz0123456789-_.") != "" {
+			return nil, fmt.Errorf("%w: IDMetadata: %q is not an ASCII metadata key of the application's", ErrInvalidConfig, c.IDMetadata)
+		}
+	}
 	for m, lim := range c.Methods {
 		if !validMethod(m) {
 			return nil, fmt.Errorf("%w: Methods: %q is not a full method name (/package.Service/Method)", ErrInvalidConfig, m)
@@ -340,6 +359,26 @@ func newLimiter(lim pglimit.Limiter, cfg *Config) (*limiter, error) {
 		l.exempt[m] = true
 	}
 	return l, nil
+}
+
+// id is the decision id the call's metadata carries under IDMetadata, ""
+// for none; an error wrapping pglimit.ErrInvalidID for an invalid one.
+func (l *limiter) id(ctx context.Context) (string, error) {
+	if l.idKey == "" {
+		return "", nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	values := md.Get(l.idKey)
+	switch {
+	case len(values) == 0:
+		return "", nil
+	case len(values) > 1:
+		return "", fmt.Errorf("%w: %s given %d times", pglimit.ErrInvalidID, l.idKey, len(values))
+	}
+	if err := pglimit.ValidateID(values[0]); err != nil {
+		return "", err
+	}
+	return values[0], nil
 }
 
 // validMethod reports whether m looks like a full method name.
@@ -367,7 +406,16 @@ func (l *limiter) decide(ctx context.Context, method string, trailer func(metada
 		l.report(ctx, Event{Method: method, Outcome: OutcomeBadKey, Err: err})
 		return nil, status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's rate limit key: %v", err)
 	}
-	d, err := g.lim.Allow(ctx, key)
+	id, err := l.id(ctx)
+	if err != nil {
+		l.report(ctx, Event{Method: method, Key: key, Outcome: OutcomeBadKey, Err: err})
+		return nil, status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's decision id: %v", err)
+	}
+	dctx := ctx
+	if id != "" {
+		dctx = pglimit.WithID(ctx, id)
+	}
+	d, err := g.lim.Allow(dctx, key)
 	ev := Event{Method: method, Key: key, Decision: d, Err: err}
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -386,6 +434,9 @@ func (l *limiter) decide(ctx context.Context, method string, trailer func(metada
 			ev.Outcome = OutcomeShadowed
 		}
 		l.report(ctx, ev)
+		if id != "" {
+			return holdsID(nil, g.lim, id, d), nil
+		}
 		return holds(nil, g.lim, d), nil
 	}
 	ev.Outcome = OutcomeRefused

@@ -66,6 +66,9 @@ func newLevels(lvs []Level, cfg *Config) (*levels, error) {
 	if cfg != nil && (cfg.Key != nil || len(cfg.Methods) > 0) {
 		return nil, fmt.Errorf("%w: levels: give each level its Key; Config.Key and Methods must be unset", ErrInvalidConfig)
 	}
+	if cfg != nil && cfg.IDMetadata != "" {
+		return nil, fmt.Errorf("%w: levels: IDMetadata (AllowAll takes no decision ids yet)", ErrInvalidConfig)
+	}
 	out := &levels{}
 	all := &guard{}
 	for i, lv := range lvs {

@@ -60,6 +60,9 @@ func Concurrency(sem *pglimitsem.Semaphore, cfg *Config) (func(http.Handler) htt
 	if cfg != nil && cfg.CostFunc != nil {
 		return nil, fmt.Errorf("%w: CostFunc: a request holds one slot", ErrInvalidConfig)
 	}
+	if cfg != nil && cfg.IdempotencyKey {
+		return nil, fmt.Errorf("%w: IdempotencyKey: a semaphore takes no decision ids", ErrInvalidConfig)
+	}
 	g, err := newGate(cfg)
 	if err != nil {
 		return nil, err

@@ -48,6 +48,9 @@ func Levels(levels []Level, cfg *Config) (func(http.Handler) http.Handler, error
 	if err := noFlow(cfg); err != nil {
 		return nil, err
 	}
+	if cfg != nil && cfg.IdempotencyKey {
+		return nil, fmt.Errorf("%w: Levels: IdempotencyKey (AllowAll takes no decision ids yet)", ErrInvalidConfig)
+	}
 	g, err := newGate(cfg)
 	if err != nil {
 		return nil, err
@@ -153,7 +156,7 @@ func (lm *levelsMiddleware) serve(w http.ResponseWriter, r *http.Request, next h
 			wg.Wait()
 		case rc != nil:
 			for i, d := range ds.Levels {
-				m.settle(w, r, lm.charges[i].Limiter, d, rc)
+				m.settle(w, r, lm.charges[i].Limiter, "", d, rc)
 			}
 		}
 	default:

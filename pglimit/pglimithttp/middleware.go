@@ -202,6 +202,23 @@ type Config struct {
 	// the real cost for Settle, such as "X-Cost". It reaches the client as
 	// the handler sets it. Defaults to "": only SetCost reports one.
 	CostHeader string
+
+	// IdempotencyKey, when true, gives each request's decision the id its
+	// Idempotency-Key header carries (IETF draft-ietf-httpapi-idempotency-
+	// key-header; [pglimit.WithID]): a retry of a request with the same
+	// key, on any instance, within the limiter's IDRetention, is charged
+	// nothing and answered with the first decision. The value is the
+	// draft's quoted string (sf-string), or for clients that send one
+	// bare, the value as it is; a value that is not a valid id
+	// ([pglimit.ValidateID]), or a header given twice, is a 400 that
+	// charges nothing. A request without the header is decided as usual.
+	// Only the charge is idempotent, not the handler: it runs for the
+	// retry too. A request a middleware inside this one answers is given
+	// back by its id ([pglimit.RefundID]), and with Settle a request is
+	// settled by its id ([pglimit.SettleID]); a retry is replayed,
+	// charged nothing and not settled. Middleware only, without MaxDelay.
+	// Defaults to false.
+	IdempotencyKey bool
 }
 
 // ErrInvalidConfig reports a [Config] that cannot be used; the message names
@@ -235,6 +252,9 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 		if err := validatePolicy(l.Name); err != nil {
 			return nil, fmt.Errorf("%w: limiter's Limits[%d].Name: %w", ErrInvalidConfig, i, err)
 		}
+	}
+	if g.cfg.IdempotencyKey && g.cfg.MaxDelay > 0 {
+		return nil, fmt.Errorf("%w: IdempotencyKey with MaxDelay: decision ids do not apply to held requests yet", ErrInvalidConfig)
 	}
 	if g.cfg.MaxDelay < 0 {
 		return nil, fmt.Errorf("%w: MaxDelay: must not be negative, got %s", ErrInvalidConfig, g.cfg.MaxDelay)
@@ -316,11 +336,23 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 
+	ctx := r.Context()
+	var id string
+	if m.cfg.IdempotencyKey {
+		var has bool
+		if id, has, err = idempotencyKey(r.Header); err != nil {
+			m.badID(w, r, key, err)
+			return
+		}
+		if has {
+			ctx = pglimit.WithID(ctx, id)
+		}
+	}
 	var d pglimit.Decision
 	if m.cfg.MaxDelay > 0 {
-		d, err = pglimit.WaitAtMost(r.Context(), m.lim, key, cost, m.cfg.MaxDelay)
+		d, err = pglimit.WaitAtMost(ctx, m.lim, key, cost, m.cfg.MaxDelay)
 	} else {
-		d, err = m.lim.AllowN(r.Context(), key, cost)
+		d, err = m.lim.AllowN(ctx, key, cost)
 	}
 	h := w.Header()
 	switch {
@@ -347,10 +379,12 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		next.ServeHTTP(w, r)
 		switch {
+		case s.answeredInside() && id != "":
+			m.giveBackID(r, m.lim, id, d)
 		case s.answeredInside():
 			m.giveBack(r, m.lim, d)
 		case rc != nil:
-			m.settle(w, r, m.lim, d, rc)
+			m.settle(w, r, m.lim, id, d, rc)
 		}
 	default:
 		m.report(r, Event{Key: key, Cost: cost, Outcome: OutcomeRefused, Decision: d})
@@ -378,6 +412,67 @@ func (m *middleware) badCost(w http.ResponseWriter, r *http.Request, key string,
 		Title:  "Bad Request",
 		Detail: "the request's rate limit cost is not valid: " + err.Error(),
 	})
+}
+
+// badID answers a request whose Idempotency-Key is not a valid id.
+func (m *middleware) badID(w http.ResponseWriter, r *http.Request, key string, err error) {
+	m.report(r, Event{Key: key, Outcome: OutcomeBadCost, Err: err})
+	answer(w, r, "")
+	writeProblem(w, http.StatusBadRequest, problem{
+		Title:  "Bad Request",
+		Detail: "the request's Idempotency-Key is not valid: " + err.Error(),
+	})
+}
+
+// idempotencyKey is the id h's Idempotency-Key field carries, and whether
+// it has one: the draft's sf-string, or a bare value as it is. A field
+// given twice, or a value that is not a valid id, is an error wrapping
+// [pglimit.ErrInvalidID].
+func idempotencyKey(h http.Header) (string, bool, error) {
+	values := h.Values("Idempotency-Key")
+	switch {
+	case len(values) == 0:
+		return "", false, nil
+	case len(values) > 1:
+		return "", false, fmt.Errorf("%w: Idempotency-Key given %d times", pglimit.ErrInvalidID, len(values))
+	}
+	v := values[0]
+	if strings.HasPrefix(v, `"`) {
+		s, ok := sfString(v)
+		if !ok {
+			return "", false, fmt.Errorf("%w: Idempotency-Key %q is not a quoted string", pglimit.ErrInvalidID, v)
+		}
+		v = s
+	}
+	if err := pglimit.ValidateID(v); err != nil {
+		return "", false, err
+	}
+	return v, true, nil
+}
+
+// sfString parses v as a structured field string (RFC 8941, 3.3.3):
+// printable ASCII in double quotes, with \" and \\ its only escapes.
+func sfString(v string) (string, bool) {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+		return "", false
+	}
+	var b strings.Builder
+	for i := 1; i < len(v)-1; i++ {
+		c := v[i]
+		switch {
+		case c == '\\':
+			i++
+			if i == len(v)-1 || (v[i] != '"' && v[i] != '\\') {
+				return "", false
+			}
+			b.WriteByte(v[i])
+		case c == '"' || c < 0x20 || c > 0x7e:
+			return "", false
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), true
 }
 
 // fail applies the error policy to a limiter failure.

@@ -49,9 +49,11 @@ func withCost(r *http.Request) (*http.Request, *realCost) {
 // settle settles d, lim's admission of r, at the real cost the handler
 // reported: through SetCost, else in the response header CostHeader. A
 // cost it cannot use, or a settle that fails, leaves the estimate charged
-// and is logged (with the failures' rate limit).
-func (g *gate) settle(w http.ResponseWriter, r *http.Request, lim pglimit.Limiter, d pglimit.Decision, rc *realCost) {
-	if d.Shadow || d.Fallback {
+// and is logged (with the failures' rate limit). A decision with the id
+// id ("" for none) is settled by its id ([pglimit.SettleID]); a replayed
+// one charged nothing, and its first request settles.
+func (g *gate) settle(w http.ResponseWriter, r *http.Request, lim pglimit.Limiter, id string, d pglimit.Decision, rc *realCost) {
+	if d.Shadow || d.Fallback || d.Replayed {
 		return // it took nothing from the database
 	}
 	rc.mu.Lock()
@@ -74,7 +76,11 @@ func (g *gate) settle(w http.ResponseWriter, r *http.Request, lim pglimit.Limite
 	}
 	// The client may be gone: the settle is owed all the same, within the
 	// limiter's Timeout.
-	if _, err := pglimit.Settle(context.WithoutCancel(r.Context()), lim, d, cost); err != nil {
+	settle := func(ctx context.Context) (pglimit.Settlement, error) { return pglimit.Settle(ctx, lim, d, cost) }
+	if id != "" {
+		settle = func(ctx context.Context) (pglimit.Settlement, error) { return pglimit.SettleID(ctx, lim, id, cost) }
+	}
+	if _, err := settle(context.WithoutCancel(r.Context())); err != nil {
 		g.failures.Record(time.Now(), "err", fmt.Errorf("settle at cost %d: %w", cost, err))
 	}
 }

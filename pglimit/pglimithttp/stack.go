@@ -99,12 +99,33 @@ func (s *stack) answeredInside() bool {
 // one that a limit declines (another admission of the key since, for
 // GCRA; a window that has ended) is no error (see [pglimit.Limiter.Refund]).
 func (g *gate) giveBack(r *http.Request, lim pglimit.Limiter, d pglimit.Decision) {
+	g.refund(r, d, func(ctx context.Context) error {
+		_, err := lim.Refund(ctx, d, d.Granted)
+		return err
+	})
+}
+
+// giveBackID is giveBack of d, a decision with the id id, which is
+// refunded by its id ([pglimit.RefundID]); a replayed one took nothing.
+func (g *gate) giveBackID(r *http.Request, lim pglimit.Limiter, id string, d pglimit.Decision) {
+	if d.Replayed {
+		return
+	}
+	g.refund(r, d, func(ctx context.Context) error {
+		_, err := pglimit.RefundID(ctx, lim, id, d.Granted)
+		return err
+	})
+}
+
+// refund runs refund for d, unless d took nothing from the database, and
+// logs its failure.
+func (g *gate) refund(r *http.Request, d pglimit.Decision, refund func(context.Context) error) {
 	if !d.Allowed || d.Shadow || d.Fallback || d.Granted <= 0 {
 		return // it took nothing from the database
 	}
 	// The client may be gone: the refund is owed all the same, within the
 	// limiter's Timeout.
-	if _, err := lim.Refund(context.WithoutCancel(r.Context()), d, d.Granted); err != nil {
+	if err := refund(context.WithoutCancel(r.Context())); err != nil {
 		g.failures.Record(time.Now(), "err", fmt.Errorf("refund of %d units of a request refused inside: %w", d.Granted, err))
 	}
 }

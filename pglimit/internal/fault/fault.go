@@ -22,6 +22,7 @@ const ExtensionSchema = "pglimit_ext"
 // The sentinels, documented where the root package re-exports them.
 var (
 	ErrInvalidKey            = errors.New("pglimit: invalid key")
+	ErrInvalidID             = errors.New("pglimit: invalid decision id")
 	ErrInvalidConfig         = errors.New("pglimit: invalid config")
 	ErrTimeout               = errors.New("pglimit: decision timed out")
 	ErrNoExclusionConstraint = errors.New("pglimit: the Range table has no exclusion constraint; run pglimit.Migrate on its schema to restore it")

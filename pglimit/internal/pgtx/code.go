@@ -13,6 +13,7 @@ import (
 const (
 	CodeLockNotAvailable      = "55P03"
 	CodeExclusionViolation    = "23P01"
+	CodeUniqueViolation       = "23505"
 	CodeSerializationFailure  = "40001"
 	CodeReadOnly              = "25006" // read_only_sql_transaction: a standby, or read-only mode
 	CodeQueryCanceled         = "57014" // statement_timeout, or a cancel request

@@ -25,7 +25,11 @@
 {{define "refund.single"}}
 WITH made AS (
     SELECT {{template "refund.made" "$5"}} AS status
-), changed AS (
+){{template "refund.single_tail" .}}
+{{end}}
+
+-- refund.single_tail ends refund.single and refund.single_id, after made.
+{{define "refund.single_tail"}}, changed AS (
     UPDATE {{.table}} SET expires_at = expires_at - $4 * interval '1 microsecond'
     WHERE namespace = $1 AND key = $2 AND expires_at = timestamptz 'epoch' + $3 * interval '1 microsecond'
       AND (SELECT status FROM made) = 'committed'
@@ -44,7 +48,12 @@ SELECT m.status, CASE WHEN EXISTS (SELECT FROM changed) THEN ARRAY[true] END FRO
 {{define "refund.general"}}
 WITH made AS (
     SELECT {{template "refund.made" "$6"}} AS status
-), old AS (
+){{template "refund.general_tail" .}}
+{{end}}
+
+-- refund.general_tail ends refund.general and refund.general_id, after
+-- made.
+{{define "refund.general_tail"}}, old AS (
     SELECT t.state FROM {{.table}} AS t
     WHERE t.namespace = $1 AND t.key = $2 AND cardinality(t.state) = {{.state_length}}
       AND cardinality($5::bigint[]) = {{.limits}} AND (SELECT status FROM made) = 'committed'
@@ -55,4 +64,26 @@ WITH made AS (
     RETURNING 1
 )
 SELECT m.status, (SELECT {{.flags}} FROM old WHERE EXISTS (SELECT FROM changed)) FROM made AS m
+{{end}}
+
+-- refund.single_id and refund.general_id refund by decision id (RefundID):
+-- made marks the id's row refunded, and only a row not yet settled nor
+-- refunded; a row that it marks was written with its admission, so that
+-- admission committed. Two refunds of one id race on the row's lock: the
+-- second, once the first commits, marks nothing, and the statement
+-- answers no row. The rest is refund.single's and refund.general's, with
+-- the id in place of the transaction ($5 and $6). Placeholders: theirs,
+-- and ids.
+{{define "refund.single_id"}}
+WITH made AS (
+    UPDATE {{.ids}} SET done = 'refunded' WHERE namespace = $1 AND id = $5 AND done IS NULL
+    RETURNING 'committed'::text AS status
+){{template "refund.single_tail" .}}
+{{end}}
+
+{{define "refund.general_id"}}
+WITH made AS (
+    UPDATE {{.ids}} SET done = 'refunded' WHERE namespace = $1 AND id = $6 AND done IS NULL
+    RETURNING 'committed'::text AS status
+){{template "refund.general_tail" .}}
 {{end}}

@@ -20,10 +20,33 @@
 {{define "settle"}}
 WITH made AS (
     SELECT {{template "refund.made" "$6"}} AS status
-), old AS MATERIALIZED (
+){{template "settle.tail" .}}
+{{end}}
+
+-- settle.id settles by decision id (SettleID): made marks the id's row
+-- settled, only a row neither settled nor refunded yet, and, for a
+-- charge ($5 > 0), only while the key has a row to charge: with none,
+-- the statement marks nothing and answers no row, and the caller inserts
+-- a blank row and runs it again. A marked row was written with its
+-- admission, so that admission committed. Two settles of one id race on
+-- the row's lock: the second marks nothing. Unmarked, nothing is
+-- written: old reads no row (unmade false). $6 is the id. Placeholders:
+-- settle's, and ids.
+{{define "settle.id"}}
+WITH made AS (
+    UPDATE {{.ids}} SET done = 'settled' WHERE namespace = $1 AND id = $6 AND done IS NULL
+      AND ($5::bigint = 0 OR EXISTS (SELECT FROM {{.table}} WHERE namespace = $1 AND key = $2))
+    RETURNING 'committed'::text AS status
+){{template "settle.tail" .}}
+{{end}}
+
+-- settle.tail ends settle and settle.id, after made. Placeholder unmade:
+-- whether the key's row is settled when made has no row (true for
+-- settle, false for settle.id).
+{{define "settle.tail"}}, old AS MATERIALIZED (
     SELECT t.state, t.expires_at FROM {{.table}} AS t
     WHERE t.namespace = $1 AND t.key = $2
-      AND coalesce((SELECT status FROM made) NOT IN ('aborted', 'in progress'), true)
+      AND coalesce((SELECT status FROM made) NOT IN ('aborted', 'in progress'), {{.unmade}})
     FOR UPDATE
 ), x AS MATERIALIZED (
     SELECT {{.state}} AS state, (extract(epoch FROM o.expires_at) * 1000000)::bigint AS tat,
