@@ -11,24 +11,6 @@ import (
 	"github.com/pglimit/cooldown/pglimit"
 )
 
-// idleBytesPerKey is the most live heap a limiter may keep per key once
-// its keys have gone idle (docs/operations.md, "Bounds every call
-// keeps"): nothing of a key is kept then. idleNoise is room for what the
-// runtime and the test's pool keep whatever the number of keys.
-const (
-	idleBytesPerKey = 16
-	idleNoise       = 1 << 20
-)
-
-// liveHeap is the live heap after a full collection.
-func liveHeap() uint64 {
-	var m runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
-}
-
 // The memory bound: decisions on many distinct keys, each called by four
 // callers at once (so that calls merge, a busy key leases, flights
 // coalesce and the pre-block remembers), leave nothing per key once the
@@ -61,17 +43,17 @@ func TestMemoryIdleKeys(t *testing.T) {
 	// A warm-up, so that what is measured is per key and not the pools' and
 	// limiters' first allocations.
 	decideAll(t, lims, "warm", 200)
-	before := liveHeap()
+	before := testdb.LiveHeap()
 	start := time.Now()
 	decideAll(t, lims, "k", keys)
-	busy := liveHeap()
+	busy := testdb.LiveHeap()
 	time.Sleep(2*time.Second + 100*time.Millisecond)
-	after := liveHeap()
+	after := testdb.LiveHeap()
 	perKey := func(h uint64) float64 { return (float64(h) - float64(before)) / float64(keys) }
 	t.Logf("%d keys × %d limiters in %s: live heap %.0f B per key while busy, %.1f B per key idle",
 		keys, len(lims), time.Since(start).Round(time.Millisecond), perKey(busy), perKey(after))
-	if bound := float64(idleBytesPerKey*keys + idleNoise); float64(after)-float64(before) > bound {
-		t.Errorf("idle, the limiters keep %.1f B per key, %.0f B in all; the bound is %d B per key and %d B", perKey(after), float64(after)-float64(before), idleBytesPerKey, idleNoise)
+	if bound := float64(testdb.IdleBytesPerKey*keys + testdb.IdleNoise); float64(after)-float64(before) > bound {
+		t.Errorf("idle, the limiters keep %.1f B per key, %.0f B in all; the bound is %d B per key and %d B", perKey(after), float64(after)-float64(before), testdb.IdleBytesPerKey, testdb.IdleNoise)
 	}
 	runtime.KeepAlive(lims)
 }
@@ -149,17 +131,17 @@ func TestMemoryIdleAllowAllSettle(t *testing.T) {
 		wg.Wait()
 	}
 	run("warm", 200)
-	before := liveHeap()
+	before := testdb.LiveHeap()
 	start := time.Now()
 	run("k", keys)
-	busy := liveHeap()
+	busy := testdb.LiveHeap()
 	time.Sleep(2*time.Second + 100*time.Millisecond)
-	after := liveHeap()
+	after := testdb.LiveHeap()
 	perKey := func(h uint64) float64 { return (float64(h) - float64(before)) / float64(keys) }
 	t.Logf("%d pairs of keys decided and settled in %s: live heap %.1f B per pair at the end, %.1f B per pair idle",
 		keys, time.Since(start).Round(time.Millisecond), perKey(busy), perKey(after))
-	if bound := float64(idleBytesPerKey*keys + idleNoise); float64(after)-float64(before) > bound {
-		t.Errorf("idle, AllowAll and Settle keep %.1f B per pair of keys, %.0f B in all; the bound is %d B per key and %d B", perKey(after), float64(after)-float64(before), idleBytesPerKey, idleNoise)
+	if bound := float64(testdb.IdleBytesPerKey*keys + testdb.IdleNoise); float64(after)-float64(before) > bound {
+		t.Errorf("idle, AllowAll and Settle keep %.1f B per pair of keys, %.0f B in all; the bound is %d B per key and %d B", perKey(after), float64(after)-float64(before), testdb.IdleBytesPerKey, testdb.IdleNoise)
 	}
 	runtime.KeepAlive([]pglimit.Limiter{org, user})
 }

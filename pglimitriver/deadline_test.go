@@ -86,7 +86,7 @@ func jobCases(t *testing.T, newPool func() *pgxpool.Pool, schema string) []*jobC
 				t.Fatal(err)
 			}
 			c.mw = mw
-			if err := warmUp(func() error { return c.work(context.Background()) }); err != nil {
+			if err := testdb.Ready(func() error { return c.work(context.Background()) }); err != nil {
 				t.Fatalf("%s: before the fault: %v", c.name, err)
 			}
 			c.worked.Store(0)
@@ -94,18 +94,6 @@ func jobCases(t *testing.T, newPool func() *pgxpool.Pool, schema string) []*jobC
 		}
 	}
 	return cases
-}
-
-// warmUp runs first, the job that readies a case before its fault, until
-// it does not time out, at most 10 times: the 100 ms Timeout of a case may
-// run out while a loaded machine dials the pool's first connection, which
-// is no part of what the case measures.
-func warmUp(first func() error) error {
-	err := first()
-	for try := 1; try < 10 && errors.Is(err, pglimit.ErrTimeout); try++ {
-		err = first()
-	}
-	return err
 }
 
 func (c *jobCase) work(ctx context.Context) error {

@@ -16,24 +16,6 @@ import (
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
 )
 
-// idleBytesPerKey is the most live heap a Transport may keep per key once
-// every pause it learnt has ended (docs/operations.md, "Bounds every call
-// keeps"): nothing of a key is kept then. idleNoise is room for what the
-// runtime and the test's pool keep whatever the number of keys.
-const (
-	idleBytesPerKey = 16
-	idleNoise       = 1 << 20
-)
-
-// liveHeap is the live heap after a full collection.
-func liveHeap() uint64 {
-	var m runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
-}
-
 // answer429 is an upstream that answers every request 429, Retry-After 60.
 type answer429 struct{}
 
@@ -101,20 +83,20 @@ func TestMemoryIdlePausedKeys(t *testing.T) {
 	// allocations.
 	send("warm", 200)
 	time.Sleep(maxPause + 1100*time.Millisecond)
-	before := liveHeap()
+	before := testdb.LiveHeap()
 	start := time.Now()
 	send("k", keys)
-	busy, inForce := liveHeap(), pglimithttp.PausedKeys(tr)
+	busy, inForce := testdb.LiveHeap(), pglimithttp.PausedKeys(tr)
 	time.Sleep(maxPause + 1100*time.Millisecond)
-	after, kept := liveHeap(), pglimithttp.PausedKeys(tr)
+	after, kept := testdb.LiveHeap(), pglimithttp.PausedKeys(tr)
 	perKey := func(h uint64) float64 { return (float64(h) - float64(before)) / float64(keys) }
 	t.Logf("%d keys paused in %s: %d pauses held, live heap %.0f B per key, at the end; idle, %d held, %.1f B per key",
 		keys, time.Since(start).Round(time.Millisecond), inForce, perKey(busy), kept, perKey(after))
 	if kept != 0 {
 		t.Errorf("idle, every pause ended, the Transport still holds %d keys' pauses; want none", kept)
 	}
-	if bound := float64(idleBytesPerKey*keys + idleNoise); float64(after)-float64(before) > bound {
-		t.Errorf("idle, the Transport keeps %.1f B per key, %.0f B in all; the bound is %d B per key and %d B", perKey(after), float64(after)-float64(before), idleBytesPerKey, idleNoise)
+	if bound := float64(testdb.IdleBytesPerKey*keys + testdb.IdleNoise); float64(after)-float64(before) > bound {
+		t.Errorf("idle, the Transport keeps %.1f B per key, %.0f B in all; the bound is %d B per key and %d B", perKey(after), float64(after)-float64(before), testdb.IdleBytesPerKey, testdb.IdleNoise)
 	}
 	runtime.KeepAlive(tr)
 }

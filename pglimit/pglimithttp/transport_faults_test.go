@@ -64,25 +64,13 @@ func transportCases(t *testing.T, up *upstream, newPool func() *pgxpool.Pool, sc
 				t.Fatal(err)
 			}
 			c.client = &http.Client{Transport: tr}
-			if err := warmUp(func() error { return c.send(context.Background(), up) }); err != nil {
+			if err := testdb.Ready(func() error { return c.send(context.Background(), up) }); err != nil {
 				t.Fatalf("%s: before the fault: %v", c.name, err)
 			}
 			cases = append(cases, c)
 		}
 	}
 	return cases
-}
-
-// warmUp runs first, the request that readies a case before its fault,
-// until it does not time out, at most 10 times: the 100 ms Timeout of a
-// case may run out while a loaded machine dials the pool's first
-// connection, which is no part of what the case measures.
-func warmUp(first func() error) error {
-	err := first()
-	for try := 1; try < 10 && errors.Is(err, pglimit.ErrTimeout); try++ {
-		err = first()
-	}
-	return err
 }
 
 func (c *transportCase) send(ctx context.Context, up *upstream) error {

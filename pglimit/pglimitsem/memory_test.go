@@ -15,24 +15,6 @@ import (
 	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
-// idleBytesPerKey is the most live heap a Semaphore may keep per key once
-// no caller waits (docs/operations.md, "Bounds every call keeps"):
-// nothing of a key is kept then. idleNoise is room for what the runtime
-// and the test's pool keep whatever the number of keys.
-const (
-	idleBytesPerKey = 16
-	idleNoise       = 1 << 20
-)
-
-// liveHeap is the live heap after a full collection.
-func liveHeap() uint64 {
-	var m runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
-}
-
 // The memory bound of Wait's wake channels: on each of many distinct keys
 // of one slot, a holder takes the slot, a caller waits for it, and the
 // holder's Release wakes it (WaitPoll is a minute, so that nothing else
@@ -90,17 +72,17 @@ func TestMemoryIdleWaitKeys(t *testing.T) {
 	// A warm-up, so that what is measured is per key and not the pool's
 	// and semaphore's first allocations.
 	waitAll("warm", 200)
-	before := liveHeap()
+	before := testdb.LiveHeap()
 	start := time.Now()
 	waitAll("k", keys)
-	after, kept := liveHeap(), pglimitsem.WaitingKeys(sem)
+	after, kept := testdb.LiveHeap(), pglimitsem.WaitingKeys(sem)
 	perKey := (float64(after) - float64(before)) / float64(keys)
 	t.Logf("%d keys waited for in %s; idle, %d wake channels kept, live heap %.1f B per key", keys, time.Since(start).Round(time.Millisecond), kept, perKey)
 	if kept != 0 {
 		t.Errorf("idle, the semaphore keeps the wake channels of %d keys; want none", kept)
 	}
-	if bound := float64(idleBytesPerKey*keys + idleNoise); float64(after)-float64(before) > bound {
-		t.Errorf("idle, the semaphore keeps %.1f B per key, %.0f B in all; the bound is %d B per key and %d B", perKey, float64(after)-float64(before), idleBytesPerKey, idleNoise)
+	if bound := float64(testdb.IdleBytesPerKey*keys + testdb.IdleNoise); float64(after)-float64(before) > bound {
+		t.Errorf("idle, the semaphore keeps %.1f B per key, %.0f B in all; the bound is %d B per key and %d B", perKey, float64(after)-float64(before), testdb.IdleBytesPerKey, testdb.IdleNoise)
 	}
 	runtime.KeepAlive(sem)
 }
@@ -161,16 +143,16 @@ func TestMemoryIdleWaitKeysAtOnce(t *testing.T) {
 	}
 	close(release)
 	gs.Wait()
-	before := liveHeap()
+	before := testdb.LiveHeap()
 	waitAll("k", keys)
-	after, kept := liveHeap(), pglimitsem.WaitingKeys(sem)
+	after, kept := testdb.LiveHeap(), pglimitsem.WaitingKeys(sem)
 	perKey := (float64(after) - float64(before)) / float64(keys)
 	t.Logf("%d keys waited for at once; idle, %d wake channels kept, live heap %.1f B per key", keys, kept, perKey)
 	if kept != 0 {
 		t.Errorf("idle, the semaphore keeps the wake channels of %d keys; want none", kept)
 	}
-	if bound := float64(idleBytesPerKey*keys + idleNoise); float64(after)-float64(before) > bound {
-		t.Errorf("idle, the semaphore keeps %.1f B per key, %.0f B in all; the bound is %d B per key and %d B", perKey, float64(after)-float64(before), idleBytesPerKey, idleNoise)
+	if bound := float64(testdb.IdleBytesPerKey*keys + testdb.IdleNoise); float64(after)-float64(before) > bound {
+		t.Errorf("idle, the semaphore keeps %.1f B per key, %.0f B in all; the bound is %d B per key and %d B", perKey, float64(after)-float64(before), testdb.IdleBytesPerKey, testdb.IdleNoise)
 	}
 	runtime.KeepAlive(sem)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -410,4 +411,34 @@ func Spread(tb testing.TB, lim pglimit.Limiter, workers, calls int) {
 		})
 	}
 	wg.Wait()
+}
+
+// The memory bounds of what a mechanism keeps once its keys have gone
+// idle (docs/operations.md, "Bounds every call keeps"): nothing of a key,
+// so at most IdleBytesPerKey a key of live heap, with IdleNoise of room
+// for what the runtime and a test's pool keep whatever the number of keys.
+const (
+	IdleBytesPerKey = 16
+	IdleNoise       = 1 << 20
+)
+
+// LiveHeap is the live heap after a full collection.
+func LiveHeap() uint64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// Ready runs first, a call that readies a case before its fault, until it
+// does not time out, at most 10 times: a case's short Timeout (100 ms,
+// say) may run out while a loaded machine dials the pool's first
+// connection, which is no part of what the case measures.
+func Ready(first func() error) error {
+	err := first()
+	for try := 1; try < 10 && errors.Is(err, pglimit.ErrTimeout); try++ {
+		err = first()
+	}
+	return err
 }
