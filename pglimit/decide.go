@@ -122,7 +122,7 @@ func (l *limiter) decideValid(ctx context.Context, r request, invalid error, fn 
 	if err := ValidateKey(r.key); err != nil {
 		return Decision{}, err
 	}
-	defer l.record() // after the decision, which it must not slow down
+	defer l.record(ctx) // after the decision, which it must not slow down
 	if hasID, err := l.checkID(ctx, r.op); err != nil {
 		return Decision{}, err
 	} else if hasID {

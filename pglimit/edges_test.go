@@ -161,8 +161,13 @@ func (tg *target) ready(t *testing.T, key string) keyState {
 	if d, err := tg.setup.Allow(ctx, key); err != nil || !d.Allowed {
 		t.Fatalf("%s: first Allow: %+v, %v", key, d, err)
 	}
-	var err error
-	if ks.admitted, err = tg.lim.Allow(ctx, key); err != nil || !ks.admitted.Allowed {
+	// The target's limiter may have a Timeout of 100 ms, which a loaded
+	// machine's dial can outlast: testdb.Ready tries again.
+	err := testdb.Ready(func() (err error) {
+		ks.admitted, err = tg.lim.Allow(ctx, key)
+		return err
+	})
+	if err != nil || !ks.admitted.Allowed {
 		t.Fatalf("%s: second Allow: %+v, %v", key, ks.admitted, err)
 	}
 	return ks

@@ -143,20 +143,22 @@ var errNoPoliciesTable = errors.New("no table to record the policy in")
 // Config.Timeout. Nothing depends on it: where it cannot write, the
 // limiter decides as before, and the first failure other than the database
 // out of reach, slow or read-only (which the decisions report) is logged
-// (slog's default logger, at Warn). A failure that may pass (the database unavailable or slow, a
-// schema not migrated yet, a standby) is tried again at the first decision
-// a minute (recordRetry) later; any other (a role without INSERT on the
+// (slog's default logger, at Warn). A failure that may pass (the database
+// unavailable or slow, a schema not migrated yet, a standby) is tried
+// again at the first decision a minute (recordRetry) later; any other (a role without INSERT on the
 // table) is not, so that the server's log does not repeat it. Only a
 // limiter over a pool records: one over a single connection or a
 // transaction would use it at the same time as its decisions do, which
 // neither allows, and a failed statement would abort the transaction.
-func (l *limiter) record() {
+// Its statements run under the values of call, the decision's context
+// (not its deadline): a tracer sees them under that call's span.
+func (l *limiter) record(call context.Context) {
 	at := l.recordAt.Load()
 	if at < 0 || at > 0 && time.Now().UnixNano() < at || !isPool(l.db) || !l.recordAt.CompareAndSwap(at, -1) {
 		return
 	}
 	go func() {
-		ctx, cancel := context.WithTimeoutCause(context.Background(), l.cfg.Timeout, ErrTimeout)
+		ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(call), l.cfg.Timeout, ErrTimeout)
 		defer cancel()
 		err := l.recordPolicy(ctx)
 		if err == nil {
