@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/puddle/v2"
 
 	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
@@ -142,7 +141,8 @@ var errNoPoliciesTable = errors.New("no table to record the policy in")
 // for it: a catalog read, then one upsert, together bounded by
 // Config.Timeout. Nothing depends on it: where it cannot write, the
 // limiter decides as before, and the first failure other than the database
-// out of reach, slow or read-only (which the decisions report) is logged
+// out of reach, slow or read-only (which the decisions report) or an error
+// no server gave (a pool closed meanwhile) is logged
 // (slog's default logger, at Warn). A failure that may pass (the database
 // unavailable or slow, a schema not migrated yet, a standby) is tried
 // again at the first decision a minute (recordRetry) later; any other (a role without INSERT on the
@@ -165,9 +165,10 @@ func (l *limiter) record(call context.Context) {
 			return
 		}
 		// The database out of reach, slow or read-only is the decisions'
-		// to report, and a pool closed meanwhile its owner's; this says
-		// only what they do not.
-		passing := ctx.Err() != nil || pgtx.Unavailable(err) || pgtx.ReadOnly(err) || errors.Is(err, puddle.ErrClosedPool)
+		// to report, and an error no server gave (the pool closed
+		// meanwhile, say) its owner's; this says only what they do not.
+		passing := ctx.Err() != nil || pgtx.Unavailable(err) || pgtx.ReadOnly(err) ||
+			pgtx.Code(err) == "" && !errors.Is(err, errNoPoliciesTable)
 		if !passing && !l.recordLogged.Swap(true) {
 			slog.Warn("pglimit: the limiter's policy was not recorded; the operator command cannot check a description of it",
 				"namespace", l.cfg.Namespace, "table", l.table, "error", err)
