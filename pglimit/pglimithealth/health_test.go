@@ -119,7 +119,7 @@ func drain(samples <-chan pglimithealth.State) (last pglimithealth.State) {
 
 // retryAfter is how long the throttled limiter makes a second request on
 // the key wait right after a first: 1/rate.
-func retryAfter(t *testing.T, pool *pgxpool.Pool, schema string) time.Duration {
+func retryAfter(t *testing.T, pool *pgxpool.Pool, schema string) (ra, took time.Duration) {
 	t.Helper()
 	lim, err := pglimit.New(pool, limiterConfig(schema))
 	if err != nil {
@@ -128,6 +128,7 @@ func retryAfter(t *testing.T, pool *pgxpool.Pool, schema string) time.Duration {
 	if err := lim.Reset(t.Context(), "backfill"); err != nil {
 		t.Fatal(err)
 	}
+	began := time.Now()
 	if _, err := lim.Allow(t.Context(), "backfill"); err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +136,7 @@ func retryAfter(t *testing.T, pool *pgxpool.Pool, schema string) time.Duration {
 	if err != nil || d.Allowed {
 		t.Fatalf("a second request at once: %+v, %v; want refused (burst 1)", d, err)
 	}
-	return d.RetryAfter
+	return d.RetryAfter, time.Since(began)
 }
 
 // pressure puts the database in trouble for one signal and takes it away.
@@ -195,10 +196,11 @@ func scenario(t *testing.T, url string, sig pglimithealth.Signal, p pressure) {
 	if got := keyRate(t, pool, schema); got != floor {
 		t.Fatalf("the key's limit is %d, want the floor %d", got, floor)
 	}
-	// At 10 a second with a burst of 1, a second request waits about
-	// 100ms; at the ceiling it would be 1ms.
-	if ra := retryAfter(t, pool, schema); ra < time.Second/floor/2 {
-		t.Errorf("at the floor the limiter makes a second request wait %s, want about %s", ra, time.Second/floor)
+	// At 10 a second with a burst of 1, a second request waits 100ms less
+	// the time since the first, which the two calls' took bounds; at the
+	// ceiling it would be 1ms less that.
+	if ra, took := retryAfter(t, pool, schema); ra+took < time.Second/floor*9/10 {
+		t.Errorf("at the floor the limiter makes a second request, %s after the first began, wait %s, want %s less the time between them", took, ra, time.Second/floor)
 	}
 
 	// 3. Recovery.
@@ -253,8 +255,11 @@ func scenario(t *testing.T, url string, sig pglimithealth.Signal, p pressure) {
 	drain(samples)
 	start(t, pool, throttleConfig(schema, "b", sig, samples))
 	b := nextSample(t, samples, "by the new instance", func(pglimithealth.State) bool { return true })
-	if b.Leader != "b" || b.Samples != held.Samples+1 || b.Rate != floor+500 {
-		t.Errorf("the new leader's first sample %v: want b's, number %d, the floor plus one increase", b, held.Samples+1)
+	// It carries on from the floor: one increase, or none where the signal
+	// is still over its threshold (WAL a second stays high while the
+	// server catches up on the pressure's writes).
+	if b.Leader != "b" || b.Samples != held.Samples+1 || b.Rate != floor+500 && !(b.Over && b.Rate == floor) {
+		t.Errorf("the new leader's first sample %v: want b's, number %d, the floor plus one increase (or the floor, still over)", b, held.Samples+1)
 	}
 }
 

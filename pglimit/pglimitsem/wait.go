@@ -89,9 +89,9 @@ func (s *Semaphore) WaitFlow(ctx context.Context, key string, flow Flow) (Slot, 
 	return s.wait(ctx, key, &flow)
 }
 
-// SetFlowWeight sets the weight of flow in this semaphore's namespace, at
-// runtime and for every key and instance: from the next try of each
-// waiter, it wins over the weight the flow's waiters name, until
+// SetFlowWeight sets the weight of flow for every key and instance of
+// this semaphore's namespace. From the next try of each waiter, it wins
+// over the weight the flow's waiters name, until
 // [Semaphore.ResetFlowWeight]. A weight out of 1 to 10,000 or a bad flow
 // name is [ErrInvalidFlow] and writes nothing. The weights live in
 // pglimit_slot_flows, one row per flow set; the Cleaner leaves them.
