@@ -25,10 +25,10 @@ import (
 )
 
 // main is the program's: Example_application runs serve as main would.
-// The README shows main and serve as they are here (TestDocGoBlocks keeps
-// them equal).
+// docs/program.md shows main and serve as they are here
+// (TestDocGoBlocks keeps them equal).
 //
-//lint:ignore U1000 the README's program; no test may listen on its port.
+//lint:ignore U1000 docs/program.md's program; no test may listen on its port.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
