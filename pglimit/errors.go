@@ -37,9 +37,9 @@ var (
 	// not GCRA; Inspect, LimitedKeys, AllowAll, Refund and Settle on
 	// Range; AllowAll, Refund, Settle and a limit's Debt on a table Citus
 	// distributes; Refund and Settle of units served from a lease; a
-	// decision id ([WithID]) on any call but Allow, AllowN, AllowTx and
-	// AllowTxN of an Upsert or NoWait limiter without Overrides on a table
-	// Citus does not distribute (not yet).
+	// decision id ([WithID]) on any call but Allow, AllowN, AllowTx,
+	// AllowTxN, AllowAtMost and Reserve of an Upsert or NoWait limiter
+	// without Overrides on a table Citus does not distribute (not yet).
 	ErrUnsupported = fault.ErrUnsupported
 
 	// ErrReadOnly reports a server that cannot write: a standby, a former

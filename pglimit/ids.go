@@ -46,11 +46,13 @@ type idContextKey struct{}
 // settled by its id ([RefundID], [SettleID]), from any instance, at most
 // once; its Decision value cannot be refunded or settled.
 //
-// Allow, AllowN, AllowTx and AllowTxN of an Upsert or NoWait limiter
-// without Overrides read the id; Peek and Reset ignore it. Any other call
-// with an id (AllowAtMost, Reserve, and so [Wait], [WaitN] and
-// [WaitAtMost], AllowAll) is [ErrUnsupported] (not yet), as is a table
-// Citus distributes. An id that is empty, longer
+// Allow, AllowN, AllowTx, AllowTxN, AllowAtMost and Reserve (and so
+// [Wait], [WaitN] and [WaitAtMost]) of an Upsert or NoWait limiter without
+// Overrides read the id; Peek and Reset ignore it. A replayed
+// reservation's Delay is what is left of the first one's, and a Wait with
+// an id whose ctx ends keeps its reservation for the retry. [AllowAll]
+// with an id is [ErrUnsupported] (not yet), as is a table Citus
+// distributes. An id that is empty, longer
 // than [MaxIDLength], not valid UTF-8 or that contains a NUL byte makes
 // the call fail with [ErrInvalidID] and write nothing.
 func WithID(ctx context.Context, id string) context.Context {
@@ -83,14 +85,13 @@ func ValidateID(id string) error {
 }
 
 // idStatements are a limiter's statements for decisions with an id
-// (internal/queries, ids.sql): the fast and the general statement's, in
-// their own transaction and in a caller's, and the lookups of an id's
-// first decision.
+// (internal/queries, ids.sql): the fast statement's and the general
+// statement's in each of its modes, in their own transaction and in a
+// caller's, and the lookup of an id's first decision.
 type idStatements struct {
 	fast, fastTx       string
-	general, generalTx string // modeAllow's
-	lookupFast         string
-	lookupGeneral      string
+	general, generalTx [modes]string
+	lookup             string
 	refundSingle       string // RefundID's, for a single GCRA limit
 	refundGeneral      string // RefundID's, for any other set of limits
 	settle             string // SettleID's
@@ -102,21 +103,34 @@ type idStatements struct {
 func newIDStatements(limits []Limit, schema, table, fast, column, lock string) *idStatements {
 	ids := pgx.Identifier{schema, idsTable}.Sanitize()
 	s := &idStatements{
-		fast:          queries.Text(fast, queries.Args{"table": table, "ids": ids, "setting": column, "returning": ""}),
-		fastTx:        queries.Text(fast, queries.Args{"table": table, "ids": ids, "setting": xactColumn, "returning": xactReturning}),
-		lookupFast:    queries.Text("ids.lookup_fast", queries.Args{"ids": ids}),
-		lookupGeneral: queries.Text("ids.lookup_general", queries.Args{"ids": ids}),
+		fast:   queries.Text(fast, queries.Args{"table": table, "ids": ids, "setting": column, "returning": ""}),
+		fastTx: queries.Text(fast, queries.Args{"table": table, "ids": ids, "setting": xactColumn, "returning": xactReturning}),
+		lookup: queries.Text("ids.lookup", queries.Args{"ids": ids}),
 	}
 	sp := specs(limits)
-	admits, state, expires := arith.DecisionSQL(sp, arith.Mode(modeAllow), "x.state", "x.tat", "x.now", nil)
-	guard, _, _ := arith.DecisionSQL(sp, arith.Mode(modeAllow), "c.state", "c.tat", "c.now", nil)
-	stmt := func(column, returning string) string {
-		return queries.Text("general.allow_id", queries.Args{
-			"table": table, "ids": ids, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
+	for mode := range modes {
+		if mode == modeReserve && !arith.AllGCRA(sp) {
+			continue
+		}
+		admits, state, expires := arith.DecisionSQL(sp, arith.Mode(mode), "x.state", "x.tat", "x.now", nil)
+		guard, _, _ := arith.DecisionSQL(sp, arith.Mode(mode), "c.state", "c.tat", "c.now", nil)
+		args := queries.Args{
+			"table": table, "ids": ids, "lock": lock, "admits": admits, "new_state": state,
 			"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
-		})
+			"id": "$5", "retention": "$6", "mode_column": "", "mode_value": "",
+		}
+		if mode != modeAllow {
+			args["mode_column"], args["mode_value"] = ", mode", fmt.Sprintf(", %d", mode)
+		}
+		if mode == modeReserve { // $5 is the maximum delay
+			args["id"], args["retention"] = "$6", "$7"
+		}
+		stmt := func(column, returning string) string {
+			args["setting"], args["returning"] = column, returning
+			return queries.Text("general.allow_id", args)
+		}
+		s.general[mode], s.generalTx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
 	}
-	s.general, s.generalTx = stmt(column, ""), stmt(xactColumn, xactReturning)
 	s.settle = settleText("settle.id", limits, table, ids, "false")
 	if len(limits) == 1 && limits[0].Algorithm == GCRA {
 		s.refundSingle = queries.Text("refund.single_id", queries.Args{"table": table, "ids": ids})
@@ -138,9 +152,9 @@ func (l *limiter) checkID(ctx context.Context, op string) (hasID bool, err error
 		return false, nil
 	}
 	switch op {
-	case opAllow, opAllowN, opAllowTx, opAllowTxN:
+	case opAllow, opAllowN, opAllowTx, opAllowTxN, opAllowAtMost, opReserve:
 	default:
-		return true, fmt.Errorf("%w: a decision id on %s (not yet: Allow, AllowN, AllowTx and AllowTxN take ids; Wait reserves)", ErrUnsupported, op)
+		return true, fmt.Errorf("%w: a decision id on %s (not yet: Allow, AllowN, AllowTx, AllowTxN, AllowAtMost and Reserve take ids)", ErrUnsupported, op)
 	}
 	if l.ids == nil {
 		return true, fmt.Errorf("%w: a decision id on the %s strategy or with Overrides (not yet)", ErrUnsupported, l.cfg.Strategy)
@@ -227,9 +241,9 @@ func (l *limiter) idQuery(q query, id string, inTx bool) (string, []any) {
 	params := l.params(q)
 	if q.general {
 		if inTx {
-			return l.ids.generalTx, append(params, id, l.args.idRetention)
+			return l.ids.generalTx[q.mode], append(params, id, l.args.idRetention)
 		}
-		return l.ids.general, append(params, id, l.args.idRetention)
+		return l.ids.general[q.mode], append(params, id, l.args.idRetention)
 	}
 	params = append(params, id, q.n, l.args.idRetention)
 	if inTx {
@@ -249,8 +263,9 @@ func (l *limiter) refusedID(ctx context.Context, db DB, id string, refusal Decis
 }
 
 // idRow is an id's row: its first decision, rebuilt as its statement
-// answered, that decision's key and units, the anchors a refund of it
-// checks, and done, set once it was refunded by id.
+// answered, that decision's key and the units it took, the anchors a
+// refund of it checks, and done, set once it was refunded or settled by
+// id.
 type idRow struct {
 	d       Decision
 	key     string
@@ -259,31 +274,35 @@ type idRow struct {
 	done    *string
 }
 
-// lookupID reads the row of id, if any.
+// lookupID reads the row of id, if any. A reservation's Delay is what is
+// left of it at the lookup.
 func (l *limiter) lookupID(ctx context.Context, db DB, id string) (idRow, bool, error) {
 	var r struct {
-		state []int64
-		tat   *int64
-		now   int64
+		state      []int64
+		tat        *int64
+		now, clock int64
+		mode       int16
 	}
 	var row idRow
-	var err error
-	if l.single {
-		err = db.QueryRow(ctx, l.ids.lookupFast, l.args.namespace, id).Scan(&r.tat, &r.now, &row.key, &row.n, &row.done)
-	} else {
-		err = db.QueryRow(ctx, l.ids.lookupGeneral, l.args.namespace, id).Scan(&r.state, &r.tat, &r.now, &row.key, &row.n, &row.done)
-	}
+	err := db.QueryRow(ctx, l.ids.lookup, l.args.namespace, id).Scan(&r.state, &r.tat, &r.now, &row.key, &row.n, &row.done, &r.mode, &r.clock)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idRow{}, false, nil
 	}
 	if err != nil {
 		return idRow{}, false, fmt.Errorf("look up decision id: %w", err)
 	}
-	if l.single {
+	mode := int(r.mode)
+	if l.single && mode == modeAllow { // the fast statement's
 		row.d, row.anchors = l.gcraDecision(true, *r.tat, r.now, row.n), []int64{*r.tat}
 	} else {
-		e := arith.Evaluate(l.specs, r.state, r.tat, r.now, int64(row.n), arith.Mode(modeAllow), 0)
-		row.d, row.anchors = evaluated(e, l.cfg.Limits, l.policy, r.now, row.n, modeAllow), e.Anchors
+		var maxDelay int64
+		if mode == modeReserve { // it was admitted: within any maximum
+			maxDelay = maxPeriod.Microseconds()
+		}
+		e := arith.Evaluate(l.specs, r.state, r.tat, r.now, int64(row.n), arith.Mode(mode), maxDelay)
+		row.d, row.anchors = evaluated(e, l.cfg.Limits, l.policy, r.now, row.n, mode), e.Anchors
+		row.n = int(e.Granted)
+		row.d.Delay = max(row.d.Delay-micros(r.clock-r.now), 0)
 	}
 	row.d.Replayed = true
 	return row, true, nil

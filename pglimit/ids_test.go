@@ -177,14 +177,12 @@ func TestIDUnsupported(t *testing.T) {
 	rng := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Strategy: pglimit.Range, Cooldown: time.Hour})
 	idCtx := pglimit.WithID(ctx, "x")
 	calls := map[string]func() error{
-		"AllowAtMost": func() error { _, err := lim.AllowAtMost(idCtx, "k", 1); return err },
-		"Reserve":     func() error { _, err := lim.Reserve(idCtx, "k", 1, time.Second); return err },
 		"AllowAll": func() error {
 			_, err := pglimit.AllowAll(idCtx, 1, pglimit.Charge{Limiter: lim, Key: "k"})
 			return err
 		},
-		"Range": func() error { _, err := rng.Allow(idCtx, "k"); return err },
-		"Wait":  func() error { _, err := pglimit.Wait(idCtx, lim, "k"); return err },
+		"Range":             func() error { _, err := rng.Allow(idCtx, "k"); return err },
+		"Range AllowAtMost": func() error { _, err := rng.AllowAtMost(idCtx, "k", 1); return err },
 	}
 	for name, call := range calls {
 		if err := call(); !errors.Is(err, pglimit.ErrUnsupported) {
@@ -196,6 +194,117 @@ func TestIDUnsupported(t *testing.T) {
 	}
 	if n := idRows(t, pool, schema, lim); n != 0 {
 		t.Errorf("%d ids stored", n)
+	}
+}
+
+// AllowAtMost with an id is charged once: a retry replays what the first
+// call granted, which is what RefundID gives back at most.
+func TestIDAllowAtMost(t *testing.T) {
+	t.Parallel()
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		for _, shape := range idShapes {
+			t.Run(string(s)+"/"+shape.name, func(t *testing.T) {
+				t.Parallel()
+				ctx := t.Context()
+				pool := testdb.Pool(t)
+				schema := testdb.Schema(t)
+				lim := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Strategy: s, Limits: shape.limits})
+				atMost := func(id string, n int) pglimit.Decision {
+					t.Helper()
+					d, err := lim.AllowAtMost(pglimit.WithID(ctx, id), "k", n)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return d
+				}
+				if d := atMost("a", 2); !d.Allowed || d.Replayed || d.Granted != 2 || d.Remaining != 1 {
+					t.Fatalf("first AllowAtMost a = %+v, want 2 granted, 1 left", d)
+				}
+				if d := atMost("a", 2); !d.Allowed || !d.Replayed || d.Granted != 2 || d.Remaining != 1 {
+					t.Fatalf("retry of a = %+v, want the first decision replayed", d)
+				}
+				if d := atMost("b", 5); !d.Allowed || d.Replayed || d.Granted != 1 || d.Remaining != 0 {
+					t.Fatalf("AllowAtMost b of 5 with 1 left = %+v, want 1 granted", d)
+				}
+				if d := atMost("b", 5); !d.Allowed || !d.Replayed || d.Granted != 1 {
+					t.Fatalf("retry of b = %+v, want its 1 unit replayed", d)
+				}
+				if _, err := pglimit.RefundID(ctx, lim, "b", 2); !errors.Is(err, pglimit.ErrInvalidCost) {
+					t.Fatalf("RefundID of 2 units of b, which took 1: %v, want ErrInvalidCost", err)
+				}
+				// Latest first, as Refund's: each admission weighs on the
+				// key as it left it.
+				for _, r := range []struct {
+					id string
+					n  int
+				}{{"b", 1}, {"a", 2}} {
+					if ok, err := pglimit.RefundID(ctx, lim, r.id, r.n); err != nil || !ok {
+						t.Fatalf("RefundID of %s's %d units = %t, %v", r.id, r.n, ok, err)
+					}
+				}
+				if p, err := lim.Peek(ctx, "k", 3); err != nil || !p.Allowed || p.Remaining != 0 {
+					t.Fatalf("after the refunds: %+v, %v, want all 3 units back", p, err)
+				}
+				if n := idRows(t, pool, schema, lim); n != 2 {
+					t.Fatalf("%d ids stored, want 2", n)
+				}
+			})
+		}
+	}
+}
+
+// Reserve with an id is charged once: a retry replays the reservation with
+// what is left of its delay. A Wait whose context ends keeps its
+// reservation, so that its retry waits only the rest of it.
+func TestIDReserve(t *testing.T) {
+	t.Parallel()
+	hourly := pglimit.Limit{Name: "hourly", Rate: 1, Period: time.Hour, Burst: 1}
+	shapes := map[string][]pglimit.Limit{
+		"single":  {hourly},
+		"general": {hourly, {Name: "daily", Rate: 10, Period: 24 * time.Hour, Burst: 10}},
+	}
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		for name, limits := range shapes {
+			t.Run(string(s)+"/"+name, func(t *testing.T) {
+				t.Parallel()
+				ctx := t.Context()
+				pool := testdb.Pool(t)
+				lim := newLimiterOn(t, pool, pglimit.Config{Schema: testdb.Schema(t), Strategy: s, Limits: limits})
+				reserve := func(id string, maxDelay time.Duration) pglimit.Decision {
+					t.Helper()
+					d, err := lim.Reserve(pglimit.WithID(ctx, id), "k", 1, maxDelay)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return d
+				}
+				if d := reserve("r1", 2*time.Hour); !d.Allowed || d.Delay != 0 {
+					t.Fatalf("r1 = %+v, want admitted at once", d)
+				}
+				first := reserve("r2", 2*time.Hour)
+				if !first.Allowed || first.Replayed || first.Delay < 59*time.Minute {
+					t.Fatalf("r2 = %+v, want admitted in about an hour", first)
+				}
+				time.Sleep(50 * time.Millisecond)
+				again := reserve("r2", 0)
+				if !again.Allowed || !again.Replayed || again.Delay > first.Delay-50*time.Millisecond || again.Delay < first.Delay-time.Minute {
+					t.Fatalf("retry of r2 = %+v, want the reservation of %s replayed, 50ms less", again, first.Delay)
+				}
+				// A Wait ended while it waits keeps its reservation.
+				wctx, cancel := context.WithCancel(pglimit.WithID(ctx, "w"))
+				time.AfterFunc(100*time.Millisecond, cancel)
+				if _, err := pglimit.Wait(wctx, lim, "k"); !errors.Is(err, context.Canceled) {
+					t.Fatalf("Wait w cancelled: %v, want context.Canceled", err)
+				}
+				if d := reserve("w", 0); !d.Allowed || !d.Replayed || d.Delay < 119*time.Minute || d.Delay > 2*time.Hour {
+					t.Fatalf("retry of w = %+v, want its reservation, about two hours ahead", d)
+				}
+				// r2 and w each hold one reservation, not two and not none.
+				if d := reserve("r3", 4*time.Hour); !d.Allowed || d.Replayed || d.Delay < 179*time.Minute || d.Delay > 3*time.Hour {
+					t.Fatalf("r3 = %+v, want admitted about three hours ahead", d)
+				}
+			})
+		}
 	}
 }
 

@@ -365,14 +365,22 @@ func (l *limiter) AllowAtMost(ctx context.Context, key string, n int) (Decision,
 		if l.plain.general == nil { // Range: a cooldown grants one unit at a time
 			return l.run(ctx, l.allowQuery(key, 1))
 		}
-		return l.run(ctx, l.generalQuery(key, n, modeAtMost, 0))
+		return l.runID(ctx, l.generalQuery(key, n, modeAtMost, 0))
 	})
 }
 
 func (l *limiter) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error) {
 	return l.decide(ctx, request{op: opReserve, key: key, n: n, via: direct}, l.checkReserve(n, maxDelay), func(ctx context.Context) (Decision, error) {
-		return l.run(ctx, l.generalQuery(key, n, modeReserve, maxDelay))
+		return l.runID(ctx, l.generalQuery(key, n, modeReserve, maxDelay))
 	})
+}
+
+// runID runs q in its own transaction, with the id ctx carries if any.
+func (l *limiter) runID(ctx context.Context, q query) (Decision, error) {
+	if id, ok := IDFrom(ctx); ok {
+		return l.decideID(ctx, nil, q, id)
+	}
+	return l.run(ctx, q)
 }
 
 // checkReserve validates Reserve's arguments: a strategy that reserves

@@ -31,7 +31,9 @@ func Wait(ctx context.Context, lim Limiter, key string) (Decision, error) {
 // ends during the wait gives its units back with [Limiter.Refund], which
 // succeeds while no later reservation has been made on the key (as
 // x/time/rate's Reservation.Cancel, as much as the reservations after it
-// allow); else the units stay spent, which never over-admits. WaitN then
+// allow); else the units stay spent, which never over-admits. A waiter
+// with a decision id ([WithID]) keeps them instead: its retry with the id
+// replays the reservation and waits only what is left of it. WaitN then
 // returns ctx's cause ([context.Cause]) at most 250 ms after ctx ends, as
 // it does when ctx ends while the reservation's statement runs.
 //
@@ -88,9 +90,11 @@ func WaitAtMost(ctx context.Context, lim Limiter, key string, n int, maxDelay ti
 	case <-t.C:
 		return d, nil
 	case <-ctx.Done():
-		giveBack, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
-		defer cancel()
-		_, _ = lim.Refund(giveBack, d, n) // false or an error: the units stay spent
+		if _, ok := IDFrom(ctx); !ok {
+			giveBack, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+			defer cancel()
+			_, _ = lim.Refund(giveBack, d, n) // false or an error: the units stay spent
+		}
 		return Decision{}, context.Cause(ctx)
 	}
 }

@@ -73,19 +73,59 @@ func TestIdempotencyKey(t *testing.T) {
 	}
 }
 
-// IdempotencyKey applies where decisions take ids: not with MaxDelay,
-// Levels or Concurrency.
+// IdempotencyKey applies where decisions take ids: not with Levels or
+// Concurrency.
 func TestIdempotencyKeyConfig(t *testing.T) {
 	t.Parallel()
 	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Cooldown: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pglimithttp.Middleware(lim, &pglimithttp.Config{IdempotencyKey: true, MaxDelay: time.Second}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
-		t.Errorf("with MaxDelay: %v", err)
-	}
 	if _, err := pglimithttp.Levels([]pglimithttp.Level{{Limiter: lim, KeyFunc: pglimithttp.FromHeader("X")}}, &pglimithttp.Config{IdempotencyKey: true}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
 		t.Errorf("Levels: %v", err)
+	}
+}
+
+// With MaxDelay, a held request's Idempotency-Key keeps its slot: a retry
+// after it was served is replayed at once and charged nothing.
+func TestIdempotencyKeyHeld(t *testing.T) {
+	t.Parallel()
+	const period = time.Second
+	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Schema: testdb.Schema(t), Limits: []pglimit.Limit{{Name: "api", Rate: 1, Period: period, Burst: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := pglimithttp.Middleware(lim, &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User"), IdempotencyKey: true, MaxDelay: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d, _ := pglimithttp.DecisionFrom(r.Context()); d.Replayed {
+			w.Header().Set("X-Replayed", "1")
+		}
+	}))
+	do := func(key string) (*httptest.ResponseRecorder, time.Duration) {
+		t.Helper()
+		req := httptest.NewRequest("POST", "/", nil)
+		req.Header.Set("X-User", "bob")
+		req.Header.Set("Idempotency-Key", key)
+		rec := httptest.NewRecorder()
+		start := time.Now()
+		h.ServeHTTP(rec, req)
+		return rec, time.Since(start)
+	}
+	if rec, _ := do("a"); rec.Code != http.StatusOK {
+		t.Fatalf("a: %d", rec.Code)
+	}
+	if rec, took := do("b"); rec.Code != http.StatusOK || took < period/2 {
+		t.Fatalf("b: %d after %s, want 200 after being held about %s", rec.Code, took, period)
+	}
+	if rec, took := do("b"); rec.Code != http.StatusOK || rec.Header().Get("X-Replayed") != "1" || took >= period/2 {
+		t.Fatalf("retry of b: %d, replayed %q, after %s; want 200, replayed, at once", rec.Code, rec.Header().Get("X-Replayed"), took)
+	}
+	// Two slots were taken, not three: the next is at most a period away.
+	if d, err := lim.Peek(t.Context(), "bob", 1); err != nil || d.Allowed || d.RetryAfter > period*3/2 {
+		t.Fatalf("after a, b and b's retry: %+v, %v; want the next slot within %s", d, err, period*3/2)
 	}
 }
 

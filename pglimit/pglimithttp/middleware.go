@@ -216,8 +216,10 @@ type Config struct {
 	// retry too. A request a middleware inside this one answers is given
 	// back by its id ([pglimit.RefundID]), and with Settle a request is
 	// settled by its id ([pglimit.SettleID]); a retry is replayed,
-	// charged nothing and not settled. Middleware only, without MaxDelay.
-	// Defaults to false.
+	// charged nothing and not settled. With MaxDelay, a held request whose
+	// client goes away keeps its slot, and its retry is held only for what
+	// is left of it ([pglimit.WaitAtMost]). Middleware only. Defaults to
+	// false.
 	IdempotencyKey bool
 }
 
@@ -252,9 +254,6 @@ func Middleware(lim pglimit.Limiter, cfg *Config) (func(http.Handler) http.Handl
 		if err := validatePolicy(l.Name); err != nil {
 			return nil, fmt.Errorf("%w: limiter's Limits[%d].Name: %w", ErrInvalidConfig, i, err)
 		}
-	}
-	if g.cfg.IdempotencyKey && g.cfg.MaxDelay > 0 {
-		return nil, fmt.Errorf("%w: IdempotencyKey with MaxDelay: decision ids do not apply to held requests yet", ErrInvalidConfig)
 	}
 	if g.cfg.MaxDelay < 0 {
 		return nil, fmt.Errorf("%w: MaxDelay: must not be negative, got %s", ErrInvalidConfig, g.cfg.MaxDelay)

@@ -88,9 +88,12 @@ FROM current
 WHERE expires_at > now + $5::bigint * interval '1 microsecond' AND NOT EXISTS (SELECT FROM decided)
 {{end}}
 
--- general.allow_id is general.allow with the id claimed. Placeholders:
--- general.allow's, and ids. $1 namespace, $2 key, $3 the key's lock class,
--- $4 n, $5 the id, $6 the id's retention in µs.
+-- general.allow_id is general.allow with the id claimed, in any of its
+-- modes. Placeholders: general.allow's; ids; id and retention, the
+-- parameters of the id and its retention in µs ($5 and $6, or $6 and $7
+-- after Reserve's maximum delay); mode_column and mode_value, empty for
+-- Allow's mode (the column's default), else the mode column and its value.
+-- $1 namespace, $2 key, $3 the key's lock class, $4 n.
 {{define "general.allow_id"}}
 WITH locked AS (
     SELECT t.state, t.expires_at FROM {{.table}} AS t
@@ -113,8 +116,8 @@ WITH locked AS (
 ), decided AS (
     SELECT x.*, {{.admits}} AS admits, {{.new_state}} AS new_state, {{.new_expires}} AS new_expires FROM stamp AS x
 ), claimed AS (
-    INSERT INTO {{.ids}} (namespace, id, key, n, state, tat, now, expires_at)
-    SELECT $1, $5, $2, $4, d.state, d.tat, d.now, timestamptz 'epoch' + (d.now + $6::bigint) * interval '1 microsecond'
+    INSERT INTO {{.ids}} (namespace, id, key, n, state, tat, now, expires_at{{.mode_column}})
+    SELECT $1, {{.id}}, $2, $4, d.state, d.tat, d.now, timestamptz 'epoch' + (d.now + {{.retention}}::bigint) * interval '1 microsecond'{{.mode_value}}
     FROM decided AS d WHERE d.admits
     ON CONFLICT (namespace, id) DO NOTHING
     RETURNING 1
@@ -139,12 +142,11 @@ SELECT false, false, x.state, x.tat, x.now, NULL::text FROM current AS x
 WHERE NOT {{.admits}} AND NOT EXISTS (SELECT FROM decided WHERE admits)
 {{end}}
 
--- ids.lookup_fast and ids.lookup_general read an id's row: what its
--- decision statement answered (ids.lookup_general with the state), its key,
--- units, and whether it was refunded by id (done). $1 namespace, $2 the id. Placeholder: ids.
-{{define "ids.lookup_fast"}}
-SELECT tat, now, key, n, done FROM {{.ids}} WHERE namespace = $1 AND id = $2
-{{end}}
-{{define "ids.lookup_general"}}
-SELECT state, tat, now, key, n, done FROM {{.ids}} WHERE namespace = $1 AND id = $2
+-- ids.lookup reads an id's row: what its decision statement answered
+-- (with the general statement's state and mode), its key, units, whether
+-- it was refunded or settled by id (done), and the time now, in µs. $1
+-- namespace, $2 the id. Placeholder: ids.
+{{define "ids.lookup"}}
+SELECT state, tat, now, key, n, done, mode, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+FROM {{.ids}} WHERE namespace = $1 AND id = $2
 {{end}}
