@@ -22,7 +22,7 @@ CREATE TABLE pglimit_ids (
     now        bigint      NOT NULL, -- µs: the database time of the decision
     expires_at timestamptz NOT NULL,
     done       text,      -- 'refunded' or 'settled' once RefundID or SettleID applied; NULL before
-    mode       smallint    NOT NULL DEFAULT 0, -- the general statement's mode: 0 Allow, 1 AllowAtMost, 2 Reserve
+    mode       smallint    NOT NULL DEFAULT 0, -- the deciding statement's mode: 0 Allow, 1 AllowAtMost, 2 Reserve, 3 a level of AllowAll
     PRIMARY KEY (namespace, id)
 );
 

@@ -38,8 +38,9 @@ var (
 	// Range; AllowAll, Refund, Settle and a limit's Debt on a table Citus
 	// distributes; Refund and Settle of units served from a lease; a
 	// decision id ([WithID]) on any call but Allow, AllowN, AllowTx,
-	// AllowTxN, AllowAtMost and Reserve of an Upsert or NoWait limiter
-	// without Overrides on a table Citus does not distribute (not yet).
+	// AllowTxN, AllowAtMost, Reserve and AllowAll of Upsert or NoWait
+	// limiters without Overrides or shadow mode (AllowAll's) on a table
+	// Citus does not distribute (not yet).
 	ErrUnsupported = fault.ErrUnsupported
 
 	// ErrReadOnly reports a server that cannot write: a standby, a former

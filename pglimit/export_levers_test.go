@@ -44,7 +44,7 @@ func Statements(lim Limiter) map[string]string {
 	if l.cfg.Strategy != Range {
 		// AllowAll of two keys of lim, in lock order.
 		table := pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()
-		s["hierarchy"] = hierarchySQL([]level{{l: l, key: "k1", table: table}, {l: l, key: "k2", index: 1, table: table}}, false)
+		s["hierarchy"] = hierarchySQL([]level{{l: l, key: "k1", table: table}, {l: l, key: "k2", index: 1, table: table}}, false, false)
 	}
 	if l.plain.general != nil {
 		s["general"] = l.plain.general.own[modeAllow]

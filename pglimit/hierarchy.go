@@ -78,6 +78,12 @@ func (d Decisions) Refused() []int {
 // never refuses the request. n must fit every level's limits
 // ([ErrInvalidCost]). An admitted level's decision can be refunded with
 // its limiter's Refund.
+//
+// With a decision id ([WithID]), the admission stores the id at every
+// level, in its limiter's namespace: a retry replays every level's first
+// decision and charges none, and each level is refunded or settled by the
+// id at its own limiter ([RefundID], [SettleID]). An id that another
+// decision holds at any level is [ErrInvalidID] and changes nothing.
 func AllowAll(ctx context.Context, n int, charges ...Charge) (Decisions, error) {
 	return allowAll(ctx, nil, n, charges)
 }
@@ -97,20 +103,30 @@ func AllowAllTx(ctx context.Context, tx DB, n int, charges ...Charge) (Decisions
 
 // allowAll is AllowAll, in tx when it is not nil.
 func allowAll(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, error) {
-	if _, ok := IDFrom(ctx); ok {
-		return Decisions{}, fmt.Errorf("%w: a decision id on AllowAll (not yet)", ErrUnsupported)
-	}
 	levels, err := hierarchyLevels(charges, n)
 	if err != nil {
 		return Decisions{}, err
 	}
+	id, hasID := IDFrom(ctx)
+	if hasID {
+		if err := idLevels(levels, id); err != nil {
+			return Decisions{}, err
+		}
+	}
 	first := levels[0].l
-	sql := hierarchyStatements.get(levels, tx != nil)
-	args := make([]any, 0, 2*len(levels)+1)
+	sql := hierarchyStatements.get(levels, tx != nil, hasID)
+	args := make([]any, 0, 2*len(levels)+2)
 	for _, lv := range levels {
 		args = append(args, lv.l.cfg.Namespace, lv.key)
 	}
 	args = append(args, int64(n))
+	if hasID {
+		args = append(args, id)
+	}
+	db := first.db
+	if tx != nil {
+		db = tx
+	}
 	bound := first.cfg.Timeout
 	if tx != nil {
 		bound += txClientTimeoutMargin // the server bounds the waits: lock_timeout
@@ -132,17 +148,39 @@ func allowAll(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, e
 		}
 		return pgtx.InSavepoint(ctx, tx, first.cfg.Timeout, sql, args, scan)
 	}
+	// refused is out, unless a concurrent decision took the id meanwhile:
+	// then that one.
+	refused := func(out Decisions) (Decisions, error) {
+		if !hasID {
+			return out, nil
+		}
+		if first, found, err := replayAll(ctx, db, levels, id); err != nil || found {
+			return first, err
+		}
+		return out, nil
+	}
 	for range maxAttempts {
-		out, missing, err := runHierarchy(run, sql, args, levels, n, tx != nil)
+		out, missing, taken, err := runHierarchy(run, sql, args, levels, n, tx != nil, hasID)
 		switch code := pgtx.Code(err); {
 		case tx != nil && pgtx.ServerTimeout(err):
 			return Decisions{}, fmt.Errorf("%w (AllowAllTx, lock_timeout and statement_timeout %s): %w", ErrTimeout, first.cfg.Timeout, err)
 		case tx != nil && code == pgtx.CodeSerializationFailure:
 			// At REPEATABLE READ or above, a concurrent decision changed
 			// a level's row after the caller's snapshot: it won the race.
-			return lostRaces(levels), nil
+			return refused(lostRaces(levels))
+		case hasID && code == pgtx.CodeUniqueViolation:
+			// A level's claim, which has no ON CONFLICT: the id names
+			// another decision in that level's namespace.
+			return Decisions{}, fmt.Errorf("%w: AllowAll: the id %q names another decision in a level's namespace", ErrInvalidID, id)
 		case err != nil:
 			return Decisions{}, fault.Wrap(ctx, "AllowAll", first.cfg.Timeout, err)
+		case taken:
+			if first, found, err := replayAll(ctx, db, levels, id); err != nil || found {
+				return first, err
+			}
+			continue // its rows were deleted since (the cleanup job): decide afresh
+		case len(missing) == 0 && !out.Allowed:
+			return refused(out)
 		case len(missing) == 0:
 			return out, nil
 		}
@@ -161,7 +199,42 @@ func allowAll(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, e
 		}
 	}
 	// The keys kept changing: contention is a refusal.
-	return lostRaces(levels), nil
+	return refused(lostRaces(levels))
+}
+
+// idLevels checks that every level of an AllowAll with the decision id id
+// takes ids, and id.
+func idLevels(levels []level, id string) error {
+	for _, lv := range levels {
+		switch {
+		case lv.l.ids == nil:
+			return fmt.Errorf("%w: a decision id on AllowAll with charges[%d] on the %s strategy or with Overrides (not yet)", ErrUnsupported, lv.index, lv.l.cfg.Strategy)
+		case lv.l.cfg.Shadow:
+			return fmt.Errorf("%w: a decision id on AllowAll with charges[%d] in shadow mode (not yet)", ErrUnsupported, lv.index)
+		}
+	}
+	return ValidateID(id)
+}
+
+// replayAll is the first decision of the AllowAll whose id is id, rebuilt
+// from its levels' rows, and whether it has one: the first level's row in
+// lock order claims the id. A level whose row is missing, or names
+// another key, means the id names another decision.
+func replayAll(ctx context.Context, db DB, levels []level, id string) (Decisions, bool, error) {
+	out := Decisions{Allowed: true, Levels: make([]Decision, len(levels))}
+	for i, lv := range levels {
+		row, found, err := lv.l.lookupID(ctx, db, id)
+		switch {
+		case err != nil:
+			return Decisions{}, false, fault.Wrap(ctx, "AllowAll", lv.l.cfg.Timeout, err)
+		case !found && i == 0:
+			return Decisions{}, false, nil
+		case !found || row.key != lv.key:
+			return Decisions{}, false, fmt.Errorf("%w: AllowAll: the id %q names another decision of charges[%d]'s limiter", ErrInvalidID, id, lv.index)
+		}
+		out.Levels[lv.index] = row.d
+	}
+	return out, true, nil
 }
 
 // lostRaces is the refusal of a request that lost a race at every level.
@@ -244,18 +317,18 @@ type statementCache struct {
 	m  map[statementKey]string
 }
 
-// statementKey names a statement: its limiters, and whether it runs in a
-// caller's transaction.
+// statementKey names a statement: its limiters, whether it runs in a
+// caller's transaction, and whether it claims a decision id.
 type statementKey struct {
 	limiters [MaxLevels]*limiter
-	inTx     bool
+	inTx, id bool
 }
 
 // maxCachedStatements bounds statementCache.
 const maxCachedStatements = 64
 
-func (c *statementCache) get(levels []level, inTx bool) string {
-	k := statementKey{inTx: inTx}
+func (c *statementCache) get(levels []level, inTx, id bool) string {
+	k := statementKey{inTx: inTx, id: id}
 	for i, lv := range levels {
 		k.limiters[i] = lv.l
 	}
@@ -266,19 +339,23 @@ func (c *statementCache) get(levels []level, inTx bool) string {
 		if len(c.m) >= maxCachedStatements {
 			clear(c.m)
 		}
-		sql = hierarchySQL(levels, inTx)
+		sql = hierarchySQL(levels, inTx, id)
 		c.m[k] = sql
 	}
 	return sql
 }
 
 // hierarchySQL writes the statement for levels' limiters (in lock order),
-// in a caller's transaction or its own: its parameters are each level's
-// namespace and key, then n.
-func hierarchySQL(levels []level, inTx bool) string {
-	var snapshot, seen, ownSeen, fits, locks, values, own, decisions, updates, answer, seenAnswer, counted, writes, written []string
+// in a caller's transaction or its own, with a decision id or without: its
+// parameters are each level's namespace and key, then n, then the id.
+func hierarchySQL(levels []level, inTx, id bool) string {
+	var snapshot, seen, ownSeen, fits, locks, values, own, decisions, updates, answer, seenAnswer, counted, writes, written, claims []string
 	async := true
 	nParam := "$" + strconv.Itoa(2*len(levels)+1) + "::bigint"
+	claimed, taken, notTaken := "", "", ""
+	if id {
+		claimed, taken, notTaken = " AND EXISTS (SELECT FROM c0)", ", d.go AND NOT EXISTS (SELECT FROM c0)", ", false"
+	}
 	for i, lv := range levels {
 		is := strconv.Itoa(i)
 		ns, key := "$"+strconv.Itoa(2*i+1), "$"+strconv.Itoa(2*i+2)
@@ -331,7 +408,20 @@ func hierarchySQL(levels []level, inTx bool) string {
 			returning = xactReturning
 			writes = append(writes, "SELECT xmin FROM u"+is)
 		}
-		updates = append(updates, queries.Text("hierarchy.update", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key, "returning": returning}))
+		updates = append(updates, queries.Text("hierarchy.update", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key, "returning": returning, "claimed": claimed}))
+		if id {
+			conflict, after := "ON CONFLICT (namespace, id) DO NOTHING\n    ", claimed
+			if i == 0 {
+				after = ""
+			} else {
+				conflict = ""
+			}
+			claims = append(claims, queries.Text("hierarchy.claim", queries.Args{
+				"i": is, "ids": pgx.Identifier{lv.l.cfg.Schema, idsTable}.Sanitize(), "ns": ns, "key": key,
+				"id": "$" + strconv.Itoa(2*len(levels)+2), "n": nParam, "retention": strconv.FormatInt(lv.l.cfg.IDRetention.Microseconds(), 10),
+				"conflict": conflict, "after": after,
+			})+", ")
+		}
 		written = append(written, "(SELECT count(*) FROM u"+is+")")
 		async = async && lv.l.cfg.AsyncCommit
 	}
@@ -350,12 +440,14 @@ func hierarchySQL(levels []level, inTx bool) string {
 		"decisions": strings.Join(decisions, ",\n        "), "go": "(" + strings.Join(counted, ") AND (") + ")",
 		"updates": strings.Join(updates, ", "), "answer": strings.Join(answer, ", "), "seen_answer": strings.Join(seenAnswer, ", "),
 		"setting": setting, "written": "(" + strings.Join(written, " + ") + ")",
+		"claims": strings.Join(claims, ""), "taken": taken, "not_taken": notTaken,
 	})
 }
 
 // runHierarchy runs the statement once and reads its answer: the decisions
-// (in the charges' order), or the levels whose key has no row yet.
-func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string, args []any, levels []level, n int, inTx bool) (Decisions, []level, error) {
+// (in the charges' order), or the levels whose key has no row yet, or with
+// a decision id (id), that another decision took it.
+func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string, args []any, levels []level, n int, inTx, id bool) (_ Decisions, missing []level, taken bool, _ error) {
 	type row struct {
 		found         int64
 		state         []int64
@@ -372,6 +464,9 @@ func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string
 		rows     = make([]row, len(levels))
 	)
 	dest := []any{&locked, &admitted, &now, &setting, &written}
+	if id {
+		dest = append(dest, &taken)
+	}
 	for i, lv := range levels {
 		dest = append(dest, &rows[i].found, &rows[i].state, &rows[i].tat)
 		if lv.l.cfg.Overrides {
@@ -379,18 +474,17 @@ func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string
 		}
 	}
 	if err := run(sql, args, func(row pgx.Row) error { return row.Scan(dest...) }); err != nil {
-		return Decisions{}, nil, unknownZone(levels[0].l.cfg.Limits, err)
+		return Decisions{}, nil, false, unknownZone(levels[0].l.cfg.Limits, err)
 	}
 	// Unlocked, the rows are the snapshot's, on which a level refused: a
 	// key without a row stands as a new one.
-	var missing []level
 	for i, lv := range levels {
 		if locked && rows[i].found == 0 {
 			missing = append(missing, lv)
 		}
 	}
-	if len(missing) > 0 {
-		return Decisions{}, missing, nil
+	if len(missing) > 0 || taken {
+		return Decisions{}, missing, taken, nil
 	}
 	out := Decisions{Allowed: admitted, Levels: make([]Decision, len(levels))}
 	wrote := int64(0)
@@ -400,7 +494,7 @@ func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string
 		if l.cfg.Overrides {
 			var err error
 			if limits, policy, err = l.ownLimits(r.rates, r.bursts, r.unknown, n, modeAllow, 0); err != nil {
-				return Decisions{}, nil, fmt.Errorf("key %q: %w", lv.key, err)
+				return Decisions{}, nil, false, fmt.Errorf("key %q: %w", lv.key, err)
 			}
 		}
 		e := arith.Evaluate(specs(limits), r.state, r.tat, now, int64(n), arith.Allow, 0)
@@ -408,9 +502,11 @@ func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string
 		switch {
 		case admitted && e.Allowed:
 			wrote++
-			d = l.withTicket(d, lv.key, limits, e.Anchors)
-			if inTx {
-				d.refund.xact = setting
+			if !id { // with an id, its rows are the tickets (RefundID)
+				d = l.withTicket(d, lv.key, limits, e.Anchors)
+				if inTx {
+					d.refund.xact = setting
+				}
 			}
 		case admitted: // a level in shadow mode that would have refused
 			d = d.shadowed(n)
@@ -424,7 +520,7 @@ func runHierarchy(run func(string, []any, func(pgx.Row) error) error, sql string
 		out.Levels[lv.index] = d
 	}
 	if written != wrote || !admitted && len(out.Refused()) == 0 {
-		return Decisions{}, nil, fmt.Errorf("the database's decision (admitted %t, %d rows written) differs from the library's on the same rows (%d levels admitting): a bug; please report it", admitted, written, wrote)
+		return Decisions{}, nil, false, fmt.Errorf("the database's decision (admitted %t, %d rows written) differs from the library's on the same rows (%d levels admitting): a bug; please report it", admitted, written, wrote)
 	}
-	return out, nil, nil
+	return out, nil, false, nil
 }

@@ -32,6 +32,10 @@ const (
 // (migration 00013).
 const idsTable = "pglimit_ids"
 
+// idModeAll is the mode of an id's row that a level of AllowAll stored:
+// the general statement's state, decided as Allow's (hierarchy.claim).
+const idModeAll = 3
+
 type idContextKey struct{}
 
 // WithID returns a copy of ctx that gives the decision made with it the id
@@ -51,8 +55,9 @@ type idContextKey struct{}
 // Overrides read the id; Peek and Reset ignore it. A replayed
 // reservation's Delay is what is left of the first one's, and a Wait with
 // an id whose ctx ends keeps its reservation for the retry. [AllowAll]
-// with an id is [ErrUnsupported] (not yet), as is a table Citus
-// distributes. An id that is empty, longer
+// and [AllowAllTx] store the id at every level, each refunded or settled
+// by it at its own limiter. A table Citus distributes, and a level in
+// shadow mode, take no ids yet ([ErrUnsupported]). An id that is empty, longer
 // than [MaxIDLength], not valid UTF-8 or that contains a NUL byte makes
 // the call fail with [ErrInvalidID] and write nothing.
 func WithID(ctx context.Context, id string) context.Context {
@@ -295,6 +300,9 @@ func (l *limiter) lookupID(ctx context.Context, db DB, id string) (idRow, bool, 
 	if l.single && mode == modeAllow { // the fast statement's
 		row.d, row.anchors = l.gcraDecision(true, *r.tat, r.now, row.n), []int64{*r.tat}
 	} else {
+		if mode == idModeAll {
+			mode = modeAllow
+		}
 		var maxDelay int64
 		if mode == modeReserve { // it was admitted: within any maximum
 			maxDelay = maxPeriod.Microseconds()

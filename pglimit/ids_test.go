@@ -152,6 +152,9 @@ func TestIDInvalid(t *testing.T) {
 		if _, err := lim.AllowTx(pglimit.WithID(ctx, id), tx, "k"); !errors.Is(err, pglimit.ErrInvalidID) {
 			t.Errorf("AllowTx with id %q: %v, want ErrInvalidID", id, err)
 		}
+		if _, err := pglimit.AllowAll(pglimit.WithID(ctx, id), 1, pglimit.Charge{Limiter: lim, Key: "k"}); !errors.Is(err, pglimit.ErrInvalidID) {
+			t.Errorf("AllowAll with id %q: %v, want ErrInvalidID", id, err)
+		}
 	}
 	if err := pglimit.ValidateID(strings.Repeat("x", pglimit.MaxIDLength)); err != nil {
 		t.Errorf("an id of MaxIDLength: %v", err)
@@ -176,9 +179,11 @@ func TestIDUnsupported(t *testing.T) {
 	lim := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Limits: idShapes[0].limits})
 	rng := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Strategy: pglimit.Range, Cooldown: time.Hour})
 	idCtx := pglimit.WithID(ctx, "x")
+	own := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Namespace: "own", Overrides: true, Limits: idShapes[0].limits})
 	calls := map[string]func() error{
-		"AllowAll": func() error {
-			_, err := pglimit.AllowAll(idCtx, 1, pglimit.Charge{Limiter: lim, Key: "k"})
+		"Overrides": func() error { _, err := own.Allow(idCtx, "k"); return err },
+		"AllowAll with Overrides": func() error {
+			_, err := pglimit.AllowAll(idCtx, 1, pglimit.Charge{Limiter: lim, Key: "k"}, pglimit.Charge{Limiter: own, Key: "k"})
 			return err
 		},
 		"Range":             func() error { _, err := rng.Allow(idCtx, "k"); return err },

@@ -11,6 +11,7 @@ import (
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 )
 
 // With IdempotencyKey, a retried request (same Idempotency-Key, quoted
@@ -73,16 +74,87 @@ func TestIdempotencyKey(t *testing.T) {
 	}
 }
 
-// IdempotencyKey applies where decisions take ids: not with Levels or
-// Concurrency.
+// IdempotencyKey applies where decisions take ids: not with
+// Concurrency, whose slots take none.
 func TestIdempotencyKeyConfig(t *testing.T) {
 	t.Parallel()
-	lim, err := pglimit.New(testdb.Pool(t), &pglimit.Config{Cooldown: time.Second})
+	sem, err := pglimitsem.New(testdb.Pool(t), &pglimitsem.Config{Schema: testdb.Schema(t), Slots: 1, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pglimithttp.Levels([]pglimithttp.Level{{Limiter: lim, KeyFunc: pglimithttp.FromHeader("X")}}, &pglimithttp.Config{IdempotencyKey: true}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
-		t.Errorf("Levels: %v", err)
+	if _, err := pglimithttp.Concurrency(sem, &pglimithttp.Config{IdempotencyKey: true}); !errors.Is(err, pglimithttp.ErrInvalidConfig) {
+		t.Errorf("Concurrency: %v", err)
+	}
+}
+
+// With Levels, a retried request is charged once at every level, and one
+// a handler inside answers is given back at every level by its id.
+func TestIdempotencyKeyLevels(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	newLim := func(ns string) pglimit.Limiter {
+		lim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Namespace: ns, Limits: []pglimit.Limit{{Name: ns, Rate: 3, Period: time.Hour, Burst: 3}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	}
+	org, user := newLim("org"), newLim("user")
+	mw, err := pglimithttp.Levels([]pglimithttp.Level{
+		{Limiter: org, KeyFunc: pglimithttp.FromHeader("X-Org")},
+		{Limiter: user, KeyFunc: pglimithttp.FromHeader("X-User")},
+	}, &pglimithttp.Config{IdempotencyKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stacked inside: a middleware that refuses every request of "carol".
+	inner, err := pglimithttp.Middleware(newLim("inner"), &pglimithttp.Config{KeyFunc: pglimithttp.FromHeader("X-User"), CostFunc: func(r *http.Request) (int, error) {
+		if r.Header.Get("X-User") == "carol" {
+			return 3, nil
+		}
+		return 1, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var replayed []bool
+	h := mw(inner(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ds, _ := pglimithttp.DecisionsFrom(r.Context())
+		replayed = append(replayed, ds.Levels[0].Replayed && ds.Levels[1].Replayed)
+	})))
+	do := func(user, key string) int {
+		t.Helper()
+		req := httptest.NewRequest("POST", "/", nil)
+		req.Header.Set("X-Org", "acme")
+		req.Header.Set("X-User", user)
+		req.Header.Set("Idempotency-Key", key)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if c1, c2 := do("bob", "a"), do("bob", "a"); c1 != http.StatusOK || c2 != http.StatusOK {
+		t.Fatalf("a and its retry: %d, %d", c1, c2)
+	}
+	if len(replayed) != 2 || replayed[0] || !replayed[1] {
+		t.Fatalf("handlers saw every level replayed: %v, want [false true]", replayed)
+	}
+	// carol's first request takes the inner limit's 3 units; her second
+	// (another key) is refused inside, and given back at both levels.
+	if c := do("carol", "b"); c != http.StatusOK {
+		t.Fatalf("carol's b: %d", c)
+	}
+	if c := do("carol", "c"); c != http.StatusTooManyRequests {
+		t.Fatalf("carol's c: %d, want 429 from inside", c)
+	}
+	for _, c := range []struct {
+		lim  pglimit.Limiter
+		key  string
+		want int
+	}{{org, "acme", 0}, {user, "bob", 1}, {user, "carol", 1}} {
+		if d, err := c.lim.Peek(t.Context(), c.key, 1); err != nil || !d.Allowed || d.Remaining != c.want {
+			t.Errorf("%s %s has %d left after one more (%v), want %d: a and b charged once each, c given back", c.lim.Policy().Namespace, c.key, d.Remaining, err, c.want)
+		}
 	}
 }
 

@@ -48,9 +48,6 @@ func Levels(levels []Level, cfg *Config) (func(http.Handler) http.Handler, error
 	if err := noFlow(cfg); err != nil {
 		return nil, err
 	}
-	if cfg != nil && cfg.IdempotencyKey {
-		return nil, fmt.Errorf("%w: Levels: IdempotencyKey (AllowAll takes no decision ids yet)", ErrInvalidConfig)
-	}
 	g, err := newGate(cfg)
 	if err != nil {
 		return nil, err
@@ -125,7 +122,19 @@ func (lm *levelsMiddleware) serve(w http.ResponseWriter, r *http.Request, next h
 	for i := range charges {
 		charges[i].Key = keys[i]
 	}
-	ds, err := pglimit.AllowAll(r.Context(), cost, charges...)
+	ctx := r.Context()
+	var id string
+	if m.cfg.IdempotencyKey {
+		var has bool
+		if id, has, err = idempotencyKey(r.Header); err != nil {
+			m.badID(w, r, keys[0], err)
+			return
+		}
+		if has {
+			ctx = pglimit.WithID(ctx, id)
+		}
+	}
+	ds, err := pglimit.AllowAll(ctx, cost, charges...)
 	switch {
 	case errors.Is(err, pglimit.ErrInvalidCost):
 		m.badCost(w, r, keys[0], err)
@@ -151,12 +160,16 @@ func (lm *levelsMiddleware) serve(w http.ResponseWriter, r *http.Request, next h
 			// At once, so that the answer waits one Timeout at most.
 			var wg sync.WaitGroup
 			for i, d := range ds.Levels {
-				wg.Go(func() { m.giveBack(r, lm.charges[i].Limiter, d) })
+				if id != "" {
+					wg.Go(func() { m.giveBackID(r, lm.charges[i].Limiter, id, d) })
+				} else {
+					wg.Go(func() { m.giveBack(r, lm.charges[i].Limiter, d) })
+				}
 			}
 			wg.Wait()
 		case rc != nil:
 			for i, d := range ds.Levels {
-				m.settle(w, r, lm.charges[i].Limiter, "", d, rc)
+				m.settle(w, r, lm.charges[i].Limiter, id, d, rc)
 			}
 		}
 	default:

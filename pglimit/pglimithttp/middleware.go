@@ -218,7 +218,8 @@ type Config struct {
 	// settled by its id ([pglimit.SettleID]); a retry is replayed,
 	// charged nothing and not settled. With MaxDelay, a held request whose
 	// client goes away keeps its slot, and its retry is held only for what
-	// is left of it ([pglimit.WaitAtMost]). Middleware only. Defaults to
+	// is left of it ([pglimit.WaitAtMost]). Middleware and Levels (the id
+	// at every level: [pglimit.AllowAll]), not Concurrency. Defaults to
 	// false.
 	IdempotencyKey bool
 }

@@ -49,13 +49,30 @@
         (SELECT (extract(epoch FROM l.expires_at) * 1000000)::bigint FROM l{{.i}} AS l) AS tat{{.i}}{{end}}
 
 -- hierarchy.update writes level i's new state if the statement admits.
--- Placeholders: i, table, ns, key, returning.
+-- Placeholders: i, table, ns, key, returning; claimed, empty, or with a
+-- decision id the condition that the statement claimed it.
 {{define "hierarchy.update"}}u{{.i}} AS (
     UPDATE {{.table}} AS t
     SET state = d.ns{{.i}}, expires_at = timestamptz 'epoch' + d.ne{{.i}} * interval '1 microsecond'
     FROM decided AS d
-    WHERE t.namespace = {{.ns}} AND t.key = {{.key}} AND d.go AND d.a{{.i}}
+    WHERE t.namespace = {{.ns}} AND t.key = {{.key}} AND d.go AND d.a{{.i}}{{.claimed}}
     RETURNING 1{{.returning}}
+){{end}}
+
+-- hierarchy.claim stores the decision id of an admission for level i, in
+-- its namespace's ids table, as the general statement's id row of
+-- AllowAll's mode (3). The first level's claim (conflict, DO NOTHING)
+-- decides: a concurrent statement with the same id waits for it, and then
+-- writes nothing. The other levels' claims follow it (after) and have no
+-- ON CONFLICT: an id another decision holds in a level's namespace fails
+-- the statement, which then wrote nothing. Placeholders: i, ids, ns, key,
+-- id, n, retention (µs, a constant), conflict, after.
+{{define "hierarchy.claim"}}c{{.i}} AS (
+    INSERT INTO {{.ids}} (namespace, id, key, n, state, tat, now, expires_at, mode)
+    SELECT {{.ns}}, {{.id}}, {{.key}}, {{.n}}, d.s{{.i}}, d.tat{{.i}}, d.now,
+        timestamptz 'epoch' + (d.now + {{.retention}}) * interval '1 microsecond', 3
+    FROM decided AS d WHERE d.go{{.after}}
+    {{.conflict}}RETURNING 1
 ){{end}}
 
 -- hierarchy.allow assembles the statement. Placeholders: snapshot, the
@@ -68,7 +85,10 @@
 -- admits; updates, the levels' hierarchy.update; written, how many rows
 -- they wrote; answer and seen_answer, the answer's columns per level, of
 -- d and of g; setting, the extra column of an admission
--- (synchronous_commit, or the writer's id in a transaction). The answer's
+-- (synchronous_commit, or the writer's id in a transaction); claims, with
+-- a decision id, the levels' hierarchy.claim, each followed by a comma,
+-- taken and not_taken, the answer's column saying that the id was taken
+-- by another decision (after a comma), else all three empty. The answer's
 -- first column says whether the rows were locked: if not, the guard
 -- refused, and the rest is the snapshot's.
 {{define "hierarchy.allow"}}
@@ -88,11 +108,11 @@ WITH seen AS MATERIALIZED (
 ), decided AS (
     SELECT x.*, {{.decisions}}, {{.go}} AS go
     FROM x{{.own}}
-), {{.updates}}
-SELECT true, d.go, d.now, CASE WHEN d.go THEN {{.setting}} END, {{.written}}, {{.answer}}
+), {{.claims}}{{.updates}}
+SELECT true, d.go, d.now, CASE WHEN d.go THEN {{.setting}} END, {{.written}}{{.taken}}, {{.answer}}
 FROM decided AS d WHERE (SELECT g.fits FROM guard AS g)
 UNION ALL
-SELECT false, false, g.now, NULL, 0, {{.seen_answer}}
+SELECT false, false, g.now, NULL, 0{{.not_taken}}, {{.seen_answer}}
 FROM guard AS g WHERE NOT g.fits
 {{end}}
 
