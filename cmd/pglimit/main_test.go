@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -484,5 +485,25 @@ func TestHealthCommand(t *testing.T) {
 	}
 	if code, out, errOut := b.pglimit(t, "health", "a", "b"); code != 2 {
 		t.Errorf("health with two names: exit %d, %s%s; want 2", code, out, errOut)
+	}
+}
+
+// A standby that could not be read counts as infinitely behind: the table
+// shows +Inf, and -json, which has no infinity, a null value.
+func TestHealthUnreadStandby(t *testing.T) {
+	st := []pglimithealth.State{{
+		Name: "backfills", Rate: 1, Over: true, Signal: pglimithealth.StandbyReplayDelay,
+		Value: math.Inf(1), Threshold: 5, Samples: 3, Leader: "worker-1",
+	}}
+	var table, js bytes.Buffer
+	if err := (printer{w: &table}).health("", st); err != nil || !strings.Contains(table.String(), "standby_replay_delay +Inf > 5") {
+		t.Errorf("table: %v\n%s", err, table.String())
+	}
+	if err := (printer{w: &js, json: true}).health("", st); err != nil {
+		t.Fatalf("-json of an infinite value: %v", err)
+	}
+	var got []map[string]any
+	if err := json.Unmarshal(js.Bytes(), &got); err != nil || len(got) != 1 || got[0]["value"] != nil || got[0]["signal"] != "standby_replay_delay" {
+		t.Errorf("-json: %v, %s; want the signal with a null value", err, js.String())
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -343,13 +344,15 @@ func size(n int64) string {
 // health prints each health throttle's rate and why it is there.
 func (p printer) health(name string, states []pglimithealth.State) error {
 	if p.json {
+		// Value is null where it is not finite: a standby that could not
+		// be read counts as infinitely behind (+Inf in the table).
 		type throttle struct {
 			Name      string    `json:"name"`
 			Rate      int64     `json:"rate"`
 			Since     time.Time `json:"since"`
 			Over      bool      `json:"over"`
 			Signal    string    `json:"signal"`
-			Value     float64   `json:"value"`
+			Value     *float64  `json:"value"`
 			Threshold float64   `json:"threshold"`
 			SampledAt time.Time `json:"sampled_at"`
 			Leader    string    `json:"leader"`
@@ -357,7 +360,11 @@ func (p printer) health(name string, states []pglimithealth.State) error {
 		}
 		out := []throttle{}
 		for _, s := range states {
-			out = append(out, throttle{s.Name, s.Rate, s.Since, s.Over, string(s.Signal), s.Value, s.Threshold, s.SampledAt, s.Leader, s.Samples})
+			var value *float64
+			if !math.IsInf(s.Value, 0) && !math.IsNaN(s.Value) {
+				value = &s.Value
+			}
+			out = append(out, throttle{s.Name, s.Rate, s.Since, s.Over, string(s.Signal), value, s.Threshold, s.SampledAt, s.Leader, s.Samples})
 		}
 		return p.encode(out)
 	}

@@ -48,10 +48,18 @@
 //     leader's host vanishes.
 //   - Each sample is bounded by a statement_timeout of max(Period, 1s) on
 //     the leader's session, and given up 1s after that if the server
-//     goes silent.
+//     goes silent. With [StandbyReplayDelay], the leader first reads
+//     every standby at once, for at most max(Period, 1s) more: one query
+//     per standby per sample, by the leader alone.
+//   - A standby that cannot be read in that time counts as infinitely
+//     behind (+Inf, over any threshold), as freno and the Vitess
+//     throttler count an unreachable replica: from the first sample that
+//     begins after it stopped answering.
 //
-// The signals read the primary's views: replication lag is that of the
-// standbys connected now (a standby that is disconnected is not seen).
+// The signals but one read the primary's views: [ReplicationLag] is that
+// of the standbys connected now (a standby that is disconnected is not
+// seen). [StandbyReplayDelay] reads each standby of [Config.Standbys]
+// itself, so a standby disconnected or unreachable is seen as behind.
 // The throttle needs PostgreSQL 14 or later, a real session (not
 // PgBouncer transaction pooling) for its election, and a role with
 // pg_monitor (or pg_read_all_stats): one without never leads
@@ -109,11 +117,20 @@ const (
 	// throttle's previous sample (by any leader: the position is stored
 	// with the state); 0 at the first sample.
 	WALRate Kind = "wal_rate"
+	// StandbyReplayDelay is the largest replay delay of the standbys of
+	// [Config.Standbys], read on each standby itself, in seconds: 0 for a
+	// standby that streams from its primary and has replayed all the WAL
+	// it received; otherwise the age of the last transaction it replayed
+	// (now() - pg_last_xact_replay_timestamp(), on the standby's clock).
+	// A standby that cannot be read within max(Period, 1s), or that is
+	// behind with no transaction replayed since it started, counts as
+	// infinitely behind: +Inf, over any threshold.
+	StandbyReplayDelay Kind = "standby_replay_delay"
 )
 
 // Kinds returns every signal kind.
 func Kinds() []Kind {
-	return []Kind{ReplicationLag, ReplicationLagBytes, ActiveSessions, LockWaiters, WALRate}
+	return []Kind{ReplicationLag, ReplicationLagBytes, ActiveSessions, LockWaiters, WALRate, StandbyReplayDelay}
 }
 
 // signalSQL names each kind's statement, a scalar subquery.
@@ -123,6 +140,7 @@ var signalSQL = map[Kind]string{
 	ActiveSessions:      "health.signal.active_sessions",
 	LockWaiters:         "health.signal.lock_waiters",
 	WALRate:             "health.signal.wal_rate",
+	StandbyReplayDelay:  "health.signal.standby_replay_delay",
 }
 
 // Signal is one signal and the threshold past which the rate decreases.
@@ -155,6 +173,14 @@ type Config struct {
 
 	// Signals are what the throttle reads, at least one, each kind once.
 	Signals []Signal
+
+	// Standbys are pools to the standbys that the [StandbyReplayDelay]
+	// signal reads: required with that signal, refused without it, none
+	// nil. Each sample the leader alone runs one query on each, all at
+	// once; other instances send them nothing (and open no connection,
+	// while a pool's MinConns is 0). A pool whose server is not in
+	// recovery fails the sample with [ErrNotStandby].
+	Standbys []*pgxpool.Pool
 
 	// Floor and Ceiling bound the rate: 1 <= Floor <= Ceiling <= 2^30,
 	// and no more than the limit's Period has microseconds.
@@ -233,6 +259,8 @@ type Throttle struct {
 	cfg     Config
 	ns      string
 	stmt    string
+	standby string   // the query each standby answers
+	unread  []string // each standby's last read error, for the log; the loop's own
 	elector *leadership.Elector
 	lockKey int64           // the election's advisory lock, per schema and Name
 	svc     service.Service // the sampling loop
@@ -267,7 +295,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Throttle, error) {
 		rows[i] = fmt.Sprintf("('%s', %s, %s::float8)", s.Kind, queries.Text(signalSQL[s.Kind], queries.Args{"health": health}),
 			strconv.FormatFloat(s.Threshold, 'g', -1, 64))
 	}
-	t := &Throttle{pool: pool, cfg: c, ns: ns}
+	t := &Throttle{pool: pool, cfg: c, ns: ns, standby: queries.Static("health.standby"), unread: make([]string, len(c.Standbys))}
 	t.stmt = queries.Text("health.sample", queries.Args{
 		"signals":   strings.Join(rows, ", "),
 		"health":    health,
@@ -361,6 +389,17 @@ func (cfg *Config) validate() (Config, string, error) {
 			return bad("Signals[%d]: %s is listed twice", i, s.Kind)
 		}
 	}
+	reads := slices.ContainsFunc(c.Signals, func(s Signal) bool { return s.Kind == StandbyReplayDelay })
+	switch {
+	case reads && len(c.Standbys) == 0:
+		return bad("signal %s needs Standbys", StandbyReplayDelay)
+	case !reads && len(c.Standbys) > 0:
+		return bad("%d Standbys, but no %s signal reads them", len(c.Standbys), StandbyReplayDelay)
+	}
+	if i := slices.Index(c.Standbys, nil); i >= 0 {
+		return bad("Standbys[%d] is nil", i)
+	}
+	c.Standbys = slices.Clone(c.Standbys)
 	if c.ID == "" {
 		host, _ := os.Hostname()
 		c.ID = fmt.Sprintf("%s/%d", cmp.Or(host, "unknown"), os.Getpid())
@@ -437,19 +476,95 @@ func (t *Throttle) loop(ctx context.Context) {
 	}
 }
 
-// sample takes one sample on the leader's session and writes the rate.
+// sample takes one sample on the leader's session and writes the rate:
+// first the standbys' replay delay, where a signal reads it, then one
+// statement.
 func (t *Throttle) sample(ctx context.Context) (State, error) {
 	var s State
+	c := t.cfg
+	args := []any{c.Name, c.Floor, c.Ceiling, c.Increase, c.Decrease, t.ns, c.Key, c.Limit, c.ID}
+	if len(c.Standbys) > 0 {
+		delay, err := t.standbyDelay(ctx)
+		if err != nil {
+			return s, err
+		}
+		args = append(args, delay)
+	}
 	// The server's statement_timeout bounds a slow statement; this, a
 	// server or network gone silent.
 	ctx, cancel := context.WithTimeout(ctx, t.sampleTimeout()+silentGrace)
 	defer cancel()
 	err := t.elector.Do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-		c := t.cfg
-		return scanState(conn.QueryRow(ctx, t.stmt, c.Name, c.Floor, c.Ceiling, c.Increase, c.Decrease,
-			t.ns, c.Key, c.Limit, c.ID), &s)
+		return scanState(conn.QueryRow(ctx, t.stmt, args...), &s)
 	})
 	return s, err
+}
+
+// ErrNotStandby is why a sample fails when a pool of [Config.Standbys]
+// reaches a server that is not in recovery: a primary, or a standby since
+// promoted. The sample writes nothing, so the rate holds where it was,
+// and the leader logs it.
+var ErrNotStandby = errors.New("pglimithealth: a pool of Config.Standbys reaches a server that is not a standby (not in recovery)")
+
+// standbyDelay reads every standby's replay delay at once, each within
+// max(Period, 1s), and returns the largest: +Inf for a standby that cannot
+// be read in that time or whose delay is unknown. A standby that is not
+// one ([ErrNotStandby]), or whose role cannot read pg_stat_wal_receiver
+// ([ErrNoStats]), fails the sample.
+func (t *Throttle) standbyDelay(ctx context.Context) (float64, error) {
+	readCtx, cancel := context.WithTimeout(ctx, t.sampleTimeout())
+	defer cancel()
+	delays := make([]float64, len(t.cfg.Standbys))
+	errs := make([]error, len(t.cfg.Standbys))
+	var wg sync.WaitGroup
+	for i, pool := range t.cfg.Standbys {
+		wg.Go(func() { delays[i], errs[i] = t.readStandby(readCtx, pool) })
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	where := func(i int) string {
+		cc := t.cfg.Standbys[i].Config().ConnConfig
+		return fmt.Sprintf("Standbys[%d] (%s:%d)", i, cc.Host, cc.Port)
+	}
+	worst := 0.0
+	for i, err := range errs {
+		switch {
+		case errors.Is(err, ErrNotStandby) || errors.Is(err, ErrNoStats):
+			return 0, fmt.Errorf("%s: %w", where(i), err)
+		case err != nil:
+			if err.Error() != t.unread[i] {
+				t.cfg.Logger.Warn("pglimithealth: a standby cannot be read; it counts as infinitely behind",
+					"throttle", t.cfg.Name, "standby", where(i), "err", err)
+			}
+			t.unread[i] = err.Error()
+		case t.unread[i] != "":
+			t.cfg.Logger.Info("pglimithealth: a standby can be read again", "throttle", t.cfg.Name, "standby", where(i))
+			t.unread[i] = ""
+		}
+		worst = max(worst, delays[i])
+	}
+	return worst, nil
+}
+
+// readStandby reads one standby's replay delay: +Inf, with the error,
+// where it cannot.
+func (t *Throttle) readStandby(ctx context.Context, pool *pgxpool.Pool) (float64, error) {
+	var inRecovery, stats bool
+	var delay *float64
+	if err := pool.QueryRow(ctx, t.standby).Scan(&inRecovery, &stats, &delay); err != nil {
+		return math.Inf(1), err
+	}
+	switch {
+	case !inRecovery:
+		return 0, ErrNotStandby
+	case !stats:
+		return 0, ErrNoStats
+	case delay == nil: // behind, and no transaction replayed since it started
+		return math.Inf(1), nil
+	}
+	return max(0, *delay), nil // a clock behind the primary's reads below 0
 }
 
 func scanState(row pgx.Row, s *State) error {
@@ -463,7 +578,8 @@ func scanState(row pgx.Row, s *State) error {
 
 // ErrNoStats is why an instance whose role lacks pg_read_all_stats never
 // leads: its signals would read other roles' sessions and the standbys'
-// lag as nothing. Its election logs it, once.
+// lag as nothing. Its election logs it, once. A standby pool whose role
+// lacks it fails each sample with it.
 var ErrNoStats = errors.New("pglimithealth: the role cannot read every session's statistics: GRANT pg_monitor (or pg_read_all_stats) to it")
 
 // acquire takes a connection out of the pool for the election, bounding

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -155,15 +157,22 @@ type pressure struct{ on, off func() }
 //     period;
 //  5. every instance stopped, trouble gone: the rate holds at the floor
 //     until a new instance samples.
-func scenario(t *testing.T, url string, sig pglimithealth.Signal, p pressure) {
+//
+// standbys are the throttles' Config.Standbys.
+func scenario(t *testing.T, url string, sig pglimithealth.Signal, p pressure, standbys ...*pgxpool.Pool) {
 	ctx := t.Context()
 	schema := testdb.SchemaOn(t, url, nil)
 	pool := testdb.PoolOn(t, url)
 	samples := make(chan pglimithealth.State, 1000)
+	config := func(id string) *pglimithealth.Config {
+		cfg := throttleConfig(schema, id, sig, samples)
+		cfg.Standbys = standbys
+		return cfg
+	}
 
 	began := time.Now()
-	a := start(t, pool, throttleConfig(schema, "a", sig, samples))
-	a2 := start(t, pool, throttleConfig(schema, "a2", sig, samples))
+	a := start(t, pool, config("a"))
+	a2 := start(t, pool, config("a2"))
 
 	// 1. Healthy: the first sample sets the ceiling.
 	first := nextSample(t, samples, "at the ceiling", func(s pglimithealth.State) bool { return s.Rate == ceiling })
@@ -253,7 +262,7 @@ func scenario(t *testing.T, url string, sig pglimithealth.Signal, p pressure) {
 		t.Fatalf("with no leader the key's limit became %d; it must hold the floor %d", got, floor)
 	}
 	drain(samples)
-	start(t, pool, throttleConfig(schema, "b", sig, samples))
+	start(t, pool, config("b"))
 	b := nextSample(t, samples, "by the new instance", func(pglimithealth.State) bool { return true })
 	// It carries on from the floor: one increase, or none where the signal
 	// is still over its threshold (WAL a second stays high while the
@@ -290,8 +299,9 @@ func replicaPair(t *testing.T) (primary, standby *pgserver.Server) {
 }
 
 // The standby's replay is paused under write load: replication lag grows
-// past 0.5s (or 256 kB of WAL), the rate falls to the floor, and recovers
-// after the replay resumes.
+// past 0.5s (or 256 kB of WAL), as the primary sees it and as the standby
+// itself does, the rate falls to the floor, and recovers after the replay
+// resumes.
 func TestReplicationLagThrottle(t *testing.T) {
 	testdb.Slow(t)
 	primary, standby := replicaPair(t)
@@ -329,8 +339,192 @@ func TestReplicationLagThrottle(t *testing.T) {
 	for _, sig := range []pglimithealth.Signal{
 		{Kind: pglimithealth.ReplicationLag, Threshold: 0.5},
 		{Kind: pglimithealth.ReplicationLagBytes, Threshold: 256 << 10},
+		{Kind: pglimithealth.StandbyReplayDelay, Threshold: 0.5},
 	} {
-		t.Run(string(sig.Kind), func(t *testing.T) { scenario(t, primary.URL(), sig, p) })
+		var standbys []*pgxpool.Pool
+		if sig.Kind == pglimithealth.StandbyReplayDelay {
+			standbys = []*pgxpool.Pool{sp}
+		}
+		t.Run(string(sig.Kind), func(t *testing.T) { scenario(t, primary.URL(), sig, p, standbys...) })
+	}
+}
+
+// A standby cut off from its primary reads as behind by the age of the
+// last transaction it replayed, where the primary sees no standby at all.
+// A standby that stops answering (its processes stopped, as when its host
+// goes silent), and then one shut down, counts as infinitely behind from
+// the first sample that begins after: the rate falls to the floor at the
+// sample after that, and climbs back once the standby answers again.
+func TestStandbyUnreachable(t *testing.T) {
+	testdb.Slow(t)
+	primary, standby := replicaPair(t)
+	t.Cleanup(func() { _ = standby.Thaw() }) // before replicaPair's Close
+	pp, sp := testdb.PoolOn(t, primary.URL()), testdb.PoolOn(t, standby.URL())
+	schema := testdb.SchemaOn(t, primary.URL(), nil)
+	samples := make(chan pglimithealth.State, 1000)
+	var log syncBuffer
+	cfg := throttleConfig(schema, "a", pglimithealth.Signal{Kind: pglimithealth.StandbyReplayDelay, Threshold: 5}, samples)
+	cfg.Standbys = []*pgxpool.Pool{sp}
+	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	start(t, pp, cfg)
+	nextSample(t, samples, "at the ceiling", func(s pglimithealth.State) bool { return s.Rate == ceiling })
+
+	// lagging checks that the standby, out of reach since just before,
+	// counts as infinitely behind by the second sample from now: the
+	// first may have read it before. The floor comes at the next.
+	lagging := func(what string) {
+		t.Helper()
+		began := time.Now()
+		latest := status(t, pp, schema).Samples
+		over := nextSample(t, samples, what+": over", func(s pglimithealth.State) bool { return s.Over })
+		low := nextSample(t, samples, what+": at the floor", func(s pglimithealth.State) bool { return s.Rate == floor })
+		t.Logf("%s: %s after, %v; then %v", what, time.Since(began), over, low)
+		if over.Samples > latest+2 || !math.IsInf(over.Value, 1) || over.Signal != pglimithealth.StandbyReplayDelay || over.Rate != ceiling/10 {
+			t.Errorf("%s: the first sample over is %v; want number %d at the latest, of %s, +Inf, rate %d",
+				what, over, latest+2, pglimithealth.StandbyReplayDelay, ceiling/10)
+		}
+		if low.Samples != over.Samples+1 {
+			t.Errorf("%s: the floor at sample %d, want the next after %d", what, low.Samples, over.Samples)
+		}
+		// A silent standby is given up after max(Period, 1s): samples
+		// go on, at most that much apart plus a period and a statement.
+		if gap := low.SampledAt.Sub(over.SampledAt); gap > 10*time.Second {
+			t.Errorf("%s: samples %s apart with the standby out of reach", what, gap)
+		}
+		if st := status(t, pp, schema); !strings.Contains(st.String(), "standby_replay_delay +Inf > 5") {
+			t.Errorf("%s: Status says %q", what, st)
+		}
+	}
+
+	// Cut off: no primary_conninfo, so its WAL receiver stops. It has
+	// replayed all it received; the throttle's own samples commit on the
+	// primary every period, and it replays none of them.
+	var conninfo string
+	if err := sp.QueryRow(t.Context(), "SHOW primary_conninfo").Scan(&conninfo); err != nil || conninfo == "" {
+		t.Fatalf("primary_conninfo %q, %v", conninfo, err)
+	}
+	setConninfo := func(v string) {
+		t.Helper()
+		var stmt string
+		if err := sp.QueryRow(t.Context(), "SELECT format('ALTER SYSTEM SET primary_conninfo = %L', $1::text)", v).Scan(&stmt); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sp.Exec(t.Context(), stmt); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sp.Exec(t.Context(), "SELECT pg_reload_conf()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setConninfo("")
+	over := nextSample(t, samples, "cut off: over", func(s pglimithealth.State) bool { return s.Over })
+	var connected int
+	if err := pp.QueryRow(t.Context(), "SELECT count(*) FROM pg_stat_replication").Scan(&connected); err != nil || connected != 0 {
+		t.Errorf("the primary sees %d standbys (%v); want none, cut off", connected, err)
+	}
+	t.Logf("cut off: %v", over)
+	if over.Signal != pglimithealth.StandbyReplayDelay || math.IsInf(over.Value, 0) || over.Value <= 5 {
+		t.Errorf("cut off: %v; want the standby's finite delay past 5s", over)
+	}
+	nextSample(t, samples, "cut off: at the floor", func(s pglimithealth.State) bool { return s.Rate == floor })
+	setConninfo(conninfo)
+	nextSample(t, samples, "streaming again: healthy", func(s pglimithealth.State) bool { return !s.Over })
+	nextSample(t, samples, "streaming again: at the ceiling", func(s pglimithealth.State) bool { return s.Rate == ceiling })
+
+	if err := standby.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	lagging("frozen")
+	if !strings.Contains(log.String(), "cannot be read") {
+		t.Errorf("no log line says the standby cannot be read: %s", log.String())
+	}
+	if err := standby.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	nextSample(t, samples, "healthy once thawed", func(s pglimithealth.State) bool { return !s.Over })
+	nextSample(t, samples, "back at the ceiling", func(s pglimithealth.State) bool { return s.Rate == ceiling })
+	if !strings.Contains(log.String(), "can be read again") {
+		t.Errorf("no log line says the standby can be read again: %s", log.String())
+	}
+
+	if err := standby.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lagging("shut down")
+}
+
+// A standby pool whose role lacks pg_read_all_stats (which
+// pg_stat_wal_receiver's status needs) fails every sample with ErrNoStats,
+// in the log: nothing is written.
+func TestStandbyRoleWithoutStats(t *testing.T) {
+	testdb.Slow(t)
+	primary, standby := replicaPair(t)
+	pp := testdb.PoolOn(t, primary.URL())
+	schema := testdb.SchemaOn(t, primary.URL(), nil)
+	if _, err := pp.Exec(t.Context(), "CREATE ROLE nostats LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := pgxpool.ParseConfig(standby.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.User = "nostats"
+	sp, err := pgxpool.NewWithConfig(t.Context(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sp.Close)
+	// The role reaches the standby with the WAL that creates it.
+	for deadline := time.Now().Add(patience); sp.Ping(t.Context()) != nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the role never reached the standby")
+		}
+	}
+	samples := make(chan pglimithealth.State, 100)
+	var log syncBuffer
+	cfg := throttleConfig(schema, "a", pglimithealth.Signal{Kind: pglimithealth.StandbyReplayDelay, Threshold: 5}, samples)
+	cfg.Standbys = []*pgxpool.Pool{sp}
+	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	th := start(t, pp, cfg)
+	for deadline := time.Now().Add(patience); !strings.Contains(log.String(), pglimithealth.ErrNoStats.Error()); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line says ErrNoStats: %s", log.String())
+		}
+	}
+	if !th.Leader() || len(samples) != 0 {
+		t.Errorf("leader %t, %d samples; want the leader, with none", th.Leader(), len(samples))
+	}
+	if st, err := pglimithealth.Status(t.Context(), pp, schema, ""); err != nil || len(st) != 0 {
+		t.Errorf("Status: %v, %v; want nothing written", st, err)
+	}
+}
+
+// A pool of Standbys that reaches a primary fails every sample with
+// ErrNotStandby, in the log: nothing is written, so no rate is set.
+func TestStandbyNotAStandby(t *testing.T) {
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	samples := make(chan pglimithealth.State, 100)
+	var log syncBuffer
+	cfg := throttleConfig(schema, "a", pglimithealth.Signal{Kind: pglimithealth.StandbyReplayDelay, Threshold: 5}, samples)
+	cfg.Period = 50 * time.Millisecond
+	cfg.Standbys = []*pgxpool.Pool{pool}
+	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	th := start(t, pool, cfg)
+	for deadline := time.Now().Add(patience); !strings.Contains(log.String(), pglimithealth.ErrNotStandby.Error()); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line says ErrNotStandby: %s", log.String())
+		}
+	}
+	time.Sleep(5 * cfg.Period)
+	if !th.Leader() || len(samples) != 0 {
+		t.Errorf("leader %t, %d samples; want the leader, with none", th.Leader(), len(samples))
+	}
+	if st, err := pglimithealth.Status(t.Context(), pool, schema, ""); err != nil || len(st) != 0 {
+		t.Errorf("Status: %v, %v; want nothing written", st, err)
+	}
+	if own, err := pglimit.ListKeyLimits(t.Context(), pool, cfg.Limiter, "", 10); err != nil || len(own) != 0 {
+		t.Errorf("the key's limits: %+v, %v; want none written", own, err)
 	}
 }
 
@@ -408,6 +602,14 @@ func TestInvalidConfig(t *testing.T) {
 		"unknown limit": func(c *pglimithealth.Config) { c.Limit = "other" },
 		"empty name":    func(c *pglimithealth.Config) { c.Name = "" },
 		"empty key":     func(c *pglimithealth.Config) { c.Key = "" },
+		"standby signal without standbys": func(c *pglimithealth.Config) {
+			c.Signals[0] = pglimithealth.Signal{Kind: pglimithealth.StandbyReplayDelay, Threshold: 5}
+		},
+		"standbys without the signal": func(c *pglimithealth.Config) { c.Standbys = []*pgxpool.Pool{pool} },
+		"nil standby pool": func(c *pglimithealth.Config) {
+			c.Signals[0] = pglimithealth.Signal{Kind: pglimithealth.StandbyReplayDelay, Threshold: 5}
+			c.Standbys = []*pgxpool.Pool{pool, nil}
+		},
 		"burst too slow at the floor": func(c *pglimithealth.Config) {
 			c.Limiter.Limits[0].Period, c.Limiter.Limits[0].Burst = 24*time.Hour, 1000
 			c.Floor, c.Ceiling = 1, 1

@@ -21,13 +21,37 @@
 -- 0 at the first. {{.health}} is the state table, $1 the throttle's name.
 {{define "health.signal.wal_rate"}}coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), h.wal_lsn) / nullif(extract(epoch FROM now() - h.sampled_at), 0) FROM {{.health}} h WHERE h.name = $1), 0)::float8{{end}}
 
+-- standby_replay_delay: the largest replay delay of the standbys, which
+-- the leader read on each of them just before (health.standby) and passes
+-- as $10: +Infinity for one it could not read.
+{{define "health.signal.standby_replay_delay"}}$10::float8{{end}}
+
+-- health.standby runs on each standby of a StandbyReplayDelay signal:
+-- whether the server is in recovery, whether the role may read
+-- pg_stat_wal_receiver's status (pg_read_all_stats), and the replay delay
+-- in seconds: 0 while its WAL receiver streams and it has replayed all it
+-- received; otherwise the age of the last transaction it replayed, on its
+-- own clock (NULL, so unknown, when it replayed none since it started).
+-- The throttle's own sample commits every period on the primary, so a
+-- standby that keeps up replays a transaction at least that often. The
+-- functions are those of PostgreSQL 10 and later.
+{{define "health.standby"}}
+SELECT pg_is_in_recovery(), pg_has_role('pg_read_all_stats', 'USAGE'),
+       CASE WHEN pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()
+                 AND coalesce((SELECT status = 'streaming' FROM pg_stat_wal_receiver), false)
+            THEN 0
+            ELSE extract(epoch FROM now() - pg_last_xact_replay_timestamp())
+       END::float8
+{{end}}
+
 -- health.sample is the whole period's work, one statement on the leader's
 -- session: it samples the signals ({{.signals}}, rows of (signal, value,
 -- threshold)), applies the rule to the rate the throttle's row holds
 -- (the ceiling if none), and writes the new rate to the throttle key's
 -- overrides row (no expiry) and the state to pglimit_health.
 --   $1 name, $2 floor, $3 ceiling, $4 increase, $5 decrease,
---   $6 namespace, $7 key, $8 limit name, $9 leader id.
+--   $6 namespace, $7 key, $8 limit name, $9 leader id, and $10 the
+--   standbys' replay delay where a signal reads it.
 -- The rule: over = (value > threshold for the worst signal);
 --   over:     rate' = max(floor, floor(rate * decrease))
 --   not over: rate' = min(ceiling, rate + increase)
