@@ -53,6 +53,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/pgserver"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
 	"github.com/pglimit/cooldown/pglimit/pglimitprom"
 )
@@ -377,7 +378,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 // metrics with reg. Every instance runs one; only the elected leader
 // deletes. The returned function stops it.
 func startCleanup(ctx context.Context, pool *pgxpool.Pool, cfg config, logger *slog.Logger, reg prometheus.Registerer) (stop func(context.Context) error, err error) {
-	cleaner, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{
+	cleaner, err := pglimitclean.New(pool, &pglimitclean.Config{
 		Schema:    cfg.schema,
 		Interval:  cfg.cleanupInterval,
 		Retention: cfg.cleanupRetention,

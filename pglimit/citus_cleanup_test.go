@@ -10,17 +10,18 @@ import (
 	"time"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 )
 
 var citusCleanTables = []string{"pglimit_upsert", "pglimit_nowait", "pglimit_range", "pglimit_upsert_unlogged", "pglimit_nowait_unlogged"}
 
 // startCitusCleaners starts n cleaners of every limiter table of schema,
 // each on a pool of its own, stopped (within a bound) when the test ends.
-func startCitusCleaners(t *testing.T, schema string, n int, retention time.Duration) []*pglimit.Cleaner {
+func startCitusCleaners(t *testing.T, schema string, n int, retention time.Duration) []*pglimitclean.Cleaner {
 	t.Helper()
-	var out []*pglimit.Cleaner
+	var out []*pglimitclean.Cleaner
 	for i := range n {
-		c, err := pglimit.NewCleaner(citusPool(t, 2), &pglimit.CleanerConfig{
+		c, err := pglimitclean.New(citusPool(t, 2), &pglimitclean.Config{
 			Schema: schema, Tables: citusCleanTables, Interval: 50 * time.Millisecond,
 			Retention: retention, BatchSize: 500,
 			Logger: slog.New(slog.NewTextHandler(t.Output(), nil)).With("instance", i),

@@ -96,7 +96,7 @@ type Config struct {
 	// admission writes no WAL, so it waits for no WAL flush. The price: a
 	// database crash or immediate shutdown empties them, so every key
 	// starts afresh, and a replica has no copy. Like Redis without
-	// persistence. List them in [CleanerConfig.Tables] to clean them.
+	// persistence. List them in pglimitclean.Config.Tables to clean them.
 	// (Admissions on every Upsert and NoWait table are HOT updates: no
 	// index covers expires_at.)
 	Table string

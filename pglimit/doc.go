@@ -64,10 +64,10 @@
 // # Cleanup
 //
 // The Range table gains a row per admission, the others a row per key ever
-// seen. Run a [Cleaner] in every instance: they elect one leader through a
-// PostgreSQL advisory lock, and it deletes, in batches, rows whose limits have
-// all replenished more than CleanerConfig.Retention ago. Cleaner.Stats exposes
-// what it did for metrics.
+// seen. Run a cleaner (package pglimitclean) in every instance: they elect
+// one leader through a PostgreSQL advisory lock, and it deletes, in
+// batches, rows whose limits have all replenished more than its Retention
+// ago. A program that only decides does not link it, nor its scheduler.
 //
 // # Recorded policies
 //

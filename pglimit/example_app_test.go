@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 	"github.com/pglimit/cooldown/pglimit/pglimithttp"
 	"github.com/pglimit/cooldown/pglimit/pglimitprom"
 )
@@ -77,7 +78,7 @@ func serve(ctx context.Context, databaseURL string, ln net.Listener) error {
 
 	// Every instance runs a cleaner; they elect one leader, which alone
 	// deletes the rows of ended limits.
-	cleaner, err := pglimit.NewCleaner(pool, nil)
+	cleaner, err := pglimitclean.New(pool, nil)
 	if err != nil {
 		return err
 	}

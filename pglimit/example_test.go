@@ -91,36 +91,6 @@ func ExampleLimiter_Allow() {
 	// false 1m0s
 }
 
-func ExampleNewCleaner() {
-	ctx := context.Background()
-	pool := migratedPool(ctx) // as in the package example
-	defer pool.Close()
-
-	// In every instance: they elect one leader, which alone deletes rows
-	// whose limits ended more than Retention ago, every Interval.
-	cleaner, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{
-		Interval:  time.Minute,
-		Retention: 10 * time.Minute,
-	})
-	if err != nil {
-		panic(err)
-	}
-	if err := cleaner.Start(ctx); err != nil {
-		panic(err)
-	}
-
-	// At shutdown, give a running batch a few seconds to finish; Stop
-	// releases leadership so that another instance takes over.
-	stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := cleaner.Stop(stopCtx); err != nil {
-		panic(err)
-	}
-	fmt.Println("leader after Stop:", cleaner.Stats().Leader)
-	// Output:
-	// leader after Stop: false
-}
-
 // migratedPool stands for the application's pool, with the migrations
 // applied.
 func migratedPool(ctx context.Context) *pgxpool.Pool {

@@ -3,31 +3,7 @@ package pglimit
 import (
 	"context"
 	"time"
-
-	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 )
-
-// CleanerHooks exposes the cleaner's test hooks to package pglimit_test.
-// Each runs synchronously on the cleaner's goroutines.
-type CleanerHooks struct {
-	BatchStart func(table string)
-	BatchEnd   func(table string, rows int64, err error)
-	Leader     func(leader bool)
-	Stopping   func()
-	BatchWait  func(table string)
-}
-
-// SetCleanerHooks makes a cleaner built from cfg call h.
-func SetCleanerHooks(cfg *CleanerConfig, h CleanerHooks) {
-	cfg.hooks = &cleanerHooks{batchStart: h.BatchStart, batchEnd: h.BatchEnd, leader: h.Leader, stopping: h.Stopping, batchWait: h.BatchWait}
-}
-
-// CleanerLockKey is the advisory lock key the cleaners of schema and
-// tables (none: the default tables) compete for.
-func CleanerLockKey(schema string, tables ...string) int64 {
-	c, _ := (&CleanerConfig{Schema: schema, Tables: tables}).withDefaults()
-	return lockid.Cleanup(c.Schema, c.Tables)
-}
 
 // DecisionAt is the database time a decision used, in microseconds since
 // the Unix epoch; 0 when it did not come from the database.

@@ -469,35 +469,6 @@ func TestIDRetryStorm(t *testing.T) {
 	}
 }
 
-// The cleaner deletes the ids whose retention ended (more than its own
-// Retention ago), and keeps the others: an id it deleted is decided afresh.
-func TestCleanerDeletesExpiredIDs(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	f := newFleet(t, 1, func(c *pglimit.CleanerConfig) { c.Retention = time.Nanosecond })
-	lim := newLimiterOn(t, f.admin, pglimit.Config{Schema: f.schema, Limits: []pglimit.Limit{{Rate: 100, Period: time.Hour, Burst: 100}}})
-	for _, id := range []string{"old", "kept"} {
-		if d, err := lim.Allow(pglimit.WithID(ctx, id), "k"); err != nil || !d.Allowed {
-			t.Fatalf("Allow %s: %+v, %v", id, d, err)
-		}
-	}
-	ids := pgx.Identifier{f.schema, "pglimit_ids"}.Sanitize()
-	// As if old's day of retention had passed.
-	if _, err := f.admin.Exec(ctx, "UPDATE "+ids+" SET expires_at = now() - interval '1 second' WHERE id = 'old'"); err != nil {
-		t.Fatal(err)
-	}
-	f.w.until(t, "old deleted", func() bool { return f.count(t, "pglimit_ids", "id = 'old'") == 0 })
-	if n := f.count(t, "pglimit_ids", "id = 'kept'"); n != 1 {
-		t.Fatalf("the id within its retention was deleted (%d rows)", n)
-	}
-	if d, err := lim.Allow(pglimit.WithID(ctx, "old"), "k"); err != nil || !d.Allowed || d.Replayed {
-		t.Errorf("old after its deletion = %+v, %v, want decided afresh", d, err)
-	}
-	if d, err := lim.Allow(pglimit.WithID(ctx, "kept"), "k"); err != nil || !d.Replayed {
-		t.Errorf("kept = %+v, %v, want replayed", d, err)
-	}
-}
-
 // IDRetention defaults to a day and is bounded.
 func TestIDRetentionBounds(t *testing.T) {
 	t.Parallel()

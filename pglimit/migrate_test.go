@@ -15,6 +15,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 )
 
 var databaseSeq atomic.Int64
@@ -274,7 +275,7 @@ func TestMigrateWhileCreatedElsewhere(t *testing.T) {
 				go func() { errs <- pglimit.Migrate(ctx, pool, "tenant") }()
 			}
 			// Commit once a Migrate waits for the uncommitted row.
-			deadline := time.Now().Add(waitTimeout)
+			deadline := time.Now().Add(30 * time.Second)
 			for waiting := 0; waiting == 0; {
 				if time.Now().After(deadline) {
 					t.Fatal("no Migrate waits for the uncommitted " + tc.name)
@@ -463,36 +464,31 @@ func TestLeastPrivilegedRoles(t *testing.T) {
 		t.Fatalf("Range without btree_gist: %+v, %v; want refused with ErrNoExclusionConstraint and ErrExtension naming the fix", d, err)
 	}
 
-	if st, err := pglimit.InspectCleaner(ctx, appPool, &pglimit.CleanerConfig{Tables: []string{"pglimit_upsert", "pglimit_nowait"}}); err != nil || len(st.Tables) != 2 {
-		t.Fatalf("InspectCleaner as the runtime role: %+v, %v", st, err)
+	if st, err := pglimitclean.Inspect(ctx, appPool, &pglimitclean.Config{Tables: []string{"pglimit_upsert", "pglimit_nowait"}}); err != nil || len(st.Tables) != 2 {
+		t.Fatalf("Inspect of the cleaner as the runtime role: %+v, %v", st, err)
 	}
 
 	// The cleanup role deletes what has expired.
 	exec(admin, "INSERT INTO pglimit_upsert (namespace, key, expires_at) VALUES ('old', 'k', now() - interval '1 hour')")
-	var batchErr atomic.Pointer[error]
-	w := newWatch()
-	cleanCfg := &pglimit.CleanerConfig{Tables: []string{"pglimit_upsert"}, Interval: 20 * time.Millisecond, Retention: time.Nanosecond}
-	pglimit.SetCleanerHooks(cleanCfg, pglimit.CleanerHooks{BatchEnd: func(_ string, _ int64, err error) {
-		if err != nil {
-			batchErr.Store(&err)
-		}
-		w.poke()
-	}})
-	c, err := pglimit.NewCleaner(cleanerPool, cleanCfg)
+	runs := make(chan pglimitclean.Observation, 1)
+	cleanCfg := &pglimitclean.Config{Tables: []string{"pglimit_upsert"}, Interval: 20 * time.Millisecond, Retention: time.Nanosecond, Observer: cleanupRuns(runs)}
+	c, err := pglimitclean.New(cleanerPool, cleanCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w.until(t, "the old row cleaned or a batch failed", func() bool {
-		return batchErr.Load() != nil || c.Stats().RowsDeleted > 0
-	})
+	select {
+	case run := <-runs:
+		if run.Err != nil || run.Rows != 1 {
+			t.Fatalf("cleanup as the cleanup role: %d rows deleted, %v; want the old row", run.Rows, run.Err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no cleanup run as the cleanup role within 30s")
+	}
 	if err := c.Stop(ctx); err != nil {
 		t.Fatal(err)
-	}
-	if err := batchErr.Load(); err != nil {
-		t.Fatalf("cleanup as the cleanup role: %v", *err)
 	}
 
 	// An administrator installs the extension; the owner migrates again.
@@ -502,5 +498,16 @@ func TestLeastPrivilegedRoles(t *testing.T) {
 	}
 	if !rangeHolds(t, appPool, "public", "k") {
 		t.Error("Range after the extension and Migrate: want one admission within the cooldown")
+	}
+}
+
+// cleanupRuns is a cleaner's Observer that sends each run to a channel,
+// dropping those it has no room for.
+type cleanupRuns chan<- pglimitclean.Observation
+
+func (r cleanupRuns) ObserveCleanup(_ context.Context, o pglimitclean.Observation) {
+	select {
+	case r <- o:
+	default:
 	}
 }

@@ -103,22 +103,6 @@ type GiveBackObservation struct {
 	Err       error
 }
 
-// CleanupObserver sees each run of a [Cleaner] on the instance that leads
-// ([CleanerConfig.Observer]).
-type CleanupObserver interface {
-	// ObserveCleanup is called on the cleaner's goroutine once a run has
-	// ended.
-	ObserveCleanup(ctx context.Context, c CleanupObservation)
-}
-
-// CleanupObservation is one cleanup run, as a [CleanupObserver] sees it.
-type CleanupObservation struct {
-	Schema string
-	Rows   int64 // deleted by the run's batches that committed
-	Took   time.Duration
-	Err    error // nil for a run that cleaned every table
-}
-
 // observers are a limiter's Observer and the optional interfaces it
 // implements, found once by New; each nil when absent.
 type observers struct {

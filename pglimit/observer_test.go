@@ -23,14 +23,12 @@ type recorder struct {
 	ends      []pglimit.Observation
 	batches   []pglimit.BatchObservation
 	giveBacks []pglimit.GiveBackObservation
-	cleanups  []pglimit.CleanupObservation
 }
 
 var (
-	_ pglimit.Observer        = (*recorder)(nil)
-	_ pglimit.BatchObserver   = (*recorder)(nil)
-	_ pglimit.LeaseObserver   = (*recorder)(nil)
-	_ pglimit.CleanupObserver = (*recorder)(nil)
+	_ pglimit.Observer      = (*recorder)(nil)
+	_ pglimit.BatchObserver = (*recorder)(nil)
+	_ pglimit.LeaseObserver = (*recorder)(nil)
 )
 
 type startedKey struct{}
@@ -66,12 +64,6 @@ func (r *recorder) ObserveGiveBack(_ context.Context, g pglimit.GiveBackObservat
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.giveBacks = append(r.giveBacks, g)
-}
-
-func (r *recorder) ObserveCleanup(_ context.Context, c pglimit.CleanupObservation) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cleanups = append(r.cleanups, c)
 }
 
 // calls returns the decisions seen so far, and the observations.
@@ -273,30 +265,6 @@ func TestObserverGiveBack(t *testing.T) {
 	for _, g := range obs.giveBacks {
 		if g.Key != "k" || g.Units <= 0 || g.Strategy != pglimit.Upsert || g.Err != nil {
 			t.Errorf("give-back %+v", g)
-		}
-	}
-}
-
-// Each cleanup run of the leader is seen, with the rows it deleted.
-func TestObserverCleanup(t *testing.T) {
-	t.Parallel()
-	obs := &recorder{t: t}
-	f := newFleet(t, 1, func(cfg *pglimit.CleanerConfig) { cfg.Observer = obs })
-	f.seedKeys(t, "pglimit_upsert", "old-", 20, "-1 hour")
-	rows := func() (n int64) {
-		obs.mu.Lock()
-		defer obs.mu.Unlock()
-		for _, c := range obs.cleanups {
-			n += c.Rows
-		}
-		return n
-	}
-	waitFor(t, "the run seen", func() bool { return rows() == 20 })
-	obs.mu.Lock()
-	defer obs.mu.Unlock()
-	for _, c := range obs.cleanups {
-		if c.Schema != f.schema || c.Err != nil {
-			t.Errorf("cleanup %+v", c)
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/internal/pgserver"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 )
 
 // replicaPair starts a durable local cluster and a streaming standby of
@@ -230,9 +231,9 @@ func failover(t *testing.T, synchronous bool, cooldown time.Duration, retry stri
 		t.Fatal(err)
 	}
 	// Two instances' Cleaners, and an Invalidator, through the same hosts.
-	var cleaners []*pglimit.Cleaner
+	var cleaners []*pglimitclean.Cleaner
 	for range 2 {
-		c, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{Schema: schema, Interval: 100 * time.Millisecond, Retention: time.Minute})
+		c, err := pglimitclean.New(pool, &pglimitclean.Config{Schema: schema, Interval: 100 * time.Millisecond, Retention: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

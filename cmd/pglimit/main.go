@@ -25,7 +25,7 @@
 // taken as given, with a warning. The database URL comes from -database-url or
 // DATABASE_URL. Every command is one statement of the library's Go API
 // (Inspect, LimitedKeys, ListKeyLimits, SetKeyLimits, SetKeyLimitsFor,
-// Reset, InspectCleaner, pglimithealth.Status). With -dry-run a command that writes runs in a
+// Reset, pglimitclean.Inspect, pglimithealth.Status). With -dry-run a command that writes runs in a
 // transaction that it rolls back, and prints what it would have done.
 // With -json it prints JSON instead of tables.
 //
@@ -47,6 +47,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 	"github.com/pglimit/cooldown/pglimit/pglimithealth"
 )
 
@@ -280,11 +281,11 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 		}
 		return o.write(ctx, pool, p, name, key, own, *ttl)
 	case "cleaner":
-		cfg := pglimit.CleanerConfig{Schema: o.cfg.Schema, Retention: *retention}
+		cfg := pglimitclean.Config{Schema: o.cfg.Schema, Retention: *retention}
 		if *tables != "" {
 			cfg.Tables = strings.Split(*tables, ",")
 		}
-		st, err := pglimit.InspectCleaner(ctx, pool, &cfg)
+		st, err := pglimitclean.Inspect(ctx, pool, &cfg)
 		if err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 	"github.com/pglimit/cooldown/pglimit/pglimithealth"
 )
 
@@ -284,7 +285,7 @@ func (p printer) done(name, key string, dryRun bool, s *pglimit.KeyState) error 
 	return nil
 }
 
-func (p printer) cleaner(st pglimit.CleanerState) error {
+func (p printer) cleaner(st pglimitclean.State) error {
 	if p.json {
 		type table struct {
 			Table     string `json:"table"`

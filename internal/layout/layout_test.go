@@ -17,7 +17,7 @@ const module = "github.com/pglimit/cooldown"
 // outside the standard library it may import (a trailing / allows a whole
 // tree). It is docs/development.md's "may import" column, held by a test.
 var mayImport = map[string][]string{
-	"pglimit":                     {"github.com/jackc/pgx/v5/", "github.com/go-co-op/gocron/v2", "github.com/pressly/goose/v3", "~/migrations", "~/pglimit/internal/"},
+	"pglimit":                     {"github.com/jackc/pgx/v5/", "github.com/pressly/goose/v3", "~/migrations", "~/pglimit/internal/"},
 	"pglimit/internal/queries":    {},
 	"pglimit/internal/lockid":     {},
 	"pglimit/internal/service":    {},
@@ -31,9 +31,10 @@ var mayImport = map[string][]string{
 	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/leadership"},
 	"pglimit/internal/leadership": {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/service"},
 	"pglimit/pglimitsem":          {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/internal/"},
+	"pglimit/pglimitclean":        {"github.com/jackc/pgx/v5/", "github.com/go-co-op/gocron/v2", "~/pglimit", "~/pglimit/internal/"},
 	"pglimit/pglimithealth":       {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/internal/"},
 	"pglimit/pglimithttp":         {"~/pglimit", "~/pglimit/pglimitsem", "~/internal/onpglimit/observe", "~/internal/onerror"},
-	"pglimit/pglimitprom":         {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitsem", "~/internal/onpglimit/observe"},
+	"pglimit/pglimitprom":         {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitclean", "~/pglimit/pglimitsem", "~/internal/onpglimit/observe"},
 	"pglimit/pglimitsql":          {"github.com/jackc/pgx/v5/", "~/pglimit"},
 	"pglimit/pglimittest":         {"github.com/jackc/pgx/v5/", "~/pglimit", "~/internal/onpglimit/testdb"},
 	"migrations":                  {},
@@ -42,8 +43,8 @@ var mayImport = map[string][]string{
 	"internal/onpglimit/testdb":   {"github.com/jackc/pgx/v5/", "go.uber.org/goleak", "~/pglimit", "~/internal/pgserver"},
 	"internal/pgserver":           {"github.com/jackc/pgx/v5/"},
 	"internal/layout":             {},
-	"cmd/pglimit":                 {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/pglimithealth"},
-	"demo":                        {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimithttp", "~/pglimit/pglimitprom", "~/pglimit/pglimitsem", "~/internal/pgserver"},
+	"cmd/pglimit":                 {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/pglimitclean", "~/pglimit/pglimithealth"},
+	"demo":                        {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitclean", "~/pglimit/pglimithttp", "~/pglimit/pglimitprom", "~/pglimit/pglimitsem", "~/internal/pgserver"},
 }
 
 // testing belongs in the test harnesses only, never in what users run.

@@ -5,12 +5,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 )
 
-// cleanerCollector reads a pglimit.Cleaner's statistics at scrape time.
+// cleanerCollector reads a pglimitclean.Cleaner's statistics at scrape time.
 type cleanerCollector struct {
-	cleaner interface{ Stats() pglimit.CleanerStats }
+	cleaner interface{ Stats() pglimitclean.Stats }
 
 	runs         *prometheus.Desc
 	batches      *prometheus.Desc
@@ -22,7 +22,7 @@ type cleanerCollector struct {
 }
 
 // NewCleanerCollector returns a collector of a cleaner's statistics
-// ([pglimit.Cleaner.Stats]) under pglimit_cleanup_*, labelled
+// ([pglimitclean.Cleaner.Stats]) under pglimit_cleanup_*, labelled
 // cleaner=name. The label tells several cleaners apart; the schema a
 // cleaner cleans is a good name.
 //
@@ -30,7 +30,7 @@ type cleanerCollector struct {
 // first successful run, rather than absent: an alert on
 // time() - pglimit_cleanup_last_success_timestamp_seconds then also fires
 // for cleaners that never succeed. Graphs of the age filter it with > 0.
-func NewCleanerCollector(c interface{ Stats() pglimit.CleanerStats }, name string) prometheus.Collector {
+func NewCleanerCollector(c interface{ Stats() pglimitclean.Stats }, name string) prometheus.Collector {
 	labels := prometheus.Labels{"cleaner": name}
 	desc := func(metric, help string) *prometheus.Desc {
 		return prometheus.NewDesc("pglimit_cleanup_"+metric, help, nil, labels)

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
-	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 	"github.com/pglimit/cooldown/pglimit/pglimitprom"
 )
 
@@ -37,7 +37,7 @@ func TestCleanerCollector(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cleaner, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{
+	cleaner, err := pglimitclean.New(pool, &pglimitclean.Config{
 		Schema:    schema,
 		Interval:  20 * time.Millisecond,
 		Retention: time.Minute,
@@ -120,9 +120,9 @@ func TestCleanerCollector(t *testing.T) {
 func unixSeconds(t time.Time) float64 { return float64(t.Unix()) + float64(t.Nanosecond())/1e9 }
 
 // fakeCleaner reports fixed statistics.
-type fakeCleaner pglimit.CleanerStats
+type fakeCleaner pglimitclean.Stats
 
-func (f fakeCleaner) Stats() pglimit.CleanerStats { return pglimit.CleanerStats(f) }
+func (f fakeCleaner) Stats() pglimitclean.Stats { return pglimitclean.Stats(f) }
 
 func TestCleanerCollectorExposition(t *testing.T) {
 	t.Parallel()

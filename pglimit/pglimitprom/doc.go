@@ -20,7 +20,7 @@
 //	pglimit_key_decisions_total{limiter,strategy,key,outcome}
 //	                                                     counter, only with Options.MaxKeys > 0
 //	pglimit_pool_*{pool}                                 the pgx pool's statistics (NewPoolCollector)
-//	pglimit_cleanup_*{cleaner}                           a pglimit.Cleaner's statistics (NewCleanerCollector):
+//	pglimit_cleanup_*{cleaner}                           a pglimitclean.Cleaner's statistics (NewCleanerCollector):
 //	                                                     runs_total, batches_total, rows_deleted_total,
 //	                                                     errors_total (counters), last_success_timestamp_seconds
 //	                                                     (0 before the first success), last_duration_seconds,

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 	"github.com/pglimit/cooldown/pglimit/pglimitprom"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
@@ -70,7 +71,7 @@ func ExampleNewCleanerCollector() {
 		panic(err)
 	}
 
-	cleaner, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{Interval: time.Minute})
+	cleaner, err := pglimitclean.New(pool, &pglimitclean.Config{Interval: time.Minute})
 	if err != nil {
 		panic(err)
 	}

@@ -10,7 +10,7 @@
 // by itself when its lease ends.
 //
 // The slots live in pglimit_slots, which [pglimit.Migrate] creates and
-// [pglimit.Cleaner] cleans. pglimithttp.Concurrency holds a slot for the
+// [pglimitclean.Cleaner] cleans. pglimithttp.Concurrency holds a slot for the
 // length of an HTTP request.
 //
 // [Semaphore.Wait] queues for a slot in arrival order; [Semaphore.WaitFlow]

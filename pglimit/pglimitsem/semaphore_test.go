@@ -16,6 +16,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
@@ -402,7 +403,7 @@ func TestCleanerDeletesEndedSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond)
-	c, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{Schema: schema, Tables: []string{"pglimit_slots"}, Interval: 20 * time.Millisecond, Retention: time.Nanosecond})
+	c, err := pglimitclean.New(pool, &pglimitclean.Config{Schema: schema, Tables: []string{"pglimit_slots"}, Interval: 20 * time.Millisecond, Retention: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}

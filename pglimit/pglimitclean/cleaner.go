@@ -1,4 +1,4 @@
-package pglimit
+package pglimitclean
 
 import (
 	"cmp"
@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/internal/cleanup"
 	"github.com/pglimit/cooldown/pglimit/internal/leadership"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
@@ -21,9 +22,8 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/service"
 )
 
-// CleanerConfig configures a [Cleaner]. A nil or zero CleanerConfig means
-// defaults.
-type CleanerConfig struct {
+// Config configures a [Cleaner]. A nil or zero Config means defaults.
+type Config struct {
 	// Schema holds the tables to clean. A plain identifier. Defaults to
 	// "public".
 	Schema string
@@ -34,7 +34,7 @@ type CleanerConfig struct {
 	// (Range). Defaults to "pglimit_upsert", "pglimit_nowait",
 	// "pglimit_range", "pglimit_slots" (with pglimit_slot_waiters,
 	// which is cleaned with it) and "pglimit_ids", the decision ids
-	// ([WithID]), whose expires_at is the end of the limiter's
+	// ([pglimit.WithID]), whose expires_at is the end of the limiter's
 	// IDRetention: an id is deleted Retention after it. A table with
 	// no index on expires_at (the unlogged ones) is swept by ranges of
 	// blocks: each batch reads BatchSize/16 blocks, each run the table once.
@@ -70,14 +70,14 @@ type CleanerConfig struct {
 
 	// Observer, when set, sees each run this instance makes as leader.
 	// Defaults to nil.
-	Observer CleanupObserver
+	Observer Observer
 
-	hooks *cleanerHooks // tests only; see export_test.go
+	hooks *hooks // tests only; see export_test.go
 }
 
-// cleanerHooks lets tests wait for events instead of sleeping. Hooks run
+// hooks lets tests wait for events instead of sleeping. Hooks run
 // synchronously on the cleaner's goroutines and must not block for long.
-type cleanerHooks struct {
+type hooks struct {
 	batchStart func(table string)                        // on the leader's connection, before the DELETE
 	batchEnd   func(table string, rows int64, err error) // after it
 	leader     func(leader bool)                         // leadership gained or lost
@@ -85,12 +85,17 @@ type cleanerHooks struct {
 	batchWait  func(table string)                        // a batch is about to wait for the leader's connection
 }
 
-// slotsTable is pglimitsem's table, which migration 00007 creates, and
-// slotWaitersTable the queue of its waiters (00010), cleaned with it.
+// The tables a Cleaner cleans by default, as the migrations create them:
+// the Upsert, NoWait and Range limiters' (pglimit.Config.Table's
+// defaults), pglimitsem's slots (00007) and the queue of their waiters
+// (00010), cleaned with them, and the decision ids (00013).
 const (
+	defaultSchema    = "public"
 	slotsTable       = "pglimit_slots"
 	slotWaitersTable = "pglimit_slot_waiters"
 )
+
+var defaultTables = []string{"pglimit_upsert", "pglimit_nowait", "pglimit_range", slotsTable, "pglimit_ids"}
 
 const (
 	defaultCleanInterval = time.Minute
@@ -100,9 +105,9 @@ const (
 	maxElectionInterval  = 10 * time.Second
 )
 
-// CleanerStats is what a [Cleaner] has done since it was created. The
-// counters only grow, so a metrics collector can export them as counters.
-type CleanerStats struct {
+// Stats is what a [Cleaner] has done since it was created. The counters
+// only grow, so a metrics collector can export them as counters.
+type Stats struct {
 	Runs         uint64        // cleanup runs this instance started as leader
 	Batches      uint64        // DELETE batches that committed
 	RowsDeleted  uint64        // rows those batches deleted
@@ -113,10 +118,9 @@ type CleanerStats struct {
 }
 
 // Cleaner deletes limiter rows whose limits ended more than
-// [CleanerConfig.Retention] ago, every [CleanerConfig.Interval], in
-// batches. Run one in every instance of the application: they elect a
+// [Config.Retention] ago, every [Config.Interval], in batches. Run one in every instance of the application: they elect a
 // leader through a PostgreSQL session advisory lock, one per schema and
-// set of [CleanerConfig.Tables], and only the leader deletes, on the very
+// set of [Config.Tables], and only the leader deletes, on the very
 // connection that holds the lock. Cleaners of the same schema with other
 // table sets elect their own leader; two sets that share a table both
 // clean it, which is safe (rows locked by the other are skipped) but not
@@ -133,7 +137,7 @@ type CleanerStats struct {
 // it needs a real session (not PgBouncer transaction pooling).
 type Cleaner struct {
 	pool    *pgxpool.Pool
-	cfg     CleanerConfig
+	cfg     Config
 	elector *leadership.Elector
 
 	// mu orders Start and Stop: Start sets sched under it once the loop
@@ -151,11 +155,11 @@ type Cleaner struct {
 	tick chan struct{}   // gocron's job to the loop; dropped while a run is on
 }
 
-// NewCleaner returns a cleaner for pool's database. It does no I/O; call
+// New returns a cleaner for pool's database. It does no I/O; call
 // [Cleaner.Start] to begin.
-func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
+func New(pool *pgxpool.Pool, cfg *Config) (*Cleaner, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: pool is nil", pglimit.ErrInvalidConfig)
 	}
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -170,7 +174,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
 	}
 	if obs := c.Observer; obs != nil {
 		cl.runner.Ended = func(ctx context.Context, rows int64, took time.Duration, err error) {
-			obs.ObserveCleanup(ctx, CleanupObservation{Schema: c.Schema, Rows: rows, Took: took, Err: err})
+			obs.ObserveCleanup(ctx, Observation{Schema: c.Schema, Rows: rows, Took: took, Err: err})
 		}
 	}
 	if hooks != nil {
@@ -191,25 +195,25 @@ func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
 	return cl, nil
 }
 
-func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
-	var out CleanerConfig
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
 	if c != nil {
 		out = *c
 	}
 	out.Schema = cmp.Or(out.Schema, defaultSchema)
-	if err := ValidateIdentifier(out.Schema); err != nil {
-		return out, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	if err := pglimit.ValidateIdentifier(out.Schema); err != nil {
+		return out, fmt.Errorf("%w: Schema: %w", pglimit.ErrInvalidConfig, err)
 	}
 	if len(out.Tables) == 0 {
-		out.Tables = []string{defaultTables[Upsert], defaultTables[NoWait], defaultTables[Range], slotsTable, idsTable}
+		out.Tables = defaultTables
 	}
 	out.Tables = slices.Clone(out.Tables)
 	for i, t := range out.Tables {
-		if err := ValidateIdentifier(t); err != nil {
-			return out, fmt.Errorf("%w: Tables[%d]: %w", ErrInvalidConfig, i, err)
+		if err := pglimit.ValidateIdentifier(t); err != nil {
+			return out, fmt.Errorf("%w: Tables[%d]: %w", pglimit.ErrInvalidConfig, i, err)
 		}
 		if slices.Index(out.Tables, t) != i {
-			return out, fmt.Errorf("%w: Tables[%d]: %q is listed twice", ErrInvalidConfig, i, t)
+			return out, fmt.Errorf("%w: Tables[%d]: %q is listed twice", pglimit.ErrInvalidConfig, i, t)
 		}
 	}
 	for _, d := range []struct {
@@ -222,12 +226,12 @@ func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
 		{"BatchTimeout", &out.BatchTimeout, defaultBatchTimeout},
 	} {
 		if *d.v < 0 {
-			return out, fmt.Errorf("%w: %s must not be negative, got %s", ErrInvalidConfig, d.name, *d.v)
+			return out, fmt.Errorf("%w: %s must not be negative, got %s", pglimit.ErrInvalidConfig, d.name, *d.v)
 		}
 		*d.v = cmp.Or(*d.v, d.def)
 	}
 	if out.BatchSize < 0 {
-		return out, fmt.Errorf("%w: BatchSize must not be negative, got %d", ErrInvalidConfig, out.BatchSize)
+		return out, fmt.Errorf("%w: BatchSize must not be negative, got %d", pglimit.ErrInvalidConfig, out.BatchSize)
 	}
 	out.BatchSize = cmp.Or(out.BatchSize, defaultBatchSize)
 	out.Logger = cmp.Or(out.Logger, slog.Default())
@@ -241,7 +245,7 @@ func (c *Cleaner) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.sched != nil {
-		return fmt.Errorf("pglimit: cleaner: %w", service.ErrStarted)
+		return fmt.Errorf("pglimitclean: %w", service.ErrStarted)
 	}
 	tables := make([]cleanup.Table, 0, len(c.cfg.Tables)+1)
 	for _, name := range c.cfg.Tables {
@@ -253,26 +257,26 @@ func (c *Cleaner) Start(ctx context.Context) error {
 			t, err := cleanup.Describe(ctx, c.pool, c.cfg.Schema, name)
 			switch {
 			case errors.Is(err, cleanup.ErrNotLimiterTable):
-				return fmt.Errorf("%w: Tables: %w", ErrInvalidConfig, err)
+				return fmt.Errorf("%w: Tables: %w", pglimit.ErrInvalidConfig, err)
 			case err != nil:
-				return fmt.Errorf("pglimit: cleaner: %w", err)
+				return fmt.Errorf("pglimitclean: %w", err)
 			}
 			tables = append(tables, t)
 		}
 	}
 	sched, err := gocron.NewScheduler(gocron.WithDistributedElector(c.elector))
 	if err != nil {
-		return fmt.Errorf("pglimit: cleaner: %w", err)
+		return fmt.Errorf("pglimitclean: %w", err)
 	}
 	_, err = sched.NewJob(gocron.DurationJob(c.cfg.Interval), gocron.NewTask(c.offerTick),
 		gocron.WithName("pglimit cleanup "+c.cfg.Schema))
 	if err != nil {
 		_ = sched.Shutdown()
-		return fmt.Errorf("pglimit: cleaner: %w", err)
+		return fmt.Errorf("pglimitclean: %w", err)
 	}
 	if err := c.svc.Start(func(ctx context.Context) { c.loop(ctx, tables) }); err != nil {
 		_ = sched.Shutdown()
-		return fmt.Errorf("pglimit: cleaner: %w", err)
+		return fmt.Errorf("pglimitclean: %w", err)
 	}
 	c.sched = sched
 	c.elector.Start()
@@ -298,14 +302,14 @@ func (c *Cleaner) Stop(ctx context.Context) error {
 		}
 		// The job never waits for the loop, so this returns at once.
 		if serr := sched.Shutdown(); serr != nil {
-			err = fmt.Errorf("pglimit: cleaner: stop scheduler: %w", serr)
+			err = fmt.Errorf("pglimitclean: stop scheduler: %w", serr)
 		}
 	})
 	if !started {
 		return nil
 	}
 	if werr != nil {
-		err = errors.Join(err, fmt.Errorf("pglimit: cleaner: stop: running batch cancelled: %w", werr))
+		err = errors.Join(err, fmt.Errorf("pglimitclean: stop: running batch cancelled: %w", werr))
 	}
 	// Last, so that no other instance leads while this one still deletes.
 	c.elector.Stop(ctx)
@@ -313,9 +317,9 @@ func (c *Cleaner) Stop(ctx context.Context) error {
 }
 
 // Stats returns what the cleaner has done so far.
-func (c *Cleaner) Stats() CleanerStats {
+func (c *Cleaner) Stats() Stats {
 	r := c.runner
-	s := CleanerStats{
+	s := Stats{
 		Runs:         r.Runs.Load(),
 		Batches:      r.Batches.Load(),
 		RowsDeleted:  r.RowsDeleted.Load(),
@@ -368,4 +372,20 @@ func (c *Cleaner) loop(ctx context.Context, tables []cleanup.Table) {
 			c.runner.Run(ctx, tables)
 		}
 	}
+}
+
+// Observer sees each run of a [Cleaner] on the instance that leads
+// ([Config.Observer]).
+type Observer interface {
+	// ObserveCleanup is called on the cleaner's goroutine once a run has
+	// ended.
+	ObserveCleanup(ctx context.Context, o Observation)
+}
+
+// Observation is one cleanup run, as an [Observer] sees it.
+type Observation struct {
+	Schema string
+	Rows   int64 // deleted by the run's batches that committed
+	Took   time.Duration
+	Err    error // nil for a run that cleaned every table
 }

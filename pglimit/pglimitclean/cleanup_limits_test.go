@@ -1,4 +1,4 @@
-package pglimit_test
+package pglimitclean_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 )
 
 // A general-limit row is cleaned only once every limit in it is fully
@@ -37,9 +38,9 @@ func TestCleanerKeepsLiveLimitState(t *testing.T) {
 		t.Helper()
 		var batches atomic.Int32
 		w := newWatch()
-		cfg := &pglimit.CleanerConfig{Schema: schema, Tables: []string{"pglimit_upsert"}, Interval: 20 * time.Millisecond, Retention: time.Nanosecond}
-		pglimit.SetCleanerHooks(cfg, pglimit.CleanerHooks{BatchEnd: func(string, int64, error) { batches.Add(1); w.poke() }})
-		c, err := pglimit.NewCleaner(pool, cfg)
+		cfg := &pglimitclean.Config{Schema: schema, Tables: []string{"pglimit_upsert"}, Interval: 20 * time.Millisecond, Retention: time.Nanosecond}
+		pglimitclean.SetHooks(cfg, pglimitclean.Hooks{BatchEnd: func(string, int64, error) { batches.Add(1); w.poke() }})
+		c, err := pglimitclean.New(pool, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

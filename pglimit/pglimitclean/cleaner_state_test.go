@@ -1,4 +1,4 @@
-package pglimit_test
+package pglimitclean_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 )
 
 // InspectCleaner names the leading session while a cleaner leads and none
@@ -28,8 +29,8 @@ func TestInspectCleaner(t *testing.T) {
 		('n', 'c', now() - interval '5 minutes'), ('n', 'd', now() + interval '1 minute')`); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &pglimit.CleanerConfig{Schema: schema, Tables: []string{"pglimit_upsert", "pglimit_range"}, Interval: time.Hour}
-	st, err := pglimit.InspectCleaner(ctx, pool, cfg)
+	cfg := &pglimitclean.Config{Schema: schema, Tables: []string{"pglimit_upsert", "pglimit_range"}, Interval: time.Hour}
+	st, err := pglimitclean.Inspect(ctx, pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func TestInspectCleaner(t *testing.T) {
 		t.Errorf("an empty pglimit_range: %+v, want nothing due", r)
 	}
 
-	c, err := pglimit.NewCleaner(testdb.Pool(t), cfg)
+	c, err := pglimitclean.New(testdb.Pool(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,11 +55,11 @@ func TestInspectCleaner(t *testing.T) {
 	for !c.Stats().Leader {
 		time.Sleep(20 * time.Millisecond)
 	}
-	st, err = pglimit.InspectCleaner(ctx, pool, cfg)
+	st, err = pglimitclean.Inspect(ctx, pool, cfg)
 	if err != nil || st.Leader == nil || st.Leader.PID == 0 || st.Leader.Connected.IsZero() {
 		t.Errorf("while a cleaner leads: %+v, %v; want its session", st.Leader, err)
 	}
-	other, err := pglimit.InspectCleaner(ctx, pool, &pglimit.CleanerConfig{Schema: schema, Tables: []string{"pglimit_upsert"}})
+	other, err := pglimitclean.Inspect(ctx, pool, &pglimitclean.Config{Schema: schema, Tables: []string{"pglimit_upsert"}})
 	if err != nil || other.Leader != nil {
 		t.Errorf("another set of tables: %+v, %v; want no leader of its own", other.Leader, err)
 	}
@@ -68,7 +69,7 @@ func TestInspectCleaner(t *testing.T) {
 	// The leader's backend ends just after its client closes the
 	// connection, and its lock with it.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		st, err = pglimit.InspectCleaner(ctx, pool, cfg)
+		st, err = pglimitclean.Inspect(ctx, pool, cfg)
 		if err != nil || st.Leader == nil || time.Now().After(deadline) {
 			break
 		}
@@ -77,7 +78,7 @@ func TestInspectCleaner(t *testing.T) {
 		t.Errorf("10 s after Stop: %+v, %v; want no leader", st.Leader, err)
 	}
 
-	_, err = pglimit.InspectCleaner(ctx, pool, &pglimit.CleanerConfig{Schema: schema, Tables: []string{"missing"}})
+	_, err = pglimitclean.Inspect(ctx, pool, &pglimitclean.Config{Schema: schema, Tables: []string{"missing"}})
 	if !errors.Is(err, pglimit.ErrInvalidConfig) {
 		t.Errorf("a missing table: %v, want ErrInvalidConfig", err)
 	}

@@ -1,4 +1,4 @@
-package pglimit
+package pglimitclean
 
 import (
 	"context"
@@ -8,26 +8,27 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/internal/cleanup"
 	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
-// CleanerState is what the database shows of the cleaners that a
-// [CleanerConfig] configures, in every instance: which session leads them,
-// and how far behind they are on each table. [InspectCleaner] reads it.
-type CleanerState struct {
+// State is what the database shows of the cleaners that a [Config]
+// configures, in every instance: which session leads them, and how far
+// behind they are on each table. [Inspect] reads it.
+type State struct {
 	// Leader is the session that holds the leader's lock; nil if none
 	// does: no instance runs a [Cleaner] of this configuration, or its
 	// leader has just died and another takes over within an election
 	// interval.
-	Leader *CleanerLeader
+	Leader *Leader
 	Tables []TableState
 }
 
-// CleanerLeader is the database session of the leading cleaner.
-type CleanerLeader struct {
+// Leader is the database session of the leading cleaner.
+type Leader struct {
 	PID int // its server process id
 	// Application is its connection's application_name; Connected and
 	// Active are when its connection began and when its state last changed
@@ -53,18 +54,19 @@ type TableState struct {
 	Overdue time.Duration
 }
 
-// InspectCleaner returns which session leads the cleaners cfg configures,
-// and each of its tables' size and backlog at cfg's Retention. It reads
-// every table whole, so it takes as long as a scan of them: ctx bounds it.
-// A table that is missing or not a limiter table is [ErrInvalidConfig].
-func InspectCleaner(ctx context.Context, db DB, cfg *CleanerConfig) (CleanerState, error) {
+// Inspect returns which session leads the cleaners cfg configures, and
+// each of its tables' size and backlog at cfg's Retention. It reads every
+// table whole, so it takes as long as a scan of them: ctx bounds it. A
+// table that is missing or not a limiter table is
+// [pglimit.ErrInvalidConfig].
+func Inspect(ctx context.Context, db pglimit.DB, cfg *Config) (State, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
-		return CleanerState{}, err
+		return State{}, err
 	}
-	var st CleanerState
+	var st State
 	var (
-		leader            CleanerLeader
+		leader            Leader
 		connected, active *time.Time
 	)
 	err = db.QueryRow(ctx, queries.Static("cleanup.leader"), lockid.Cleanup(c.Schema, c.Tables)).Scan(&leader.PID, &leader.Application, &connected, &active)
@@ -78,20 +80,20 @@ func InspectCleaner(ctx context.Context, db DB, cfg *CleanerConfig) (CleanerStat
 		}
 		st.Leader = &leader
 	case !errors.Is(err, pgx.ErrNoRows):
-		return CleanerState{}, fault.Wrap(ctx, "InspectCleaner", 0, err)
+		return State{}, fault.Wrap(ctx, "pglimitclean.Inspect", 0, err)
 	}
 	for _, name := range c.Tables {
 		t, err := cleanup.Describe(ctx, db, c.Schema, name)
 		if errors.Is(err, cleanup.ErrNotLimiterTable) {
-			return CleanerState{}, fmt.Errorf("%w: InspectCleaner: %w", ErrInvalidConfig, err)
+			return State{}, fmt.Errorf("%w: Inspect: %w", pglimit.ErrInvalidConfig, err)
 		} else if err != nil {
-			return CleanerState{}, fault.Wrap(ctx, "InspectCleaner", 0, err)
+			return State{}, fault.Wrap(ctx, "pglimitclean.Inspect", 0, err)
 		}
 		b, err := t.Backlog(ctx, db, c.Retention)
 		if err != nil {
-			return CleanerState{}, fault.Wrap(ctx, "InspectCleaner", 0, fmt.Errorf("%s: %w", t.Name, err))
+			return State{}, fault.Wrap(ctx, "pglimitclean.Inspect", 0, fmt.Errorf("%s: %w", t.Name, err))
 		}
-		st.Tables = append(st.Tables, TableState{Table: name, Bytes: b.Bytes, Rows: b.Rows, Due: b.Due, Overdue: micros(b.Overdue)})
+		st.Tables = append(st.Tables, TableState{Table: name, Bytes: b.Bytes, Rows: b.Rows, Due: b.Due, Overdue: time.Duration(b.Overdue) * time.Microsecond})
 	}
 	return st, nil
 }

@@ -1,4 +1,4 @@
-package pglimit_test
+package pglimitclean_test
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 )
 
 // waitTimeout bounds every wait for a cleaner event; it is far above what
@@ -66,7 +67,7 @@ func (w *watch) until(t testing.TB, what string, cond func() bool) {
 type fleet struct {
 	schema   string
 	admin    *pgxpool.Pool
-	cleaners []*pglimit.Cleaner
+	cleaners []*pglimitclean.Cleaner
 	w        *watch
 
 	beforeBatch atomic.Pointer[func()] // if set, called as a batch starts
@@ -92,7 +93,7 @@ type leaderEvent struct {
 }
 
 // newFleet starts n cleaners on a fresh schema; edit adjusts their config.
-func newFleet(t testing.TB, n int, edit func(*pglimit.CleanerConfig)) *fleet {
+func newFleet(t testing.TB, n int, edit func(*pglimitclean.Config)) *fleet {
 	t.Helper()
 	f := &fleet{schema: testdb.Schema(t), admin: testdb.Pool(t), w: newWatch()}
 	for range n {
@@ -103,10 +104,10 @@ func newFleet(t testing.TB, n int, edit func(*pglimit.CleanerConfig)) *fleet {
 
 // add starts one more cleaner, with its own pool, stopped when the test
 // ends.
-func (f *fleet) add(t testing.TB, edit func(*pglimit.CleanerConfig)) *pglimit.Cleaner {
+func (f *fleet) add(t testing.TB, edit func(*pglimitclean.Config)) *pglimitclean.Cleaner {
 	t.Helper()
 	i := len(f.cleaners)
-	cfg := &pglimit.CleanerConfig{
+	cfg := &pglimitclean.Config{
 		Schema:    f.schema,
 		Interval:  20 * time.Millisecond,
 		Retention: time.Minute,
@@ -115,8 +116,8 @@ func (f *fleet) add(t testing.TB, edit func(*pglimit.CleanerConfig)) *pglimit.Cl
 	if edit != nil {
 		edit(cfg)
 	}
-	f.lockKey.Store(pglimit.CleanerLockKey(cfg.Schema, cfg.Tables...))
-	pglimit.SetCleanerHooks(cfg, pglimit.CleanerHooks{
+	f.lockKey.Store(pglimitclean.LockKey(cfg.Schema, cfg.Tables...))
+	pglimitclean.SetHooks(cfg, pglimitclean.Hooks{
 		BatchStart: func(string) {
 			f.mu.Lock()
 			if f.started == nil {
@@ -147,7 +148,7 @@ func (f *fleet) add(t testing.TB, edit func(*pglimit.CleanerConfig)) *pglimit.Cl
 			f.w.poke()
 		},
 	})
-	c, err := pglimit.NewCleaner(testdb.Pool(t), cfg)
+	c, err := pglimitclean.New(testdb.Pool(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +306,7 @@ func TestCleanerTableSetsLeadApart(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, 0, nil)
 	for _, table := range []string{"pglimit_upsert", "pglimit_nowait"} {
-		f.add(t, func(c *pglimit.CleanerConfig) { c.Tables = []string{table} })
+		f.add(t, func(c *pglimitclean.Config) { c.Tables = []string{table} })
 	}
 	f.seedKeys(t, "pglimit_upsert", "u", 50, "-1 hour")
 	f.seedKeys(t, "pglimit_nowait", "n", 50, "-1 hour")
@@ -320,7 +321,7 @@ func TestCleanerTableSetsLeadApart(t *testing.T) {
 func TestCleanerTakeover(t *testing.T) {
 	t.Parallel()
 	const interval = 20 * time.Millisecond
-	f := newFleet(t, 3, func(c *pglimit.CleanerConfig) {
+	f := newFleet(t, 3, func(c *pglimitclean.Config) {
 		c.Interval = interval
 		c.BatchSize = 100
 	})
@@ -428,7 +429,7 @@ func TestCleanerLargeBacklog(t *testing.T) {
 		}
 	}()
 	start := time.Now()
-	cleaner := f.add(t, func(c *pglimit.CleanerConfig) {
+	cleaner := f.add(t, func(c *pglimitclean.Config) {
 		c.Interval = 50 * time.Millisecond
 		c.BatchSize = 5000
 	})
@@ -464,7 +465,7 @@ func TestCleanerLargeBacklog(t *testing.T) {
 // leads; once Stop has returned, another does.
 func TestCleanerStopWaitsForBatch(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t, 2, func(c *pglimit.CleanerConfig) {
+	f := newFleet(t, 2, func(c *pglimitclean.Config) {
 		c.Tables = []string{"pglimit_upsert"}
 		c.BatchSize = 10
 	})
@@ -475,7 +476,7 @@ func TestCleanerStopWaitsForBatch(t *testing.T) {
 
 	// Hold the first batch that starts after the seed, recording the stats
 	// from before it.
-	inBatch, release := make(chan pglimit.CleanerStats), make(chan struct{})
+	inBatch, release := make(chan pglimitclean.Stats), make(chan struct{})
 	var once sync.Once
 	hold := func() {
 		once.Do(func() {
@@ -520,9 +521,9 @@ func TestCleanerStopCancelsBatch(t *testing.T) {
 	pool := testdb.Pool(t)
 	inBatch := make(chan struct{})
 	var once sync.Once
-	cfg := &pglimit.CleanerConfig{Schema: schema, Interval: 20 * time.Millisecond, Retention: time.Minute, BatchTimeout: time.Minute}
-	pglimit.SetCleanerHooks(cfg, pglimit.CleanerHooks{BatchStart: func(string) { once.Do(func() { close(inBatch) }) }})
-	c, err := pglimit.NewCleaner(pool, cfg)
+	cfg := &pglimitclean.Config{Schema: schema, Interval: 20 * time.Millisecond, Retention: time.Minute, BatchTimeout: time.Minute}
+	pglimitclean.SetHooks(cfg, pglimitclean.Hooks{BatchStart: func(string) { once.Do(func() { close(inBatch) }) }})
+	c, err := pglimitclean.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -560,7 +561,7 @@ func TestCleanerStopCancelsBatch(t *testing.T) {
 	deadline := time.Now().Add(waitTimeout)
 	for !free && time.Now().Before(deadline) {
 		err := admin.QueryRow(ctx, `SELECT NOT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
-  AND (classid::bigint << 32 | objid::bigint) = $1)`, pglimit.CleanerLockKey(schema)).Scan(&free)
+  AND (classid::bigint << 32 | objid::bigint) = $1)`, pglimitclean.LockKey(schema)).Scan(&free)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -588,20 +589,25 @@ func TestCleanerStopWithinCtxWhenLeaderStalls(t *testing.T) {
 	proxy, poolCfg := testdb.NewStallProxy(t)
 	waiting, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	cfg := &pglimit.CleanerConfig{
+	cfg := &pglimitclean.Config{
 		Schema:    schema,
 		Tables:    []string{"pglimit_upsert"},
 		Interval:  50 * time.Millisecond,
 		Retention: time.Minute,
 		Logger:    slog.New(slog.NewTextHandler(t.Output(), nil)),
 	}
-	pglimit.SetCleanerHooks(cfg, pglimit.CleanerHooks{BatchWait: func(string) {
+	pglimitclean.SetHooks(cfg, pglimitclean.Hooks{BatchWait: func(string) {
 		once.Do(func() {
 			close(waiting)
 			<-release
 		})
 	}})
-	c, err := pglimit.NewCleaner(openPool(t, poolCfg), cfg)
+	stalling, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stalling.Close)
+	c, err := pglimitclean.New(stalling, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -646,25 +652,25 @@ func TestCleanerConfigErrors(t *testing.T) {
 	pool := testdb.Pool(t)
 	for _, tt := range []struct {
 		field string
-		cfg   pglimit.CleanerConfig
+		cfg   pglimitclean.Config
 	}{
-		{"Schema", pglimit.CleanerConfig{Schema: "Public"}},
-		{"Tables[1]", pglimit.CleanerConfig{Tables: []string{"pglimit_upsert", "x; DROP TABLE y"}}},
-		{"Tables[1]", pglimit.CleanerConfig{Tables: []string{"pglimit_upsert", "pglimit_upsert"}}},
-		{"Interval", pglimit.CleanerConfig{Interval: -time.Second}},
-		{"Retention", pglimit.CleanerConfig{Retention: -time.Nanosecond}},
-		{"BatchSize", pglimit.CleanerConfig{BatchSize: -1}},
-		{"BatchTimeout", pglimit.CleanerConfig{BatchTimeout: -time.Second}},
+		{"Schema", pglimitclean.Config{Schema: "Public"}},
+		{"Tables[1]", pglimitclean.Config{Tables: []string{"pglimit_upsert", "x; DROP TABLE y"}}},
+		{"Tables[1]", pglimitclean.Config{Tables: []string{"pglimit_upsert", "pglimit_upsert"}}},
+		{"Interval", pglimitclean.Config{Interval: -time.Second}},
+		{"Retention", pglimitclean.Config{Retention: -time.Nanosecond}},
+		{"BatchSize", pglimitclean.Config{BatchSize: -1}},
+		{"BatchTimeout", pglimitclean.Config{BatchTimeout: -time.Second}},
 	} {
-		_, err := pglimit.NewCleaner(pool, &tt.cfg)
+		_, err := pglimitclean.New(pool, &tt.cfg)
 		if !errors.Is(err, pglimit.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.field) {
 			t.Errorf("NewCleaner(%+v) = %v, want ErrInvalidConfig naming %s", tt.cfg, err, tt.field)
 		}
 	}
-	if _, err := pglimit.NewCleaner(nil, nil); !errors.Is(err, pglimit.ErrInvalidConfig) {
+	if _, err := pglimitclean.New(nil, nil); !errors.Is(err, pglimit.ErrInvalidConfig) {
 		t.Errorf("NewCleaner(nil pool) = %v, want ErrInvalidConfig", err)
 	}
-	c, err := pglimit.NewCleaner(pool, nil)
+	c, err := pglimitclean.New(pool, nil)
 	if err != nil {
 		t.Fatalf("NewCleaner with defaults: %v", err)
 	}
@@ -682,7 +688,7 @@ func TestCleanerStartChecksTables(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, table := range []string{"missing", "other"} {
-		c, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{Schema: schema, Tables: []string{table}})
+		c, err := pglimitclean.New(pool, &pglimitclean.Config{Schema: schema, Tables: []string{table}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -718,10 +724,10 @@ func BenchmarkAllowDuringCleanup(b *testing.B) {
 			ctx := context.Background()
 
 			cleaning := func() bool { return false }
-			var cleaner *pglimit.Cleaner
+			var cleaner *pglimitclean.Cleaner
 			start := time.Now()
 			if clean {
-				cleaner = f.add(b, func(c *pglimit.CleanerConfig) {
+				cleaner = f.add(b, func(c *pglimitclean.Config) {
 					c.Interval = 50 * time.Millisecond
 					c.Logger = slog.New(slog.DiscardHandler)
 				})

@@ -1,4 +1,4 @@
-package pglimit_test
+package pglimitclean_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 )
 
 // A table without an index on expires_at (the Upsert and NoWait tables,
@@ -32,14 +33,14 @@ func TestCleanerSweepsTablesWithoutTheIndex(t *testing.T) {
 
 			const batch = 100
 			var most, batches atomic.Int64
-			cfg := &pglimit.CleanerConfig{Schema: f.schema, Tables: []string{tc.table}, Interval: 20 * time.Millisecond, Retention: time.Minute, BatchSize: batch}
-			pglimit.SetCleanerHooks(cfg, pglimit.CleanerHooks{BatchEnd: func(_ string, rows int64, _ error) {
+			cfg := &pglimitclean.Config{Schema: f.schema, Tables: []string{tc.table}, Interval: 20 * time.Millisecond, Retention: time.Minute, BatchSize: batch}
+			pglimitclean.SetHooks(cfg, pglimitclean.Hooks{BatchEnd: func(_ string, rows int64, _ error) {
 				batches.Add(1)
 				for m := most.Load(); rows > m && !most.CompareAndSwap(m, rows); m = most.Load() {
 				}
 				f.w.poke()
 			}})
-			c, err := pglimit.NewCleaner(testdb.Pool(t), cfg)
+			c, err := pglimitclean.New(testdb.Pool(t), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
