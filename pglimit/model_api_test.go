@@ -114,6 +114,14 @@ type apiSequence struct {
 	decisions []*apiDecision // the latest, for refunds
 	history   []string
 	failed    bool
+
+	// Decision ids (pglimit.WithID), where the limiter takes them (no
+	// Overrides): every id the sequence gave, with the call that first
+	// carried it, and the admission each id holds now, if any.
+	useIDs  bool
+	idCalls map[string]*apiCall
+	idList  []string
+	ids     map[string]*apiDecision
 }
 
 // apiDecision is a decision the sequence may refund, with what the model
@@ -128,6 +136,8 @@ type apiDecision struct {
 	rolledBack         bool
 	anchors, emissions []int64
 	refunded           int
+	did                string // its decision id, if any
+	idDone             bool   // refunded by its id (RefundID), once
 }
 
 func (a *apiDecision) String() string {
@@ -143,6 +153,7 @@ type apiCall struct {
 	maxDelay time.Duration
 	commit   bool          // AllowTxN: the transaction commits
 	hold     time.Duration // AllowTxN: how long the transaction stays open after the decision
+	did      string        // its decision id, if any
 	d        pglimit.Decision
 	err      error
 }
@@ -151,6 +162,9 @@ func (c *apiCall) String() string {
 	s := fmt.Sprintf("%s(n=%d", c.op, c.n)
 	if c.op == "Reserve" {
 		s += fmt.Sprintf(", maxDelay=%s", c.maxDelay)
+	}
+	if c.did != "" {
+		s += ", id=" + c.did
 	}
 	return fmt.Sprintf("%s) on instance %d", s, c.inst)
 }
@@ -175,6 +189,8 @@ func (s *apiSequence) run(schema, namespace string, ops int) {
 	s.m = newModel(limits)
 	s.key = fmt.Sprintf("key-%d", s.rng.Uint64())
 	s.allGCRA = !slices.ContainsFunc(limits, func(l pglimit.Limit) bool { return l.Algorithm != pglimit.GCRA })
+	s.useIDs = !s.cfg.Overrides
+	s.idCalls, s.ids = map[string]*apiCall{}, map[string]*apiDecision{}
 	for i := 0; i < ops && !s.failed; i++ {
 		s.pause()
 		s.step(ctx, i)
@@ -322,7 +338,59 @@ func (s *apiSequence) decide(ctx context.Context, i int, c *apiCall) {
 		s.fail("%d: %s: %v", i, c, c.err)
 		return
 	}
+	if first := s.ids[c.did]; first != nil {
+		s.replayed(i, c, first)
+		return
+	}
+	if c.d.Replayed {
+		s.fail("%d: %s: %+v reports Replayed, but no admission holds its id", i, c, c.d)
+		return
+	}
 	s.compare(i, c, "")
+	if last := s.decisions[len(s.decisions)-1]; c.did != "" && !s.failed {
+		last.did = c.did
+		if last.d.Allowed && !last.rolledBack {
+			s.ids[c.did] = last
+		}
+	}
+}
+
+// replayed checks c, a call with the id of first, an admission: it is
+// first replayed, charged nothing (the model does not move), with what is
+// left of a reservation's delay.
+func (s *apiSequence) replayed(i int, c *apiCall, first *apiDecision) {
+	d, f := c.d, first.d
+	s.logf("%d: %s = replay of %s", i, c, first)
+	same := d.Allowed && d.Replayed && d.Granted == f.Granted && d.Remaining == f.Remaining &&
+		d.ResetAfter == f.ResetAfter && d.Limit.Name == f.Limit.Name && pglimit.DecisionAt(d) == pglimit.DecisionAt(f)
+	if first.op == "Reserve" {
+		same = same && d.Delay <= f.Delay
+	} else {
+		same = same && d.Delay == f.Delay
+	}
+	if !same {
+		s.fail("%d: %s = %+v; want %s replayed: %+v", i, c, d, first, f)
+		return
+	}
+	s.stats.add("replay of " + first.op)
+}
+
+// withID gives c, a decision's call, a decision id now and then: a new
+// one, or one the sequence gave before, with that first call's request
+// (a retry), on either instance.
+func (s *apiSequence) withID(c *apiCall) {
+	if !s.useIDs || c.op == "Peek" || s.rng.IntN(4) != 0 {
+		return
+	}
+	if len(s.idList) > 0 && s.rng.IntN(2) == 0 {
+		c.did = s.idList[s.rng.IntN(len(s.idList))]
+		first := s.idCalls[c.did]
+		c.op, c.n, c.mode, c.maxDelay = first.op, first.n, first.mode, first.maxDelay
+		return
+	}
+	c.did = fmt.Sprintf("id-%d", len(s.idList))
+	s.idList = append(s.idList, c.did)
+	s.idCalls[c.did] = c
 }
 
 // randCall is a decision's call, by r from 22 to 99: Allow or AllowN,
@@ -351,12 +419,16 @@ func (s *apiSequence) randCall(inst, r int) *apiCall {
 		c.maxDelay = time.Duration(s.rng.IntN(300_001)) * time.Microsecond
 		c.n = randReserveCost(s.rng, slices.Concat(s.m.limits, s.m.own), c.maxDelay)
 	}
+	s.withID(c)
 	return c
 }
 
 // call makes c on its instance.
 func (s *apiSequence) call(ctx context.Context, c *apiCall) {
 	lim := s.lims[c.inst]
+	if c.did != "" {
+		ctx = pglimit.WithID(ctx, c.did)
+	}
 	switch c.op {
 	case "Allow":
 		c.d, c.err = lim.Allow(ctx, s.key)
@@ -466,6 +538,10 @@ func (s *apiSequence) refund(ctx context.Context, i int) {
 	default:
 		n = 1
 	}
+	if a.did != "" && s.rng.IntN(4) != 0 {
+		s.refundID(ctx, i, a.did, n)
+		return
+	}
 	ok, err := s.lims[inst].Refund(ctx, a.d, n)
 	what := fmt.Sprintf("%d: Refund(%s, n=%d) on instance %d", i, a, n, inst)
 	s.logf("%s = %t, %v", what, ok, err)
@@ -478,6 +554,8 @@ func (s *apiSequence) refund(ctx context.Context, i int) {
 	}
 	invalid := func(why string) { refused(pglimit.ErrInvalidCost, why) }
 	switch {
+	case a.did != "":
+		refused(pglimit.ErrNotAdmitted, "an admission with an id has no ticket in its value")
 	case !a.d.Allowed:
 		refused(pglimit.ErrNotAdmitted, "a refusal took nothing")
 	case a.op == "Peek":
@@ -508,6 +586,48 @@ func (s *apiSequence) refund(ctx context.Context, i int) {
 		}
 		s.stats.add(fmt.Sprintf("Refund %t", ok))
 	}
+}
+
+// refundID gives back n units of the admission the id did holds, by its
+// id, from either instance, and checks the answer against docs/limits.md:
+// ErrInvalidCost for n <= 0, ErrNotAdmitted where no admission holds the
+// id, ErrAlreadySettled once it was refunded by its id, ErrInvalidCost
+// for more units than it took; otherwise as Refund.
+func (s *apiSequence) refundID(ctx context.Context, i int, did string, n int) {
+	inst := s.rng.IntN(2)
+	ok, err := pglimit.RefundID(ctx, s.lims[inst], did, n)
+	what := fmt.Sprintf("%d: RefundID(%s, n=%d) on instance %d", i, did, n, inst)
+	s.logf("%s = %t, %v", what, ok, err)
+	defer s.peekAfter(ctx, i, what)
+	target := s.ids[did]
+	var want error
+	switch {
+	case n <= 0:
+		want = pglimit.ErrInvalidCost
+	case target == nil:
+		want = pglimit.ErrNotAdmitted
+	case target.idDone:
+		want = pglimit.ErrAlreadySettled
+	case n > target.d.Granted:
+		want = pglimit.ErrInvalidCost
+	}
+	if want != nil {
+		if !errors.Is(err, want) {
+			s.fail("%s = %t, %v; want %v", what, ok, err, want)
+		}
+		s.stats.add(fmt.Sprintf("RefundID %v", want))
+		return
+	}
+	if err != nil {
+		s.fail("%s: %v", what, err)
+		return
+	}
+	took := s.m.refund(target.anchors, target.emissions, n)
+	target.refunded, target.idDone = n, true
+	if w := !slices.Contains(took, false); ok != w {
+		s.fail("%s = %t, want %t: the limits took the units back: %v", what, ok, w, took)
+	}
+	s.stats.add(fmt.Sprintf("RefundID %t", ok))
 }
 
 // peekAfter compares a Peek with the model after what, a refund: it
