@@ -31,6 +31,7 @@ var mayImport = map[string][]string{
 	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/leadership"},
 	"pglimit/internal/leadership": {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/service"},
 	"pglimit/pglimitsem":          {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/internal/"},
+	"pglimit/pglimitquota":        {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/internal/"},
 	"pglimit/pglimithealth":       {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/internal/"},
 	"pglimit/pglimithttp":         {"~/pglimit", "~/pglimit/pglimitsem", "~/internal/onpglimit/observe", "~/internal/onerror"},
 	"pglimit/pglimitprom":         {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitsem", "~/internal/onpglimit/observe"},
