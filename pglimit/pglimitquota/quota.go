@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -505,7 +506,8 @@ func (q *Quota) Grant(ctx context.Context, key string, units int64, expires time
 }
 
 // TakeEvents deletes up to limit (1 to 10,000) threshold events of the
-// quota's namespace, the oldest crossings first, and returns them. Run it
+// quota's namespace, the oldest crossings first, and returns them in
+// that order (by crossing time, key and threshold). Run it
 // in the transaction that handles them (db a pgx.Tx): they are gone once
 // it commits and back if it rolls back, and consumers in other
 // transactions skip them meanwhile (SKIP LOCKED), so that each event is
@@ -534,5 +536,9 @@ func (q *Quota) TakeEvents(ctx context.Context, db Querier, limit int) ([]Event,
 	if err := rows.Err(); err != nil {
 		return nil, q.wrap(ctx, "take events", err)
 	}
+	// RETURNING keeps no order.
+	slices.SortFunc(out, func(a, b Event) int {
+		return cmp.Or(a.CrossedAt.Compare(b.CrossedAt), cmp.Compare(a.Key, b.Key), cmp.Compare(a.Threshold, b.Threshold))
+	})
 	return out, nil
 }
