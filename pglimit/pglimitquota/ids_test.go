@@ -137,3 +137,46 @@ func TestIDRefusedThenAdmitted(t *testing.T) {
 		t.Fatalf("a retry charged: %+v", u)
 	}
 }
+
+// An id admitted by AllowTx in a transaction that rolled back was never
+// admitted: its retry is decided afresh and charged; one that committed
+// is replayed.
+func TestIDAllowTxRollback(t *testing.T) {
+	b := setup(t, pglimitquota.Config{Allowance: 10, Thresholds: []float64{0.5}}, time.Date(2027, 1, 5, 0, 0, 0, 0, time.UTC))
+	ctx := pglimit.WithID(context.Background(), "req-1")
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := b.q.AllowTx(ctx, tx, "k", 6)
+	if err != nil || !d.Allowed || d.Replayed {
+		t.Fatalf("in tx: %+v, %v", d, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.dump(t); got != "" {
+		t.Fatalf("a rolled back admission left:\n%s", got)
+	}
+	tx, err = b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := b.q.AllowTx(ctx, tx, "k", 6)
+	if err != nil || !first.Allowed || first.Replayed {
+		t.Fatalf("after the rollback: %+v, %v", first, err)
+	}
+	// Within the same transaction, a retry already replays.
+	if d, err := b.q.AllowTx(ctx, tx, "k", 6); err != nil || !d.Replayed {
+		t.Fatalf("retry in tx: %+v, %v", d, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := allow(t, ctx, b.q, "k", 6); !d.Replayed || d.Usage.Used != 6 {
+		t.Fatalf("retry after commit: %+v", d)
+	}
+	if n := b.count(t, "pglimit_quota_events"); n != 1 {
+		t.Fatalf("%d events, want 1", n)
+	}
+}

@@ -336,6 +336,29 @@ func (q *Quota) wrap(ctx context.Context, what string, err error) error {
 // [pglimit.ErrInvalidCost]; an invalid key, [pglimit.ErrInvalidKey]; an
 // invalid id, [pglimit.ErrInvalidID]; none writes anything.
 func (q *Quota) Allow(ctx context.Context, key string, cost int64) (Decision, error) {
+	return q.allow(ctx, q.db, key, cost, func(ctx context.Context, params []any, scan func(pgx.Row) error) error {
+		return scan(q.db.QueryRow(ctx, q.stmts.allow, params...))
+	})
+}
+
+// AllowTx is Allow inside the caller's transaction tx (a pgx.Tx, or a
+// database/sql one through pglimitsql.Tx, at READ COMMITTED): its units,
+// its id and its threshold events count only if tx commits. An id
+// admitted in a transaction that rolled back was never admitted. It runs
+// in a savepoint and never aborts tx; the key's row stays locked until tx
+// ends, so other decisions of the key wait for it.
+func (q *Quota) AllowTx(ctx context.Context, tx pglimit.DB, key string, cost int64) (Decision, error) {
+	if tx == nil {
+		return Decision{}, fmt.Errorf("%w: tx is nil", pglimit.ErrInvalidConfig)
+	}
+	return q.allow(ctx, tx, key, cost, func(ctx context.Context, params []any, scan func(pgx.Row) error) error {
+		return pgtx.InSavepoint(ctx, tx, q.cfg.Timeout, q.stmts.allow, params, scan)
+	})
+}
+
+// allow decides with run, which sends the allow statement with params,
+// looking ids up on db.
+func (q *Quota) allow(ctx context.Context, db pglimit.DB, key string, cost int64, run func(context.Context, []any, func(pgx.Row) error) error) (Decision, error) {
 	if err := pglimit.ValidateKey(key); err != nil {
 		return Decision{}, err
 	}
@@ -356,10 +379,12 @@ func (q *Quota) Allow(ctx context.Context, key string, cost int64) (Decision, er
 		var d Decision
 		var taken bool
 		u := &d.Usage
-		err := q.db.QueryRow(ctx, q.stmts.allow, params...).Scan(&d.Allowed, &taken,
-			&d.FromAllowance, &d.FromCredits, &d.Overage,
-			&u.FromAllowance, &u.FromCredits, &u.Overage, &u.Allowance, &u.HardCap,
-			&u.CreditsLeft, &u.PeriodStart, &u.PeriodEnd, &u.Now)
+		err := run(ctx, params, func(row pgx.Row) error {
+			return row.Scan(&d.Allowed, &taken,
+				&d.FromAllowance, &d.FromCredits, &d.Overage,
+				&u.FromAllowance, &u.FromCredits, &u.Overage, &u.Allowance, &u.HardCap,
+				&u.CreditsLeft, &u.PeriodStart, &u.PeriodEnd, &u.Now)
+		})
 		switch {
 		case err == nil && !taken:
 			d.Cost, u.Used = cost, u.FromAllowance+u.FromCredits+u.Overage
@@ -367,7 +392,7 @@ func (q *Quota) Allow(ctx context.Context, key string, cost int64) (Decision, er
 		case err == nil, id != nil && pgtx.Code(err) == pgtx.CodeUniqueViolation:
 			// The id was taken: by a committed decision the snapshot saw,
 			// or by one that committed since, which undid this statement.
-			first, found, err := q.replay(ctx, *id)
+			first, found, err := q.replay(ctx, db, *id)
 			if err != nil || found {
 				return first, err
 			}
@@ -382,12 +407,12 @@ func (q *Quota) Allow(ctx context.Context, key string, cost int64) (Decision, er
 }
 
 // replay is the first admission of id, and whether it has one.
-func (q *Quota) replay(ctx context.Context, id string) (Decision, bool, error) {
+func (q *Quota) replay(ctx context.Context, db pglimit.DB, id string) (Decision, bool, error) {
 	var key string
 	var a []int64
 	var d Decision
 	u := &d.Usage
-	err := q.db.QueryRow(ctx, q.stmts.lookupID, q.cfg.Namespace, id).Scan(&key, &a, &u.PeriodStart, &u.PeriodEnd, &u.Now)
+	err := db.QueryRow(ctx, q.stmts.lookupID, q.cfg.Namespace, id).Scan(&key, &a, &u.PeriodStart, &u.PeriodEnd, &u.Now)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Decision{}, false, nil
