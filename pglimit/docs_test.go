@@ -190,7 +190,7 @@ const maxContractWords = 25
 // maxContractWords words.
 func TestDocContracts(t *testing.T) {
 	t.Parallel()
-	for _, dir := range []string{".", "pglimitsem", "pglimithttp", "pglimitprom", "pglimitsql", "pglimittest", "pglimithealth"} {
+	for _, dir := range []string{".", "pglimitsem", "pglimithttp", "pglimitprom", "pglimitsql", "pglimittest", "pglimithealth", "pglimitquota"} {
 		names, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)

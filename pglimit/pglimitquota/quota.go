@@ -190,6 +190,7 @@ type Event struct {
 // Querier runs a query that returns rows: a pgx.Tx, a *pgxpool.Pool or a
 // *pgx.Conn.
 type Querier interface {
+	// Query runs sql with args and returns its rows, as pgx's Query does.
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
@@ -324,11 +325,13 @@ func (q *Quota) wrap(ctx context.Context, what string, err error) error {
 	return fault.Wrap(ctx, "quota "+what, q.cfg.Timeout, err)
 }
 
-// Allow charges cost units to key's current period: against the
-// allowance first, then the key's unexpired credits, earliest expiry
-// first, then as overage while the units charged against the plan stay
-// within its hard cap; a cost that would pass the hard cap is refused
-// whole and charges nothing.
+// Allow charges cost units to key's current period, or refuses them
+// whole if they would pass its hard cap.
+//
+// The units come from the allowance first, then the key's unexpired
+// credits, earliest expiry first, then overage while the units charged
+// against the plan (allowance and overage) stay within the hard cap. A
+// refusal charges and writes nothing.
 //
 // With an id ([pglimit.WithID]) an admission is charged once: a retry of
 // the id returns the first admission, Replayed, and charges nothing; an
@@ -341,9 +344,11 @@ func (q *Quota) Allow(ctx context.Context, key string, cost int64) (Decision, er
 	})
 }
 
-// AllowTx is Allow inside the caller's transaction tx (a pgx.Tx, or a
-// database/sql one through pglimitsql.Tx, at READ COMMITTED): its units,
-// its id and its threshold events count only if tx commits. An id
+// AllowTx is Allow inside the caller's transaction tx; its units, id
+// and threshold events count only if tx commits.
+//
+// tx is a pgx.Tx, or a database/sql one through pglimitsql.Tx, at READ
+// COMMITTED. An id
 // admitted in a transaction that rolled back was never admitted. It runs
 // in a savepoint and never aborts tx; the key's row stays locked until tx
 // ends, so other decisions of the key wait for it.
@@ -495,9 +500,11 @@ func (q *Quota) SetPlan(ctx context.Context, key string, p Plan, when When) (tim
 	return time.Time{}, q.wrap(ctx, "set plan", errors.New("the key's row kept changing"))
 }
 
-// Grant gives key a credit of units, usable by its decisions while the
-// database time is before expires (to the microsecond; finer is
-// truncated), after the allowance and before overage, whatever the
+// Grant gives key a credit of units that its decisions spend while the
+// database time is before expires.
+//
+// The expiry counts to the microsecond (finer is truncated). Credits
+// are spent after the allowance and before overage, whatever the
 // period. Units not from 1 to [MaxUnits], or an expiry not after the
 // database time, is [pglimit.ErrInvalidCost]; a key holding [MaxCredits]
 // live credits, [pglimit.ErrInvalidConfig]; neither writes anything.
@@ -530,9 +537,11 @@ func (q *Quota) Grant(ctx context.Context, key string, units int64, expires time
 	return q.wrap(ctx, "grant", errors.New("the key's row kept changing"))
 }
 
-// TakeEvents deletes up to limit (1 to 10,000) threshold events of the
-// quota's namespace, the oldest crossings first, and returns them in
-// that order (by crossing time, key and threshold). Run it
+// TakeEvents deletes and returns up to limit threshold events of the
+// quota's namespace, the oldest crossings first.
+//
+// limit is from 1 to 10,000; the events come by crossing time, key and
+// threshold. Run it
 // in the transaction that handles them (db a pgx.Tx): they are gone once
 // it commits and back if it rolls back, and consumers in other
 // transactions skip them meanwhile (SKIP LOCKED), so that each event is
