@@ -18,6 +18,10 @@
 -- k = anchor month - 1 modulo the period (every month for a monthly
 -- plan). start is that instant of the latest such month not after now,
 -- and never before the anchor took effect (since); end, the next one.
+-- Each step is a subquery of the next, fenced with OFFSET 0, so that the
+-- planner neither pulls it up and copies its expression into every use
+-- nor searches join orders among the steps: unfenced LATERAL steps nest
+-- into an expression that costs milliseconds to plan and to evaluate.
 {{define "quota.period"}}
 WITH clock AS (
     SELECT clock_timestamp() AS now
@@ -46,14 +50,18 @@ WITH clock AS (
            CASE WHEN d.due THEN f.next_from ELSE f.anchor_since END AS p_since
     FROM found AS f, clock AS c, LATERAL (SELECT coalesce(f.next_from <= c.now, false) AS due) AS d
 ), period AS (
-    SELECT p.*, z.zone, coalesce(p.p_allowance, $5::bigint) AS allow, coalesce(p.p_hard_cap, $6::bigint) AS cap,
-           greatest({{template "quota.bound" "k1.k"}}, p.p_since) AS start_at,
-           {{template "quota.bound" "k1.k + $3::integer"}} AS end_at
-    FROM plan AS p, clock AS c,
-         LATERAL (SELECT coalesce(p.p_zone, $4::text) AS zone) AS z,
-         LATERAL (SELECT (extract(year FROM c.now AT TIME ZONE z.zone) * 12 + extract(month FROM c.now AT TIME ZONE z.zone) - 1)::integer AS mi) AS m,
-         LATERAL (SELECT m.mi - (((m.mi - (p.p_month - 1)) % $3::integer) + $3::integer) % $3::integer AS k) AS k0,
-         LATERAL (SELECT CASE WHEN {{template "quota.bound" "k0.k"}} <= c.now THEN k0.k ELSE k0.k - $3::integer END AS k) AS k1
+    SELECT p.*, b.zone, coalesce(p.p_allowance, $5::bigint) AS allow, coalesce(p.p_hard_cap, $6::bigint) AS cap,
+           greatest(b.s, p.p_since) AS start_at, b.e AS end_at
+    FROM plan AS p, LATERAL (
+        SELECT x.zone, {{template "quota.bound" "x.k"}} AS s, {{template "quota.bound" "x.k + $3::integer"}} AS e
+        FROM (SELECT x.zone, CASE WHEN {{template "quota.bound" "x.k"}} <= x.now THEN x.k ELSE x.k - $3::integer END AS k
+              FROM (SELECT x.zone, x.now, x.mi - (((x.mi - (p.p_month - 1)) % $3::integer) + $3::integer) % $3::integer AS k
+                    FROM (SELECT z.zone, c.now, (extract(year FROM c.now AT TIME ZONE z.zone) * 12 + extract(month FROM c.now AT TIME ZONE z.zone) - 1)::integer AS mi
+                          FROM clock AS c, (SELECT coalesce(p.p_zone, $4::text) AS zone) AS z
+                          OFFSET 0) AS x
+                    OFFSET 0) AS x
+              OFFSET 0) AS x
+    ) AS b
 ), state AS (
     SELECT pe.*, s.same,
            CASE WHEN s.same THEN pe.from_allowance ELSE 0 END AS ua,
@@ -72,7 +80,7 @@ WITH clock AS (
 -- quota.bound is the instant a period starts in month k (the expression
 -- given): local midnight, in the zone, of the anchor's day clamped to the
 -- month's last day.
-{{define "quota.bound"}}make_timestamptz(({{.}}) / 12, ({{.}}) % 12 + 1, least(p.p_day::integer, extract(day FROM make_date(({{.}}) / 12, ({{.}}) % 12 + 1, 1) + interval '1 month - 1 day')::integer), 0, 0, 0, z.zone){{end}}
+{{define "quota.bound"}}make_timestamptz(({{.}}) / 12, ({{.}}) % 12 + 1, least(p.p_day::integer, extract(day FROM make_date(({{.}}) / 12, ({{.}}) % 12 + 1, 1) + interval '1 month - 1 day')::integer), 0, 0, 0, x.zone){{end}}
 
 -- quota.allow charges $7 units to key $2: the allowance first, then the
 -- unexpired credits, earliest expiry first (a credit counts while now <
@@ -100,10 +108,10 @@ WITH clock AS (
     SELECT s.*, a.units AS avail_units, a.n AS avail_n, t.taken, ta.v AS take_a, tc.v AS take_c, o.v AS take_o,
            NOT t.taken AND (o.v = 0 OR s.ua + ta.v + s.uo + o.v <= s.cap) AS allowed
     FROM state AS s, avail AS a,
-         LATERAL (SELECT $8::text IS NOT NULL AND EXISTS (SELECT FROM {{.ids}} AS i WHERE i.namespace = $1 AND i.id = $8::text) AS taken) AS t,
-         LATERAL (SELECT least($7::bigint, greatest(s.allow - s.ua, 0)) AS v) AS ta,
-         LATERAL (SELECT least($7::bigint - ta.v, a.units) AS v) AS tc,
-         LATERAL (SELECT $7::bigint - ta.v - tc.v AS v) AS o
+         LATERAL (SELECT $8::text IS NOT NULL AND EXISTS (SELECT FROM {{.ids}} AS i WHERE i.namespace = $1 AND i.id = $8::text) AS taken OFFSET 0) AS t,
+         LATERAL (SELECT least($7::bigint, greatest(s.allow - s.ua, 0)) AS v OFFSET 0) AS ta,
+         LATERAL (SELECT least($7::bigint - ta.v, a.units) AS v OFFSET 0) AS tc,
+         LATERAL (SELECT $7::bigint - ta.v - tc.v AS v OFFSET 0) AS o
 ), spent AS (
     SELECT x.e, x.o, x.u - least(x.u, greatest(d.take_c - (x.cum - x.u), 0)) AS u
     FROM credits AS x, decided AS d
