@@ -180,3 +180,54 @@ func TestIDAllowTxRollback(t *testing.T) {
 		t.Fatalf("%d events, want 1", n)
 	}
 }
+
+// The Cleaner deletes ids past their retention when its Tables list
+// pglimit_quota_ids; an id deleted is decided afresh.
+func TestCleanerDeletesQuotaIDs(t *testing.T) {
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	q, err := pglimitquota.New(pool, &pglimitquota.Config{Schema: schema, Namespace: "n", Allowance: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, id := range []string{"old", "kept"} {
+		allow(t, pglimit.WithID(ctx, id), q, "k", 1)
+	}
+	ids := pgx.Identifier{schema, "pglimit_quota_ids"}.Sanitize()
+	// As if old's retention had passed.
+	if _, err := pool.Exec(ctx, "UPDATE "+ids+" SET expires_at = now() - interval '1 second' WHERE id = 'old'"); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := pglimit.NewCleaner(pool, &pglimit.CleanerConfig{Schema: schema, Tables: []string{"pglimit_quota_ids"}, Interval: 50 * time.Millisecond, Retention: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := cl.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	count := func(id string) int {
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+ids+" WHERE id = $1", id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// A generous bound for a loaded machine: the Cleaner runs every 50 ms.
+	for deadline := time.Now().Add(30 * time.Second); count("old") != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the expired id was not deleted within 30s")
+		}
+	}
+	if count("kept") != 1 {
+		t.Fatal("the id within its retention was deleted")
+	}
+	if d := allow(t, pglimit.WithID(ctx, "old"), q, "k", 1); d.Replayed {
+		t.Fatalf("old after its deletion: %+v, want decided afresh", d)
+	}
+}

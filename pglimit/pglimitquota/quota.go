@@ -201,11 +201,12 @@ type Querier interface {
 // # Bounds
 //
 // Every call returns by its context's deadline or the quota's Timeout,
-// whichever comes first. A key holds one row (about 200 bytes plus 16 per
+// whichever comes first. A key holds one row (about 150 bytes plus 16 per
 // live credit, at most [MaxCredits]), whatever its periods; an admission
-// with an id one row of pglimit_quota_ids (about 200 bytes plus the id)
-// until the Cleaner deletes it after IDRetention; a threshold crossed, one
-// event row until [Quota.TakeEvents] takes it. Nothing deletes a key's row
+// with an id one row of pglimit_quota_ids (about 180 bytes plus the id)
+// until the Cleaner deletes it after IDRetention, if its Tables list the
+// table; a threshold crossed, one event row until [Quota.TakeEvents]
+// takes it. Nothing deletes a key's row
 // yet. Bad input ([pglimit.ErrInvalidKey], [pglimit.ErrInvalidCost],
 // [pglimit.ErrInvalidConfig], [pglimit.ErrInvalidID]) writes nothing.
 type Quota struct {
@@ -252,9 +253,9 @@ func New(db pglimit.DB, cfg *Config) (*Quota, error) {
 	if _, err := time.LoadLocation(c.TimeZone); err != nil {
 		return nil, fmt.Errorf("%w: TimeZone: %w", pglimit.ErrInvalidConfig, err)
 	}
-	hardCap, err := resolveCap(c.Allowance, c.HardCap)
+	hardCap, err := resolveCap("", c.Allowance, c.HardCap)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", pglimit.ErrInvalidConfig, err)
+		return nil, err
 	}
 	if len(c.Thresholds) > MaxThresholds {
 		return nil, fmt.Errorf("%w: Thresholds: at most %d, got %d", pglimit.ErrInvalidConfig, MaxThresholds, len(c.Thresholds))
@@ -292,16 +293,17 @@ func New(db pglimit.DB, cfg *Config) (*Quota, error) {
 	return q, nil
 }
 
-// resolveCap checks an allowance and a hard cap and returns the cap in
-// force: the allowance for 0.
-func resolveCap(allowance, hardCap int64) (int64, error) {
+// resolveCap checks an allowance and a hard cap, of the struct named by
+// prefix ("" or "Plan."), and returns the cap in force: the allowance
+// for 0.
+func resolveCap(prefix string, allowance, hardCap int64) (int64, error) {
 	switch {
 	case allowance < 0 || allowance > MaxUnits:
-		return 0, fmt.Errorf("Allowance must be from 0 to %d, got %d", int64(MaxUnits), allowance)
+		return 0, fmt.Errorf("%w: %sAllowance must be from 0 to %d, got %d", pglimit.ErrInvalidConfig, prefix, int64(MaxUnits), allowance)
 	case hardCap == 0:
 		return allowance, nil
 	case hardCap < allowance || hardCap > MaxUnits:
-		return 0, fmt.Errorf("HardCap must be 0 or from Allowance (%d) to %d, got %d", allowance, int64(MaxUnits), hardCap)
+		return 0, fmt.Errorf("%w: %sHardCap must be 0 or from Allowance (%d) to %d, got %d", pglimit.ErrInvalidConfig, prefix, allowance, int64(MaxUnits), hardCap)
 	}
 	return hardCap, nil
 }
@@ -478,9 +480,9 @@ func (q *Quota) SetPlan(ctx context.Context, key string, p Plan, when When) (tim
 	if when != AtOnce && when != AtNextPeriod {
 		return time.Time{}, fmt.Errorf("%w: When must be AtOnce or AtNextPeriod, got %d", pglimit.ErrInvalidConfig, when)
 	}
-	hardCap, err := resolveCap(p.Allowance, p.HardCap)
+	hardCap, err := resolveCap("Plan.", p.Allowance, p.HardCap)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("%w: Plan: %w", pglimit.ErrInvalidConfig, err)
+		return time.Time{}, err
 	}
 	zone := cmp.Or(p.TimeZone, q.cfg.TimeZone)
 	ctx, cancel := q.bound(ctx)
