@@ -43,7 +43,7 @@ var mayImport = map[string][]string{
 	"internal/onpglimit/testdb":   {"github.com/jackc/pgx/v5/", "go.uber.org/goleak", "~/pglimit", "~/internal/pgserver"},
 	"internal/pgserver":           {"github.com/jackc/pgx/v5/"},
 	"internal/layout":             {},
-	"cmd/pglimit":                 {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/pglimithealth"},
+	"cmd/pglimit":                 {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/pglimithealth", "~/pglimit/pglimitquota"},
 	"demo":                        {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimithttp", "~/pglimit/pglimitprom", "~/pglimit/pglimitsem", "~/internal/pgserver"},
 }
 
