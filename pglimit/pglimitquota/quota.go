@@ -227,7 +227,11 @@ const (
 	defaultSchema  = "public"
 	defaultTimeout = 2 * time.Second
 	maxAttempts    = 3
-	basisPoints    = 10_000
+	// txClientTimeoutMargin is how much longer than Timeout AllowTx waits
+	// for the server, whose lock_timeout ends the wait and keeps the
+	// caller's connection, before giving up on the connection.
+	txClientTimeoutMargin = time.Second
+	basisPoints           = 10_000
 )
 
 // New returns a quota of cfg over db.
@@ -341,7 +345,7 @@ func (q *Quota) wrap(ctx context.Context, what string, err error) error {
 // [pglimit.ErrInvalidCost]; an invalid key, [pglimit.ErrInvalidKey]; an
 // invalid id, [pglimit.ErrInvalidID]; none writes anything.
 func (q *Quota) Allow(ctx context.Context, key string, cost int64) (Decision, error) {
-	return q.allow(ctx, q.db, key, cost, func(ctx context.Context, params []any, scan func(pgx.Row) error) error {
+	return q.allow(ctx, q.db, key, cost, q.cfg.Timeout, func(ctx context.Context, params []any, scan func(pgx.Row) error) error {
 		return scan(q.db.QueryRow(ctx, q.stmts.allow, params...))
 	})
 }
@@ -358,14 +362,16 @@ func (q *Quota) AllowTx(ctx context.Context, tx pglimit.DB, key string, cost int
 	if tx == nil {
 		return Decision{}, fmt.Errorf("%w: tx is nil", pglimit.ErrInvalidConfig)
 	}
-	return q.allow(ctx, tx, key, cost, func(ctx context.Context, params []any, scan func(pgx.Row) error) error {
+	// The server ends a wait past Timeout (lock_timeout), which keeps tx
+	// usable; the client gives up on a silent server a second later.
+	return q.allow(ctx, tx, key, cost, q.cfg.Timeout+txClientTimeoutMargin, func(ctx context.Context, params []any, scan func(pgx.Row) error) error {
 		return pgtx.InSavepoint(ctx, tx, q.cfg.Timeout, q.stmts.allow, params, scan)
 	})
 }
 
 // allow decides with run, which sends the allow statement with params,
-// looking ids up on db.
-func (q *Quota) allow(ctx context.Context, db pglimit.DB, key string, cost int64, run func(context.Context, []any, func(pgx.Row) error) error) (Decision, error) {
+// under a deadline of bound, looking ids up on db.
+func (q *Quota) allow(ctx context.Context, db pglimit.DB, key string, cost int64, bound time.Duration, run func(context.Context, []any, func(pgx.Row) error) error) (Decision, error) {
 	if err := pglimit.ValidateKey(key); err != nil {
 		return Decision{}, err
 	}
@@ -379,7 +385,7 @@ func (q *Quota) allow(ctx context.Context, db pglimit.DB, key string, cost int64
 		}
 		id = &s
 	}
-	ctx, cancel := q.bound(ctx)
+	ctx, cancel := context.WithTimeoutCause(ctx, bound, pglimit.ErrTimeout)
 	defer cancel()
 	params := append(q.head(key), cost, id, q.retention, q.thresholds)
 	for range maxAttempts {
