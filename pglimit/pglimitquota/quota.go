@@ -63,7 +63,9 @@ type Config struct {
 	// rules as a key. Required.
 	Namespace string
 
-	// Period is the length of every key's billing period. Defaults to
+	// Period is the length of every key's billing period. Instances that
+	// share a namespace must agree on it, as on every field below, or
+	// each reads the key's counters by its own periods. Defaults to
 	// Monthly.
 	Period Period
 

@@ -352,3 +352,25 @@ func TestSetPlanWhen(t *testing.T) {
 		t.Fatalf("new zone: %+v", u)
 	}
 }
+
+// Quotas of two namespaces in one schema share no key, id or event.
+func TestNamespacesApart(t *testing.T) {
+	b := setup(t, pglimitquota.Config{Namespace: "a", Allowance: 1, Thresholds: []float64{1}}, time.Date(2027, 1, 5, 0, 0, 0, 0, time.UTC))
+	other, err := pglimitquota.New(b.pool, &pglimitquota.Config{Schema: b.schema, Namespace: "b", Allowance: 1, Thresholds: []float64{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := pglimit.WithID(context.Background(), "same-id")
+	for _, q := range []*pglimitquota.Quota{b.q, other} {
+		if d := allow(t, ctx, q, "k", 1); !d.Allowed || d.Replayed {
+			t.Fatalf("first in its namespace: %+v", d)
+		}
+	}
+	if n := b.count(t, "pglimit_quota_events"); n != 2 {
+		t.Fatalf("%d events, want one per namespace", n)
+	}
+	events, err := other.TakeEvents(context.Background(), b.pool, 10)
+	if err != nil || len(events) != 1 {
+		t.Fatalf("namespace b's events: %+v, %v", events, err)
+	}
+}
