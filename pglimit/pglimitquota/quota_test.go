@@ -374,3 +374,23 @@ func TestNamespacesApart(t *testing.T) {
 		t.Fatalf("namespace b's events: %+v, %v", events, err)
 	}
 }
+
+// A key anchored by its first admission keeps its period and counters
+// when SetPlan at once names the same day and zone on a Monthly quota
+// (whose anchor has no month).
+func TestSetPlanSameAnchorAsFirstUse(t *testing.T) {
+	b := setup(t, pglimitquota.Config{Allowance: 10}, time.Date(2027, 11, 10, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	allow(t, ctx, b.q, "k", 8)
+	b.clock.Advance(time.Hour)
+	if _, err := b.q.SetPlan(ctx, "k", pglimitquota.Plan{Anchor: pglimitquota.Anchor{Day: 10}, Allowance: 20}, pglimitquota.AtOnce); err != nil {
+		t.Fatal(err)
+	}
+	u, err := b.q.Usage(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Used != 8 || u.Allowance != 20 || !u.PeriodStart.Equal(time.Date(2027, 11, 10, 0, 0, 0, 0, time.UTC)) {
+		t.Fatalf("after the same anchor at once: %+v, want 8 used of 20 since 10 November", u)
+	}
+}

@@ -5,7 +5,8 @@
 -- the key's row (locked FOR UPDATE when lock says so, so that a decision
 -- decides on its latest version, every other decision of the key waiting);
 -- a key with no row stands for a new key anchored at this instant, in the
--- default zone, on the quota's default plan (new is true); the plan in
+-- default zone, on the quota's default plan (new is true; a monthly
+-- anchor's month is always 1, so that anchors compare by their day); the plan in
 -- force, the next plan once its time has come (due); and the period that
 -- holds the instant. Parameters: $1 namespace, $2 key, $3 the period in
 -- months (1 or 12), $4 the default zone, $5 the default allowance, $6 the
@@ -35,7 +36,8 @@ WITH clock AS (
            l.period_start, l.from_allowance, l.from_credits, l.overage, l.credit_units, l.credit_expires
     FROM locked AS l
     UNION ALL
-    SELECT true, extract(month FROM c.now AT TIME ZONE $4::text)::smallint, extract(day FROM c.now AT TIME ZONE $4::text)::smallint,
+    SELECT true, CASE WHEN $3::integer = 12 THEN extract(month FROM c.now AT TIME ZONE $4::text)::smallint ELSE 1::smallint END,
+           extract(day FROM c.now AT TIME ZONE $4::text)::smallint,
            NULL::text, NULL::bigint, NULL::bigint, c.now,
            NULL::smallint, NULL::smallint, NULL::text, NULL::bigint, NULL::bigint, NULL::timestamptz,
            NULL::timestamptz, 0::bigint, 0::bigint, 0::bigint, '{}'::bigint[], '{}'::timestamptz[]
@@ -183,7 +185,7 @@ FROM state AS s, avail AS a, clock AS c
     SELECT c.now AT TIME ZONE $9::text AS there FROM clock AS c
 ), decided AS (
     SELECT s.*, $12::boolean AND NOT s.new AS later,
-           (s.p_month, s.p_day, s.zone) IS NOT DISTINCT FROM ($7::smallint, $8::smallint, $9::text) AS same_anchor
+           (CASE WHEN $3::integer = 12 THEN s.p_month ELSE 1 END, s.p_day, s.zone) IS NOT DISTINCT FROM ($7::smallint, $8::smallint, $9::text) AS same_anchor
     FROM state AS s, checked AS ch
     WHERE ch.there IS NOT NULL -- used, so that the zone is read, and an unknown one fails
 ), written AS (
