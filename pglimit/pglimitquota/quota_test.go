@@ -394,3 +394,34 @@ func TestSetPlanSameAnchorAsFirstUse(t *testing.T) {
 		t.Fatalf("after the same anchor at once: %+v, want 8 used of 20 since 10 November", u)
 	}
 }
+
+// A midnight that a DST change skips starts the period at the local
+// day's first instant; a midnight that happens twice, at its later
+// occurrence (standard time): Havana's clocks go from 00:00 to 01:00 on
+// 14 March 2027, and from 01:00 back to 00:00 on 7 November 2027.
+func TestPeriodMidnightDST(t *testing.T) {
+	b := setup(t, pglimitquota.Config{Allowance: 5}, time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	for _, c := range []struct {
+		day        int
+		at         time.Time
+		start, end time.Time
+	}{
+		{14, time.Date(2027, 3, 20, 0, 0, 0, 0, time.UTC), time.Date(2027, 3, 14, 5, 0, 0, 0, time.UTC), time.Date(2027, 4, 14, 4, 0, 0, 0, time.UTC)},
+		{7, time.Date(2027, 11, 10, 0, 0, 0, 0, time.UTC), time.Date(2027, 11, 7, 5, 0, 0, 0, time.UTC), time.Date(2027, 12, 7, 5, 0, 0, 0, time.UTC)},
+	} {
+		key := fmt.Sprint("havana-", c.day)
+		b.clock.Set(time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC))
+		if _, err := b.q.SetPlan(ctx, key, pglimitquota.Plan{Anchor: pglimitquota.Anchor{Day: c.day}, TimeZone: "America/Havana", Allowance: 5}, pglimitquota.AtOnce); err != nil {
+			t.Fatal(err)
+		}
+		b.clock.Set(c.at)
+		u, err := b.q.Usage(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !u.PeriodStart.Equal(c.start) || !u.PeriodEnd.Equal(c.end) {
+			t.Errorf("anchor %d: [%s, %s), want [%s, %s)", c.day, u.PeriodStart.UTC(), u.PeriodEnd.UTC(), c.start, c.end)
+		}
+	}
+}
