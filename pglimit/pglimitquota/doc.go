@@ -16,7 +16,8 @@
 // A decision made with [pglimit.WithID] charges its id once: a retry of
 // the id, on any instance, while the id is kept (Config.IDRetention),
 // returns the first admission with Replayed set and charges nothing. An
-// id first refused is decided afresh.
+// id first refused is decided afresh; an id admitted by [Quota.AllowTx]
+// in a transaction that rolled back was never admitted.
 //
 // # Thresholds
 //
