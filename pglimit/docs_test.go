@@ -190,7 +190,7 @@ const maxContractWords = 25
 // maxContractWords words.
 func TestDocContracts(t *testing.T) {
 	t.Parallel()
-	for _, dir := range []string{".", "pglimitsem", "pglimithttp", "pglimitprom", "pglimitsql", "pglimittest", "pglimithealth", "pglimitclean"} {
+	for _, dir := range []string{".", "pglimitsem", "pglimithttp", "pglimitprom", "pglimitsql", "pglimittest", "pglimithealth", "pglimitclean", "pglimitquota"} {
 		names, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)

@@ -11,6 +11,7 @@
 //	pglimit [flags] reset KEY
 //	pglimit [flags] cleaner [-tables T1,T2] [-retention DURATION]
 //	pglimit [flags] health [NAME]
+//	pglimit [flags] usage [-yearly] [-allowance N] [-hard-cap N] [-tz ZONE] KEY
 //
 // The limiter is the one its namespace recorded: a limiter records its
 // policy (strategy, limits, per-key limits) in its schema at its first
@@ -25,7 +26,8 @@
 // taken as given, with a warning. The database URL comes from -database-url or
 // DATABASE_URL. Every command is one statement of the library's Go API
 // (Inspect, LimitedKeys, ListKeyLimits, SetKeyLimits, SetKeyLimitsFor,
-// Reset, pglimitclean.Inspect, pglimithealth.Status). With -dry-run a command that writes runs in a
+// Reset, pglimitclean.Inspect, pglimithealth.Status, pglimitquota's Usage,
+// for which -namespace names the quota's namespace). With -dry-run a command that writes runs in a
 // transaction that it rolls back, and prints what it would have done.
 // With -json it prints JSON instead of tables.
 //
@@ -49,6 +51,7 @@ import (
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 	"github.com/pglimit/cooldown/pglimit/pglimithealth"
+	"github.com/pglimit/cooldown/pglimit/pglimitquota"
 )
 
 func main() {
@@ -84,6 +87,10 @@ Commands:
   cleaner [-tables T,...] [-retention D]
                                   the cleanup job's leader and each table's backlog
   health [NAME]                   each health throttle's rate now, and why (or NAME's)
+  usage [-yearly] [-allowance N] [-hard-cap N] [-tz ZONE] KEY
+                                  KEY's billing period (pglimitquota, of -namespace): used,
+                                  allowance, credits left, overage, its end; the flags are
+                                  the quota's Config, for a key without a plan of its own
 
 A limit (-limit, repeated; or PGLIMIT_LIMITS, separated by ";"):
   [NAME=]RATE/PERIOD[,burst=N][,debt=N][,fixed|,sliding][,tz=ZONE]
@@ -205,6 +212,11 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 	ttl := fs.Duration("for", 0, "how long the key's own limits count (0: for good)")
 	tables := fs.String("tables", "", "the cleaner's tables, separated by commas (default: the library's)")
 	retention := fs.Duration("retention", 0, "the cleaner's Retention (default: the library's, 10m)")
+	var quota pglimitquota.Config
+	yearly := fs.Bool("yearly", false, "the quota's periods are yearly (default: monthly)")
+	fs.Int64Var(&quota.Allowance, "allowance", 0, "the quota's Config.Allowance")
+	fs.Int64Var(&quota.HardCap, "hard-cap", 0, "the quota's Config.HardCap")
+	fs.StringVar(&quota.TimeZone, "tz", "", "the quota's Config.TimeZone (default UTC)")
 	// Also after the command, where they are easy to add to one.
 	fs.BoolVar(&o.json, "json", o.json, "print JSON instead of tables")
 	fs.BoolVar(&o.dryRun, "dry-run", o.dryRun, "roll back what the command writes")
@@ -234,7 +246,7 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 	}
 	defer pool.Close()
 	p := printer{w: stdout, json: o.json}
-	if name != "cleaner" {
+	if name != "cleaner" && name != "usage" {
 		if err := o.resolve(ctx, pool, stderr); err != nil {
 			return err
 		}
@@ -305,6 +317,24 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 			return err
 		}
 		return p.health(throttle, st)
+	case "usage":
+		key, err := wantKey(false)
+		if err != nil {
+			return err
+		}
+		quota.Schema, quota.Namespace, quota.Timeout = o.cfg.Schema, o.cfg.Namespace, o.cfg.Timeout
+		if *yearly {
+			quota.Period = pglimitquota.Yearly
+		}
+		q, err := pglimitquota.New(pool, &quota)
+		if err != nil {
+			return err
+		}
+		u, err := q.Usage(ctx, key)
+		if err != nil {
+			return err
+		}
+		return p.usage(key, u)
 	}
 	return nil
 }
@@ -313,7 +343,7 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 var usages = map[string]string{
 	"inspect": "KEY", "limited": "no arguments", "overrides list": "no arguments",
 	"overrides set": "KEY NAME=RATE[/BURST] ...", "overrides clear": "KEY", "reset": "KEY", "cleaner": "no arguments",
-	"health": "[NAME]",
+	"health": "[NAME]", "usage": "KEY",
 }
 
 // write runs a command that writes (name), on key, then prints the key's

@@ -17,6 +17,7 @@ import (
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimithealth"
+	"github.com/pglimit/cooldown/pglimit/pglimitquota"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -505,5 +506,43 @@ func TestHealthUnreadStandby(t *testing.T) {
 	var got []map[string]any
 	if err := json.Unmarshal(js.Bytes(), &got); err != nil || len(got) != 1 || got[0]["value"] != nil || got[0]["signal"] != "standby_replay_delay" {
 		t.Errorf("-json: %v, %s; want the signal with a null value", err, js.String())
+	}
+}
+
+// usage shows a key's billing period: used, allowance, credits left,
+// overage and the period's end.
+func TestUsageCommand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	q, err := pglimitquota.New(b.pool, &pglimitquota.Config{Schema: b.cfg.Schema, Namespace: "billing", Allowance: 10, HardCap: 15})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := q.Grant(ctx, "acme", 4, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := q.Allow(ctx, "acme", 13); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	b.env["PGLIMIT_NAMESPACE"] = "billing"
+	code, out, errOut := b.pglimit(t, "usage", "-allowance", "10", "-hard-cap", "15", "acme")
+	if code != 0 || !strings.Contains(out, "used 13: 10 of the allowance of 10, 3 from credits, 0 overage (hard cap 15)") || !strings.Contains(out, "credits left 1") {
+		t.Fatalf("usage acme: exit %d, %s%s", code, out, errOut)
+	}
+	t.Logf("pglimit usage acme:\n%s", out)
+	code, out, errOut = b.pglimit(t, "-json", "usage", "acme")
+	var got struct {
+		Used        int64     `json:"used"`
+		CreditsLeft int64     `json:"credits_left"`
+		PeriodEnd   time.Time `json:"period_end"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil || got.Used != 13 || got.CreditsLeft != 1 || got.PeriodEnd.IsZero() {
+		t.Fatalf("-json usage: exit %d, %s%s (%v)", code, out, errOut, err)
+	}
+	for _, args := range [][]string{{"usage"}, {"usage", "a", "b"}, {"usage", "-tz", "Mars/Olympus_Mons", "a"}, {"usage", "-allowance", "-1", "a"}} {
+		if code, out, errOut := b.pglimit(t, args...); code != 2 {
+			t.Errorf("%q: exit %d, %s%s; want 2", args, code, out, errOut)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 	"github.com/pglimit/cooldown/pglimit/pglimithealth"
+	"github.com/pglimit/cooldown/pglimit/pglimitquota"
 )
 
 // printer writes a command's answer as tables for people, or as JSON.
@@ -388,4 +389,27 @@ func (p printer) health(name string, states []pglimithealth.State) error {
 			strconv.FormatFloat(s.Value, 'g', 4, 64), cmp, strconv.FormatFloat(s.Threshold, 'g', 4, 64), when(s.SampledAt), s.Leader)
 	}
 	return tw.Flush()
+}
+
+// usage prints key's billing period (pglimitquota.Quota.Usage).
+func (p printer) usage(key string, u pglimitquota.Usage) error {
+	if p.json {
+		return p.encode(struct {
+			Key           string    `json:"key"`
+			At            time.Time `json:"at"`
+			PeriodStart   time.Time `json:"period_start"`
+			PeriodEnd     time.Time `json:"period_end"`
+			Used          int64     `json:"used"`
+			FromAllowance int64     `json:"from_allowance"`
+			FromCredits   int64     `json:"from_credits"`
+			Overage       int64     `json:"overage"`
+			Allowance     int64     `json:"allowance"`
+			HardCap       int64     `json:"hard_cap"`
+			CreditsLeft   int64     `json:"credits_left"`
+		}{key, u.Now, u.PeriodStart, u.PeriodEnd, u.Used, u.FromAllowance, u.FromCredits, u.Overage, u.Allowance, u.HardCap, u.CreditsLeft})
+	}
+	fmt.Fprintf(p.w, "%s: period %s to %s (ends in %s)\n", key, u.PeriodStart.UTC().Format(time.RFC3339), u.PeriodEnd.UTC().Format(time.RFC3339), wait(u.PeriodEnd.Sub(u.Now)))
+	fmt.Fprintf(p.w, "used %d: %d of the allowance of %d, %d from credits, %d overage (hard cap %d)\n", u.Used, u.FromAllowance, u.Allowance, u.FromCredits, u.Overage, u.HardCap)
+	fmt.Fprintf(p.w, "credits left %d\n", u.CreditsLeft)
+	return nil
 }

@@ -33,9 +33,10 @@ type Config struct {
 	// (Upsert, NoWait, a [Semaphore]'s slots) or a during tstzrange column
 	// (Range). Defaults to "pglimit_upsert", "pglimit_nowait",
 	// "pglimit_range", "pglimit_slots" (with pglimit_slot_waiters,
-	// which is cleaned with it) and "pglimit_ids", the decision ids
+	// which is cleaned with it), "pglimit_ids", the decision ids
 	// ([pglimit.WithID]), whose expires_at is the end of the limiter's
-	// IDRetention: an id is deleted Retention after it. A table with
+	// IDRetention: an id is deleted Retention after it, and
+	// "pglimit_quota_ids", pglimitquota's decision ids. A table with
 	// no index on expires_at (the unlogged ones) is swept by ranges of
 	// blocks: each batch reads BatchSize/16 blocks, each run the table once.
 	Tables []string
@@ -88,14 +89,15 @@ type hooks struct {
 // The tables a Cleaner cleans by default, as the migrations create them:
 // the Upsert, NoWait and Range limiters' (pglimit.Config.Table's
 // defaults), pglimitsem's slots (00007) and the queue of their waiters
-// (00010), cleaned with them, and the decision ids (00013).
+// (00010), cleaned with them, and the decision ids (00013) and
+// pglimitquota's (00015).
 const (
 	defaultSchema    = "public"
 	slotsTable       = "pglimit_slots"
 	slotWaitersTable = "pglimit_slot_waiters"
 )
 
-var defaultTables = []string{"pglimit_upsert", "pglimit_nowait", "pglimit_range", slotsTable, "pglimit_ids"}
+var defaultTables = []string{"pglimit_upsert", "pglimit_nowait", "pglimit_range", slotsTable, "pglimit_ids", "pglimit_quota_ids"}
 
 const (
 	defaultCleanInterval = time.Minute

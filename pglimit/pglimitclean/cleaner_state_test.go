@@ -13,10 +13,10 @@ import (
 	"github.com/pglimit/cooldown/pglimit/pglimitclean"
 )
 
-// InspectCleaner names the leading session while a cleaner leads and none
+// Inspect names the leading session while a cleaner leads and none
 // after it stops, and counts each table's due rows and how long overdue
 // the oldest is.
-func TestInspectCleaner(t *testing.T) {
+func TestInspect(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)

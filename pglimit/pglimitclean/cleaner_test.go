@@ -664,15 +664,15 @@ func TestCleanerConfigErrors(t *testing.T) {
 	} {
 		_, err := pglimitclean.New(pool, &tt.cfg)
 		if !errors.Is(err, pglimit.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.field) {
-			t.Errorf("NewCleaner(%+v) = %v, want ErrInvalidConfig naming %s", tt.cfg, err, tt.field)
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig naming %s", tt.cfg, err, tt.field)
 		}
 	}
 	if _, err := pglimitclean.New(nil, nil); !errors.Is(err, pglimit.ErrInvalidConfig) {
-		t.Errorf("NewCleaner(nil pool) = %v, want ErrInvalidConfig", err)
+		t.Errorf("New(nil pool) = %v, want ErrInvalidConfig", err)
 	}
 	c, err := pglimitclean.New(pool, nil)
 	if err != nil {
-		t.Fatalf("NewCleaner with defaults: %v", err)
+		t.Fatalf("New with defaults: %v", err)
 	}
 	if err := c.Stop(context.Background()); err != nil {
 		t.Errorf("Stop before Start: %v", err)

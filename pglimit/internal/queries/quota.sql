@@ -1,0 +1,263 @@
+-- The statements of pglimitquota: billing periods anchored per key
+-- (migration 00015). Placeholders: keys, ids and events, the three tables.
+--
+-- quota.period is the head every statement shares: the clock, read once;
+-- the key's row (locked FOR UPDATE when lock says so, so that a decision
+-- decides on its latest version, every other decision of the key waiting);
+-- a key with no row stands for a new key anchored at this instant, in the
+-- default zone, on the quota's default plan (new is true; a monthly
+-- anchor's month is always 1, so that anchors compare by their day); the plan in
+-- force, the next plan once its time has come (due); and the period that
+-- holds the instant. Parameters: $1 namespace, $2 key, $3 the period in
+-- months (1 or 12), $4 the default zone, $5 the default allowance, $6 the
+-- default hard cap.
+--
+-- The period: months are counted from year 0 (k = 12 * year + month - 1);
+-- a period starts at local midnight, in the plan's zone, of the anchor's
+-- day clamped to its month's last day (make_timestamptz converts the
+-- local time to an instant, DST included), in a month k with
+-- k = anchor month - 1 modulo the period (every month for a monthly
+-- plan). start is that instant of the latest such month not after now,
+-- and never before the anchor took effect (since); end, the next one.
+-- Each step is a subquery of the next, fenced with OFFSET 0, so that the
+-- planner neither pulls it up and copies its expression into every use
+-- nor searches join orders among the steps: unfenced LATERAL steps nest
+-- into an expression that costs milliseconds to plan and to evaluate.
+{{define "quota.period"}}
+WITH clock AS (
+    SELECT clock_timestamp() AS now
+), locked AS (
+    SELECT t.* FROM {{.keys}} AS t
+    WHERE t.namespace = $1 AND t.key = $2
+    {{.lock}}
+), found AS (
+    SELECT false AS new, l.anchor_month, l.anchor_day, l.time_zone, l.allowance, l.hard_cap, l.anchor_since,
+           l.next_month, l.next_day, l.next_zone, l.next_allowance, l.next_hard_cap, l.next_from,
+           l.period_start, l.from_allowance, l.from_credits, l.overage, l.credit_units, l.credit_expires
+    FROM locked AS l
+    UNION ALL
+    SELECT true, CASE WHEN $3::integer = 12 THEN extract(month FROM c.now AT TIME ZONE $4::text)::smallint ELSE 1::smallint END,
+           extract(day FROM c.now AT TIME ZONE $4::text)::smallint,
+           NULL::text, NULL::bigint, NULL::bigint, c.now,
+           NULL::smallint, NULL::smallint, NULL::text, NULL::bigint, NULL::bigint, NULL::timestamptz,
+           NULL::timestamptz, 0::bigint, 0::bigint, 0::bigint, '{}'::bigint[], '{}'::timestamptz[]
+    FROM clock AS c WHERE NOT EXISTS (SELECT FROM locked)
+), plan AS (
+    SELECT f.*, d.due,
+           CASE WHEN d.due THEN f.next_month ELSE f.anchor_month END AS p_month,
+           CASE WHEN d.due THEN f.next_day ELSE f.anchor_day END AS p_day,
+           CASE WHEN d.due THEN f.next_zone ELSE f.time_zone END AS p_zone,
+           CASE WHEN d.due THEN f.next_allowance ELSE f.allowance END AS p_allowance,
+           CASE WHEN d.due THEN f.next_hard_cap ELSE f.hard_cap END AS p_hard_cap,
+           CASE WHEN d.due THEN f.next_from ELSE f.anchor_since END AS p_since
+    FROM found AS f, clock AS c, LATERAL (SELECT coalesce(f.next_from <= c.now, false) AS due) AS d
+), period AS (
+    SELECT p.*, b.zone, coalesce(p.p_allowance, $5::bigint) AS allow, coalesce(p.p_hard_cap, $6::bigint) AS cap,
+           greatest(b.s, p.p_since) AS start_at, b.e AS end_at
+    FROM plan AS p, LATERAL (
+        SELECT x.zone, {{template "quota.bound" "x.k"}} AS s, {{template "quota.bound" "x.k + $3::integer"}} AS e
+        FROM (SELECT x.zone, CASE WHEN {{template "quota.bound" "x.k"}} <= x.now THEN x.k ELSE x.k - $3::integer END AS k
+              FROM (SELECT x.zone, x.now, x.mi - (((x.mi - (p.p_month - 1)) % $3::integer) + $3::integer) % $3::integer AS k
+                    FROM (SELECT z.zone, c.now, (extract(year FROM c.now AT TIME ZONE z.zone) * 12 + extract(month FROM c.now AT TIME ZONE z.zone) - 1)::integer AS mi
+                          FROM clock AS c, (SELECT coalesce(p.p_zone, $4::text) AS zone) AS z
+                          OFFSET 0) AS x
+                    OFFSET 0) AS x
+              OFFSET 0) AS x
+    ) AS b
+), state AS (
+    SELECT pe.*, s.same,
+           CASE WHEN s.same THEN pe.from_allowance ELSE 0 END AS ua,
+           CASE WHEN s.same THEN pe.from_credits ELSE 0 END AS uc,
+           CASE WHEN s.same THEN pe.overage ELSE 0 END AS uo
+    FROM period AS pe, LATERAL (SELECT coalesce(pe.period_start = pe.start_at, false) AS same) AS s
+), credits AS (
+    SELECT x.u, x.e, x.o, sum(x.u) OVER (ORDER BY x.e, x.o) AS cum
+    FROM state AS s, clock AS c, unnest(s.credit_units, s.credit_expires) WITH ORDINALITY AS x(u, e, o)
+    WHERE x.e > c.now AND x.u > 0
+), avail AS (
+    SELECT coalesce(sum(x.u), 0)::bigint AS units, count(*) AS n FROM credits AS x
+)
+{{- end}}
+
+-- quota.bound is the instant a period starts in month k (the expression
+-- given): local midnight, in the zone, of the anchor's day clamped to the
+-- month's last day.
+{{define "quota.bound"}}make_timestamptz(({{.}}) / 12, ({{.}}) % 12 + 1, least(p.p_day::integer, extract(day FROM make_date(({{.}}) / 12, ({{.}}) % 12 + 1, 1) + interval '1 month - 1 day')::integer), 0, 0, 0, x.zone){{end}}
+
+-- quota.allow charges $7 units to key $2: the allowance first, then the
+-- unexpired credits, earliest expiry first (a credit counts while now <
+-- its expiry), then overage while the units charged to the plan
+-- (allowance and overage) stay within the hard cap; past it, it charges
+-- nothing. $8 is the decision's id (NULL: none), $9 its retention in µs,
+-- $10 the thresholds in basis points.
+--
+-- Why it is safe: the key's row is locked before anything is read from
+-- it, and everything a decision needs is in that row, so concurrent
+-- decisions of a key run one after the other, each on the version the
+-- last committed. A new key's row is inserted without ON CONFLICT: a
+-- concurrent first decision that committed after this statement's
+-- snapshot makes it fail with unique_violation, which undoes the whole
+-- statement, and the caller runs it again. An id is written only by an
+-- admission, in the same statement as its charge, without ON CONFLICT:
+-- an id taken by a decision that committed after the snapshot fails the
+-- statement the same way, and the caller replays that decision (taken
+-- answers it at once when the snapshot sees the id). A threshold's event
+-- is inserted ON CONFLICT DO NOTHING, so that the key, period and
+-- threshold have one row whatever crosses it again. A refusal writes
+-- nothing.
+{{define "quota.allow"}}
+{{template "quota.period" .}}, decided AS (
+    SELECT s.*, a.units AS avail_units, a.n AS avail_n, t.taken, ta.v AS take_a, tc.v AS take_c, o.v AS take_o,
+           NOT t.taken AND (o.v = 0 OR s.ua + ta.v + s.uo + o.v <= s.cap) AS allowed
+    FROM state AS s, avail AS a,
+         LATERAL (SELECT $8::text IS NOT NULL AND EXISTS (SELECT FROM {{.ids}} AS i WHERE i.namespace = $1 AND i.id = $8::text) AS taken OFFSET 0) AS t,
+         LATERAL (SELECT least($7::bigint, greatest(s.allow - s.ua, 0)) AS v OFFSET 0) AS ta,
+         LATERAL (SELECT least($7::bigint - ta.v, a.units) AS v OFFSET 0) AS tc,
+         LATERAL (SELECT $7::bigint - ta.v - tc.v AS v OFFSET 0) AS o
+), spent AS (
+    SELECT x.e, x.o, x.u - least(x.u, greatest(d.take_c - (x.cum - x.u), 0)) AS u
+    FROM credits AS x, decided AS d
+), kept AS (
+    SELECT coalesce(array_agg(s.u ORDER BY s.e, s.o), '{}') AS units, coalesce(array_agg(s.e ORDER BY s.e, s.o), '{}') AS expires
+    FROM spent AS s WHERE s.u > 0
+), written AS (
+    UPDATE {{.keys}} AS t
+    SET anchor_month = d.p_month, anchor_day = d.p_day, time_zone = d.p_zone, allowance = d.p_allowance,
+        hard_cap = d.p_hard_cap, anchor_since = d.p_since,
+        next_month = CASE WHEN d.due THEN NULL ELSE t.next_month END,
+        next_day = CASE WHEN d.due THEN NULL ELSE t.next_day END,
+        next_zone = CASE WHEN d.due THEN NULL ELSE t.next_zone END,
+        next_allowance = CASE WHEN d.due THEN NULL ELSE t.next_allowance END,
+        next_hard_cap = CASE WHEN d.due THEN NULL ELSE t.next_hard_cap END,
+        next_from = CASE WHEN d.due THEN NULL ELSE t.next_from END,
+        period_start = d.start_at, from_allowance = d.ua + d.take_a, from_credits = d.uc + d.take_c,
+        overage = d.uo + d.take_o, credit_units = k.units, credit_expires = k.expires
+    FROM decided AS d, kept AS k
+    WHERE t.namespace = $1 AND t.key = $2 AND d.allowed AND NOT d.new
+    RETURNING 1
+), inserted AS (
+    INSERT INTO {{.keys}} (namespace, key, anchor_month, anchor_day, anchor_since, period_start, from_allowance, overage)
+    SELECT $1, $2, d.p_month, d.p_day, d.p_since, d.start_at, d.take_a, d.take_o
+    FROM decided AS d WHERE d.allowed AND d.new
+    RETURNING 1
+), claimed AS (
+    INSERT INTO {{.ids}} (namespace, id, key, answer, period_start, period_end, decided_at, expires_at)
+    SELECT $1, $8::text, $2,
+           ARRAY[$7::bigint, d.take_a, d.take_c, d.take_o, d.ua + d.take_a, d.uc + d.take_c, d.uo + d.take_o, d.allow, d.cap, d.avail_units - d.take_c],
+           d.start_at, d.end_at, c.now, c.now + $9::bigint * interval '1 microsecond'
+    FROM decided AS d, clock AS c WHERE d.allowed AND $8::text IS NOT NULL
+    RETURNING 1
+), crossed AS (
+    INSERT INTO {{.events}} (namespace, key, period_start, threshold, period_end, used, allowance, crossed_at)
+    SELECT $1, $2, d.start_at, th.bp, d.end_at, d.ua + d.uo + d.take_a + d.take_o, d.allow, c.now
+    FROM decided AS d, clock AS c, unnest($10::integer[]) AS th(bp),
+         LATERAL (SELECT (d.allow * th.bp + 9999) / 10000 AS mark) AS m
+    WHERE d.allowed AND d.allow > 0 AND d.ua + d.uo < m.mark AND m.mark <= d.ua + d.uo + d.take_a + d.take_o
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT d.allowed, d.taken,
+       CASE WHEN d.allowed THEN d.take_a ELSE 0 END, CASE WHEN d.allowed THEN d.take_c ELSE 0 END, CASE WHEN d.allowed THEN d.take_o ELSE 0 END,
+       d.ua + CASE WHEN d.allowed THEN d.take_a ELSE 0 END, d.uc + CASE WHEN d.allowed THEN d.take_c ELSE 0 END,
+       d.uo + CASE WHEN d.allowed THEN d.take_o ELSE 0 END, d.allow, d.cap,
+       d.avail_units - CASE WHEN d.allowed THEN d.take_c ELSE 0 END, d.start_at, d.end_at, c.now
+FROM decided AS d, clock AS c
+{{end}}
+
+-- quota.usage is the key's current period, read without a lock and
+-- without writing: its counters, plan and live credits. A key with no
+-- row answers as a new key would at this instant.
+{{define "quota.usage"}}
+{{template "quota.period" .}}
+SELECT s.ua, s.uc, s.uo, s.allow, s.cap, a.units, s.start_at, s.end_at, c.now
+FROM state AS s, avail AS a, clock AS c
+{{end}}
+
+-- quota.set_plan sets the key's plan: $7 anchor month, $8 anchor day, $9
+-- zone, $10 allowance, $11 hard cap. $12 true sets it for the next period
+-- (next_from, the end of the period in force; a key with no row takes it
+-- at once); false, at once: a plan whose anchor month, day and zone are
+-- the ones in force keeps the period and its counters, any other starts a
+-- period now. Either clears a next plan set before. The zone is checked by
+-- the statement itself: an unknown one fails it (22023) and writes nothing.
+{{define "quota.set_plan"}}
+{{template "quota.period" .}}, checked AS (
+    SELECT c.now AT TIME ZONE $9::text AS there FROM clock AS c
+), decided AS (
+    SELECT s.*, $12::boolean AND NOT s.new AS later,
+           (CASE WHEN $3::integer = 12 THEN s.p_month ELSE 1 END, s.p_day, s.zone) IS NOT DISTINCT FROM ($7::smallint, $8::smallint, $9::text) AS same_anchor
+    FROM state AS s, checked AS ch
+    WHERE ch.there IS NOT NULL -- used, so that the zone is read, and an unknown one fails
+), written AS (
+    UPDATE {{.keys}} AS t
+    SET anchor_month = CASE WHEN d.later THEN d.p_month ELSE $7::smallint END,
+        anchor_day = CASE WHEN d.later THEN d.p_day ELSE $8::smallint END,
+        time_zone = CASE WHEN d.later THEN d.p_zone ELSE $9::text END,
+        allowance = CASE WHEN d.later THEN d.p_allowance ELSE $10::bigint END,
+        hard_cap = CASE WHEN d.later THEN d.p_hard_cap ELSE $11::bigint END,
+        anchor_since = CASE WHEN d.later OR d.same_anchor THEN d.p_since ELSE c.now END,
+        next_month = CASE WHEN d.later THEN $7::smallint END,
+        next_day = CASE WHEN d.later THEN $8::smallint END,
+        next_zone = CASE WHEN d.later THEN $9::text END,
+        next_allowance = CASE WHEN d.later THEN $10::bigint END,
+        next_hard_cap = CASE WHEN d.later THEN $11::bigint END,
+        next_from = CASE WHEN d.later THEN d.end_at END
+    FROM decided AS d, clock AS c
+    WHERE t.namespace = $1 AND t.key = $2 AND NOT d.new
+    RETURNING 1
+), inserted AS (
+    INSERT INTO {{.keys}} (namespace, key, anchor_month, anchor_day, time_zone, allowance, hard_cap, anchor_since)
+    SELECT $1, $2, $7::smallint, $8::smallint, $9::text, $10::bigint, $11::bigint, c.now
+    FROM decided AS d, clock AS c WHERE d.new
+    RETURNING 1
+)
+SELECT d.later, CASE WHEN d.later THEN d.end_at ELSE c.now END FROM decided AS d, clock AS c
+{{end}}
+
+-- quota.grant adds a credit of $7 units expiring at $8 to key $2, unless
+-- $8 is not after now or the key holds $9 live credits already: then it
+-- writes nothing and answers false. Expired and spent credits are dropped
+-- as it writes.
+{{define "quota.grant"}}
+{{template "quota.period" .}}, decided AS (
+    SELECT s.*, $8::timestamptz > c.now AND a.n < $9::integer AS ok, c.now
+    FROM state AS s, avail AS a, clock AS c
+), merged AS (
+    SELECT coalesce(array_agg(x.u ORDER BY x.e, x.o), '{}') AS units, coalesce(array_agg(x.e ORDER BY x.e, x.o), '{}') AS expires
+    FROM (SELECT c.u, c.e, c.o FROM credits AS c UNION ALL SELECT $7::bigint, $8::timestamptz, 9223372036854775807) AS x
+), written AS (
+    UPDATE {{.keys}} AS t
+    SET credit_units = m.units, credit_expires = m.expires
+    FROM decided AS d, merged AS m
+    WHERE t.namespace = $1 AND t.key = $2 AND d.ok AND NOT d.new
+    RETURNING 1
+), inserted AS (
+    INSERT INTO {{.keys}} (namespace, key, anchor_month, anchor_day, anchor_since, credit_units, credit_expires)
+    SELECT $1, $2, d.p_month, d.p_day, d.p_since, m.units, m.expires
+    FROM decided AS d, merged AS m WHERE d.ok AND d.new
+    RETURNING 1
+)
+SELECT d.ok, d.now FROM decided AS d
+{{end}}
+
+-- quota.lookup_id is the answer of the admission of id $2 in namespace
+-- $1, if any.
+{{define "quota.lookup_id"}}
+SELECT i.key, i.answer, i.period_start, i.period_end, i.decided_at FROM {{.ids}} AS i WHERE i.namespace = $1 AND i.id = $2
+{{end}}
+
+-- quota.take_events deletes up to $2 events of namespace $1, the oldest
+-- crossings first, skipping those another consumer holds, and returns
+-- them: in the consumer's transaction, they are gone once it commits and
+-- back if it rolls back.
+{{define "quota.take_events"}}
+DELETE FROM {{.events}} AS e
+WHERE (e.namespace, e.key, e.period_start, e.threshold) IN (
+    SELECT o.namespace, o.key, o.period_start, o.threshold FROM {{.events}} AS o
+    WHERE o.namespace = $1
+    ORDER BY o.crossed_at, o.key, o.threshold
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING e.key, e.period_start, e.period_end, e.threshold, e.used, e.allowance, e.crossed_at
+{{end}}
