@@ -46,6 +46,7 @@ type app struct {
 	create  http.Handler                    // POST /items past decoding: the item limits, then the store
 	export  http.Handler                    // GET /exports/{user}: a slot of the user's, then the export
 	search  http.Handler                    // GET /search/{org}/{user}: the org's and the user's limits, settled
+	reports *reports                        // /orgs/{org}/... and /reports/{id}/done: the plan, credits, reports
 }
 
 func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
@@ -179,6 +180,9 @@ func newApp(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.search = limitSearch(http.HandlerFunc(a.searchItems))
+	if a.reports, err = newReports(a, pool); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -220,6 +224,7 @@ func (a *app) handler() http.Handler {
 	mux.Handle("GET /items/{user}", a.limit(http.HandlerFunc(a.listItems)))
 	mux.Handle("GET /exports/{user}", a.export)
 	mux.HandleFunc("GET /search/{org}/{user}", a.searchRoute)
+	a.reports.routes(mux)
 	mux.HandleFunc("GET /healthz", a.healthz)
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{

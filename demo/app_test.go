@@ -50,6 +50,7 @@ func setup(t *testing.T, pool *pgxpool.Pool, edit func(*config)) *testBundle {
 		itemsPerMinute: 5, itemsBurst: 3, itemsPerDay: 20,
 		exportsAtOnce: 2, exportSlots: 8,
 		searchOrgPerMinute: 60, searchUserPerMinute: 50,
+		reportsPerMonth: 3, reportsHardCap: 4,
 	}
 	if pool == nil {
 		pool = testdb.Pool(t)

@@ -88,6 +88,10 @@ type config struct {
 	// the items it finds, per organisation and per user of one.
 	searchOrgPerMinute, searchUserPerMinute int
 
+	// reportsPerMonth is an organisation's plan: reports a month from the
+	// day it signed up, and reportsHardCap the most with overage.
+	reportsPerMonth, reportsHardCap int
+
 	schema   string
 	onError  pglimithttp.ErrorPolicy
 	instance string
@@ -121,6 +125,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 		itemsPerMinute: 5, itemsBurst: 3, itemsPerDay: 20,
 		exportsAtOnce: 2, exportTime: 3 * time.Second, exportSlots: 8,
 		searchOrgPerMinute: 600, searchUserPerMinute: 100,
+		reportsPerMonth: 100, reportsHardCap: 120,
 		// Shorter than the library's defaults, so that the dashboard's
 		// cleanup panels move within minutes of trying the demo.
 		cleanup: true, cleanupInterval: 30 * time.Second, cleanupRetention: time.Minute,
@@ -132,6 +137,8 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	envAs("PGLIMIT_EXPORTS_AT_ONCE", func(v string) (err error) { c.exportsAtOnce, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_EXPORT_TIME", func(v string) (err error) { c.exportTime, err = time.ParseDuration(v); return err })
 	envAs("PGLIMIT_EXPORT_SLOTS", func(v string) (err error) { c.exportSlots, err = strconv.Atoi(v); return err })
+	envAs("PGLIMIT_REPORTS_PER_MONTH", func(v string) (err error) { c.reportsPerMonth, err = strconv.Atoi(v); return err })
+	envAs("PGLIMIT_REPORTS_HARD_CAP", func(v string) (err error) { c.reportsHardCap, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_MIGRATE", func(v string) (err error) { c.migrate, err = strconv.ParseBool(v); return err })
 	envAs("PGLIMIT_DEMO_MAX_USERS", func(v string) (err error) { c.maxUsers, err = strconv.Atoi(v); return err })
 	envAs("PGLIMIT_CLEANUP", func(v string) (err error) { c.cleanup, err = strconv.ParseBool(v); return err })
@@ -157,6 +164,8 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.IntVar(&c.exportsAtOnce, "exports-at-once", c.exportsAtOnce, "GET /exports/{user} running at once per user (env PGLIMIT_EXPORTS_AT_ONCE)")
 	fs.DurationVar(&c.exportTime, "export-time", c.exportTime, "how long an export works (env PGLIMIT_EXPORT_TIME)")
 	fs.IntVar(&c.exportSlots, "export-slots", c.exportSlots, "exports running at once in the fleet, shared fairly per organisation (env PGLIMIT_EXPORT_SLOTS)")
+	fs.IntVar(&c.reportsPerMonth, "reports-per-month", c.reportsPerMonth, "POST /orgs/{org}/reports a month per organisation, from the day it signed up (env PGLIMIT_REPORTS_PER_MONTH)")
+	fs.IntVar(&c.reportsHardCap, "reports-hard-cap", c.reportsHardCap, "reports a month with overage, at least -reports-per-month (env PGLIMIT_REPORTS_HARD_CAP)")
 	fs.BoolVar(&c.migrate, "migrate", c.migrate, "apply pglimit's and the demo's schema at start (env PGLIMIT_MIGRATE)")
 	fs.StringVar(&c.schema, "schema", env("PGLIMIT_SCHEMA", "public"), "schema of every table (env PGLIMIT_SCHEMA)")
 	fs.StringVar(&onError, "on-error", env("PGLIMIT_ON_ERROR", "unavailable"), "when the database fails: unavailable (503), fail-open or fail-closed (429) (env PGLIMIT_ON_ERROR)")
@@ -202,6 +211,10 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 		return config{}, fmt.Errorf("-export-slots: must be from 1 to 10000, got %d", c.exportSlots)
 	case c.exportTime < 0 || c.exportTime > time.Minute:
 		return config{}, fmt.Errorf("-export-time: must be from 0 to 1m, got %s", c.exportTime)
+	case c.reportsPerMonth <= 0:
+		return config{}, fmt.Errorf("-reports-per-month: must be positive, got %d", c.reportsPerMonth)
+	case c.reportsHardCap < c.reportsPerMonth:
+		return config{}, fmt.Errorf("-reports-hard-cap: must be at least -reports-per-month (%d), got %d", c.reportsPerMonth, c.reportsHardCap)
 	}
 	if err := pglimit.ValidateIdentifier(c.schema); err != nil {
 		return config{}, fmt.Errorf("-schema: %w", err)
