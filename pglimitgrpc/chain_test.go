@@ -30,8 +30,14 @@ import (
 // client of it.
 func serveChain(t *testing.T, unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) healthpb.HealthClient {
 	t.Helper()
+	return serveChainOf(t, health.NewServer(), unary, stream)
+}
+
+// serveChainOf is serveChain with svc as the health service.
+func serveChainOf(t *testing.T, svc healthpb.HealthServer, unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) healthpb.HealthClient {
+	t.Helper()
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
-	healthpb.RegisterHealthServer(srv, health.NewServer())
+	healthpb.RegisterHealthServer(srv, svc)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

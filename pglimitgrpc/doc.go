@@ -17,6 +17,11 @@
 // the call's context. Methods can have limiters
 // of their own ([Config.Methods]) or none ([Config.Exempt]).
 //
+// [UnaryServerConcurrency] and [StreamServerConcurrency] hold a slot of a
+// pglimitsem.Semaphore per call or stream instead: at most N in flight
+// per key, fleet-wide, with the call's flow ([Config.Flow]) or priority
+// level ([Config.Level]) taken from the call.
+//
 // # Chaining interceptors
 //
 // Limits that one decision cannot hold together, such as a daily count
@@ -31,8 +36,9 @@
 // refused anywhere is charged nowhere. The interceptors of one call find
 // each other in its context, never by its status, so a handler's own
 // ResourceExhausted counts as any answer does. When one fails a call
-// itself (ResourceExhausted, fail-closed or not, InvalidArgument for its
-// key, Unavailable, the client gone while it decided), the handler never
+// itself (ResourceExhausted, fail-closed or not, or a concurrency
+// interceptor's refused slot; InvalidArgument for its key, flow or level;
+// Unavailable; the client gone while it decided), the handler never
 // runs, and every interceptor outside it that took units gives them back
 // ([pglimit.Limiter.Refund] of the decision's Granted, at every level)
 // before the call's status is sent. Their [Config.OnDecision] saw the

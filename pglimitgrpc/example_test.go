@@ -2,14 +2,17 @@ package pglimitgrpc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/pglimit/cooldown/pglimit"
+	"github.com/pglimit/cooldown/pglimit/pglimitsem"
 	"github.com/pglimit/cooldown/pglimitgrpc"
 )
 
@@ -108,5 +111,45 @@ func Example_chain() {
 		grpc.ChainUnaryInterceptor(counts, keyed),
 		grpc.ChainStreamInterceptor(countStreams, keyedStreams),
 	)
+	_ = srv // register services, then srv.Serve(listener)
+}
+
+// At most 8 exports running at once across every instance, shared
+// fairly among the organisations that wait: a call waits up to 5 s as a
+// waiter of its organisation, an enterprise one weighing 3.
+func Example_concurrency() {
+	pool, err := pgxpool.New(context.Background(), "postgres://app@127.0.0.1:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	sem, err := pglimitsem.New(pool, &pglimitsem.Config{Namespace: "exports", Slots: 8, TTL: time.Minute})
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := &pglimitgrpc.Config{
+		Key: pglimitgrpc.Method, // one set of 8 slots per method
+		Flow: func(ctx context.Context, _ string) (pglimitsem.Flow, error) {
+			md, _ := metadata.FromIncomingContext(ctx)
+			org, plan := md.Get("x-org"), md.Get("x-plan")
+			if len(org) != 1 {
+				return pglimitsem.Flow{}, errors.New("no x-org")
+			}
+			weight := 1
+			if len(plan) == 1 && plan[0] == "enterprise" {
+				weight = 3
+			}
+			return pglimitsem.Flow{Name: org[0], Weight: weight}, nil
+		},
+		FlowWait: 5 * time.Second,
+	}
+	unary, err := pglimitgrpc.UnaryServerConcurrency(sem, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	stream, err := pglimitgrpc.StreamServerConcurrency(sem, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream))
 	_ = srv // register services, then srv.Serve(listener)
 }

@@ -137,6 +137,7 @@ const (
 	OutcomeExempt      Outcome = observe.Exempt      // an Exempt method: passed to the handler, no decision
 	OutcomeShadowed    Outcome = observe.Shadowed    // a refusal the limiter's shadow mode let through
 	OutcomeCanceled    Outcome = observe.Canceled    // the client gave up while the limiter decided
+	OutcomeBusy        Outcome = observe.Busy        // ResourceExhausted: every slot of the key was held (the concurrency interceptors)
 )
 
 // Event describes one call's decision, for logging and metrics.
@@ -187,6 +188,22 @@ type Config struct {
 	// given back by its id ([pglimit.RefundID]). Not with the Levels
 	// interceptors (AllowAll takes no ids yet). Defaults to "": none.
 	IDMetadata string
+
+	// Flow, for the concurrency interceptors alone
+	// ([UnaryServerConcurrency]), returns a call's flow: a call then waits
+	// for a slot as a waiter of its flow, up to FlowWait. Defaults to nil:
+	// a call takes a free slot or is refused.
+	Flow FlowFunc
+
+	// FlowWait bounds how long a call with a Flow waits for a slot, within
+	// the call's deadline. Defaults to 10 s; needs a Flow.
+	FlowWait time.Duration
+
+	// Level, for the concurrency interceptors alone, returns a call's
+	// priority level, one of the semaphore's pglimitsem.Config.Levels: a
+	// call then takes a slot of its level. An error fails the call with
+	// codes.InvalidArgument. Not with Flow. Defaults to nil: no level.
+	Level func(ctx context.Context, method string) (string, error)
 }
 
 // UnaryServerInterceptor limits unary calls with lim, or the limiter
@@ -318,11 +335,34 @@ func newGuard(lim pglimit.Limiter) (*guard, error) {
 }
 
 func newLimiter(lim pglimit.Limiter, cfg *Config) (*limiter, error) {
-	c := cmp.Or(cfg, &Config{})
 	def, err := newGuard(lim)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if err := noFlow(cfg); err != nil {
+		return nil, err
+	}
+	l, err := newBase(cfg)
+	if err != nil {
+		return nil, err
+	}
+	l.def = def
+	for m, lim := range cmp.Or(cfg, &Config{}).Methods {
+		if !validMethod(m) {
+			return nil, fmt.Errorf("%w: Methods: %q is not a full method name (/package.Service/Method)", ErrInvalidConfig, m)
+		}
+		if l.byMethod[m], err = newGuard(lim); err != nil {
+			return nil, fmt.Errorf("%w: Methods[%q]: %w", ErrInvalidConfig, m, err)
+		}
+	}
+	return l, nil
+}
+
+// newBase is the state of cfg that every interceptor of this package
+// keeps: the key, the exempt methods, the failure policy and its log,
+// the report and the id key; it limits nothing.
+func newBase(cfg *Config) (*limiter, error) {
+	c := cmp.Or(cfg, &Config{})
 	if !c.OnError.Valid() {
 		return nil, fmt.Errorf("%w: OnError: unknown %s", ErrInvalidConfig, c.OnError)
 	}
@@ -331,7 +371,7 @@ func newLimiter(lim pglimit.Limiter, cfg *Config) (*limiter, error) {
 		key = PeerAddress
 	}
 	l := &limiter{
-		key: key, def: def, byMethod: map[string]*guard{}, exempt: map[string]bool{}, onError: c.OnError,
+		key: key, byMethod: map[string]*guard{}, exempt: map[string]bool{}, onError: c.OnError,
 		failures: &onerror.Log{Logger: c.Logger, Interval: cmp.Or(c.LogInterval, 10*time.Second), Message: "pglimitgrpc: limiter failed"},
 		report:   c.OnDecision,
 	}
@@ -342,14 +382,6 @@ func newLimiter(lim pglimit.Limiter, cfg *Config) (*limiter, error) {
 		l.idKey = strings.ToLower(c.IDMetadata)
 		if strings.HasPrefix(l.idKey, "grpc-") || strings.HasSuffix(l.idKey, "-bin") || strings.Trim(l.idKey, "abcdefghijklmnopqrstuvwxyz0123456789-_.") != "" {
 			return nil, fmt.Errorf("%w: IDMetadata: %q is not an ASCII metadata key of the application's", ErrInvalidConfig, c.IDMetadata)
-		}
-	}
-	for m, lim := range c.Methods {
-		if !validMethod(m) {
-			return nil, fmt.Errorf("%w: Methods: %q is not a full method name (/package.Service/Method)", ErrInvalidConfig, m)
-		}
-		if l.byMethod[m], err = newGuard(lim); err != nil {
-			return nil, fmt.Errorf("%w: Methods[%q]: %w", ErrInvalidConfig, m, err)
 		}
 	}
 	for _, m := range c.Exempt {
@@ -467,10 +499,15 @@ func (l *limiter) fail(g *guard, trailer func(metadata.MD)) error {
 	case FailClosed:
 		return refusal(g.limits, g.longest, trailer, &errdetails.ErrorInfo{Reason: "RATE_LIMITER_UNAVAILABLE", Domain: "pglimit"})
 	}
-	// The cause stays in the server's log: it names hosts and SQL states
-	// a client has no business seeing.
+	return unavailable(g.unavailable)
+}
+
+// unavailable is codes.Unavailable, retry after wait. The cause stays in
+// the server's log: it names hosts and SQL states a client has no
+// business seeing.
+func unavailable(wait time.Duration) error {
 	return withDetails(status.New(codes.Unavailable, "pglimitgrpc: the rate limiter cannot decide right now; try again later"),
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(g.unavailable)})
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)})
 }
 
 // refusal is codes.ResourceExhausted for the limits violated, retry after
@@ -485,6 +522,12 @@ func refusal(violated []pglimit.Limit, wait time.Duration, trailer func(metadata
 			Description: fmt.Sprintf("%d per %s, burst %d", v.Rate, v.Period, v.Burst),
 		})
 	}
+	return exhausted(names, qf, wait, trailer, extra)
+}
+
+// exhausted is codes.ResourceExhausted for the limits named, whose
+// violations qf holds, retry after wait, with extra details if not nil.
+func exhausted(names []string, qf *errdetails.QuotaFailure, wait time.Duration, trailer func(metadata.MD), extra *errdetails.ErrorInfo) error {
 	trailer(metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(max(wait.Milliseconds(), 1), 10)))
 	s := status.New(codes.ResourceExhausted, fmt.Sprintf("pglimitgrpc: refused by the %s limit; retry in %s",
 		strings.Join(names, ", "), wait.Round(time.Millisecond)))
