@@ -40,7 +40,7 @@ func TestIDMetadata(t *testing.T) {
 	wantCode(t, "no id", call(), codes.ResourceExhausted)
 }
 
-// IDMetadata must be an application metadata key, and not with Levels.
+// IDMetadata must be an application metadata key.
 func TestIDMetadataConfig(t *testing.T) {
 	t.Parallel()
 	lim := newLimiter(t, testdb.Schema(t), pglimit.Config{Cooldown: time.Hour})
@@ -48,9 +48,6 @@ func TestIDMetadataConfig(t *testing.T) {
 		if _, err := pglimitgrpc.UnaryServerInterceptor(lim, &pglimitgrpc.Config{IDMetadata: key}); !errors.Is(err, pglimitgrpc.ErrInvalidConfig) {
 			t.Errorf("IDMetadata %q: %v, want ErrInvalidConfig", key, err)
 		}
-	}
-	if _, err := pglimitgrpc.UnaryServerLevels([]pglimitgrpc.Level{{Limiter: lim, Key: pglimitgrpc.PeerAddress}}, &pglimitgrpc.Config{IDMetadata: "idempotency-key"}); !errors.Is(err, pglimitgrpc.ErrInvalidConfig) {
-		t.Errorf("Levels with IDMetadata: %v, want ErrInvalidConfig", err)
 	}
 }
 
@@ -82,4 +79,57 @@ func TestIDMetadataRefusedInside(t *testing.T) {
 			t.Fatalf("after call %d the outer limit has %d left after one more (%v), want 2: its charge was not given back", i, d.Remaining, err)
 		}
 	}
+}
+
+// With the Levels interceptors the id is the call's at every level: a
+// retry is charged at none, and a call an interceptor inside fails is
+// given back at every level by its id.
+func TestIDMetadataLevels(t *testing.T) {
+	t.Parallel()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t) // the levels of one decision share a pool
+	level := func(name string) pglimit.Limiter {
+		lim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Namespace: name, Limits: []pglimit.Limit{{Name: name, Rate: 4, Period: time.Hour, Burst: 4}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	}
+	org, user := level("org"), level("user")
+	innerLim := newLimiter(t, schema, pglimit.Config{Namespace: "inner", Limits: []pglimit.Limit{{Name: "inner", Rate: 1, Period: time.Hour, Burst: 1}}})
+	levels, err := pglimitgrpc.UnaryServerLevels([]pglimitgrpc.Level{
+		{Limiter: org, Key: pglimitgrpc.Metadata("x-org")},
+		{Limiter: user, Key: pglimitgrpc.Metadata("x-user")},
+	}, &pglimitgrpc.Config{IDMetadata: "idempotency-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := pglimitgrpc.UnaryServerInterceptor(innerLim, &pglimitgrpc.Config{Key: pglimitgrpc.Metadata("x-org"), IDMetadata: "idempotency-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := serveChain(t, []grpc.UnaryServerInterceptor{levels, inner}, nil)
+	call := func(id string) error {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "x-org", "acme", "x-user", "bob", "idempotency-key", id)
+		_, err := c.Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+	for i := range 3 {
+		if err := call("req-1"); err != nil {
+			t.Fatalf("call %d with req-1: %v", i, err)
+		}
+	}
+	// req-1 spent the inner limit: req-2 is refused inside, and given back.
+	for i := range 2 {
+		wantCode(t, "req-2, refused inside", call("req-2"), codes.ResourceExhausted)
+		for _, lv := range []struct {
+			lim pglimit.Limiter
+			key string
+		}{{org, "acme"}, {user, "bob"}} {
+			if d, err := lv.lim.Peek(t.Context(), lv.key, 1); err != nil || !d.Allowed || d.Remaining != 2 {
+				t.Fatalf("after req-2's call %d, %s has %d left after one more (%v), want 2: req-1 charged once, req-2 given back", i, lv.key, d.Remaining, err)
+			}
+		}
+	}
+	wantCode(t, "an id too long", call(strings.Repeat("i", pglimit.MaxIDLength+1)), codes.InvalidArgument)
 }

@@ -185,8 +185,9 @@ type Config struct {
 	// ([pglimit.ValidateID]), or the key given twice, fails the call with
 	// codes.InvalidArgument and charges nothing; a call without it is
 	// decided as usual. A call an interceptor inside this one fails is
-	// given back by its id ([pglimit.RefundID]). Not with the Levels
-	// interceptors (AllowAll takes no ids yet). Defaults to "": none.
+	// given back by its id ([pglimit.RefundID]). With the Levels
+	// interceptors the id is the call's at every level ([pglimit.AllowAll]);
+	// not with the concurrency interceptors. Defaults to "": none.
 	IDMetadata string
 
 	// Flow, for the concurrency interceptors alone

@@ -66,9 +66,6 @@ func newLevels(lvs []Level, cfg *Config) (*levels, error) {
 	if cfg != nil && (cfg.Key != nil || len(cfg.Methods) > 0) {
 		return nil, fmt.Errorf("%w: levels: give each level its Key; Config.Key and Methods must be unset", ErrInvalidConfig)
 	}
-	if cfg != nil && cfg.IDMetadata != "" {
-		return nil, fmt.Errorf("%w: levels: IDMetadata (AllowAll takes no decision ids yet)", ErrInvalidConfig)
-	}
 	out := &levels{}
 	all := &guard{}
 	for i, lv := range lvs {
@@ -115,7 +112,16 @@ func (l *levels) decideLevels(ctx context.Context, method string, trailer func(m
 		}
 		charges[i] = pglimit.Charge{Limiter: c.Limiter, Key: key}
 	}
-	ds, err := pglimit.AllowAll(ctx, 1, charges...)
+	id, err := l.id(ctx)
+	if err != nil {
+		l.report(ctx, Event{Method: method, Key: charges[0].Key, Outcome: OutcomeBadKey, Err: err})
+		return nil, status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's decision id: %v", err)
+	}
+	dctx := ctx
+	if id != "" {
+		dctx = pglimit.WithID(ctx, id)
+	}
+	ds, err := pglimit.AllowAll(dctx, 1, charges...)
 	ev := Event{Method: method, Key: charges[0].Key, Err: err}
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -137,7 +143,11 @@ func (l *levels) decideLevels(ctx context.Context, method string, trailer func(m
 		l.report(ctx, ev)
 		var took []held
 		for i, d := range ds.Levels {
-			took = holds(took, charges[i].Limiter, d)
+			if id != "" {
+				took = holdsID(took, charges[i].Limiter, id, d)
+			} else {
+				took = holds(took, charges[i].Limiter, d)
+			}
 		}
 		return took, nil
 	}
