@@ -80,11 +80,20 @@ type response struct {
 
 func (b *testBundle) do(t *testing.T, method, path, body string) response {
 	t.Helper()
+	return b.doWith(t, method, path, body, nil)
+}
+
+// doWith is do with the request's header set to header's values too.
+func (b *testBundle) doWith(t *testing.T, method, path, body string, header http.Header) response {
+	t.Helper()
 	req, err := http.NewRequest(method, b.srv.URL+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header[k] = v
+	}
 	resp, err := b.srv.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)

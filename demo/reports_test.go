@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,23 +12,11 @@ import (
 // report posts a report of org with the Idempotency-Key key ("" for none).
 func (b *testBundle) report(t *testing.T, org, key string) response {
 	t.Helper()
-	req, err := http.NewRequest("POST", b.srv.URL+"/orgs/"+org+"/reports", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var h http.Header
 	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
+		h = http.Header{"Idempotency-Key": {key}}
 	}
-	resp, err := b.srv.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return response{resp.StatusCode, resp.Header, data}
+	return b.doWith(t, "POST", "/orgs/"+org+"/reports", "", h)
 }
 
 // An organisation's plan: 3 reports a month from its signup, a fourth as

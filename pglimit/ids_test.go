@@ -28,6 +28,21 @@ var idShapes = []struct {
 	{"general", []pglimit.Limit{{Name: "burst", Rate: 1, Period: time.Hour, Burst: 3}, {Name: "day", Rate: 100, Period: 24 * time.Hour, Algorithm: pglimit.FixedWindow}}},
 }
 
+// eachIDShape runs test, in parallel, on a limiter of each row strategy
+// and each of idShapes, in a schema of its own.
+func eachIDShape(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, schema string, lim pglimit.Limiter)) {
+	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
+		for _, shape := range idShapes {
+			t.Run(string(s)+"/"+shape.name, func(t *testing.T) {
+				t.Parallel()
+				pool := testdb.Pool(t)
+				schema := testdb.Schema(t)
+				test(t, pool, schema, newLimiterOn(t, pool, pglimit.Config{Schema: schema, Strategy: s, Limits: shape.limits}))
+			})
+		}
+	}
+}
+
 // idRows is how many ids the namespace of lim has stored in schema.
 func idRows(t *testing.T, pool *pgxpool.Pool, schema string, lim pglimit.Limiter) int {
 	t.Helper()
@@ -45,91 +60,83 @@ func idRows(t *testing.T, pool *pgxpool.Pool, schema string, lim pglimit.Limiter
 // admitted in an AllowTx that rolled back was never admitted.
 func TestIDChargedOnce(t *testing.T) {
 	t.Parallel()
-	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
-		for _, shape := range idShapes {
-			t.Run(string(s)+"/"+shape.name, func(t *testing.T) {
-				t.Parallel()
-				ctx := t.Context()
-				pool := testdb.Pool(t)
-				schema := testdb.Schema(t)
-				lim := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Strategy: s, Limits: shape.limits})
-				allow := func(id string, n int) pglimit.Decision {
-					t.Helper()
-					d, err := lim.AllowN(pglimit.WithID(ctx, id), "k", n)
-					if err != nil {
-						t.Fatal(err)
-					}
-					return d
-				}
-				first := allow("a", 1)
-				if !first.Allowed || first.Replayed || first.Remaining != 2 {
-					t.Fatalf("first decision of a: %+v", first)
-				}
-				again := allow("a", 1)
-				if !again.Allowed || !again.Replayed || again.Remaining != first.Remaining || again.ResetAfter != first.ResetAfter {
-					t.Fatalf("retry of a = %+v, want the first decision %+v replayed", again, first)
-				}
-				if p, _ := lim.Peek(ctx, "k", 1); p.Remaining != 1 {
-					t.Fatalf("after a retry the key has %d left after one more, want 1: the retry charged", p.Remaining)
-				}
-				// In a caller's transaction that rolls back, b was never
-				// admitted.
-				tx, err := pool.Begin(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d, err := lim.AllowTxN(pglimit.WithID(ctx, "b"), tx, "k", 2); err != nil || !d.Allowed || d.Replayed {
-					t.Fatalf("AllowTxN b = %+v, %v", d, err)
-				}
-				if err := tx.Rollback(ctx); err != nil {
-					t.Fatal(err)
-				}
-				if n := idRows(t, pool, schema, lim); n != 1 {
-					t.Fatalf("%d ids stored after a rollback, want 1", n)
-				}
-				if d := allow("b", 2); !d.Allowed || d.Replayed || d.Remaining != 0 {
-					t.Fatalf("b after its rollback = %+v, want admitted afresh", d)
-				}
-				// The key is full: c is refused and stores nothing; a and
-				// b are still their first decisions.
-				if d := allow("c", 1); d.Allowed || d.Replayed {
-					t.Fatalf("c on a full key = %+v, want refused", d)
-				}
-				if d := allow("a", 1); !d.Allowed || !d.Replayed || d.Remaining != first.Remaining {
-					t.Fatalf("a on a full key = %+v, want its first decision replayed", d)
-				}
-				if d := allow("b", 2); !d.Allowed || !d.Replayed || d.Remaining != 0 {
-					t.Fatalf("b on a full key = %+v, want its first decision replayed", d)
-				}
-				if n := idRows(t, pool, schema, lim); n != 2 {
-					t.Fatalf("%d ids stored, want 2 (a and b; c was refused)", n)
-				}
-				if err := lim.Reset(ctx, "k"); err != nil {
-					t.Fatal(err)
-				}
-				if d := allow("c", 1); !d.Allowed || d.Replayed {
-					t.Fatalf("c after a reset = %+v, want admitted afresh", d)
-				}
-				// The same id in the caller's transaction that took it.
-				tx, err = pool.Begin(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() { _ = tx.Rollback(ctx) }()
-				d1, err1 := lim.AllowTx(pglimit.WithID(ctx, "d"), tx, "k")
-				d2, err2 := lim.AllowTx(pglimit.WithID(ctx, "d"), tx, "k")
-				if err1 != nil || err2 != nil || !d1.Allowed || d1.Replayed || !d2.Replayed || d2.Remaining != d1.Remaining {
-					t.Fatalf("d twice in one transaction = %+v, %v; %+v, %v", d1, err1, d2, err2)
-				}
-				if err := tx.Commit(ctx); err != nil {
-					t.Fatal(err)
-				}
-				if p, _ := lim.Peek(ctx, "k", 1); p.Remaining != 0 {
-					t.Fatalf("after c and d the key has %d left after one more, want 0", p.Remaining)
-				}
-			})
+	eachIDShape(t, func(t *testing.T, pool *pgxpool.Pool, schema string, lim pglimit.Limiter) {
+		ctx := t.Context()
+		allow := func(id string, n int) pglimit.Decision {
+			t.Helper()
+			d, err := lim.AllowN(pglimit.WithID(ctx, id), "k", n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
 		}
-	}
+		first := allow("a", 1)
+		if !first.Allowed || first.Replayed || first.Remaining != 2 {
+			t.Fatalf("first decision of a: %+v", first)
+		}
+		again := allow("a", 1)
+		if !again.Allowed || !again.Replayed || again.Remaining != first.Remaining || again.ResetAfter != first.ResetAfter {
+			t.Fatalf("retry of a = %+v, want the first decision %+v replayed", again, first)
+		}
+		if p, _ := lim.Peek(ctx, "k", 1); p.Remaining != 1 {
+			t.Fatalf("after a retry the key has %d left after one more, want 1: the retry charged", p.Remaining)
+		}
+		// In a caller's transaction that rolls back, b was never
+		// admitted.
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := lim.AllowTxN(pglimit.WithID(ctx, "b"), tx, "k", 2); err != nil || !d.Allowed || d.Replayed {
+			t.Fatalf("AllowTxN b = %+v, %v", d, err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := idRows(t, pool, schema, lim); n != 1 {
+			t.Fatalf("%d ids stored after a rollback, want 1", n)
+		}
+		if d := allow("b", 2); !d.Allowed || d.Replayed || d.Remaining != 0 {
+			t.Fatalf("b after its rollback = %+v, want admitted afresh", d)
+		}
+		// The key is full: c is refused and stores nothing; a and
+		// b are still their first decisions.
+		if d := allow("c", 1); d.Allowed || d.Replayed {
+			t.Fatalf("c on a full key = %+v, want refused", d)
+		}
+		if d := allow("a", 1); !d.Allowed || !d.Replayed || d.Remaining != first.Remaining {
+			t.Fatalf("a on a full key = %+v, want its first decision replayed", d)
+		}
+		if d := allow("b", 2); !d.Allowed || !d.Replayed || d.Remaining != 0 {
+			t.Fatalf("b on a full key = %+v, want its first decision replayed", d)
+		}
+		if n := idRows(t, pool, schema, lim); n != 2 {
+			t.Fatalf("%d ids stored, want 2 (a and b; c was refused)", n)
+		}
+		if err := lim.Reset(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		if d := allow("c", 1); !d.Allowed || d.Replayed {
+			t.Fatalf("c after a reset = %+v, want admitted afresh", d)
+		}
+		// The same id in the caller's transaction that took it.
+		tx, err = pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		d1, err1 := lim.AllowTx(pglimit.WithID(ctx, "d"), tx, "k")
+		d2, err2 := lim.AllowTx(pglimit.WithID(ctx, "d"), tx, "k")
+		if err1 != nil || err2 != nil || !d1.Allowed || d1.Replayed || !d2.Replayed || d2.Remaining != d1.Remaining {
+			t.Fatalf("d twice in one transaction = %+v, %v; %+v, %v", d1, err1, d2, err2)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if p, _ := lim.Peek(ctx, "k", 1); p.Remaining != 0 {
+			t.Fatalf("after c and d the key has %d left after one more, want 0", p.Remaining)
+		}
+	})
 }
 
 // An id that is empty, too long, not UTF-8 or holds a NUL is
@@ -206,56 +213,48 @@ func TestIDUnsupported(t *testing.T) {
 // call granted, which is what RefundID gives back at most.
 func TestIDAllowAtMost(t *testing.T) {
 	t.Parallel()
-	for _, s := range []pglimit.Strategy{pglimit.Upsert, pglimit.NoWait} {
-		for _, shape := range idShapes {
-			t.Run(string(s)+"/"+shape.name, func(t *testing.T) {
-				t.Parallel()
-				ctx := t.Context()
-				pool := testdb.Pool(t)
-				schema := testdb.Schema(t)
-				lim := newLimiterOn(t, pool, pglimit.Config{Schema: schema, Strategy: s, Limits: shape.limits})
-				atMost := func(id string, n int) pglimit.Decision {
-					t.Helper()
-					d, err := lim.AllowAtMost(pglimit.WithID(ctx, id), "k", n)
-					if err != nil {
-						t.Fatal(err)
-					}
-					return d
-				}
-				if d := atMost("a", 2); !d.Allowed || d.Replayed || d.Granted != 2 || d.Remaining != 1 {
-					t.Fatalf("first AllowAtMost a = %+v, want 2 granted, 1 left", d)
-				}
-				if d := atMost("a", 2); !d.Allowed || !d.Replayed || d.Granted != 2 || d.Remaining != 1 {
-					t.Fatalf("retry of a = %+v, want the first decision replayed", d)
-				}
-				if d := atMost("b", 5); !d.Allowed || d.Replayed || d.Granted != 1 || d.Remaining != 0 {
-					t.Fatalf("AllowAtMost b of 5 with 1 left = %+v, want 1 granted", d)
-				}
-				if d := atMost("b", 5); !d.Allowed || !d.Replayed || d.Granted != 1 {
-					t.Fatalf("retry of b = %+v, want its 1 unit replayed", d)
-				}
-				if _, err := pglimit.RefundID(ctx, lim, "b", 2); !errors.Is(err, pglimit.ErrInvalidCost) {
-					t.Fatalf("RefundID of 2 units of b, which took 1: %v, want ErrInvalidCost", err)
-				}
-				// Latest first, as Refund's: each admission weighs on the
-				// key as it left it.
-				for _, r := range []struct {
-					id string
-					n  int
-				}{{"b", 1}, {"a", 2}} {
-					if ok, err := pglimit.RefundID(ctx, lim, r.id, r.n); err != nil || !ok {
-						t.Fatalf("RefundID of %s's %d units = %t, %v", r.id, r.n, ok, err)
-					}
-				}
-				if p, err := lim.Peek(ctx, "k", 3); err != nil || !p.Allowed || p.Remaining != 0 {
-					t.Fatalf("after the refunds: %+v, %v, want all 3 units back", p, err)
-				}
-				if n := idRows(t, pool, schema, lim); n != 2 {
-					t.Fatalf("%d ids stored, want 2", n)
-				}
-			})
+	eachIDShape(t, func(t *testing.T, pool *pgxpool.Pool, schema string, lim pglimit.Limiter) {
+		ctx := t.Context()
+		atMost := func(id string, n int) pglimit.Decision {
+			t.Helper()
+			d, err := lim.AllowAtMost(pglimit.WithID(ctx, id), "k", n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
 		}
-	}
+		if d := atMost("a", 2); !d.Allowed || d.Replayed || d.Granted != 2 || d.Remaining != 1 {
+			t.Fatalf("first AllowAtMost a = %+v, want 2 granted, 1 left", d)
+		}
+		if d := atMost("a", 2); !d.Allowed || !d.Replayed || d.Granted != 2 || d.Remaining != 1 {
+			t.Fatalf("retry of a = %+v, want the first decision replayed", d)
+		}
+		if d := atMost("b", 5); !d.Allowed || d.Replayed || d.Granted != 1 || d.Remaining != 0 {
+			t.Fatalf("AllowAtMost b of 5 with 1 left = %+v, want 1 granted", d)
+		}
+		if d := atMost("b", 5); !d.Allowed || !d.Replayed || d.Granted != 1 {
+			t.Fatalf("retry of b = %+v, want its 1 unit replayed", d)
+		}
+		if _, err := pglimit.RefundID(ctx, lim, "b", 2); !errors.Is(err, pglimit.ErrInvalidCost) {
+			t.Fatalf("RefundID of 2 units of b, which took 1: %v, want ErrInvalidCost", err)
+		}
+		// Latest first, as Refund's: each admission weighs on the
+		// key as it left it.
+		for _, r := range []struct {
+			id string
+			n  int
+		}{{"b", 1}, {"a", 2}} {
+			if ok, err := pglimit.RefundID(ctx, lim, r.id, r.n); err != nil || !ok {
+				t.Fatalf("RefundID of %s's %d units = %t, %v", r.id, r.n, ok, err)
+			}
+		}
+		if p, err := lim.Peek(ctx, "k", 3); err != nil || !p.Allowed || p.Remaining != 0 {
+			t.Fatalf("after the refunds: %+v, %v, want all 3 units back", p, err)
+		}
+		if n := idRows(t, pool, schema, lim); n != 2 {
+			t.Fatalf("%d ids stored, want 2", n)
+		}
+	})
 }
 
 // Reserve with an id is charged once: a retry replays the reservation with
