@@ -89,7 +89,7 @@ var (
 // request is one call of a decision method: the method, as
 // Observation.Op names it, the key, the units, and the path it takes.
 type request struct {
-	op  string
+	op  Op
 	key string
 	n   int
 	via path
@@ -101,17 +101,13 @@ type request struct {
 // or the pre-block answers first. Shadow mode then lets a refusal
 // through.
 func (l *limiter) decide(ctx context.Context, r request, invalid error, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
-	obs := l.observers.decisions
-	if obs == nil {
+	if l.observers.decisions == nil {
 		return l.decideValid(ctx, r, invalid, fn)
 	}
-	o := Observation{Op: r.op, Namespace: l.cfg.Namespace, Strategy: l.cfg.Strategy, Key: r.key, N: r.n}
-	ctx = obs.StartDecision(ctx, o)
-	begin := time.Now()
-	o.Decision, o.Err = l.decideValid(ctx, r, invalid, fn)
-	o.Took = time.Since(begin)
-	obs.EndDecision(ctx, o)
-	return o.Decision, o.Err
+	id, _ := IDFrom(ctx)
+	return l.observe(ctx, r.op, r.key, id, r.n, func(ctx context.Context) (Decision, error) {
+		return l.decideValid(ctx, r, invalid, fn)
+	})
 }
 
 // decideValid is decide unobserved.

@@ -101,8 +101,46 @@ func AllowAllTx(ctx context.Context, tx DB, n int, charges ...Charge) (Decisions
 	return allowAll(ctx, tx, n, charges)
 }
 
-// allowAll is AllowAll, in tx when it is not nil.
+// allowAll is AllowAll, in tx when it is not nil, each level seen by its
+// limiter's Observer.
 func allowAll(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, error) {
+	type seen struct {
+		obs   Observer
+		ctx   context.Context
+		o     Observation
+		level int // in the charges
+	}
+	lims := make([]*limiter, len(charges))
+	for i, c := range charges {
+		l, ok := c.Limiter.(*limiter)
+		if !ok { // not every level is a limiter: none is seen
+			return allowAllUnobserved(ctx, tx, n, charges)
+		}
+		lims[i] = l
+	}
+	var observed []seen
+	id, _ := IDFrom(ctx)
+	for i, l := range lims {
+		if obs := l.observers.decisions; obs != nil {
+			o := Observation{Op: OpAllowAll, Namespace: l.cfg.Namespace, Strategy: l.cfg.Strategy, Key: charges[i].Key, ID: id, N: n}
+			observed = append(observed, seen{obs, obs.StartDecision(ctx, o), o, i})
+		}
+	}
+	begin := time.Now()
+	ds, err := allowAllUnobserved(ctx, tx, n, charges)
+	took := time.Since(begin)
+	for _, s := range observed {
+		s.o.Err, s.o.Took = err, took
+		if err == nil {
+			s.o.Decision = ds.Levels[s.level]
+		}
+		s.obs.EndDecision(s.ctx, s.o)
+	}
+	return ds, err
+}
+
+// allowAllUnobserved is allowAll unobserved.
+func allowAllUnobserved(ctx context.Context, tx DB, n int, charges []Charge) (Decisions, error) {
 	levels, err := hierarchyLevels(charges, n)
 	if err != nil {
 		return Decisions{}, err

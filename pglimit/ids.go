@@ -151,13 +151,13 @@ func newIDStatements(limits []Limit, schema, table, fast, column, lock string) *
 
 // checkID reports whether a call of op may carry an id, when ctx has
 // one, and whether the id is valid.
-func (l *limiter) checkID(ctx context.Context, op string) (hasID bool, err error) {
+func (l *limiter) checkID(ctx context.Context, op Op) (hasID bool, err error) {
 	id, ok := IDFrom(ctx)
-	if !ok || op == opPeek {
+	if !ok || op == OpPeek {
 		return false, nil
 	}
 	switch op {
-	case opAllow, opAllowN, opAllowTx, opAllowTxN, opAllowAtMost, opReserve:
+	case OpAllow, OpAllowN, OpAllowTx, OpAllowTxN, OpAllowAtMost, OpReserve:
 	default:
 		return true, fmt.Errorf("%w: a decision id on %s (not yet: Allow, AllowN, AllowTx, AllowTxN, AllowAtMost and Reserve take ids)", ErrUnsupported, op)
 	}
@@ -340,11 +340,22 @@ func (l *limiter) replay(ctx context.Context, db DB, id string) (Decision, bool,
 // [ErrInvalidCost]; an invalid id, [ErrInvalidID]; where decisions take
 // no ids, [ErrUnsupported]. A RefundID whose outcome is unknown may have
 // refunded: a retry of it then reports ErrAlreadySettled.
-func RefundID(ctx context.Context, lim Limiter, id string, n int) (bool, error) {
-	l, ok := lim.(*limiter)
-	switch {
-	case !ok:
+func RefundID(ctx context.Context, lim Limiter, id string, n int) (ok bool, err error) {
+	l, isLimiter := lim.(*limiter)
+	if !isLimiter {
 		return false, fmt.Errorf("%w: RefundID: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	}
+	_, err = l.observe(ctx, OpRefundID, "", id, n, func(ctx context.Context) (Decision, error) {
+		var err error
+		ok, err = l.refundID(ctx, id, n)
+		return Decision{}, err
+	})
+	return ok, err
+}
+
+// refundID is RefundID unobserved.
+func (l *limiter) refundID(ctx context.Context, id string, n int) (bool, error) {
+	switch {
 	case l.ids == nil:
 		return false, fmt.Errorf("%w: RefundID on the %s strategy or with Overrides (not yet)", ErrUnsupported, l.cfg.Strategy)
 	case n <= 0:
@@ -411,11 +422,22 @@ func RefundID(ctx context.Context, lim Limiter, id string, n int) (bool, error) 
 // invalid id, [ErrInvalidID]; where decisions take no ids,
 // [ErrUnsupported]. A SettleID whose outcome is unknown may have settled:
 // a retry of it then reports ErrAlreadySettled.
-func SettleID(ctx context.Context, lim Limiter, id string, cost int) (Settlement, error) {
+func SettleID(ctx context.Context, lim Limiter, id string, cost int) (out Settlement, err error) {
 	l, ok := lim.(*limiter)
-	switch {
-	case !ok:
+	if !ok {
 		return Settlement{}, fmt.Errorf("%w: SettleID: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	}
+	_, err = l.observe(ctx, OpSettleID, "", id, cost, func(ctx context.Context) (Decision, error) {
+		var err error
+		out, err = l.settleID(ctx, id, cost)
+		return Decision{}, err
+	})
+	return out, err
+}
+
+// settleID is SettleID unobserved.
+func (l *limiter) settleID(ctx context.Context, id string, cost int) (Settlement, error) {
+	switch {
 	case l.ids == nil:
 		return Settlement{}, fmt.Errorf("%w: SettleID on the %s strategy or with Overrides (not yet)", ErrUnsupported, l.cfg.Strategy)
 	case cost < 0 || cost > maxSettleCost:

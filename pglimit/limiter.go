@@ -301,13 +301,13 @@ func noRowsAsUndecided(err error) error {
 }
 
 func (l *limiter) Allow(ctx context.Context, key string) (Decision, error) {
-	return l.decide(ctx, request{op: opAllow, key: key, n: 1, via: allowing}, l.checkCost(1), func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, request{op: OpAllow, key: key, n: 1, via: allowing}, l.checkCost(1), func(ctx context.Context) (Decision, error) {
 		return l.allowN(ctx, key, 1)
 	})
 }
 
 func (l *limiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
-	return l.decide(ctx, request{op: opAllowN, key: key, n: n, via: allowing}, l.checkCost(n), func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, request{op: OpAllowN, key: key, n: n, via: allowing}, l.checkCost(n), func(ctx context.Context) (Decision, error) {
 		return l.allowN(ctx, key, n)
 	})
 }
@@ -336,13 +336,13 @@ func (l *limiter) allowN(ctx context.Context, key string, n int) (Decision, erro
 }
 
 func (l *limiter) AllowTx(ctx context.Context, tx DB, key string) (Decision, error) {
-	return l.decide(ctx, request{op: opAllowTx, key: key, n: 1, via: callersTx}, l.checkCost(1), func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, request{op: OpAllowTx, key: key, n: 1, via: callersTx}, l.checkCost(1), func(ctx context.Context) (Decision, error) {
 		return l.allowTx(ctx, tx, l.allowQuery(key, 1))
 	})
 }
 
 func (l *limiter) AllowTxN(ctx context.Context, tx DB, key string, n int) (Decision, error) {
-	return l.decide(ctx, request{op: opAllowTxN, key: key, n: n, via: callersTx}, l.checkCost(n), func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, request{op: OpAllowTxN, key: key, n: n, via: callersTx}, l.checkCost(n), func(ctx context.Context) (Decision, error) {
 		return l.allowTx(ctx, tx, l.allowQuery(key, n))
 	})
 }
@@ -361,7 +361,7 @@ func (l *limiter) AllowAtMost(ctx context.Context, key string, n int) (Decision,
 	if n <= 0 {
 		invalid = fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
 	}
-	return l.decide(ctx, request{op: opAllowAtMost, key: key, n: n, via: preblocked}, invalid, func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, request{op: OpAllowAtMost, key: key, n: n, via: preblocked}, invalid, func(ctx context.Context) (Decision, error) {
 		if l.plain.general == nil { // Range: a cooldown grants one unit at a time
 			return l.run(ctx, l.allowQuery(key, 1))
 		}
@@ -370,7 +370,7 @@ func (l *limiter) AllowAtMost(ctx context.Context, key string, n int) (Decision,
 }
 
 func (l *limiter) Reserve(ctx context.Context, key string, n int, maxDelay time.Duration) (Decision, error) {
-	return l.decide(ctx, request{op: opReserve, key: key, n: n, via: direct}, l.checkReserve(n, maxDelay), func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, request{op: OpReserve, key: key, n: n, via: direct}, l.checkReserve(n, maxDelay), func(ctx context.Context) (Decision, error) {
 		return l.runID(ctx, l.generalQuery(key, n, modeReserve, maxDelay))
 	})
 }
@@ -408,7 +408,7 @@ func (l *limiter) checkReserve(n int, maxDelay time.Duration) error {
 }
 
 func (l *limiter) Peek(ctx context.Context, key string, n int) (Decision, error) {
-	return l.decide(ctx, request{op: opPeek, key: key, n: n, via: preblocked}, l.checkCost(n), func(ctx context.Context) (Decision, error) {
+	return l.decide(ctx, request{op: OpPeek, key: key, n: n, via: preblocked}, l.checkCost(n), func(ctx context.Context) (Decision, error) {
 		if err := l.check(ctx, l.db); err != nil {
 			return Decision{}, err
 		}
@@ -535,9 +535,12 @@ func (l *limiter) check(ctx context.Context, db DB) error {
 }
 
 func (l *limiter) Reset(ctx context.Context, key string) error {
-	if err := l.reset(ctx, l.keySQL.reset, key); err != nil {
-		return err
-	}
-	l.batch.Forget(key)
-	return nil
+	_, err := l.observe(ctx, OpReset, key, "", 0, func(ctx context.Context) (Decision, error) {
+		if err := l.reset(ctx, l.keySQL.reset, key); err != nil {
+			return Decision{}, err
+		}
+		l.batch.Forget(key)
+		return Decision{}, nil
+	})
+	return err
 }

@@ -5,43 +5,88 @@ import (
 	"time"
 )
 
-// Observer sees the start and end of every decision of a limiter, as pgx's
-// QueryTracer sees queries: it is how metrics and tracing plug into a
-// limiter without wrapping it ([Config.Observer]). The decision methods
-// (Allow, AllowN, AllowTx, AllowTxN, AllowAtMost, Reserve, Peek) are
-// observed, whatever their outcome, bad input among them; Reset, Refund,
-// [AllowAll], [Settle] and [Pause] are not. Its methods run on the
-// caller's goroutine, around the decision, and must be safe for concurrent
-// use: one Observer may serve many limiters, told apart by each
+// Observer sees the start and end of every operation on a key of a
+// limiter, as pgx's QueryTracer sees queries: it is how metrics and
+// tracing plug into a limiter without wrapping it ([Config.Observer]).
+// Every [Op] is observed, whatever its outcome, bad input among them: the
+// decision methods, Peek, Reset, Refund, [RefundID], [Settle],
+// [SettleID], [Pause], and each level of [AllowAll] on its own limiter's
+// Observer. A call whose Limiter [New] did not make, or an AllowAll whose
+// charges are not all such limiters, is not. Its methods run on the
+// caller's goroutine, around the operation, and must be safe for
+// concurrent use: one Observer may serve many limiters, told apart by each
 // observation's Namespace and Strategy.
 //
 // An Observer may also implement [BatchObserver], [LevelObserver] and
 // [LeaseObserver]; New checks for them once.
 type Observer interface {
-	// StartDecision is called before a decision, with o's Decision, Err
-	// and Took unset. The decision runs with the context it returns, so a
-	// span it starts is the parent of the decision's own statement.
+	// StartDecision is called before an operation, with o's Decision,
+	// Err and Took unset. The operation runs with the context it returns,
+	// so a span it starts is the parent of the operation's own statement
+	// (for AllowAll, whose one statement serves every level, the caller's
+	// context runs it).
 	StartDecision(ctx context.Context, o Observation) context.Context
 
-	// EndDecision is called once the decision has ended, with the context
-	// StartDecision returned and o complete.
+	// EndDecision is called once the operation has ended, with the
+	// context StartDecision returned and o complete.
 	EndDecision(ctx context.Context, o Observation)
 }
 
-// Observation is one decision as an [Observer] sees it.
+// Op names an operation on a key, as [Observation.Op] reports it.
+type Op string
+
+// The operations an [Observer] sees.
+const (
+	OpAllow       Op = "Allow"
+	OpAllowN      Op = "AllowN"
+	OpAllowTx     Op = "AllowTx"
+	OpAllowTxN    Op = "AllowTxN"
+	OpAllowAtMost Op = "AllowAtMost"
+	OpReserve     Op = "Reserve"
+	OpAllowAll    Op = "AllowAll" // one observation per level, on its limiter
+	OpPeek        Op = "Peek"
+	OpReset       Op = "Reset"
+	OpRefund      Op = "Refund"
+	OpRefundID    Op = "RefundID"
+	OpSettle      Op = "Settle"
+	OpSettleID    Op = "SettleID"
+	OpPause       Op = "Pause"
+)
+
+// Decides reports whether op admits or refuses units: the decision
+// methods and AllowAll, whose outcomes metrics count. Peek consumes
+// nothing, and the others give back, settle or reset what was decided.
+func (op Op) Decides() bool {
+	switch op {
+	case OpAllow, OpAllowN, OpAllowTx, OpAllowTxN, OpAllowAtMost, OpReserve, OpAllowAll:
+		return true
+	}
+	return false
+}
+
+// Observation is one operation as an [Observer] sees it.
 type Observation struct {
-	// Op is the method called: "Allow", "AllowN", "AllowTx", "AllowTxN",
-	// "AllowAtMost", "Reserve" or "Peek".
-	Op string
+	Op Op // the operation called
 
 	Namespace string   // the limiter's, as [Policy] reports it
 	Strategy  Strategy // the limiter's
-	Key       string   // as the caller gave it, which may be invalid
-	N         int      // the units asked for: 1 for Allow and AllowTx
+	// Key is the key, as the caller gave it, which may be invalid; for
+	// Refund and Settle the refunded decision's ("" for one that took
+	// nothing), for RefundID and SettleID "" (ID names the decision).
+	Key string
+	// ID is the decision id: the one ctx carries ([WithID]), or
+	// RefundID's and SettleID's; "" for none.
+	ID string
+	// N is the units asked for (1 for Allow and AllowTx), given back
+	// (Refund, RefundID) or settled at (Settle, SettleID); 0 for Reset
+	// and Pause.
+	N int
 
-	Decision Decision      // what the method returned
-	Err      error         // what the method returned
-	Took     time.Duration // from StartDecision's return to the method's
+	// Decision is what a decision method, Peek or a level of AllowAll
+	// returned; zero for the other operations.
+	Decision Decision
+	Err      error         // what the operation returned
+	Took     time.Duration // from StartDecision's return to the operation's
 }
 
 // BatchObserver is an [Observer] that also sees each statement group
@@ -119,16 +164,21 @@ func newObservers(o Observer) observers {
 	return observers{decisions: o, batch: batch, level: level, lease: lease}
 }
 
-// Names of the decision methods, as Observation.Op reports them.
-const (
-	opAllow       = "Allow"
-	opAllowN      = "AllowN"
-	opAllowTx     = "AllowTx"
-	opAllowTxN    = "AllowTxN"
-	opAllowAtMost = "AllowAtMost"
-	opReserve     = "Reserve"
-	opPeek        = "Peek"
-)
+// observe runs fn, the operation op on key of n units, under the
+// limiter's Observer, if it has one; id is its decision id.
+func (l *limiter) observe(ctx context.Context, op Op, key, id string, n int, fn func(ctx context.Context) (Decision, error)) (Decision, error) {
+	obs := l.observers.decisions
+	if obs == nil {
+		return fn(ctx)
+	}
+	o := Observation{Op: op, Namespace: l.cfg.Namespace, Strategy: l.cfg.Strategy, Key: key, ID: id, N: n}
+	ctx = obs.StartDecision(ctx, o)
+	begin := time.Now()
+	o.Decision, o.Err = fn(ctx)
+	o.Took = time.Since(begin)
+	obs.EndDecision(ctx, o)
+	return o.Decision, o.Err
+}
 
 // batches returns the batch hook of internal/batch that shows the
 // BatchObserver, if any, each batch statement of the limiter of namespace

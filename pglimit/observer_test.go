@@ -2,6 +2,7 @@ package pglimit_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -175,6 +176,88 @@ func TestObserverSeesEveryDecision(t *testing.T) {
 		if o.Took < 0 || (c.Outcome == observe.Admitted && o.Took == 0) {
 			t.Errorf("decision %d: took %s", i, o.Took)
 		}
+	}
+}
+
+// The operations beside the decision methods are seen too, with their
+// key or id, their units and their error: Reset, Refund, RefundID,
+// Settle, SettleID, Pause, and each level of AllowAll on its own
+// limiter's Observer (a level without one is not seen). Their outcomes
+// are not decisions: only errors count.
+func TestObserverSeesEveryOp(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	obs := &recorder{t: t}
+	lim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Namespace: "ops", Limits: []pglimit.Limit{{Rate: 10, Period: time.Hour, Burst: 10}}, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unseen, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Namespace: "unseen", Cooldown: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := lim.AllowN(ctx, "k", 2)
+	if err != nil || !d.Allowed {
+		t.Fatalf("AllowN: %+v, %v", d, err)
+	}
+	type want struct {
+		op, key, id string
+		n           int
+		err         error
+	}
+	var wants []want
+	_, err = lim.Refund(ctx, d, 1)
+	wants = append(wants, want{"Refund", "k", "", 1, err})
+	_, err = pglimit.Settle(ctx, lim, d, 1)
+	wants = append(wants, want{"Settle", "k", "", 1, err})
+	_, err = lim.Refund(ctx, pglimit.Decision{}, 1)
+	wants = append(wants, want{"Refund", "", "", 1, err})
+	if _, err := lim.Allow(pglimit.WithID(ctx, "job-1"), "j"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pglimit.SettleID(ctx, lim, "job-1", 3)
+	wants = append(wants, want{"SettleID", "", "job-1", 3, err})
+	_, err = pglimit.RefundID(ctx, lim, "job-1", 1)
+	wants = append(wants, want{"RefundID", "", "job-1", 1, err})
+	err = pglimit.Pause(ctx, lim, "k", time.Second)
+	wants = append(wants, want{"Pause", "k", "", 0, err})
+	err = lim.Reset(ctx, "k")
+	wants = append(wants, want{"Reset", "k", "", 0, err})
+	ds, err := pglimit.AllowAll(ctx, 1, pglimit.Charge{Limiter: unseen, Key: "u"}, pglimit.Charge{Limiter: lim, Key: "a"})
+	if err != nil || !ds.Allowed {
+		t.Fatalf("AllowAll: %+v, %v", ds, err)
+	}
+	wants = append(wants, want{"AllowAll", "a", "", 1, nil})
+	if !errors.Is(wants[2].err, pglimit.ErrNotAdmitted) || !errors.Is(wants[4].err, pglimit.ErrAlreadySettled) {
+		t.Fatalf("the refund of a zero Decision and the RefundID after a SettleID: %v, %v", wants[2].err, wants[4].err)
+	}
+
+	all, allEnds := obs.calls()
+	var (
+		seen []observe.Call
+		ends []pglimit.Observation
+	)
+	for i, o := range allEnds {
+		if o.Op != pglimit.OpAllow && o.Op != pglimit.OpAllowN { // the decisions made to have something to act on
+			seen, ends = append(seen, all[i]), append(ends, o)
+		}
+	}
+	if len(seen) != len(wants) {
+		t.Fatalf("%d operations seen, want %d: %+v", len(seen), len(wants), ends)
+	}
+	for i, w := range wants {
+		c, o := seen[i], ends[i]
+		if string(o.Op) != w.op || o.Key != w.key || o.ID != w.id || o.N != w.n || o.Err != w.err || o.Namespace != "ops" {
+			t.Errorf("operation %d: %s key %q id %q n=%d err %v in %s; want %s %q %q n=%d err %v", i, o.Op, o.Key, o.ID, o.N, o.Err, o.Namespace, w.op, w.key, w.id, w.n, w.err)
+		}
+		if c.Decides != (w.op == "AllowAll") {
+			t.Errorf("operation %d (%s): Decides %t", i, o.Op, c.Decides)
+		}
+	}
+	if last := ends[len(ends)-1]; !last.Decision.Allowed || last.Decision.Remaining != ds.Levels[1].Remaining {
+		t.Errorf("AllowAll's level seen with %+v, want its own %+v", last.Decision, ds.Levels[1])
 	}
 }
 

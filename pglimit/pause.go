@@ -31,9 +31,18 @@ import (
 // from the later call, and never adds one pause to another.
 func Pause(ctx context.Context, lim Limiter, key string, d time.Duration) error {
 	l, ok := lim.(*limiter)
-	switch {
-	case !ok:
+	if !ok {
 		return fmt.Errorf("%w: Pause: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	}
+	_, err := l.observe(ctx, OpPause, key, "", 0, func(ctx context.Context) (Decision, error) {
+		return Decision{}, l.pause(ctx, key, d)
+	})
+	return err
+}
+
+// pause is Pause unobserved.
+func (l *limiter) pause(ctx context.Context, key string, d time.Duration) error {
+	switch {
 	case !l.single || l.cfg.Strategy == Range || l.cfg.Overrides:
 		return fmt.Errorf("%w: Pause needs one GCRA limit without per-key limits on the Upsert or NoWait strategy", ErrUnsupported)
 	case d <= 0 || d > maxPeriod:

@@ -38,6 +38,15 @@ type refundTicket struct {
 	settled  bool // by Settle: no refund after it
 }
 
+// key is the key of the admission d, from its ticket; "" for a decision
+// that took nothing.
+func (d Decision) key() string {
+	if d.refund == nil {
+		return ""
+	}
+	return d.refund.key
+}
+
 // refundStatement is a limiter's refund statement: refund.single for a
 // single GCRA limit, refund.general for others.
 func refundStatement(limits []Limit, table string) string {
@@ -53,7 +62,17 @@ func refundStatement(limits []Limit, table string) string {
 
 // Refund gives back n of the units admission d took, when the work they
 // paid for did not happen (see [Limiter.Refund]).
-func (l *limiter) Refund(ctx context.Context, d Decision, n int) (bool, error) {
+func (l *limiter) Refund(ctx context.Context, d Decision, n int) (ok bool, err error) {
+	_, err = l.observe(ctx, OpRefund, d.key(), "", n, func(ctx context.Context) (Decision, error) {
+		var err error
+		ok, err = l.refund(ctx, d, n)
+		return Decision{}, err
+	})
+	return ok, err
+}
+
+// refund is Refund unobserved.
+func (l *limiter) refund(ctx context.Context, d Decision, n int) (bool, error) {
 	t := d.refund
 	switch {
 	case l.keySQL.refund == "":

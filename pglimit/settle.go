@@ -94,12 +94,23 @@ func settleText(name string, limits []Limit, table, ids, unmade string) string {
 // given back or charged once or not at all, never twice. Its error says
 // that the outcome is unknown, and wraps [ErrUnavailable] (or
 // [ErrTimeout], when Timeout cut the statement off).
-func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (Settlement, error) {
+func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (out Settlement, err error) {
 	l, ok := lim.(*limiter)
+	if !ok {
+		return Settlement{}, fmt.Errorf("%w: Settle: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	}
+	_, err = l.observe(ctx, OpSettle, d.key(), "", cost, func(ctx context.Context) (Decision, error) {
+		var err error
+		out, err = l.settleDecision(ctx, d, cost)
+		return Decision{}, err
+	})
+	return out, err
+}
+
+// settleDecision is Settle unobserved.
+func (l *limiter) settleDecision(ctx context.Context, d Decision, cost int) (Settlement, error) {
 	t := d.refund
 	switch {
-	case !ok:
-		return Settlement{}, fmt.Errorf("%w: Settle: a Limiter that pglimit.New did not make", ErrInvalidConfig)
 	case l.keySQL.settle == "":
 		return Settlement{}, fmt.Errorf("%w: Settle on the %s strategy", ErrUnsupported, l.cfg.Strategy)
 	case l.dist.Load() != nil:

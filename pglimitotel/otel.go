@@ -129,7 +129,7 @@ func (obs *Observer) StartDecision(ctx context.Context, o pglimit.Observation) c
 	if obs.tracer == nil {
 		return ctx
 	}
-	ctx, _ = obs.tracer.Start(ctx, "pglimit "+o.Op, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(limiterAttributes(o)...))
+	ctx, _ = obs.tracer.Start(ctx, "pglimit "+string(o.Op), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(limiterAttributes(o)...))
 	return ctx
 }
 
@@ -143,7 +143,7 @@ func (obs *Observer) EndDecision(ctx context.Context, o pglimit.Observation) {
 	if c.Outcome == observe.Error {
 		obs.errs.Add(ctx, 1, metric.WithAttributeSet(with(attribute.String("error.type", observe.ErrorKind(c.Err)))))
 	}
-	if !c.Peek() {
+	if c.Decides {
 		outcome := with(attribute.String("pglimit.outcome", c.Outcome))
 		if c.Decision.Fallback {
 			outcome = with(attribute.String("pglimit.outcome", c.Outcome), attribute.Bool("pglimit.fallback", true))

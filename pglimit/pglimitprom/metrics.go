@@ -149,9 +149,10 @@ func (m *Metrics) StartDecision(ctx context.Context, _ pglimit.Observation) cont
 
 // EndDecision counts and times the decision o under the labels limiter
 // (its limiter's namespace) and strategy. Allow, AllowN, AllowTx,
-// AllowTxN, AllowAtMost and Reserve are decisions. Peek is not: it
-// consumes nothing, and counting it would inflate the admitted and
-// refused rates, so only its errors are counted (in pglimit_errors_total).
+// AllowTxN, AllowAtMost, Reserve and a level of AllowAll are decisions
+// ([pglimit.Op.Decides]). Peek, Reset, refunds, settles and Pause are not:
+// counting them would inflate the admitted and refused rates, so only
+// their errors are counted (in pglimit_errors_total).
 //
 // Namespaces are configuration, not user input, so the limiter label stays
 // bounded by the number of limiters an application creates.
@@ -211,7 +212,7 @@ func (m *Metrics) observe(labels []string, c observe.Call) {
 		m.errors.WithLabelValues(label(ErrorKind(c.Err))...).Inc()
 	}
 	switch {
-	case c.Peek():
+	case !c.Decides:
 	case c.Outcome == OutcomeInvalid:
 		// Not a database error and not worth a latency sample; the
 		// key may be arbitrary bytes, so it gets no per-key label

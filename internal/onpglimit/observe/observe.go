@@ -49,6 +49,7 @@ const (
 // metrics count.
 type Call struct {
 	Op       string // the method: "Allow", "AllowN", ..., "Peek", or a semaphore's "Acquire"
+	Decides  bool   // whether it admits or refuses: not a Peek, Reset, refund, settle or pause
 	Key      string
 	Decision pglimit.Decision
 	Err      error
@@ -56,21 +57,21 @@ type Call struct {
 	Outcome  string // one of the outcomes above
 }
 
-// Peek reports whether the call consumed nothing: observers count its
-// errors, not its outcome, which would inflate the admitted and refused
-// rates.
-func (c *Call) Peek() bool { return c.Op == "Peek" }
-
-// NewCall is the call op on key that ran with ctx and ended with d and
-// err after took, its outcome named.
+// NewCall is the decision op on key (a semaphore's acquisition) that ran
+// with ctx and ended with d and err after took, its outcome named.
 func NewCall(ctx context.Context, op, key string, d pglimit.Decision, err error, took time.Duration) Call {
-	return Call{Op: op, Key: key, Decision: d, Err: err, Took: took, Outcome: outcome(ctx, d, err)}
+	return Call{Op: op, Decides: true, Key: key, Decision: d, Err: err, Took: took, Outcome: outcome(ctx, d, err)}
 }
 
-// Observed is the decision o that a limiter's [pglimit.Observer] saw end
-// with ctx, its outcome named.
+// Observed is the operation o that a limiter's [pglimit.Observer] saw end
+// with ctx, its outcome named. Observers count the outcomes of those that
+// decide, and only the errors of the others (Peek consumes nothing; the
+// rest give back, settle or reset), which would inflate the admitted and
+// refused rates.
 func Observed(ctx context.Context, o pglimit.Observation) Call {
-	return NewCall(ctx, o.Op, o.Key, o.Decision, o.Err, o.Took)
+	c := NewCall(ctx, string(o.Op), o.Key, o.Decision, o.Err, o.Took)
+	c.Decides = o.Op.Decides()
+	return c
 }
 
 // outcome names how a call ended.

@@ -46,6 +46,7 @@ func TestOutcomes(t *testing.T) {
 	_, _ = lim.Allow(ctx, "")
 	_, _ = lim.Allow(cancelled, "other")
 	_, _ = lim.Peek(ctx, "k", 1)
+	_ = lim.Reset(ctx, "k")
 	calls := obs.seen
 	for i, want := range []struct{ op, outcome string }{
 		{"Allow", observe.Admitted},
@@ -53,15 +54,16 @@ func TestOutcomes(t *testing.T) {
 		{"Allow", observe.Invalid},
 		{"Allow", observe.Canceled},
 		{"Peek", observe.Refused},
+		{"Reset", observe.Refused},
 	} {
 		if i >= len(calls) {
-			t.Fatalf("%d calls seen, want 5", len(calls))
+			t.Fatalf("%d calls seen, want 6", len(calls))
 		}
 		if c := calls[i]; c.Op != want.op || c.Outcome != want.outcome {
 			t.Errorf("call %d: %s %s, want %s %s", i, c.Op, c.Outcome, want.op, want.outcome)
 		}
 	}
-	if !calls[4].Peek() || calls[0].Peek() {
-		t.Error("Peek() does not tell a Peek from a decision")
+	if calls[4].Decides || calls[5].Decides || !calls[0].Decides {
+		t.Error("Decides does not tell a Peek or a Reset from a decision")
 	}
 }
