@@ -73,7 +73,8 @@ type Config struct {
 	// number. From 1 to 100,000. Defaults to 1,000.
 	FlowQueue int
 
-	// Levels are the priority levels of [Semaphore.AcquireLevel], each
+	// Levels are the priority levels of [Semaphore.AcquireLevel] and
+	// [Semaphore.WaitLevel], each
 	// with a guaranteed share of every key's slots, what of it the others
 	// may borrow, and a ceiling: see [Level]. At most 16, whose Min add up
 	// to at most Slots. Defaults to none.
@@ -164,8 +165,10 @@ type Semaphore struct {
 		waitFlow, enqueueFlow, takeFlow string
 		// setWeight and resetWeight set and reset a flow's weight.
 		setWeight, resetWeight string
-		// acquireLevel is acquire for a priority level (AcquireLevel).
-		acquireLevel string
+		// acquireLevel is acquire for a priority level (AcquireLevel);
+		// waitLevel and enqueueLevel, wait and enqueue for a waiter of one
+		// (WaitLevel).
+		acquireLevel, waitLevel, enqueueLevel string
 	}
 	// hold is the average time from an acquisition to its release seen
 	// in this process, in ns; 0 before the first release.
@@ -301,6 +304,11 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	s.stmts.takeFlow = queries.Text("slots.acquire", args)
 	args["queue"], args["set_extra"], args["extra_col"] = queries.Text("slots.level", args), ", level = $6", ", level"
 	s.stmts.acquireLevel = queries.Text("slots.acquire", args)
+	args["queue"], args["dequeue"] = queries.Text("slots.level_turn", args), queries.Text("slots.dequeue", args)
+	args["waiting"] = ", (SELECT ok FROM turn), EXISTS (SELECT FROM renewed)"
+	args["set_extra"], args["extra_val"] = ", level = $9", ", $9"
+	s.stmts.waitLevel = queries.Text("slots.acquire", args)
+	s.stmts.enqueueLevel = queries.Text("slots.enqueue_level", args)
 	return s, nil
 }
 

@@ -33,7 +33,7 @@ type place struct {
 // cause); a slot taken by a statement that ctx cut off returns when its
 // lease ends. Each statement is bounded by Timeout.
 func (s *Semaphore) Wait(ctx context.Context, key string) (Slot, error) {
-	return s.wait(ctx, key, nil)
+	return s.wait(ctx, key, nil, -1)
 }
 
 // ErrInvalidFlow reports a [Flow] that [Semaphore.WaitFlow] refuses
@@ -86,7 +86,7 @@ func (s *Semaphore) WaitFlow(ctx context.Context, key string, flow Flow) (Slot, 
 	if err := checkFlow(flow); err != nil {
 		return Slot{}, err
 	}
-	return s.wait(ctx, key, &flow)
+	return s.wait(ctx, key, &flow, -1)
 }
 
 // SetFlowWeight sets the weight of flow for every key and instance of
@@ -133,8 +133,9 @@ func checkFlow(flow Flow) error {
 	return nil
 }
 
-// wait is Wait, for a waiter of flow unless it is nil.
-func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow) (Slot, error) {
+// wait is Wait, for a waiter of flow unless it is nil, or of the level of
+// index level unless it is negative.
+func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow, level int) (Slot, error) {
 	if err := pglimit.ValidateKey(key); err != nil {
 		return Slot{}, err
 	}
@@ -154,7 +155,7 @@ func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow) (Slot, err
 	for {
 		if q == nil {
 			var err error
-			if q, err = s.enqueue(ctx, key, flow); err != nil {
+			if q, err = s.enqueue(ctx, key, flow, level); err != nil {
 				if errors.Is(err, ErrQueueFull) {
 					return Slot{RetryAfter: s.HoldTime()}, err
 				}
@@ -163,7 +164,11 @@ func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow) (Slot, err
 		}
 		wake := s.wakeChan(w) // taken before the try: a release after it wakes this wait
 		slot, queued, err := s.acquireInTurn(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
-			if flow != nil {
+			switch {
+			case level >= 0:
+				return scan(s.db.QueryRow(ctx, s.stmts.waitLevel, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL(),
+					s.levels.names[level], s.levels.names, s.levels.keep, s.levels.max[level]))
+			case flow != nil:
 				return scan(s.db.QueryRow(ctx, s.stmts.waitFlow, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL(), flow.Name))
 			}
 			return scan(s.db.QueryRow(ctx, s.stmts.wait, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL()))
@@ -195,16 +200,20 @@ func (s *Semaphore) placeTTL() int64 {
 	return max(2*time.Second, 20*s.cfg.WaitPoll).Microseconds()
 }
 
-// enqueue puts a waiter for key, of flow unless it is nil, at the end of
-// its queue. A flow whose queue is full is ErrQueueFull.
-func (s *Semaphore) enqueue(ctx context.Context, key string, flow *Flow) (*place, error) {
+// enqueue puts a waiter for key, of flow unless it is nil, or of the
+// level of index level unless it is negative, at the end of its queue. A
+// flow whose queue is full is ErrQueueFull.
+func (s *Semaphore) enqueue(ctx context.Context, key string, flow *Flow, level int) (*place, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
 	defer cancel()
 	var q place
 	var row pgx.Row
-	if flow != nil {
+	switch {
+	case level >= 0:
+		row = s.db.QueryRow(ctx, s.stmts.enqueueLevel, s.cfg.Namespace, key, s.placeTTL(), s.levels.names[level])
+	case flow != nil:
 		row = s.db.QueryRow(ctx, s.stmts.enqueueFlow, s.cfg.Namespace, key, s.placeTTL(), flow.Name, flow.Weight, s.cfg.FlowQueue)
-	} else {
+	default:
 		row = s.db.QueryRow(ctx, s.stmts.enqueue, s.cfg.Namespace, key, s.placeTTL())
 	}
 	if err := row.Scan(&q.arrived, &q.waiter); err != nil {

@@ -138,6 +138,39 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
               WHERE k.level <> $6) > 0 AS ok
 ){{end}}
 
+-- slots.level_turn makes slots.acquire the statement of a waiter of level
+-- $9 (migration 00016; which the slot it takes records), with its place
+-- ($6 arrived, $7 waiter) and its renewal ($8 µs) as slots.turn's, of the
+-- levels $10 each keeping $11 slots for itself while it holds fewer, and
+-- its ceiling $12. Its level may take as many free slots as slots.level
+-- lets it: fewer than $12 held, and free ones beyond what the other
+-- levels keep. The waiter takes one while fewer live waiters of its own
+-- level are ahead of it than that, so that the waiters of a level are
+-- served in arrival order, and never behind another level's.
+{{define "slots.level_turn"}}, by_level AS MATERIALIZED (
+    SELECT s.level, count(*) AS n FROM {{.table}} AS s, clock
+    WHERE s.namespace = $1 AND s.key = $2 AND s.slot < $3 AND s.expires_at > clock.now
+    GROUP BY s.level
+), turn AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM {{.waiters}} AS w, clock
+            WHERE w.namespace = $1 AND w.key = $2 AND w.level = $9 AND w.expires_at > clock.now
+              AND (w.arrived, w.waiter) < ($6::bigint, $7::uuid))
+         < least($12::integer - coalesce((SELECT n FROM by_level WHERE level = $9), 0),
+                 $3::integer - (SELECT coalesce(sum(n), 0) FROM by_level)
+                 - (SELECT coalesce(sum(greatest(k.keep - coalesce(b.n, 0), 0)), 0)
+                    FROM unnest($10::text[], $11::integer[]) AS k(level, keep)
+                    LEFT JOIN by_level AS b ON b.level = k.level
+                    WHERE k.level <> $9)) AS ok
+){{end}}
+
+-- slots.enqueue_level is slots.enqueue for a waiter of level $4.
+{{define "slots.enqueue_level"}}
+INSERT INTO {{.waiters}} (namespace, key, arrived, waiter, expires_at, level)
+SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, gen_random_uuid(), c.now + $3 * interval '1 microsecond', $4
+FROM (SELECT clock_timestamp() AS now) AS c
+RETURNING arrived, waiter::text
+{{end}}
+
 -- slots.set_flow_weight sets the weight of flow $2 in namespace $1 to
 -- $3; slots.reset_flow_weight deletes it, so that waiters' own weights
 -- count again.
