@@ -114,8 +114,10 @@ func (s *Semaphore) AcquireLevel(ctx context.Context, key, level string) (Slot, 
 	})
 }
 
-// WaitLevel is Wait for a waiter of a priority level of [Config.Levels]:
-// it takes a slot of key as soon as its level may take one, as
+// WaitLevel is Wait for a waiter of a priority level of [Config.Levels],
+// served within its level and never behind another level's waiters.
+//
+// It takes a slot of key as soon as its level may take one, as
 // AcquireLevel would, waiting while its level may take none, until ctx
 // ends. The waiters of a level are served in the order they began to
 // wait, from every instance; a level's waiters are never queued behind
