@@ -160,6 +160,8 @@ type Semaphore struct {
 	lockSeed int64
 	stmts    struct {
 		acquire, extend, release, wait, enqueue, leave string
+		// leaveJoined is leave for a waiter whose join failed unseen.
+		leaveJoined string
 		// waitFlow and enqueueFlow are wait and enqueue for a waiter of a
 		// flow (WaitFlow); takeFlow its first try, before it joins.
 		waitFlow, enqueueFlow, takeFlow string
@@ -289,6 +291,7 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	}
 	s.stmts.enqueue = queries.Text("slots.enqueue", args)
 	s.stmts.leave = queries.Text("slots.leave", args)
+	s.stmts.leaveJoined = queries.Text("slots.leave_joined", args)
 	args["queue"], args["dequeue"] = queries.Text("slots.turn", args), queries.Text("slots.dequeue", args)
 	args["turn"], args["turn_first"] = " AND (SELECT ok FROM turn)", "(SELECT ok FROM turn) AND "
 	args["waiting"] = ", (SELECT ok FROM turn), EXISTS (SELECT FROM renewed)"

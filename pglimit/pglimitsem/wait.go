@@ -2,11 +2,16 @@ package pglimitsem
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pglimit/cooldown/pglimit"
 )
@@ -31,7 +36,13 @@ type place struct {
 // max(2s, 20 WaitPoll), which bounds how long it holds up those behind it.
 // When ctx ends, Wait leaves the queue and returns ctx's error (its
 // cause); a slot taken by a statement that ctx cut off returns when its
-// lease ends. Each statement is bounded by Timeout.
+// lease ends. Each statement is bounded by Timeout. The waiter's id is
+// made before it joins the queue, so that a join ctx cut off, which may
+// have committed unseen, is taken out by that id, within Timeout, on a
+// goroutine of its own while Wait returns. Only a join that the server
+// still runs when that removal reads the queue, and that outlives the
+// driver's cancel request, leaves its place behind, counted until it
+// lapses.
 func (s *Semaphore) Wait(ctx context.Context, key string) (Slot, error) {
 	return s.wait(ctx, key, nil, -1)
 }
@@ -71,8 +82,8 @@ type Flow struct {
 // Each try is one statement, as Wait's; the first, while no one waits
 // for the key, takes a free slot without joining the queue.
 //
-// As with Wait, a waiter whose ctx ends while it joins the queue may leave
-// its place behind, counted until it lapses, as a dead waiter's.
+// As with Wait, a waiter whose ctx ends while it joins the queue is taken
+// out of it by its id.
 //
 // A flow's queue is bounded by Config.FlowQueue: past it, WaitFlow
 // returns [ErrQueueFull] with a Slot whose RetryAfter is the hold time
@@ -203,26 +214,77 @@ func (s *Semaphore) placeTTL() int64 {
 // enqueue puts a waiter for key, of flow unless it is nil, or of the
 // level of index level unless it is negative, at the end of its queue. A
 // flow whose queue is full is ErrQueueFull.
+//
+// The waiter's id is made here, before the join. A join that failed once
+// the driver had sent it (ctx ended while it ran, say) may have committed
+// all the same, unseen; its place is then taken out by that id, past
+// ctx's end and within Timeout, in a goroutine of its own so that the
+// caller returns by its deadline. A join the server refused wrote
+// nothing, and one never sent (no connection to be had) is left alone.
 func (s *Semaphore) enqueue(ctx context.Context, key string, flow *Flow, level int) (*place, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
 	defer cancel()
-	var q place
+	id := newWaiterID()
+	q := place{waiter: id.String()}
 	var row pgx.Row
 	switch {
 	case level >= 0:
-		row = s.db.QueryRow(ctx, s.stmts.enqueueLevel, s.cfg.Namespace, key, s.placeTTL(), s.levels.names[level])
+		row = s.db.QueryRow(ctx, s.stmts.enqueueLevel, s.cfg.Namespace, key, s.placeTTL(), s.levels.names[level], id)
 	case flow != nil:
-		row = s.db.QueryRow(ctx, s.stmts.enqueueFlow, s.cfg.Namespace, key, s.placeTTL(), flow.Name, flow.Weight, s.cfg.FlowQueue)
+		row = s.db.QueryRow(ctx, s.stmts.enqueueFlow, s.cfg.Namespace, key, s.placeTTL(), flow.Name, flow.Weight, s.cfg.FlowQueue, id)
 	default:
-		row = s.db.QueryRow(ctx, s.stmts.enqueue, s.cfg.Namespace, key, s.placeTTL())
+		row = s.db.QueryRow(ctx, s.stmts.enqueue, s.cfg.Namespace, key, s.placeTTL(), id)
 	}
-	if err := row.Scan(&q.arrived, &q.waiter); err != nil {
+	if err := row.Scan(&q.arrived); err != nil {
 		if flow != nil && errors.Is(err, pgx.ErrNoRows) {
 			return nil, fmt.Errorf("%w: flow %q has %d places in the queue of key %q", ErrQueueFull, flow.Name, s.cfg.FlowQueue, key)
+		}
+		var refused *pgconn.PgError
+		if id.sent.Load() && !errors.As(err, &refused) {
+			go s.leaveJoined(ctx, key, q.waiter)
 		}
 		return nil, s.wrap(ctx, fmt.Errorf("join the queue: %w", err))
 	}
 	return &q, nil
+}
+
+// leaveJoined takes waiter, whose join failed unseen, out of key's queue,
+// within Timeout even though ctx ended. A failure is not reported: the
+// place lapses.
+func (s *Semaphore) leaveJoined(ctx context.Context, key, waiter string) {
+	ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.cfg.Timeout, pglimit.ErrTimeout)
+	defer cancel()
+	_, _ = s.db.Exec(ctx, s.stmts.leaveJoined, s.cfg.Namespace, key, waiter)
+}
+
+// waiterID is a waiter's id (a random UUID), made before it joins the
+// queue, as its join statement's argument. It notes when the driver
+// encodes it, which pgx does once it holds a connection, just before it
+// sends the statement: a join that failed before that never ran.
+type waiterID struct {
+	id   [16]byte
+	sent *atomic.Bool
+}
+
+func newWaiterID() waiterID {
+	w := waiterID{sent: new(atomic.Bool)}
+	_, _ = rand.Read(w.id[:])     // never fails
+	w.id[6] = w.id[6]&0x0f | 0x40 // version 4
+	w.id[8] = w.id[8]&0x3f | 0x80 // RFC 9562 variant
+	return w
+}
+
+// UUIDValue encodes the id for pgx, and notes that the statement is
+// being sent.
+func (w waiterID) UUIDValue() (pgtype.UUID, error) {
+	w.sent.Store(true)
+	return pgtype.UUID{Bytes: w.id, Valid: true}, nil
+}
+
+// String is the id as PostgreSQL writes a uuid.
+func (w waiterID) String() string {
+	h := hex.EncodeToString(w.id[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
 // leave takes a waiter that gave up out of key's queue, within Timeout

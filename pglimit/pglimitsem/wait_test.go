@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
@@ -230,5 +231,76 @@ func BenchmarkWaitWake(b *testing.B) {
 			b.ReportMetric(float64(took[len(took)*9/10].Microseconds())/1000, "ms/wake-p90")
 			b.ReportMetric(0, "ns/op")
 		})
+	}
+}
+
+// A waiter whose context ends while its join statement runs leaves no
+// place behind: the waiter after it takes a released slot at once, not
+// when the abandoned place lapses (4 s here). A trigger slows the join of
+// the cancelled waiter's connections (0.5 s), and the proxy between
+// stalls from the middle of it until after it committed, holding back
+// the driver's cancel request as a slow network would.
+func TestWaitCancelledJoinLeaves(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	fn := pgx.Identifier{schema, "slow_join"}.Sanitize()
+	for _, q := range []string{
+		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF current_setting('application_name') = 'slow join' THEN PERFORM pg_sleep(0.5); END IF;
+			RETURN NEW;
+		END $$`,
+		`CREATE TRIGGER slow_join BEFORE INSERT ON ` + pgx.Identifier{schema, "pglimit_slot_waiters"}.Sanitize() +
+			` FOR EACH ROW EXECUTE FUNCTION ` + fn + `()`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy, pcfg := testdb.NewStallProxy(t)
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "slow join"
+	slowPool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(slowPool.Close)
+	if _, err := slowPool.Exec(ctx, "SELECT 1"); err != nil { // the join goes over an open connection
+		t.Fatal(err)
+	}
+	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute, WaitPoll: 200 * time.Millisecond} // places last 4 s
+	sem, slow := newSemaphore(t, pool, cfg), newSemaphore(t, slowPool, cfg)
+	held, err := sem.Acquire(ctx, "k")
+	if err != nil || !held.Acquired {
+		t.Fatalf("Acquire: %+v, %v", held, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	stalled := time.AfterFunc(100*time.Millisecond, proxy.Stall) // the join sleeps in its trigger
+	defer stalled.Stop()
+	if slot, err := slow.Wait(short, "k"); !errors.Is(err, context.DeadlineExceeded) || slot.Acquired {
+		t.Fatalf("Wait cut off in its join: %+v, %v; want DeadlineExceeded", slot, err)
+	}
+	time.Sleep(600 * time.Millisecond) // the join commits
+	proxy.Unstall()
+	got := make(chan time.Time, 1)
+	go func() {
+		slot, err := sem.Wait(ctx, "k")
+		if err != nil || !slot.Acquired {
+			t.Errorf("the next waiter: %+v, %v", slot, err)
+		}
+		got <- time.Now()
+		_ = sem.Release(ctx, slot)
+	}()
+	time.Sleep(100 * time.Millisecond) // the next waiter joins
+	released := time.Now()
+	if err := sem.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if took := (<-got).Sub(released); took > 2*time.Second {
+		t.Errorf("the next waiter took the released slot after %s: the cancelled join's place held it back", took)
+	} else {
+		t.Logf("the next waiter took the released slot after %s", took)
 	}
 }

@@ -163,12 +163,12 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
                     WHERE k.level <> $9)) AS ok
 ){{end}}
 
--- slots.enqueue_level is slots.enqueue for a waiter of level $4.
+-- slots.enqueue_level is slots.enqueue for a waiter $5 of level $4.
 {{define "slots.enqueue_level"}}
 INSERT INTO {{.waiters}} (namespace, key, arrived, waiter, expires_at, level)
-SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, gen_random_uuid(), c.now + $3 * interval '1 microsecond', $4
+SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, $5::uuid, c.now + $3 * interval '1 microsecond', $4
 FROM (SELECT clock_timestamp() AS now) AS c
-RETURNING arrived, waiter::text
+RETURNING arrived
 {{end}}
 
 -- slots.set_flow_weight sets the weight of flow $2 in namespace $1 to
@@ -183,31 +183,39 @@ ON CONFLICT (namespace, flow) DO UPDATE SET weight = excluded.weight
 DELETE FROM {{.flows}} WHERE namespace = $1 AND flow = $2
 {{end}}
 
--- slots.enqueue_flow is slots.enqueue for a waiter of flow $4 with weight
--- $5, which joins only while its flow has fewer than $6 live places in the
--- key's queue (as the statement's snapshot sees them): it returns no row
--- when the flow's queue is full.
+-- slots.enqueue_flow is slots.enqueue for a waiter $7 of flow $4 with
+-- weight $5, which joins only while its flow has fewer than $6 live places
+-- in the key's queue (as the statement's snapshot sees them): it returns
+-- no row when the flow's queue is full.
 {{define "slots.enqueue_flow"}}
 INSERT INTO {{.waiters}} (namespace, key, arrived, waiter, expires_at, flow, weight)
-SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, gen_random_uuid(), c.now + $3 * interval '1 microsecond', $4, $5
+SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, $7::uuid, c.now + $3 * interval '1 microsecond', $4, $5
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE (SELECT count(*) FROM {{.waiters}} AS w
        WHERE w.namespace = $1 AND w.key = $2 AND w.flow = $4 AND w.expires_at > c.now) < $6
-RETURNING arrived, waiter::text
+RETURNING arrived
 {{end}}
 
--- slots.enqueue puts a waiter for a slot of key $2 in namespace $1 in the
--- queue, for $3 µs unless renewed, and returns its place.
+-- slots.enqueue puts waiter $4 (an id its caller made) for a slot of key
+-- $2 in namespace $1 in the queue, for $3 µs unless renewed, and returns
+-- when it arrived, its place with $4.
 {{define "slots.enqueue"}}
 INSERT INTO {{.waiters}} (namespace, key, arrived, waiter, expires_at)
-SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, gen_random_uuid(), c.now + $3 * interval '1 microsecond'
+SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, $4::uuid, c.now + $3 * interval '1 microsecond'
 FROM (SELECT clock_timestamp() AS now) AS c
-RETURNING arrived, waiter::text
+RETURNING arrived
 {{end}}
 
 -- slots.leave takes a waiter that gave up out of the queue.
 {{define "slots.leave"}}
 DELETE FROM {{.waiters}} WHERE namespace = $1 AND key = $2 AND arrived = $3 AND waiter = $4::uuid
+{{end}}
+
+-- slots.leave_joined takes waiter $3 out of key $2's queue when its join
+-- failed unseen (it may have committed): by its id alone, among the key's
+-- places.
+{{define "slots.leave_joined"}}
+DELETE FROM {{.waiters}} WHERE namespace = $1 AND key = $2 AND waiter = $3::uuid
 {{end}}
 
 -- slots.extend renews a held slot's lease; slots.release frees it. Both
