@@ -237,9 +237,10 @@ func BenchmarkWaitWake(b *testing.B) {
 // A waiter whose context ends while its join statement runs leaves no
 // place behind: the waiter after it takes a released slot at once, not
 // when the abandoned place lapses (4 s here). A trigger slows the join of
-// the cancelled waiter's connections (0.5 s), and the proxy between
-// stalls from the middle of it until after it committed, holding back
-// the driver's cancel request as a slow network would.
+// the cancelled waiter's connections (0.5 s); once the join runs, the
+// proxy between stalls and the waiter's context ends, so that the
+// driver's cancel request is held back, as by a slow network, until the
+// join has committed.
 func TestWaitCancelledJoinLeaves(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -269,20 +270,38 @@ func TestWaitCancelledJoinLeaves(t *testing.T) {
 	if _, err := slowPool.Exec(ctx, "SELECT 1"); err != nil { // the join goes over an open connection
 		t.Fatal(err)
 	}
+	// joining counts the slow joins the server runs.
+	joining := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'slow join' AND state = 'active' AND query LIKE 'INSERT%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
 	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute, WaitPoll: 200 * time.Millisecond} // places last 4 s
 	sem, slow := newSemaphore(t, pool, cfg), newSemaphore(t, slowPool, cfg)
 	held, err := sem.Acquire(ctx, "k")
 	if err != nil || !held.Acquired {
 		t.Fatalf("Acquire: %+v, %v", held, err)
 	}
-	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	short, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stalled := time.AfterFunc(100*time.Millisecond, proxy.Stall) // the join sleeps in its trigger
-	defer stalled.Stop()
-	if slot, err := slow.Wait(short, "k"); !errors.Is(err, context.DeadlineExceeded) || slot.Acquired {
-		t.Fatalf("Wait cut off in its join: %+v, %v; want DeadlineExceeded", slot, err)
+	gaveUp := make(chan error, 1)
+	go func() {
+		slot, err := slow.Wait(short, "k")
+		if err == nil && slot.Acquired {
+			err = fmt.Errorf("took %+v", slot)
+		}
+		gaveUp <- err
+	}()
+	waitFor(t, "the join to run", func() bool { return joining() == 1 })
+	proxy.Stall()
+	cancel()
+	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait cut off in its join: %v; want context.Canceled", err)
 	}
-	time.Sleep(600 * time.Millisecond) // the join commits
+	waitFor(t, "the join to commit", func() bool { return joining() == 0 })
 	proxy.Unstall()
 	got := make(chan time.Time, 1)
 	go func() {
