@@ -163,8 +163,9 @@ type Semaphore struct {
 		// leaveJoined is leave for a waiter whose join failed unseen.
 		leaveJoined string
 		// waitFlow and enqueueFlow are wait and enqueue for a waiter of a
-		// flow (WaitFlow); takeFlow its first try, before it joins.
-		waitFlow, enqueueFlow, takeFlow string
+		// flow (WaitFlow); takeFlow its first try, before it joins, and
+		// joinFlow its join and first try in turn, in one statement.
+		waitFlow, enqueueFlow, takeFlow, joinFlow string
 		// setWeight and resetWeight set and reset a flow's weight.
 		setWeight, resetWeight string
 		// acquireLevel is acquire for a priority level (AcquireLevel);
@@ -302,8 +303,11 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	args["queue"] = queries.Text("slots.fair_turn", args)
 	args["set_extra"], args["extra_col"], args["extra_val"] = ", flow = $9", ", flow", ", $9"
 	s.stmts.waitFlow = queries.Text("slots.acquire", args)
-	args["queue"], args["dequeue"], args["waiting"] = queries.Text("slots.no_waiters", args), "", ", (SELECT ok FROM turn), false"
+	args["queue"], args["dequeue"] = queries.Text("slots.fair_join", args), queries.Text("slots.join_flow", args)
+	args["waiting"] = ", (SELECT ok FROM turn), EXISTS (SELECT FROM joined), (SELECT arrived FROM joined)"
 	args["set_extra"], args["extra_val"] = ", flow = $6", ", $6"
+	s.stmts.joinFlow = queries.Text("slots.acquire", args)
+	args["queue"], args["dequeue"], args["waiting"] = queries.Text("slots.no_waiters", args), "", ", (SELECT ok FROM turn), false"
 	s.stmts.takeFlow = queries.Text("slots.acquire", args)
 	args["queue"], args["set_extra"], args["extra_col"] = queries.Text("slots.level", args), ", level = $6", ", level"
 	s.stmts.acquireLevel = queries.Text("slots.acquire", args)
@@ -407,8 +411,9 @@ func (s *Semaphore) acquire(ctx context.Context, key string, bound time.Duration
 
 // acquireInTurn is acquire, for the waiter in the queue that q (not nil)
 // is; queued reports whether the waiter still has its place (false once
-// it took a slot, or its place lapsed).
-func (s *Semaphore) acquireInTurn(ctx context.Context, key string, bound time.Duration, run func(context.Context, func(pgx.Row) error) error, q *place) (_ Slot, queued bool, _ error) {
+// it took a slot, or its place lapsed), or for a first try whether it
+// joined. more are the destinations of the statement's further columns.
+func (s *Semaphore) acquireInTurn(ctx context.Context, key string, bound time.Duration, run func(context.Context, func(pgx.Row) error) error, q *place, more ...any) (_ Slot, queued bool, _ error) {
 	if err := pglimit.ValidateKey(key); err != nil {
 		return Slot{}, false, err
 	}
@@ -432,7 +437,7 @@ func (s *Semaphore) acquireInTurn(ctx context.Context, key string, bound time.Du
 		turn := true
 		dest := []any{&slot, &holder, &end, &held, &firstEnd, &now}
 		if q != nil {
-			dest = append(dest, &turn, &queued)
+			dest = append(append(dest, &turn, &queued), more...)
 		}
 		err := run(ctx, func(row pgx.Row) error { return row.Scan(dest...) })
 		switch {

@@ -80,7 +80,9 @@ type Flow struct {
 // flow holds + its place among the flow's waiters) / Weight, ties going
 // to the earliest; within a flow, waiters are served in arrival order.
 // Each try is one statement, as Wait's; the first, while no one waits
-// for the key, takes a free slot without joining the queue.
+// for the key, takes a free slot without joining the queue, and a waiter
+// that finds others waiting joins the queue and makes its first try in
+// turn in one statement.
 //
 // As with Wait, a waiter whose ctx ends while it joins the queue is taken
 // out of it by its id.
@@ -152,6 +154,12 @@ func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow, level int)
 	}
 	w := s.waiting(key)
 	defer s.doneWaiting(key)
+	var (
+		q     *place
+		wake  <-chan struct{}
+		last  Slot // the refusal of the last try
+		tried bool // a try was made since the last wait
+	)
 	if flow != nil {
 		// A free slot with no one waiting is taken at once, without
 		// joining the queue: one statement, as Acquire's.
@@ -161,39 +169,61 @@ func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow, level int)
 		if err != nil || slot.Acquired {
 			return slot, err
 		}
-	}
-	var q *place
-	for {
-		if q == nil {
-			var err error
-			if q, err = s.enqueue(ctx, key, flow, level); err != nil {
-				if errors.Is(err, ErrQueueFull) {
-					return Slot{RetryAfter: s.HoldTime()}, err
-				}
-				return Slot{}, err
-			}
-		}
-		wake := s.wakeChan(w) // taken before the try: a release after it wakes this wait
-		slot, queued, err := s.acquireInTurn(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
-			switch {
-			case level >= 0:
-				return scan(s.db.QueryRow(ctx, s.stmts.waitLevel, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL(),
-					s.levels.names[level], s.levels.names, s.levels.keep, s.levels.max[level]))
-			case flow != nil:
-				return scan(s.db.QueryRow(ctx, s.stmts.waitFlow, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL(), flow.Name))
-			}
-			return scan(s.db.QueryRow(ctx, s.stmts.wait, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL()))
-		}, q)
+		// Else the waiter joins the queue and tries in turn, in one
+		// statement; one that lost a race for a free slot, or whose
+		// flow's queue is full, joins below (and learns it).
+		id := newWaiterID()
+		var arrived *int64
+		wake = s.wakeChan(w)
+		slot, joined, err := s.acquireInTurn(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
+			return scan(s.db.QueryRow(ctx, s.stmts.joinFlow, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, flow.Name,
+				id, s.placeTTL(), flow.Weight, s.cfg.FlowQueue))
+		}, &place{}, &arrived)
 		switch {
 		case err != nil:
-			s.leave(ctx, key, q)
-			return Slot{}, err
+			s.joinedUnseen(ctx, key, id, err)
+			return slot, err
 		case slot.Acquired:
 			return slot, nil
-		case !queued:
-			q = nil // its place lapsed: it joins again, at the end
+		case joined && arrived != nil:
+			q, last, tried = &place{arrived: *arrived, waiter: id.String()}, slot, true
 		}
-		timer := time.NewTimer(max(min(slot.RetryAfter, s.cfg.WaitPoll), time.Millisecond))
+	}
+	for {
+		if !tried {
+			if q == nil {
+				var err error
+				if q, err = s.enqueue(ctx, key, flow, level); err != nil {
+					if errors.Is(err, ErrQueueFull) {
+						return Slot{RetryAfter: s.HoldTime()}, err
+					}
+					return Slot{}, err
+				}
+			}
+			wake = s.wakeChan(w) // taken before the try: a release after it wakes this wait
+			slot, queued, err := s.acquireInTurn(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
+				switch {
+				case level >= 0:
+					return scan(s.db.QueryRow(ctx, s.stmts.waitLevel, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL(),
+						s.levels.names[level], s.levels.names, s.levels.keep, s.levels.max[level]))
+				case flow != nil:
+					return scan(s.db.QueryRow(ctx, s.stmts.waitFlow, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL(), flow.Name))
+				}
+				return scan(s.db.QueryRow(ctx, s.stmts.wait, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL()))
+			}, q)
+			switch {
+			case err != nil:
+				s.leave(ctx, key, q)
+				return Slot{}, err
+			case slot.Acquired:
+				return slot, nil
+			case !queued:
+				q = nil // its place lapsed: it joins again, at the end
+			}
+			last = slot
+		}
+		tried = false
+		timer := time.NewTimer(max(min(last.RetryAfter, s.cfg.WaitPoll), time.Millisecond))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -239,22 +269,26 @@ func (s *Semaphore) enqueue(ctx context.Context, key string, flow *Flow, level i
 		if flow != nil && errors.Is(err, pgx.ErrNoRows) {
 			return nil, fmt.Errorf("%w: flow %q has %d places in the queue of key %q", ErrQueueFull, flow.Name, s.cfg.FlowQueue, key)
 		}
-		var refused *pgconn.PgError
-		if id.sent.Load() && !errors.As(err, &refused) {
-			go s.leaveJoined(ctx, key, q.waiter)
-		}
+		s.joinedUnseen(ctx, key, id, err)
 		return nil, s.wrap(ctx, fmt.Errorf("join the queue: %w", err))
 	}
 	return &q, nil
 }
 
-// leaveJoined takes waiter, whose join failed unseen, out of key's queue,
-// within Timeout even though ctx ended. A failure is not reported: the
-// place lapses.
-func (s *Semaphore) leaveJoined(ctx context.Context, key, waiter string) {
-	ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.cfg.Timeout, pglimit.ErrTimeout)
-	defer cancel()
-	_, _ = s.db.Exec(ctx, s.stmts.leaveJoined, s.cfg.Namespace, key, waiter)
+// joinedUnseen takes waiter id out of key's queue after its join failed
+// with err, unless the join never ran: it was not sent, or the server
+// refused it. It does so on a goroutine of its own, within Timeout even
+// though ctx ended. A failure is not reported: the place lapses.
+func (s *Semaphore) joinedUnseen(ctx context.Context, key string, id waiterID, err error) {
+	var refused *pgconn.PgError
+	if !id.sent.Load() || errors.As(err, &refused) {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.cfg.Timeout, pglimit.ErrTimeout)
+		defer cancel()
+		_, _ = s.db.Exec(ctx, s.stmts.leaveJoined, s.cfg.Namespace, key, id.String())
+	}()
 }
 
 // waiterID is a waiter's id (a random UUID), made before it joins the

@@ -240,7 +240,8 @@ func BenchmarkWaitWake(b *testing.B) {
 // the cancelled waiter's connections (0.5 s); once the join runs, the
 // proxy between stalls and the waiter's context ends, so that the
 // driver's cancel request is held back, as by a slow network, until the
-// join has committed.
+// join has committed. So for Wait's join, and for WaitFlow's first try,
+// which joins when it finds every slot held.
 func TestWaitCancelledJoinLeaves(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -270,56 +271,69 @@ func TestWaitCancelledJoinLeaves(t *testing.T) {
 	if _, err := slowPool.Exec(ctx, "SELECT 1"); err != nil { // the join goes over an open connection
 		t.Fatal(err)
 	}
-	// joining counts the slow joins the server runs.
-	joining := func() int {
+	// joining counts the slow joins the server runs, or with sleeping
+	// those in their trigger's sleep.
+	joining := func(sleeping bool) int {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = 'slow join' AND state = 'active' AND query LIKE 'INSERT%'`).Scan(&n); err != nil {
+			WHERE application_name = 'slow join' AND state = 'active' AND (NOT $1 OR wait_event = 'PgSleep')`, sleeping).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
 	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute, WaitPoll: 200 * time.Millisecond} // places last 4 s
 	sem, slow := newSemaphore(t, pool, cfg), newSemaphore(t, slowPool, cfg)
-	held, err := sem.Acquire(ctx, "k")
-	if err != nil || !held.Acquired {
-		t.Fatalf("Acquire: %+v, %v", held, err)
-	}
-	short, cancel := context.WithCancel(ctx)
-	defer cancel()
-	gaveUp := make(chan error, 1)
-	go func() {
-		slot, err := slow.Wait(short, "k")
-		if err == nil && slot.Acquired {
-			err = fmt.Errorf("took %+v", slot)
+	for _, tc := range []struct {
+		name string
+		wait func(ctx context.Context, sem *pglimitsem.Semaphore, key string) (pglimitsem.Slot, error)
+	}{
+		{"Wait", func(ctx context.Context, sem *pglimitsem.Semaphore, key string) (pglimitsem.Slot, error) {
+			return sem.Wait(ctx, key)
+		}},
+		{"WaitFlow", func(ctx context.Context, sem *pglimitsem.Semaphore, key string) (pglimitsem.Slot, error) {
+			return sem.WaitFlow(ctx, key, pglimitsem.Flow{Name: "f", Weight: 1})
+		}},
+	} {
+		key := tc.name
+		held, err := sem.Acquire(ctx, key)
+		if err != nil || !held.Acquired {
+			t.Fatalf("%s: Acquire: %+v, %v", tc.name, held, err)
 		}
-		gaveUp <- err
-	}()
-	waitFor(t, "the join to run", func() bool { return joining() == 1 })
-	proxy.Stall()
-	cancel()
-	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
-		t.Fatalf("Wait cut off in its join: %v; want context.Canceled", err)
-	}
-	waitFor(t, "the join to commit", func() bool { return joining() == 0 })
-	proxy.Unstall()
-	got := make(chan time.Time, 1)
-	go func() {
-		slot, err := sem.Wait(ctx, "k")
-		if err != nil || !slot.Acquired {
-			t.Errorf("the next waiter: %+v, %v", slot, err)
+		short, cancel := context.WithCancel(ctx)
+		gaveUp := make(chan error, 1)
+		go func() {
+			slot, err := tc.wait(short, slow, key)
+			if err == nil && slot.Acquired {
+				err = fmt.Errorf("took %+v", slot)
+			}
+			gaveUp <- err
+		}()
+		waitFor(t, tc.name+"'s join to run", func() bool { return joining(true) == 1 })
+		proxy.Stall()
+		cancel()
+		if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+			t.Fatalf("%s cut off in its join: %v; want context.Canceled", tc.name, err)
 		}
-		got <- time.Now()
-		_ = sem.Release(ctx, slot)
-	}()
-	time.Sleep(100 * time.Millisecond) // the next waiter joins
-	released := time.Now()
-	if err := sem.Release(ctx, held); err != nil {
-		t.Fatal(err)
-	}
-	if took := (<-got).Sub(released); took > 2*time.Second {
-		t.Errorf("the next waiter took the released slot after %s: the cancelled join's place held it back", took)
-	} else {
-		t.Logf("the next waiter took the released slot after %s", took)
+		waitFor(t, tc.name+"'s join to commit", func() bool { return joining(false) == 0 })
+		proxy.Unstall()
+		got := make(chan time.Time, 1)
+		go func() {
+			slot, err := tc.wait(ctx, sem, key)
+			if err != nil || !slot.Acquired {
+				t.Errorf("%s: the next waiter: %+v, %v", tc.name, slot, err)
+			}
+			got <- time.Now()
+			_ = sem.Release(ctx, slot)
+		}()
+		time.Sleep(100 * time.Millisecond) // the next waiter joins
+		released := time.Now()
+		if err := sem.Release(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+		if took := (<-got).Sub(released); took > 2*time.Second {
+			t.Errorf("%s: the next waiter took the released slot after %s: the cancelled join's place held it back", tc.name, took)
+		} else {
+			t.Logf("%s: the next waiter took the released slot after %s", tc.name, took)
+		}
 	}
 }

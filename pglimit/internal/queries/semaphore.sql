@@ -119,6 +119,55 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
                        WHERE w.namespace = $1 AND w.key = $2 AND w.expires_at > clock.now) AS ok
 ){{end}}
 
+-- slots.fair_join and slots.join_flow make slots.acquire the join of a
+-- waiter of flow $6 (which the slot it takes records) and its first try
+-- in turn, in one statement: slots.fair_turn for waiter $7 (its caller's
+-- id) as though it had joined now, with weight $9 (its flow's in the
+-- table flows when set there), while its flow has fewer than $10 other
+-- live places. Taking no slot, it joins the queue, for $8 µs unless
+-- renewed, as slots.enqueue_flow does, and answers whether it joined and
+-- when it arrived; a waiter in turn that lost a race for a free slot
+-- joins nothing, and tries again, and one whose flow's queue is full
+-- neither takes a slot nor joins.
+{{define "slots.fair_join"}}, mine AS MATERIALIZED (
+    SELECT (extract(epoch FROM clock.now) * 1000000)::int8 AS arrived FROM clock
+), live AS MATERIALIZED (
+    SELECT l.flow, l.arrived, l.waiter, l.weight,
+           row_number() OVER (PARTITION BY l.flow ORDER BY l.arrived, l.waiter) AS j
+    FROM (SELECT w.flow, w.arrived, w.waiter, coalesce(f.weight, w.weight) AS weight
+          FROM {{.waiters}} AS w CROSS JOIN clock
+          LEFT JOIN {{.flows}} AS f ON f.namespace = $1 AND f.flow = w.flow
+          WHERE w.namespace = $1 AND w.key = $2 AND w.expires_at > clock.now
+          UNION ALL
+          SELECT $6, mine.arrived, $7::uuid,
+                 coalesce((SELECT f.weight FROM {{.flows}} AS f WHERE f.namespace = $1 AND f.flow = $6), $9::integer)
+          FROM mine) AS l
+), holding AS MATERIALIZED (
+    SELECT s.flow, count(*) AS n FROM {{.table}} AS s, clock
+    WHERE s.namespace = $1 AND s.key = $2 AND s.slot < $3 AND s.expires_at > clock.now
+    GROUP BY s.flow
+), tagged AS MATERIALIZED (
+    SELECT l.arrived, l.waiter, (coalesce(h.n, 0) + l.j)::float8 / l.weight AS tag
+    FROM live AS l LEFT JOIN holding AS h ON h.flow = l.flow
+), turn AS MATERIALIZED (
+    SELECT room AND (SELECT count(*) FROM tagged AS t
+                     WHERE (t.tag, t.arrived, t.waiter) < (me.tag, me.arrived, me.waiter))
+                    < $3::integer - (SELECT coalesce(sum(n), 0) FROM holding) AS ok,
+           room
+    FROM tagged AS me,
+         (SELECT count(*) <= $10::integer AS room FROM live WHERE live.flow = $6) AS r
+    WHERE me.waiter = $7::uuid
+){{end}}
+
+{{define "slots.join_flow"}}, joined AS (
+    INSERT INTO {{.waiters}} (namespace, key, arrived, waiter, expires_at, flow, weight)
+    SELECT $1, $2, mine.arrived, $7::uuid, clock.now + $8 * interval '1 microsecond', $6, $9
+    FROM mine, clock
+    WHERE NOT EXISTS (SELECT FROM taken) AND (SELECT room FROM turn)
+      AND (NOT (SELECT ok FROM turn) OR (SELECT n FROM held) >= $3)
+    RETURNING arrived
+){{end}}
+
 -- slots.level makes slots.acquire the acquisition of level $6 (which the
 -- slot it takes records), of the levels $7 each keeping $8 slots for
 -- itself while it holds fewer (its guarantee less what it lends): it
