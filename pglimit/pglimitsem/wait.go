@@ -3,6 +3,7 @@ package pglimitsem
 import (
 	"context"
 	"crypto/rand"
+	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -186,7 +187,7 @@ func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow, level int)
 		case slot.Acquired:
 			return slot, nil
 		case joined && arrived != nil:
-			q, last, tried = &place{arrived: *arrived, waiter: id.String()}, slot, true
+			q, last, tried = &place{arrived: *arrived, waiter: id.text()}, slot, true
 		}
 	}
 	for {
@@ -255,7 +256,7 @@ func (s *Semaphore) enqueue(ctx context.Context, key string, flow *Flow, level i
 	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
 	defer cancel()
 	id := newWaiterID()
-	q := place{waiter: id.String()}
+	q := place{waiter: id.text()}
 	var row pgx.Row
 	switch {
 	case level >= 0:
@@ -287,7 +288,7 @@ func (s *Semaphore) joinedUnseen(ctx context.Context, key string, id waiterID, e
 	go func() {
 		ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.cfg.Timeout, pglimit.ErrTimeout)
 		defer cancel()
-		_, _ = s.db.Exec(ctx, s.stmts.leaveJoined, s.cfg.Namespace, key, id.String())
+		_, _ = s.db.Exec(ctx, s.stmts.leaveJoined, s.cfg.Namespace, key, id.text())
 	}()
 }
 
@@ -308,15 +309,26 @@ func newWaiterID() waiterID {
 	return w
 }
 
-// UUIDValue encodes the id for pgx, and notes that the statement is
+// UUIDValue encodes the id for pgx where it knows the parameter's type
+// (a prepared or described statement), and notes that the statement is
 // being sent.
 func (w waiterID) UUIDValue() (pgtype.UUID, error) {
 	w.sent.Store(true)
 	return pgtype.UUID{Bytes: w.id, Valid: true}, nil
 }
 
-// String is the id as PostgreSQL writes a uuid.
-func (w waiterID) String() string {
+// Value encodes the id as text where pgx does not know the parameter's
+// type (QueryExecModeExec and the simple protocol, as behind PgBouncer),
+// and notes that the statement is being sent.
+func (w waiterID) Value() (driver.Value, error) {
+	w.sent.Store(true)
+	return w.text(), nil
+}
+
+// text is the id as PostgreSQL writes a uuid. (Not String: pgx would
+// encode a fmt.Stringer argument with it, and the id would not note when
+// it is sent.)
+func (w waiterID) text() string {
 	h := hex.EncodeToString(w.id[:])
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }

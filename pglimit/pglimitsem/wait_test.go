@@ -240,8 +240,9 @@ func BenchmarkWaitWake(b *testing.B) {
 // the cancelled waiter's connections (0.5 s); once the join runs, the
 // proxy between stalls and the waiter's context ends, so that the
 // driver's cancel request is held back, as by a slow network, until the
-// join has committed. So for Wait's join, and for WaitFlow's first try,
-// which joins when it finds every slot held.
+// join has committed. So for Wait's join, and for WaitFlow's join and
+// first try in turn, each with its statements prepared (pgx's default)
+// and in QueryExecModeExec, as behind PgBouncer.
 func TestWaitCancelledJoinLeaves(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -261,16 +262,6 @@ func TestWaitCancelledJoinLeaves(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	proxy, pcfg := testdb.NewStallProxy(t)
-	pcfg.ConnConfig.RuntimeParams["application_name"] = "slow join"
-	slowPool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(slowPool.Close)
-	if _, err := slowPool.Exec(ctx, "SELECT 1"); err != nil { // the join goes over an open connection
-		t.Fatal(err)
-	}
 	// joining counts the slow joins the server runs, or with sleeping
 	// those in their trigger's sleep.
 	joining := func(sleeping bool) int {
@@ -282,7 +273,27 @@ func TestWaitCancelledJoinLeaves(t *testing.T) {
 		return n
 	}
 	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute, WaitPoll: 200 * time.Millisecond} // places last 4 s
-	sem, slow := newSemaphore(t, pool, cfg), newSemaphore(t, slowPool, cfg)
+	sem := newSemaphore(t, pool, cfg)
+	type slowOne struct {
+		mode  pgx.QueryExecMode
+		proxy *testdb.StallProxy
+		sem   *pglimitsem.Semaphore
+	}
+	var slows []slowOne
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
+		proxy, pcfg := testdb.NewStallProxy(t)
+		pcfg.ConnConfig.RuntimeParams["application_name"] = "slow join"
+		pcfg.ConnConfig.DefaultQueryExecMode = mode
+		slowPool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(slowPool.Close)
+		if _, err := slowPool.Exec(ctx, "SELECT 1"); err != nil { // the join goes over an open connection
+			t.Fatal(err)
+		}
+		slows = append(slows, slowOne{mode, proxy, newSemaphore(t, slowPool, cfg)})
+	}
 	for _, tc := range []struct {
 		name string
 		wait func(ctx context.Context, sem *pglimitsem.Semaphore, key string) (pglimitsem.Slot, error)
@@ -294,46 +305,49 @@ func TestWaitCancelledJoinLeaves(t *testing.T) {
 			return sem.WaitFlow(ctx, key, pglimitsem.Flow{Name: "f", Weight: 1})
 		}},
 	} {
-		key := tc.name
-		held, err := sem.Acquire(ctx, key)
-		if err != nil || !held.Acquired {
-			t.Fatalf("%s: Acquire: %+v, %v", tc.name, held, err)
-		}
-		short, cancel := context.WithCancel(ctx)
-		gaveUp := make(chan error, 1)
-		go func() {
-			slot, err := tc.wait(short, slow, key)
-			if err == nil && slot.Acquired {
-				err = fmt.Errorf("took %+v", slot)
+		for _, slow := range slows {
+			proxy, name := slow.proxy, fmt.Sprintf("%s, %v", tc.name, slow.mode)
+			key := name
+			held, err := sem.Acquire(ctx, key)
+			if err != nil || !held.Acquired {
+				t.Fatalf("%s: Acquire: %+v, %v", name, held, err)
 			}
-			gaveUp <- err
-		}()
-		waitFor(t, tc.name+"'s join to run", func() bool { return joining(true) == 1 })
-		proxy.Stall()
-		cancel()
-		if err := <-gaveUp; !errors.Is(err, context.Canceled) {
-			t.Fatalf("%s cut off in its join: %v; want context.Canceled", tc.name, err)
-		}
-		waitFor(t, tc.name+"'s join to commit", func() bool { return joining(false) == 0 })
-		proxy.Unstall()
-		got := make(chan time.Time, 1)
-		go func() {
-			slot, err := tc.wait(ctx, sem, key)
-			if err != nil || !slot.Acquired {
-				t.Errorf("%s: the next waiter: %+v, %v", tc.name, slot, err)
+			short, cancel := context.WithCancel(ctx)
+			gaveUp := make(chan error, 1)
+			go func() {
+				slot, err := tc.wait(short, slow.sem, key)
+				if err == nil && slot.Acquired {
+					err = fmt.Errorf("took %+v", slot)
+				}
+				gaveUp <- err
+			}()
+			waitFor(t, name+"'s join to run", func() bool { return joining(true) == 1 })
+			proxy.Stall()
+			cancel()
+			if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+				t.Fatalf("%s cut off in its join: %v; want context.Canceled", name, err)
 			}
-			got <- time.Now()
-			_ = sem.Release(ctx, slot)
-		}()
-		time.Sleep(100 * time.Millisecond) // the next waiter joins
-		released := time.Now()
-		if err := sem.Release(ctx, held); err != nil {
-			t.Fatal(err)
-		}
-		if took := (<-got).Sub(released); took > 2*time.Second {
-			t.Errorf("%s: the next waiter took the released slot after %s: the cancelled join's place held it back", tc.name, took)
-		} else {
-			t.Logf("%s: the next waiter took the released slot after %s", tc.name, took)
+			waitFor(t, name+"'s join to commit", func() bool { return joining(false) == 0 })
+			proxy.Unstall()
+			got := make(chan time.Time, 1)
+			go func() {
+				slot, err := tc.wait(ctx, sem, key)
+				if err != nil || !slot.Acquired {
+					t.Errorf("%s: the next waiter: %+v, %v", name, slot, err)
+				}
+				got <- time.Now()
+				_ = sem.Release(ctx, slot)
+			}()
+			time.Sleep(100 * time.Millisecond) // the next waiter joins
+			released := time.Now()
+			if err := sem.Release(ctx, held); err != nil {
+				t.Fatal(err)
+			}
+			if took := (<-got).Sub(released); took > 2*time.Second {
+				t.Errorf("%s: the next waiter took the released slot after %s: the cancelled join's place held it back", name, took)
+			} else {
+				t.Logf("%s: the next waiter took the released slot after %s", name, took)
+			}
 		}
 	}
 }
