@@ -180,6 +180,10 @@ type Semaphore struct {
 	// levels is Config.Levels, checked, for AcquireLevel.
 	levels levels
 
+	// leaving counts the goroutines under way that take joins cut off
+	// out of the queue (joinedUnseen), each within Timeout.
+	leaving atomic.Int64
+
 	// channel is the namespace's notification channel (channelOf);
 	// listen, Config.Listen's copy for the listening session, or nil.
 	channel string

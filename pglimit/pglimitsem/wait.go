@@ -285,7 +285,9 @@ func (s *Semaphore) joinedUnseen(ctx context.Context, key string, id waiterID, e
 	if !id.sent.Load() || errors.As(err, &refused) {
 		return
 	}
+	s.leaving.Add(1)
 	go func() {
+		defer s.leaving.Add(-1)
 		ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.cfg.Timeout, pglimit.ErrTimeout)
 		defer cancel()
 		_, _ = s.db.Exec(ctx, s.stmts.leaveJoined, s.cfg.Namespace, key, id.text())

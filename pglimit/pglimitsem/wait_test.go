@@ -343,6 +343,7 @@ func TestWaitCancelledJoinLeaves(t *testing.T) {
 			if err := sem.Release(ctx, held); err != nil {
 				t.Fatal(err)
 			}
+			waitFor(t, name+"'s removal to end", func() bool { return pglimitsem.Leaving(slow.sem) == 0 })
 			if took := (<-got).Sub(released); took > 2*time.Second {
 				t.Errorf("%s: the next waiter took the released slot after %s: the cancelled join's place held it back", name, took)
 			} else {
