@@ -128,7 +128,9 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
 -- renewed, as slots.enqueue_flow does, and answers whether it joined and
 -- when it arrived; a waiter in turn that lost a race for a free slot
 -- joins nothing, and tries again, and one whose flow's queue is full
--- neither takes a slot nor joins.
+-- neither takes a slot nor joins. Waiters joining at the same instant do
+-- not see each other's places here: free slots may go to any of them
+-- (never more than $3 held), and their next tries count each other.
 {{define "slots.fair_join"}}, mine AS MATERIALIZED (
     SELECT (extract(epoch FROM clock.now) * 1000000)::int8 AS arrived FROM clock
 ), live AS MATERIALIZED (
