@@ -45,10 +45,12 @@ const OutcomeBusy Outcome = observe.Busy
 // FlowWait, or whose flow's queue is full ([pglimitsem.ErrQueueFull]), is
 // refused as above; a flow FlowFunc cannot give, or a bad one, is a 400.
 //
-// With a LevelFunc, a request takes a slot of its priority level of the
-// semaphore's Config.Levels ([pglimitsem.Semaphore.AcquireLevel]), and is
-// refused as above when its level may take none; a level LevelFunc
-// cannot give, or an unknown one, is a 400.
+// With a LevelFunc, a request waits for a slot of its priority level of
+// the semaphore's Config.Levels instead, up to FlowWait, as a waiter of
+// its level ([pglimitsem.Semaphore.WaitLevel]): in arrival order within
+// its level, and never behind another level's waiters. One that waits
+// past FlowWait is refused as above; a level LevelFunc cannot give, or
+// an unknown one, is a 400.
 //
 // Of cfg it uses KeyFunc, FlowFunc, FlowWait, LevelFunc, Exempt, ExemptKeys,
 // OnRefused, Logger, LogInterval, OnError and OnDecision; a CostFunc is
@@ -70,8 +72,8 @@ func Concurrency(sem *pglimitsem.Semaphore, cfg *Config) (func(http.Handler) htt
 	if g.cfg.LevelFunc != nil && g.cfg.FlowFunc != nil {
 		return nil, fmt.Errorf("%w: LevelFunc and FlowFunc: a request either waits by fair share or takes a slot of its level", ErrInvalidConfig)
 	}
-	if g.cfg.FlowWait < 0 || (g.cfg.FlowWait != 0 && g.cfg.FlowFunc == nil) {
-		return nil, fmt.Errorf("%w: FlowWait: must not be negative, and needs a FlowFunc; got %s", ErrInvalidConfig, g.cfg.FlowWait)
+	if g.cfg.FlowWait < 0 || (g.cfg.FlowWait != 0 && g.cfg.FlowFunc == nil && g.cfg.LevelFunc == nil) {
+		return nil, fmt.Errorf("%w: FlowWait: must not be negative, and needs a FlowFunc or a LevelFunc; got %s", ErrInvalidConfig, g.cfg.FlowWait)
 	}
 	g.cfg.FlowWait = cmp.Or(g.cfg.FlowWait, defaultFlowWait)
 	c := &concurrency{gate: g, sem: sem, policy: formatConcurrencyPolicy(sem.Slots())}
@@ -155,34 +157,38 @@ func noFlow(cfg *Config) error {
 	return nil
 }
 
-// acquire takes a slot of key for r: at once, or with a FlowFunc as a
-// waiter of r's flow, for at most FlowWait. A wait that ran out, or a
-// full queue, is a slot not acquired. answered is true when it answered
-// r itself: a bad flow's 400.
+// acquire takes a slot of key for r: at once, or with a FlowFunc or a
+// LevelFunc as a waiter of r's flow or level, for at most FlowWait. A
+// wait that ran out, or a full queue, is a slot not acquired. answered
+// is true when it answered r itself: a bad flow's or level's 400.
 func (c *concurrency) acquire(w http.ResponseWriter, r *http.Request, key string) (_ pglimitsem.Slot, answered bool, _ error) {
-	if c.cfg.LevelFunc != nil {
+	var (
+		wait func(ctx context.Context) (pglimitsem.Slot, error)
+		bad  error // an error of the request's own: a 400
+		what string
+	)
+	switch {
+	case c.cfg.LevelFunc != nil:
+		what = "LevelFunc"
 		level, err := c.cfg.LevelFunc(r)
-		if err == nil {
-			var slot pglimitsem.Slot
-			if slot, err = c.sem.AcquireLevel(r.Context(), key, level); !errors.Is(err, pglimitsem.ErrUnknownLevel) {
-				return slot, false, err
-			}
-		}
-		c.extract(w, r, func(*http.Request) (string, error) { return key, fmt.Errorf("LevelFunc: %w", err) })
-		return pglimitsem.Slot{}, true, nil
-	}
-	if c.cfg.FlowFunc == nil {
+		bad = err
+		wait = func(ctx context.Context) (pglimitsem.Slot, error) { return c.sem.WaitLevel(ctx, key, level) }
+	case c.cfg.FlowFunc != nil:
+		what = "FlowFunc"
+		flow, err := c.cfg.FlowFunc(r)
+		bad = err
+		wait = func(ctx context.Context) (pglimitsem.Slot, error) { return c.sem.WaitFlow(ctx, key, flow) }
+	default:
 		slot, err := c.sem.Acquire(r.Context(), key)
 		return slot, false, err
 	}
-	flow, err := c.cfg.FlowFunc(r)
-	if err == nil {
+	if bad == nil {
 		ctx, cancel := context.WithTimeoutCause(r.Context(), c.cfg.FlowWait, errWaitedEnough)
 		defer cancel()
-		var slot pglimitsem.Slot
-		slot, err = c.sem.WaitFlow(ctx, key, flow)
+		slot, err := wait(ctx)
 		switch {
-		case errors.Is(err, pglimitsem.ErrInvalidFlow): // a 400, below
+		case errors.Is(err, pglimitsem.ErrInvalidFlow), errors.Is(err, pglimitsem.ErrUnknownLevel):
+			bad = err // a 400, below
 		case errors.Is(err, pglimitsem.ErrQueueFull):
 			return slot, false, nil
 		case err != nil && errors.Is(context.Cause(ctx), errWaitedEnough) && r.Context().Err() == nil:
@@ -191,7 +197,7 @@ func (c *concurrency) acquire(w http.ResponseWriter, r *http.Request, key string
 			return slot, false, err
 		}
 	}
-	c.extract(w, r, func(*http.Request) (string, error) { return key, fmt.Errorf("FlowFunc: %w", err) })
+	c.extract(w, r, func(*http.Request) (string, error) { return key, fmt.Errorf("%s: %w", what, bad) })
 	return pglimitsem.Slot{}, true, nil
 }
 

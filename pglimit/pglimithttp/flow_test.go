@@ -143,8 +143,45 @@ func TestConcurrencyFlowWaitEnds(t *testing.T) {
 	}
 }
 
+// A request of a level that waits past FlowWait is refused as a busy one
+// is.
+func TestConcurrencyLevelWaitEnds(t *testing.T) {
+	t.Parallel()
+	sem, err := pglimitsem.New(testdb.Pool(t), &pglimitsem.Config{Schema: testdb.Schema(t), Slots: 1, TTL: time.Minute,
+		Levels: []pglimitsem.Level{{Name: "batch", Max: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, err := pglimithttp.Concurrency(sem, &pglimithttp.Config{
+		KeyFunc:   func(*http.Request) (string, error) { return "exports", nil },
+		LevelFunc: func(*http.Request) (string, error) { return "batch", nil },
+		FlowWait:  300 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot, err := sem.AcquireLevel(t.Context(), "exports", "batch")
+	if err != nil || !slot.Acquired {
+		t.Fatalf("AcquireLevel: %+v, %v", slot, err)
+	}
+	srv := httptest.NewServer(limit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	t.Cleanup(srv.Close)
+	start := time.Now()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("after FlowWait: %d, Retry-After %q; want 429 with one", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Errorf("refused after %s, before FlowWait", took)
+	}
+}
+
 // FlowFunc, FlowWait and LevelFunc are for Concurrency only, and FlowWait needs a
-// FlowFunc and must not be negative.
+// FlowFunc or a LevelFunc and must not be negative.
 func TestConcurrencyFlowConfigErrors(t *testing.T) {
 	t.Parallel()
 	sem := newSemaphore(t, 1, time.Minute)
@@ -153,10 +190,10 @@ func TestConcurrencyFlowConfigErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, err := range map[string]error{
-		"Middleware with a FlowFunc":  second(pglimithttp.Middleware(lim, &pglimithttp.Config{FlowFunc: flowOf})),
-		"Middleware with a LevelFunc": second(pglimithttp.Middleware(lim, &pglimithttp.Config{LevelFunc: func(*http.Request) (string, error) { return "", nil }})),
-		"FlowWait without FlowFunc":   second(pglimithttp.Concurrency(sem, &pglimithttp.Config{FlowWait: time.Second})),
-		"negative FlowWait":           second(pglimithttp.Concurrency(sem, &pglimithttp.Config{FlowFunc: flowOf, FlowWait: -1})),
+		"Middleware with a FlowFunc":             second(pglimithttp.Middleware(lim, &pglimithttp.Config{FlowFunc: flowOf})),
+		"Middleware with a LevelFunc":            second(pglimithttp.Middleware(lim, &pglimithttp.Config{LevelFunc: func(*http.Request) (string, error) { return "", nil }})),
+		"FlowWait without FlowFunc or LevelFunc": second(pglimithttp.Concurrency(sem, &pglimithttp.Config{FlowWait: time.Second})),
+		"negative FlowWait":                      second(pglimithttp.Concurrency(sem, &pglimithttp.Config{FlowFunc: flowOf, FlowWait: -1})),
 	} {
 		if !errors.Is(err, pglimithttp.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
@@ -164,9 +201,10 @@ func TestConcurrencyFlowConfigErrors(t *testing.T) {
 	}
 }
 
-// With a LevelFunc, a request takes a slot of its level: with batch in
-// its one slot, a second batch request is refused while critical's kept
-// slot lets a critical request in; an unknown level is a 400.
+// With a LevelFunc, a request waits for a slot of its level: with batch
+// in its one slot, a second batch request waits, while critical's kept
+// slot lets a critical request in, not behind it; the batch request gets
+// in once the first releases. An unknown level is a 400.
 func TestConcurrencyLevels(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
@@ -180,6 +218,7 @@ func TestConcurrencyLevels(t *testing.T) {
 	limit, err := pglimithttp.Concurrency(sem, &pglimithttp.Config{
 		KeyFunc:   func(*http.Request) (string, error) { return "api", nil },
 		LevelFunc: func(r *http.Request) (string, error) { return r.Header.Get("X-Level"), nil },
+		FlowWait:  time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -208,9 +247,8 @@ func TestConcurrencyLevels(t *testing.T) {
 	}
 	first := get("batch")
 	<-inside
-	if code := <-get("batch"); code != http.StatusTooManyRequests {
-		t.Errorf("a second batch request: %d, want 429 (critical keeps its slot)", code)
-	}
+	second := get("batch")
+	waitUntil(t, "the second batch request waits", func() bool { return waitersOf(t, pool, schema) == 1 })
 	critical := get("critical")
 	if who := <-inside; who != "critical" {
 		t.Errorf("inside: %s, want critical", who)
@@ -218,8 +256,16 @@ func TestConcurrencyLevels(t *testing.T) {
 	if code := <-get("nightly"); code != http.StatusBadRequest {
 		t.Errorf("an unknown level: %d, want 400", code)
 	}
+	select {
+	case code := <-second:
+		t.Errorf("the second batch request, with batch's slot held: %d, want it to wait", code)
+	default:
+	}
 	close(release)
-	for _, c := range []<-chan int{first, critical} {
+	if who := <-inside; who != "batch" {
+		t.Errorf("inside: %s, want batch", who)
+	}
+	for _, c := range []<-chan int{first, critical, second} {
 		if code := <-c; code != http.StatusOK {
 			t.Errorf("status %d, want 200", code)
 		}

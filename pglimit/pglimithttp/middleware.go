@@ -186,16 +186,18 @@ type Config struct {
 	FlowFunc FlowFunc
 
 	// LevelFunc, for [Concurrency] only, gives a request's priority level
-	// of the semaphore's Config.Levels: the request then takes a slot as
-	// [pglimitsem.Semaphore.AcquireLevel] does, within its level's
-	// guarantee and ceiling. An error, or a level the semaphore does not
-	// have, is a 400 as a bad key is. Not with FlowFunc. Defaults to nil.
+	// of the semaphore's Config.Levels: the request then waits for a slot,
+	// up to FlowWait, as a waiter of its level
+	// ([pglimitsem.Semaphore.WaitLevel]), within its level's guarantee and
+	// ceiling. An error, or a level the semaphore does not have, is a 400
+	// as a bad key is. Not with FlowFunc. Defaults to nil.
 	LevelFunc func(r *http.Request) (string, error)
 
-	// FlowWait, with FlowFunc, bounds how long a request waits for its
-	// slot (besides the request's own context); past it the request is
-	// refused as a busy one is, with a Retry-After of the semaphore's
-	// HoldTime, as is one whose flow's queue is full. Defaults to 10s.
+	// FlowWait, with FlowFunc or LevelFunc, bounds how long a request
+	// waits for its slot (besides the request's own context); past it the
+	// request is refused as a busy one is, with a Retry-After of the
+	// semaphore's HoldTime, as is one whose flow's queue is full. Defaults
+	// to 10s.
 	FlowWait time.Duration
 
 	// CostHeader names the response header in which a handler may report

@@ -55,8 +55,10 @@ func BenchmarkAcquireRelease(b *testing.B) {
 }
 
 // BenchmarkWaitFlow is what fair share costs: with a free slot, a Wait
-// and a WaitFlow (each joining the queue and taking the slot, two
-// statements) and a plain Acquire, each followed by a Release, taking
+// (joining the queue, then taking the slot: two statements), a WaitFlow
+// (one statement with no one waiting; with places queued, a probe, then
+// its join and first try in one) and a plain Acquire, each followed by a
+// Release, taking
 // turns so that the load of the machine falls on all three alike. It
 // reports the median of each acquisition, and of WaitFlow over Wait and
 // over Acquire. queued is how many live places of other flows (one each,

@@ -7,3 +7,6 @@ func WaitingKeys(s *Semaphore) int {
 	defer s.wakeMu.Unlock()
 	return len(s.wake)
 }
+
+// Leaving is how many removals of joins cut off s has under way.
+func Leaving(s *Semaphore) int64 { return s.leaving.Load() }

@@ -36,8 +36,7 @@ type flood struct {
 	running atomic.Int64 // the flow's goroutines
 	// stop, once set, makes each of the flow's goroutines end after the
 	// slot it waits for or holds: the flow stops sending work, without a
-	// statement cut off (a place cut off while it joins stays live until
-	// it lapses, as a dead waiter's; a slot taken by a statement cut off,
+	// statement cut off (a slot taken by a statement cut off stays held
 	// until its lease ends).
 	stop atomic.Bool
 	// took, if set, is called after each slot the flow takes.

@@ -33,8 +33,8 @@ type Level struct {
 	Max int
 }
 
-// ErrUnknownLevel reports a level that [Semaphore.AcquireLevel] was not
-// configured with. It reaches no database.
+// ErrUnknownLevel reports a level that [Semaphore.AcquireLevel] or
+// [Semaphore.WaitLevel] was not configured with. It reaches no database.
 var ErrUnknownLevel = errors.New("pglimitsem: unknown level")
 
 // maxLevels bounds Config.Levels.
@@ -112,4 +112,33 @@ func (s *Semaphore) AcquireLevel(ctx context.Context, key, level string) (Slot, 
 		}, &place{})
 		return slot, err
 	})
+}
+
+// WaitLevel is Wait for a waiter of a priority level of [Config.Levels],
+// served within its level and never behind another level's waiters.
+//
+// It takes a slot of key as soon as its level may take one, as
+// AcquireLevel would, waiting while its level may take none, until ctx
+// ends. The waiters of a level are served in the order they began to
+// wait, from every instance; a level's waiters are never queued behind
+// another level's: while a level holds fewer slots than it keeps for
+// itself (Min-Lend), one of those is free and its first waiter takes it
+// at its next try, whatever waits at the other levels. Past that, the
+// levels' waiters compete for the free slots beyond what the others
+// keep, each level up to its Max, and the first of each level to try
+// takes one.
+//
+// Each try is one statement, as Wait's, and a waiter wakes, keeps its
+// place and leaves the queue as Wait's does. AcquireLevel does not queue:
+// it takes a slot its level may take ahead of the level's waiters. A
+// level the semaphore was not configured with is [ErrUnknownLevel], and
+// a bad key [pglimit.ErrInvalidKey]; neither reaches the database. Use a
+// key either with levels or without: the places of Wait's and WaitFlow's
+// waiters belong to no level and hold no level's waiter back.
+func (s *Semaphore) WaitLevel(ctx context.Context, key, level string) (Slot, error) {
+	i, ok := s.levels.index[level]
+	if !ok {
+		return Slot{}, fmt.Errorf("%w: %q", ErrUnknownLevel, level)
+	}
+	return s.wait(ctx, key, nil, i)
 }

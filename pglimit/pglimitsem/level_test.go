@@ -170,3 +170,280 @@ func TestAcquireLevelBadInput(t *testing.T) {
 		t.Errorf("%d slots held after bad input, want 0", n)
 	}
 }
+
+// The test, with waiters: a critical level with a 25% guarantee
+// (2 of 8 slots, none lent) keeps its p99 wait under one hold time while
+// a batch level floods the queue from two instances, one through
+// PgBouncer; both levels wait with WaitLevel. With levels removed (every
+// waiter in Wait's one queue, behind 16 of batch's), critical took 12
+// slots in the 4 s, with waits of several hold times.
+func TestWaitLevelGuarantee(t *testing.T) {
+	t.Parallel()
+	testdb.Slow(t)
+	schema := testdb.Schema(t)
+	cfg := pglimitsem.Config{Schema: schema, Slots: 8, TTL: time.Minute, Levels: []pglimitsem.Level{
+		{Name: "critical", Min: 2, Lend: 0, Max: 8},
+		{Name: "batch", Min: 0, Max: 8},
+	}}
+	sems := []*pglimitsem.Semaphore{newSemaphore(t, testdb.Pool(t), cfg), newSemaphore(t, testdb.PgBouncerPool(t), cfg)}
+	const hold = 150 * time.Millisecond
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	// take waits for a slot of level, and says how long it took.
+	take := func(sem *pglimitsem.Semaphore, level string) (pglimitsem.Slot, time.Duration, bool) {
+		start := time.Now()
+		slot, err := sem.WaitLevel(ctx, "k", level)
+		if err != nil {
+			if ctx.Err() == nil {
+				t.Errorf("WaitLevel(%s): %v", level, err)
+			}
+			return pglimitsem.Slot{}, 0, false
+		}
+		return slot, time.Since(start), true
+	}
+	for i := range 24 {
+		wg.Go(func() {
+			sem := sems[i%2]
+			for {
+				slot, _, ok := take(sem, "batch")
+				if !ok {
+					return
+				}
+				time.Sleep(hold)
+				_ = sem.Release(context.Background(), slot)
+			}
+		})
+	}
+	var (
+		mu    sync.Mutex
+		waits []time.Duration
+	)
+	for i := range 2 {
+		wg.Go(func() {
+			sem := sems[i%2]
+			for ctx.Err() == nil {
+				time.Sleep(rand.N(hold))
+				slot, waited, ok := take(sem, "critical")
+				if !ok {
+					return
+				}
+				mu.Lock()
+				waits = append(waits, waited)
+				mu.Unlock()
+				time.Sleep(hold)
+				_ = sem.Release(context.Background(), slot)
+			}
+		})
+	}
+	time.Sleep(4 * time.Second)
+	stop()
+	wg.Wait()
+	slices.Sort(waits)
+	if len(waits) < 20 {
+		t.Fatalf("critical took %d slots, want at least 20", len(waits))
+	}
+	p99 := waits[len(waits)*99/100]
+	t.Logf("critical: %d slots, wait p50 %s, p99 %s, max %s", len(waits), waits[len(waits)/2], p99, waits[len(waits)-1])
+	if p99 >= hold {
+		t.Errorf("critical's p99 wait %s, want under one hold time (%s)", p99, hold)
+	}
+}
+
+// Borrowing fills idle capacity, for waiters: with critical idle, batch's
+// waiters hold every slot critical does not keep for itself (critical's
+// Min 3 less the 1 it lends), and no more; a critical waiter then takes a
+// kept slot while batch's are still queued, and a slot batch releases
+// goes to its next waiter.
+func TestWaitLevelBorrowing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Slots: 8, TTL: time.Minute, Levels: []pglimitsem.Level{
+		{Name: "critical", Min: 3, Lend: 1, Max: 8},
+		{Name: "batch", Min: 2, Max: 8},
+	}})
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	got := make(chan pglimitsem.Slot, 10)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for range 10 {
+		wg.Go(func() {
+			slot, err := sem.WaitLevel(wctx, "k", "batch")
+			if err != nil {
+				if wctx.Err() == nil {
+					t.Errorf("WaitLevel(batch): %v", err)
+				}
+				return
+			}
+			got <- slot
+		})
+	}
+	var batch []pglimitsem.Slot
+	for len(batch) < 6 {
+		batch = append(batch, <-got)
+	}
+	waitFor(t, "the other batch waiters' places", func() bool { return waiters(t, pool, schema, "k") == 4 })
+	time.Sleep(200 * time.Millisecond) // four wake-ups at WaitPoll: none takes a kept slot
+	if n := heldSlots(t, pool, schema, "k"); n != 6 {
+		t.Fatalf("batch's waiters hold %d slots, want 6: 8 less the 2 critical keeps", n)
+	}
+	critical, err := sem.WaitLevel(ctx, "k", "critical")
+	if err != nil || !critical.Acquired {
+		t.Fatalf("WaitLevel(critical) with batch queued: %+v, %v", critical, err)
+	}
+	if err := sem.Release(ctx, batch[0]); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no batch waiter took the slot batch released")
+	}
+}
+
+// A level's waiters are served in arrival order, and never behind another
+// level's: of 2 slots, critical keeping 1, both held (one by each level),
+// three batch waiters join, then two critical ones. critical's slot, once
+// released, goes to its waiters in turn, past batch's; batch's waiters
+// take the slot batch releases, in turn, and never the one critical keeps.
+func TestWaitLevelOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Slots: 2, TTL: time.Minute, Levels: []pglimitsem.Level{
+		{Name: "critical", Min: 1, Max: 2},
+		{Name: "batch", Max: 2},
+	}})
+	holders := map[string]pglimitsem.Slot{}
+	for _, level := range []string{"batch", "critical"} {
+		slot, err := sem.AcquireLevel(ctx, "k", level)
+		if err != nil || !slot.Acquired {
+			t.Fatalf("AcquireLevel(%s): %+v, %v", level, slot, err)
+		}
+		holders[level] = slot
+	}
+	var (
+		mu    sync.Mutex
+		order []string
+		wg    sync.WaitGroup
+	)
+	names := []string{"b0", "b1", "b2", "c0", "c1"}
+	for i, name := range names {
+		level := map[byte]string{'b': "batch", 'c': "critical"}[name[0]]
+		wg.Go(func() {
+			slot, err := sem.WaitLevel(ctx, "k", level)
+			if err != nil || !slot.Acquired {
+				t.Errorf("%s: %+v, %v", name, slot, err)
+				return
+			}
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+			if err := sem.Release(ctx, slot); err != nil {
+				t.Errorf("%s: Release: %v", name, err)
+			}
+		})
+		waitFor(t, name+"'s place", func() bool { return waiters(t, pool, schema, "k") == i+1 })
+	}
+	served := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(order)
+	}
+	if err := sem.Release(ctx, holders["critical"]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "critical's waiters", func() bool { return waiters(t, pool, schema, "k") == 3 && heldSlots(t, pool, schema, "k") == 1 })
+	time.Sleep(200 * time.Millisecond) // four wake-ups at WaitPoll: no batch waiter takes critical's kept slot
+	if got := served(); !slices.Equal(got, []string{"c0", "c1"}) {
+		t.Fatalf("with batch's slot held, served %v; want [c0 c1]", got)
+	}
+	if err := sem.Release(ctx, holders["batch"]); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if got, want := served(), []string{"c0", "c1", "b0", "b1", "b2"}; !slices.Equal(got, want) {
+		t.Errorf("served %v, want %v", got, want)
+	}
+	if w := waiters(t, pool, schema, "k"); w != 0 {
+		t.Errorf("%d places left in the queue", w)
+	}
+}
+
+// Bad input to WaitLevel is a typed error that writes nothing: an unknown
+// level (an empty name among them), an invalid key.
+func TestWaitLevelBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	sem := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Slots: 4, Levels: []pglimitsem.Level{{Name: "a", Min: 1, Max: 4}}})
+	for _, tc := range []struct {
+		key, level string
+		want       error
+	}{
+		{"k", "b", pglimitsem.ErrUnknownLevel},
+		{"k", "", pglimitsem.ErrUnknownLevel},
+		{"", "a", pglimit.ErrInvalidKey},
+	} {
+		if slot, err := sem.WaitLevel(ctx, tc.key, tc.level); !errors.Is(err, tc.want) || slot.Acquired {
+			t.Errorf("WaitLevel(%q, %q): %+v, %v; want %v", tc.key, tc.level, slot, err, tc.want)
+		}
+	}
+	noLevels := newSemaphore(t, pool, pglimitsem.Config{Schema: schema, Namespace: "none", Slots: 4})
+	if slot, err := noLevels.WaitLevel(ctx, "k", "a"); !errors.Is(err, pglimitsem.ErrUnknownLevel) || slot.Acquired {
+		t.Errorf("WaitLevel on a semaphore without levels: %+v, %v; want ErrUnknownLevel", slot, err)
+	}
+	if n := heldSlots(t, pool, schema, "k"); n != 0 {
+		t.Errorf("%d slots held after bad input, want 0", n)
+	}
+	if n := waiters(t, pool, schema, "k"); n != 0 {
+		t.Errorf("%d places after bad input, want 0", n)
+	}
+}
+
+// WaitLevel keeps Wait's bounds: with its level's slots held, a wait with
+// a 100 ms deadline returns by it plus boundSlack with the context's
+// error, leaving no place behind; a read-only server is ErrReadOnly and
+// writes nothing.
+func TestWaitLevelBounds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute, Timeout: time.Second,
+		Levels: []pglimitsem.Level{{Name: "a", Min: 1, Max: 1}}}
+	sem := newSemaphore(t, pool, cfg)
+	held, err := sem.AcquireLevel(ctx, "k", "a")
+	if err != nil || !held.Acquired {
+		t.Fatalf("AcquireLevel: %+v, %v", held, err)
+	}
+	const deadline = 100 * time.Millisecond
+	cctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	start := time.Now()
+	slot, err := sem.WaitLevel(cctx, "k", "a")
+	if took := time.Since(start); took > deadline+boundSlack {
+		t.Errorf("returned after %s, past its deadline %s + %s", took, deadline, boundSlack)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || slot.Acquired {
+		t.Errorf("WaitLevel past its deadline: %+v, %v; want DeadlineExceeded", slot, err)
+	}
+	if n := waiters(t, pool, schema, "k"); n != 0 {
+		t.Errorf("%d places left, want 0", n)
+	}
+
+	readOnly := newSemaphore(t, poolWith(t, map[string]string{"default_transaction_read_only": "on"}), cfg)
+	if slot, err := readOnly.WaitLevel(ctx, "k2", "a"); !errors.Is(err, pglimit.ErrReadOnly) || slot.Acquired {
+		t.Errorf("WaitLevel on a read-only server: %+v, %v; want ErrReadOnly", slot, err)
+	}
+	if n := waiters(t, pool, schema, "k2"); n != 0 {
+		t.Errorf("%d places after ErrReadOnly, want 0", n)
+	}
+}

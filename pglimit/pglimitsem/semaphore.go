@@ -73,7 +73,8 @@ type Config struct {
 	// number. From 1 to 100,000. Defaults to 1,000.
 	FlowQueue int
 
-	// Levels are the priority levels of [Semaphore.AcquireLevel], each
+	// Levels are the priority levels of [Semaphore.AcquireLevel] and
+	// [Semaphore.WaitLevel], each
 	// with a guaranteed share of every key's slots, what of it the others
 	// may borrow, and a ceiling: see [Level]. At most 16, whose Min add up
 	// to at most Slots. Defaults to none.
@@ -159,13 +160,18 @@ type Semaphore struct {
 	lockSeed int64
 	stmts    struct {
 		acquire, extend, release, wait, enqueue, leave string
+		// leaveJoined is leave for a waiter whose join failed unseen.
+		leaveJoined string
 		// waitFlow and enqueueFlow are wait and enqueue for a waiter of a
-		// flow (WaitFlow); takeFlow its first try, before it joins.
-		waitFlow, enqueueFlow, takeFlow string
+		// flow (WaitFlow); takeFlow its first try, before it joins, and
+		// joinFlow its join and first try in turn, in one statement.
+		waitFlow, enqueueFlow, takeFlow, joinFlow string
 		// setWeight and resetWeight set and reset a flow's weight.
 		setWeight, resetWeight string
-		// acquireLevel is acquire for a priority level (AcquireLevel).
-		acquireLevel string
+		// acquireLevel is acquire for a priority level (AcquireLevel);
+		// waitLevel and enqueueLevel, wait and enqueue for a waiter of one
+		// (WaitLevel).
+		acquireLevel, waitLevel, enqueueLevel string
 	}
 	// hold is the average time from an acquisition to its release seen
 	// in this process, in ns; 0 before the first release.
@@ -173,6 +179,10 @@ type Semaphore struct {
 
 	// levels is Config.Levels, checked, for AcquireLevel.
 	levels levels
+
+	// leaving counts the goroutines under way that take joins cut off
+	// out of the queue (joinedUnseen), each within Timeout.
+	leaving atomic.Int64
 
 	// channel is the namespace's notification channel (channelOf);
 	// listen, Config.Listen's copy for the listening session, or nil.
@@ -286,6 +296,7 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	}
 	s.stmts.enqueue = queries.Text("slots.enqueue", args)
 	s.stmts.leave = queries.Text("slots.leave", args)
+	s.stmts.leaveJoined = queries.Text("slots.leave_joined", args)
 	args["queue"], args["dequeue"] = queries.Text("slots.turn", args), queries.Text("slots.dequeue", args)
 	args["turn"], args["turn_first"] = " AND (SELECT ok FROM turn)", "(SELECT ok FROM turn) AND "
 	args["waiting"] = ", (SELECT ok FROM turn), EXISTS (SELECT FROM renewed)"
@@ -296,11 +307,19 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	args["queue"] = queries.Text("slots.fair_turn", args)
 	args["set_extra"], args["extra_col"], args["extra_val"] = ", flow = $9", ", flow", ", $9"
 	s.stmts.waitFlow = queries.Text("slots.acquire", args)
-	args["queue"], args["dequeue"], args["waiting"] = queries.Text("slots.no_waiters", args), "", ", (SELECT ok FROM turn), false"
+	args["queue"], args["dequeue"] = queries.Text("slots.fair_join", args), queries.Text("slots.join_flow", args)
+	args["waiting"] = ", (SELECT ok FROM turn), EXISTS (SELECT FROM joined), (SELECT arrived FROM joined)"
 	args["set_extra"], args["extra_val"] = ", flow = $6", ", $6"
+	s.stmts.joinFlow = queries.Text("slots.acquire", args)
+	args["queue"], args["dequeue"], args["waiting"] = queries.Text("slots.no_waiters", args), "", ", (SELECT ok FROM turn), false"
 	s.stmts.takeFlow = queries.Text("slots.acquire", args)
 	args["queue"], args["set_extra"], args["extra_col"] = queries.Text("slots.level", args), ", level = $6", ", level"
 	s.stmts.acquireLevel = queries.Text("slots.acquire", args)
+	args["queue"], args["dequeue"] = queries.Text("slots.level_turn", args), queries.Text("slots.dequeue", args)
+	args["waiting"] = ", (SELECT ok FROM turn), EXISTS (SELECT FROM renewed)"
+	args["set_extra"], args["extra_val"] = ", level = $9", ", $9"
+	s.stmts.waitLevel = queries.Text("slots.acquire", args)
+	s.stmts.enqueueLevel = queries.Text("slots.enqueue_level", args)
 	return s, nil
 }
 
@@ -396,8 +415,9 @@ func (s *Semaphore) acquire(ctx context.Context, key string, bound time.Duration
 
 // acquireInTurn is acquire, for the waiter in the queue that q (not nil)
 // is; queued reports whether the waiter still has its place (false once
-// it took a slot, or its place lapsed).
-func (s *Semaphore) acquireInTurn(ctx context.Context, key string, bound time.Duration, run func(context.Context, func(pgx.Row) error) error, q *place) (_ Slot, queued bool, _ error) {
+// it took a slot, or its place lapsed), or for a first try whether it
+// joined. more are the destinations of the statement's further columns.
+func (s *Semaphore) acquireInTurn(ctx context.Context, key string, bound time.Duration, run func(context.Context, func(pgx.Row) error) error, q *place, more ...any) (_ Slot, queued bool, _ error) {
 	if err := pglimit.ValidateKey(key); err != nil {
 		return Slot{}, false, err
 	}
@@ -421,7 +441,7 @@ func (s *Semaphore) acquireInTurn(ctx context.Context, key string, bound time.Du
 		turn := true
 		dest := []any{&slot, &holder, &end, &held, &firstEnd, &now}
 		if q != nil {
-			dest = append(dest, &turn, &queued)
+			dest = append(append(dest, &turn, &queued), more...)
 		}
 		err := run(ctx, func(row pgx.Row) error { return row.Scan(dest...) })
 		switch {

@@ -15,9 +15,11 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata/statements.golden")
 
-// A semaphore that uses no flows runs the statements it ran before flows
-// were added, byte for byte: testdata/statements.golden was written by
-// the code before them.
+// A semaphore that uses no flows or levels runs the statements it ran
+// before flows were added, byte for byte: testdata/statements.golden was
+// written by the code before them, but for the join (enqueue), which
+// since takes the waiter's id from its caller, so that a join cut off
+// unseen can be taken out by id (TestWaitCancelledJoinLeaves).
 func TestStatementsUnchanged(t *testing.T) {
 	var b strings.Builder
 	for _, listen := range []bool{false, true} {

@@ -2,11 +2,17 @@ package pglimitsem
 
 import (
 	"context"
+	"crypto/rand"
+	"database/sql/driver"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pglimit/cooldown/pglimit"
 )
@@ -31,9 +37,15 @@ type place struct {
 // max(2s, 20 WaitPoll), which bounds how long it holds up those behind it.
 // When ctx ends, Wait leaves the queue and returns ctx's error (its
 // cause); a slot taken by a statement that ctx cut off returns when its
-// lease ends. Each statement is bounded by Timeout.
+// lease ends. Each statement is bounded by Timeout. The waiter's id is
+// made before it joins the queue, so that a join ctx cut off, which may
+// have committed unseen, is taken out by that id, within Timeout, on a
+// goroutine of its own while Wait returns. Only a join that the server
+// still runs when that removal reads the queue, and that outlives the
+// driver's cancel request, leaves its place behind, counted until it
+// lapses.
 func (s *Semaphore) Wait(ctx context.Context, key string) (Slot, error) {
-	return s.wait(ctx, key, nil)
+	return s.wait(ctx, key, nil, -1)
 }
 
 // ErrInvalidFlow reports a [Flow] that [Semaphore.WaitFlow] refuses
@@ -69,10 +81,12 @@ type Flow struct {
 // flow holds + its place among the flow's waiters) / Weight, ties going
 // to the earliest; within a flow, waiters are served in arrival order.
 // Each try is one statement, as Wait's; the first, while no one waits
-// for the key, takes a free slot without joining the queue.
+// for the key, takes a free slot without joining the queue, and a waiter
+// that finds others waiting joins the queue and makes its first try in
+// turn in one statement.
 //
-// As with Wait, a waiter whose ctx ends while it joins the queue may leave
-// its place behind, counted until it lapses, as a dead waiter's.
+// As with Wait, a waiter whose ctx ends while it joins the queue is taken
+// out of it by its id.
 //
 // A flow's queue is bounded by Config.FlowQueue: past it, WaitFlow
 // returns [ErrQueueFull] with a Slot whose RetryAfter is the hold time
@@ -86,7 +100,7 @@ func (s *Semaphore) WaitFlow(ctx context.Context, key string, flow Flow) (Slot, 
 	if err := checkFlow(flow); err != nil {
 		return Slot{}, err
 	}
-	return s.wait(ctx, key, &flow)
+	return s.wait(ctx, key, &flow, -1)
 }
 
 // SetFlowWeight sets the weight of flow for every key and instance of
@@ -133,13 +147,20 @@ func checkFlow(flow Flow) error {
 	return nil
 }
 
-// wait is Wait, for a waiter of flow unless it is nil.
-func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow) (Slot, error) {
+// wait is Wait, for a waiter of flow unless it is nil, or of the level of
+// index level unless it is negative.
+func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow, level int) (Slot, error) {
 	if err := pglimit.ValidateKey(key); err != nil {
 		return Slot{}, err
 	}
 	w := s.waiting(key)
 	defer s.doneWaiting(key)
+	var (
+		q     *place
+		wake  <-chan struct{}
+		last  Slot // the refusal of the last try
+		tried bool // a try was made since the last wait
+	)
 	if flow != nil {
 		// A free slot with no one waiting is taken at once, without
 		// joining the queue: one statement, as Acquire's.
@@ -149,35 +170,61 @@ func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow) (Slot, err
 		if err != nil || slot.Acquired {
 			return slot, err
 		}
-	}
-	var q *place
-	for {
-		if q == nil {
-			var err error
-			if q, err = s.enqueue(ctx, key, flow); err != nil {
-				if errors.Is(err, ErrQueueFull) {
-					return Slot{RetryAfter: s.HoldTime()}, err
-				}
-				return Slot{}, err
-			}
-		}
-		wake := s.wakeChan(w) // taken before the try: a release after it wakes this wait
-		slot, queued, err := s.acquireInTurn(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
-			if flow != nil {
-				return scan(s.db.QueryRow(ctx, s.stmts.waitFlow, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL(), flow.Name))
-			}
-			return scan(s.db.QueryRow(ctx, s.stmts.wait, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL()))
-		}, q)
+		// Else the waiter joins the queue and tries in turn, in one
+		// statement; one that lost a race for a free slot, or whose
+		// flow's queue is full, joins below (and learns it).
+		id := newWaiterID()
+		var arrived *int64
+		wake = s.wakeChan(w)
+		slot, joined, err := s.acquireInTurn(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
+			return scan(s.db.QueryRow(ctx, s.stmts.joinFlow, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, flow.Name,
+				id, s.placeTTL(), flow.Weight, s.cfg.FlowQueue))
+		}, &place{}, &arrived)
 		switch {
 		case err != nil:
-			s.leave(ctx, key, q)
-			return Slot{}, err
+			s.joinedUnseen(ctx, key, id, err)
+			return slot, err
 		case slot.Acquired:
 			return slot, nil
-		case !queued:
-			q = nil // its place lapsed: it joins again, at the end
+		case joined && arrived != nil:
+			q, last, tried = &place{arrived: *arrived, waiter: id.text()}, slot, true
 		}
-		timer := time.NewTimer(max(min(slot.RetryAfter, s.cfg.WaitPoll), time.Millisecond))
+	}
+	for {
+		if !tried {
+			if q == nil {
+				var err error
+				if q, err = s.enqueue(ctx, key, flow, level); err != nil {
+					if errors.Is(err, ErrQueueFull) {
+						return Slot{RetryAfter: s.HoldTime()}, err
+					}
+					return Slot{}, err
+				}
+			}
+			wake = s.wakeChan(w) // taken before the try: a release after it wakes this wait
+			slot, queued, err := s.acquireInTurn(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
+				switch {
+				case level >= 0:
+					return scan(s.db.QueryRow(ctx, s.stmts.waitLevel, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL(),
+						s.levels.names[level], s.levels.names, s.levels.keep, s.levels.max[level]))
+				case flow != nil:
+					return scan(s.db.QueryRow(ctx, s.stmts.waitFlow, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL(), flow.Name))
+				}
+				return scan(s.db.QueryRow(ctx, s.stmts.wait, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed, q.arrived, q.waiter, s.placeTTL()))
+			}, q)
+			switch {
+			case err != nil:
+				s.leave(ctx, key, q)
+				return Slot{}, err
+			case slot.Acquired:
+				return slot, nil
+			case !queued:
+				q = nil // its place lapsed: it joins again, at the end
+			}
+			last = slot
+		}
+		tried = false
+		timer := time.NewTimer(max(min(last.RetryAfter, s.cfg.WaitPoll), time.Millisecond))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -195,25 +242,97 @@ func (s *Semaphore) placeTTL() int64 {
 	return max(2*time.Second, 20*s.cfg.WaitPoll).Microseconds()
 }
 
-// enqueue puts a waiter for key, of flow unless it is nil, at the end of
-// its queue. A flow whose queue is full is ErrQueueFull.
-func (s *Semaphore) enqueue(ctx context.Context, key string, flow *Flow) (*place, error) {
+// enqueue puts a waiter for key, of flow unless it is nil, or of the
+// level of index level unless it is negative, at the end of its queue. A
+// flow whose queue is full is ErrQueueFull.
+//
+// The waiter's id is made here, before the join. A join that failed once
+// the driver had sent it (ctx ended while it ran, say) may have committed
+// all the same, unseen; its place is then taken out by that id, past
+// ctx's end and within Timeout, in a goroutine of its own so that the
+// caller returns by its deadline. A join the server refused wrote
+// nothing, and one never sent (no connection to be had) is left alone.
+func (s *Semaphore) enqueue(ctx context.Context, key string, flow *Flow, level int) (*place, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.Timeout, pglimit.ErrTimeout)
 	defer cancel()
-	var q place
+	id := newWaiterID()
+	q := place{waiter: id.text()}
 	var row pgx.Row
-	if flow != nil {
-		row = s.db.QueryRow(ctx, s.stmts.enqueueFlow, s.cfg.Namespace, key, s.placeTTL(), flow.Name, flow.Weight, s.cfg.FlowQueue)
-	} else {
-		row = s.db.QueryRow(ctx, s.stmts.enqueue, s.cfg.Namespace, key, s.placeTTL())
+	switch {
+	case level >= 0:
+		row = s.db.QueryRow(ctx, s.stmts.enqueueLevel, s.cfg.Namespace, key, s.placeTTL(), s.levels.names[level], id)
+	case flow != nil:
+		row = s.db.QueryRow(ctx, s.stmts.enqueueFlow, s.cfg.Namespace, key, s.placeTTL(), flow.Name, flow.Weight, s.cfg.FlowQueue, id)
+	default:
+		row = s.db.QueryRow(ctx, s.stmts.enqueue, s.cfg.Namespace, key, s.placeTTL(), id)
 	}
-	if err := row.Scan(&q.arrived, &q.waiter); err != nil {
+	if err := row.Scan(&q.arrived); err != nil {
 		if flow != nil && errors.Is(err, pgx.ErrNoRows) {
 			return nil, fmt.Errorf("%w: flow %q has %d places in the queue of key %q", ErrQueueFull, flow.Name, s.cfg.FlowQueue, key)
 		}
+		s.joinedUnseen(ctx, key, id, err)
 		return nil, s.wrap(ctx, fmt.Errorf("join the queue: %w", err))
 	}
 	return &q, nil
+}
+
+// joinedUnseen takes waiter id out of key's queue after its join failed
+// with err, unless the join never ran: it was not sent, or the server
+// refused it. It does so on a goroutine of its own, within Timeout even
+// though ctx ended. A failure is not reported: the place lapses.
+func (s *Semaphore) joinedUnseen(ctx context.Context, key string, id waiterID, err error) {
+	var refused *pgconn.PgError
+	if !id.sent.Load() || errors.As(err, &refused) {
+		return
+	}
+	s.leaving.Add(1)
+	go func() {
+		defer s.leaving.Add(-1)
+		ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.cfg.Timeout, pglimit.ErrTimeout)
+		defer cancel()
+		_, _ = s.db.Exec(ctx, s.stmts.leaveJoined, s.cfg.Namespace, key, id.text())
+	}()
+}
+
+// waiterID is a waiter's id (a random UUID), made before it joins the
+// queue, as its join statement's argument. It notes when the driver
+// encodes it, which pgx does once it holds a connection, just before it
+// sends the statement: a join that failed before that never ran.
+type waiterID struct {
+	id   [16]byte
+	sent *atomic.Bool
+}
+
+func newWaiterID() waiterID {
+	w := waiterID{sent: new(atomic.Bool)}
+	_, _ = rand.Read(w.id[:])     // never fails
+	w.id[6] = w.id[6]&0x0f | 0x40 // version 4
+	w.id[8] = w.id[8]&0x3f | 0x80 // RFC 9562 variant
+	return w
+}
+
+// UUIDValue encodes the id for pgx where it knows the parameter's type
+// (a prepared or described statement), and notes that the statement is
+// being sent.
+func (w waiterID) UUIDValue() (pgtype.UUID, error) {
+	w.sent.Store(true)
+	return pgtype.UUID{Bytes: w.id, Valid: true}, nil
+}
+
+// Value encodes the id as text where pgx does not know the parameter's
+// type (QueryExecModeExec and the simple protocol, as behind PgBouncer),
+// and notes that the statement is being sent.
+func (w waiterID) Value() (driver.Value, error) {
+	w.sent.Store(true)
+	return w.text(), nil
+}
+
+// text is the id as PostgreSQL writes a uuid. (Not String: pgx would
+// encode a fmt.Stringer argument with it, and the id would not note when
+// it is sent.)
+func (w waiterID) text() string {
+	h := hex.EncodeToString(w.id[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
 // leave takes a waiter that gave up out of key's queue, within Timeout

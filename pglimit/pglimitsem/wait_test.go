@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
@@ -230,5 +231,124 @@ func BenchmarkWaitWake(b *testing.B) {
 			b.ReportMetric(float64(took[len(took)*9/10].Microseconds())/1000, "ms/wake-p90")
 			b.ReportMetric(0, "ns/op")
 		})
+	}
+}
+
+// A waiter whose context ends while its join statement runs leaves no
+// place behind: the waiter after it takes a released slot at once, not
+// when the abandoned place lapses (4 s here). A trigger slows the join of
+// the cancelled waiter's connections (0.5 s); once the join runs, the
+// proxy between stalls and the waiter's context ends, so that the
+// driver's cancel request is held back, as by a slow network, until the
+// join has committed. So for Wait's join, and for WaitFlow's join and
+// first try in turn, each with its statements prepared (pgx's default)
+// and in QueryExecModeExec, as behind PgBouncer.
+func TestWaitCancelledJoinLeaves(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t)
+	fn := pgx.Identifier{schema, "slow_join"}.Sanitize()
+	for _, q := range []string{
+		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF current_setting('application_name') = 'slow join' THEN PERFORM pg_sleep(0.5); END IF;
+			RETURN NEW;
+		END $$`,
+		`CREATE TRIGGER slow_join BEFORE INSERT ON ` + pgx.Identifier{schema, "pglimit_slot_waiters"}.Sanitize() +
+			` FOR EACH ROW EXECUTE FUNCTION ` + fn + `()`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// joining counts the slow joins the server runs, or with sleeping
+	// those in their trigger's sleep.
+	joining := func(sleeping bool) int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'slow join' AND state = 'active' AND (NOT $1 OR wait_event = 'PgSleep')`, sleeping).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	cfg := pglimitsem.Config{Schema: schema, Slots: 1, TTL: time.Minute, WaitPoll: 200 * time.Millisecond} // places last 4 s
+	sem := newSemaphore(t, pool, cfg)
+	type slowOne struct {
+		mode  pgx.QueryExecMode
+		proxy *testdb.StallProxy
+		sem   *pglimitsem.Semaphore
+	}
+	var slows []slowOne
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
+		proxy, pcfg := testdb.NewStallProxy(t)
+		pcfg.ConnConfig.RuntimeParams["application_name"] = "slow join"
+		pcfg.ConnConfig.DefaultQueryExecMode = mode
+		slowPool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(slowPool.Close)
+		if _, err := slowPool.Exec(ctx, "SELECT 1"); err != nil { // the join goes over an open connection
+			t.Fatal(err)
+		}
+		slows = append(slows, slowOne{mode, proxy, newSemaphore(t, slowPool, cfg)})
+	}
+	for _, tc := range []struct {
+		name string
+		wait func(ctx context.Context, sem *pglimitsem.Semaphore, key string) (pglimitsem.Slot, error)
+	}{
+		{"Wait", func(ctx context.Context, sem *pglimitsem.Semaphore, key string) (pglimitsem.Slot, error) {
+			return sem.Wait(ctx, key)
+		}},
+		{"WaitFlow", func(ctx context.Context, sem *pglimitsem.Semaphore, key string) (pglimitsem.Slot, error) {
+			return sem.WaitFlow(ctx, key, pglimitsem.Flow{Name: "f", Weight: 1})
+		}},
+	} {
+		for _, slow := range slows {
+			proxy, name := slow.proxy, fmt.Sprintf("%s, %v", tc.name, slow.mode)
+			key := name
+			held, err := sem.Acquire(ctx, key)
+			if err != nil || !held.Acquired {
+				t.Fatalf("%s: Acquire: %+v, %v", name, held, err)
+			}
+			short, cancel := context.WithCancel(ctx)
+			gaveUp := make(chan error, 1)
+			go func() {
+				slot, err := tc.wait(short, slow.sem, key)
+				if err == nil && slot.Acquired {
+					err = fmt.Errorf("took %+v", slot)
+				}
+				gaveUp <- err
+			}()
+			waitFor(t, name+"'s join to run", func() bool { return joining(true) == 1 })
+			proxy.Stall()
+			cancel()
+			if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+				t.Fatalf("%s cut off in its join: %v; want context.Canceled", name, err)
+			}
+			waitFor(t, name+"'s join to commit", func() bool { return joining(false) == 0 })
+			proxy.Unstall()
+			got := make(chan time.Time, 1)
+			go func() {
+				slot, err := tc.wait(ctx, sem, key)
+				if err != nil || !slot.Acquired {
+					t.Errorf("%s: the next waiter: %+v, %v", name, slot, err)
+				}
+				got <- time.Now()
+				_ = sem.Release(ctx, slot)
+			}()
+			time.Sleep(100 * time.Millisecond) // the next waiter joins
+			released := time.Now()
+			if err := sem.Release(ctx, held); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, name+"'s removal to end", func() bool { return pglimitsem.Leaving(slow.sem) == 0 })
+			if took := (<-got).Sub(released); took > 2*time.Second {
+				t.Errorf("%s: the next waiter took the released slot after %s: the cancelled join's place held it back", name, took)
+			} else {
+				t.Logf("%s: the next waiter took the released slot after %s", name, took)
+			}
+		}
 	}
 }

@@ -119,6 +119,57 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
                        WHERE w.namespace = $1 AND w.key = $2 AND w.expires_at > clock.now) AS ok
 ){{end}}
 
+-- slots.fair_join and slots.join_flow make slots.acquire the join of a
+-- waiter of flow $6 (which the slot it takes records) and its first try
+-- in turn, in one statement: slots.fair_turn for waiter $7 (its caller's
+-- id) as though it had joined now, with weight $9 (its flow's in the
+-- table flows when set there), while its flow has fewer than $10 other
+-- live places. Taking no slot, it joins the queue, for $8 µs unless
+-- renewed, as slots.enqueue_flow does, and answers whether it joined and
+-- when it arrived; a waiter in turn that lost a race for a free slot
+-- joins nothing, and tries again, and one whose flow's queue is full
+-- neither takes a slot nor joins. Waiters joining at the same instant do
+-- not see each other's places here: free slots may go to any of them
+-- (never more than $3 held), and their next tries count each other.
+{{define "slots.fair_join"}}, mine AS MATERIALIZED (
+    SELECT (extract(epoch FROM clock.now) * 1000000)::int8 AS arrived FROM clock
+), live AS MATERIALIZED (
+    SELECT l.flow, l.arrived, l.waiter, l.weight,
+           row_number() OVER (PARTITION BY l.flow ORDER BY l.arrived, l.waiter) AS j
+    FROM (SELECT w.flow, w.arrived, w.waiter, coalesce(f.weight, w.weight) AS weight
+          FROM {{.waiters}} AS w CROSS JOIN clock
+          LEFT JOIN {{.flows}} AS f ON f.namespace = $1 AND f.flow = w.flow
+          WHERE w.namespace = $1 AND w.key = $2 AND w.expires_at > clock.now
+          UNION ALL
+          SELECT $6, mine.arrived, $7::uuid,
+                 coalesce((SELECT f.weight FROM {{.flows}} AS f WHERE f.namespace = $1 AND f.flow = $6), $9::integer)
+          FROM mine) AS l
+), holding AS MATERIALIZED (
+    SELECT s.flow, count(*) AS n FROM {{.table}} AS s, clock
+    WHERE s.namespace = $1 AND s.key = $2 AND s.slot < $3 AND s.expires_at > clock.now
+    GROUP BY s.flow
+), tagged AS MATERIALIZED (
+    SELECT l.arrived, l.waiter, (coalesce(h.n, 0) + l.j)::float8 / l.weight AS tag
+    FROM live AS l LEFT JOIN holding AS h ON h.flow = l.flow
+), turn AS MATERIALIZED (
+    SELECT room AND (SELECT count(*) FROM tagged AS t
+                     WHERE (t.tag, t.arrived, t.waiter) < (me.tag, me.arrived, me.waiter))
+                    < $3::integer - (SELECT coalesce(sum(n), 0) FROM holding) AS ok,
+           room
+    FROM tagged AS me,
+         (SELECT count(*) <= $10::integer AS room FROM live WHERE live.flow = $6) AS r
+    WHERE me.waiter = $7::uuid
+){{end}}
+
+{{define "slots.join_flow"}}, joined AS (
+    INSERT INTO {{.waiters}} (namespace, key, arrived, waiter, expires_at, flow, weight)
+    SELECT $1, $2, mine.arrived, $7::uuid, clock.now + $8 * interval '1 microsecond', $6, $9
+    FROM mine, clock
+    WHERE NOT EXISTS (SELECT FROM taken) AND (SELECT room FROM turn)
+      AND (NOT (SELECT ok FROM turn) OR (SELECT n FROM held) >= $3)
+    RETURNING arrived
+){{end}}
+
 -- slots.level makes slots.acquire the acquisition of level $6 (which the
 -- slot it takes records), of the levels $7 each keeping $8 slots for
 -- itself while it holds fewer (its guarantee less what it lends): it
@@ -138,6 +189,39 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
               WHERE k.level <> $6) > 0 AS ok
 ){{end}}
 
+-- slots.level_turn makes slots.acquire the statement of a waiter of level
+-- $9 (migration 00016; which the slot it takes records), with its place
+-- ($6 arrived, $7 waiter) and its renewal ($8 µs) as slots.turn's, of the
+-- levels $10 each keeping $11 slots for itself while it holds fewer, and
+-- its ceiling $12. Its level may take as many free slots as slots.level
+-- lets it: fewer than $12 held, and free ones beyond what the other
+-- levels keep. The waiter takes one while fewer live waiters of its own
+-- level are ahead of it than that, so that the waiters of a level are
+-- served in arrival order, and never behind another level's.
+{{define "slots.level_turn"}}, by_level AS MATERIALIZED (
+    SELECT s.level, count(*) AS n FROM {{.table}} AS s, clock
+    WHERE s.namespace = $1 AND s.key = $2 AND s.slot < $3 AND s.expires_at > clock.now
+    GROUP BY s.level
+), turn AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM {{.waiters}} AS w, clock
+            WHERE w.namespace = $1 AND w.key = $2 AND w.level = $9 AND w.expires_at > clock.now
+              AND (w.arrived, w.waiter) < ($6::bigint, $7::uuid))
+         < least($12::integer - coalesce((SELECT n FROM by_level WHERE level = $9), 0),
+                 $3::integer - (SELECT coalesce(sum(n), 0) FROM by_level)
+                 - (SELECT coalesce(sum(greatest(k.keep - coalesce(b.n, 0), 0)), 0)
+                    FROM unnest($10::text[], $11::integer[]) AS k(level, keep)
+                    LEFT JOIN by_level AS b ON b.level = k.level
+                    WHERE k.level <> $9)) AS ok
+){{end}}
+
+-- slots.enqueue_level is slots.enqueue for a waiter $5 of level $4.
+{{define "slots.enqueue_level"}}
+INSERT INTO {{.waiters}} (namespace, key, arrived, waiter, expires_at, level)
+SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, $5::uuid, c.now + $3 * interval '1 microsecond', $4
+FROM (SELECT clock_timestamp() AS now) AS c
+RETURNING arrived
+{{end}}
+
 -- slots.set_flow_weight sets the weight of flow $2 in namespace $1 to
 -- $3; slots.reset_flow_weight deletes it, so that waiters' own weights
 -- count again.
@@ -150,31 +234,39 @@ ON CONFLICT (namespace, flow) DO UPDATE SET weight = excluded.weight
 DELETE FROM {{.flows}} WHERE namespace = $1 AND flow = $2
 {{end}}
 
--- slots.enqueue_flow is slots.enqueue for a waiter of flow $4 with weight
--- $5, which joins only while its flow has fewer than $6 live places in the
--- key's queue (as the statement's snapshot sees them): it returns no row
--- when the flow's queue is full.
+-- slots.enqueue_flow is slots.enqueue for a waiter $7 of flow $4 with
+-- weight $5, which joins only while its flow has fewer than $6 live places
+-- in the key's queue (as the statement's snapshot sees them): it returns
+-- no row when the flow's queue is full.
 {{define "slots.enqueue_flow"}}
 INSERT INTO {{.waiters}} (namespace, key, arrived, waiter, expires_at, flow, weight)
-SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, gen_random_uuid(), c.now + $3 * interval '1 microsecond', $4, $5
+SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, $7::uuid, c.now + $3 * interval '1 microsecond', $4, $5
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE (SELECT count(*) FROM {{.waiters}} AS w
        WHERE w.namespace = $1 AND w.key = $2 AND w.flow = $4 AND w.expires_at > c.now) < $6
-RETURNING arrived, waiter::text
+RETURNING arrived
 {{end}}
 
--- slots.enqueue puts a waiter for a slot of key $2 in namespace $1 in the
--- queue, for $3 µs unless renewed, and returns its place.
+-- slots.enqueue puts waiter $4 (an id its caller made) for a slot of key
+-- $2 in namespace $1 in the queue, for $3 µs unless renewed, and returns
+-- when it arrived, its place with $4.
 {{define "slots.enqueue"}}
 INSERT INTO {{.waiters}} (namespace, key, arrived, waiter, expires_at)
-SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, gen_random_uuid(), c.now + $3 * interval '1 microsecond'
+SELECT $1, $2, (extract(epoch FROM c.now) * 1000000)::int8, $4::uuid, c.now + $3 * interval '1 microsecond'
 FROM (SELECT clock_timestamp() AS now) AS c
-RETURNING arrived, waiter::text
+RETURNING arrived
 {{end}}
 
 -- slots.leave takes a waiter that gave up out of the queue.
 {{define "slots.leave"}}
 DELETE FROM {{.waiters}} WHERE namespace = $1 AND key = $2 AND arrived = $3 AND waiter = $4::uuid
+{{end}}
+
+-- slots.leave_joined takes waiter $3 out of key $2's queue when its join
+-- failed unseen (it may have committed): by its id alone, among the key's
+-- places.
+{{define "slots.leave_joined"}}
+DELETE FROM {{.waiters}} WHERE namespace = $1 AND key = $2 AND waiter = $3::uuid
 {{end}}
 
 -- slots.extend renews a held slot's lease; slots.release frees it. Both
