@@ -46,9 +46,11 @@ type FlowFunc func(ctx context.Context, method string) (pglimitsem.Flow, error)
 // semaphore's [pglimitsem.Semaphore.HoldTime]; one whose deadline passes
 // fails with codes.DeadlineExceeded.
 //
-// With a [Config.Level], a call takes a slot of its priority level
-// ([pglimitsem.Semaphore.AcquireLevel]), and is refused as above when its
-// level may take none.
+// With a [Config.Level], a call waits for a slot of its priority level,
+// up to Config.FlowWait and never past its deadline
+// ([pglimitsem.Semaphore.WaitLevel]): in arrival order within its level,
+// never behind another level's waiters. One that waits FlowWait is
+// refused as above.
 //
 // A flow or level the function cannot give, a bad flow or an unknown
 // level fails the call with codes.InvalidArgument, as a bad key does, and
@@ -124,8 +126,8 @@ func newConcurrency(sem *pglimitsem.Semaphore, cfg *Config) (*concurrency, error
 		return nil, fmt.Errorf("%w: IDMetadata: a semaphore takes no decision ids", ErrInvalidConfig)
 	case c.Flow != nil && c.Level != nil:
 		return nil, fmt.Errorf("%w: Flow and Level: a call either waits by fair share or takes a slot of its level", ErrInvalidConfig)
-	case c.FlowWait < 0 || (c.FlowWait != 0 && c.Flow == nil):
-		return nil, fmt.Errorf("%w: FlowWait: must not be negative, and needs a Flow; got %s", ErrInvalidConfig, c.FlowWait)
+	case c.FlowWait < 0 || (c.FlowWait != 0 && c.Flow == nil && c.Level == nil):
+		return nil, fmt.Errorf("%w: FlowWait: must not be negative, and needs a Flow or a Level; got %s", ErrInvalidConfig, c.FlowWait)
 	}
 	l, err := newBase(c)
 	if err != nil {
@@ -190,42 +192,43 @@ func (c *concurrency) take(ctx context.Context, method string, trailer func(meta
 	return c.sem.Hold(ctx, slot, func(err error) { c.failures.Record(time.Now(), "method", method, "key", key, "err", err) }), nil
 }
 
-// acquire takes a slot of key for a call of method: at once; with a
-// Level, of the call's level; or with a Flow, as a waiter of the call's
-// flow for at most FlowWait. A wait that ran out, or a full queue, is a
+// acquire takes a slot of key for a call of method: at once; or for at
+// most FlowWait, with a Level as a waiter of the call's level, with a
+// Flow as a waiter of its flow. A wait that ran out, or a full queue, is a
 // slot not acquired. invalid is the call's flow or level that could not
 // be had, or is bad; nothing was written then.
 func (c *concurrency) acquire(ctx context.Context, method, key string) (_ pglimitsem.Slot, invalid, _ error) {
+	var wait func(ctx context.Context) (pglimitsem.Slot, error)
 	switch {
 	case c.level != nil:
 		level, err := c.level(ctx, method)
 		if err != nil {
 			return pglimitsem.Slot{}, fmt.Errorf("priority level: %w", err), nil
 		}
-		slot, err := c.sem.AcquireLevel(ctx, key, level)
-		if errors.Is(err, pglimitsem.ErrUnknownLevel) {
-			return slot, fmt.Errorf("priority level: %w", err), nil
-		}
-		return slot, nil, err
+		wait = func(ctx context.Context) (pglimitsem.Slot, error) { return c.sem.WaitLevel(ctx, key, level) }
 	case c.flow != nil:
 		flow, err := c.flow(ctx, method)
 		if err != nil {
 			return pglimitsem.Slot{}, fmt.Errorf("flow: %w", err), nil
 		}
-		wctx, cancel := context.WithTimeoutCause(ctx, c.flowWait, errWaitedEnough)
-		defer cancel()
-		slot, err := c.sem.WaitFlow(wctx, key, flow)
-		switch {
-		case errors.Is(err, pglimitsem.ErrInvalidFlow):
-			return slot, fmt.Errorf("flow: %w", err), nil
-		case errors.Is(err, pglimitsem.ErrQueueFull):
-			return slot, nil, nil
-		case err != nil && errors.Is(context.Cause(wctx), errWaitedEnough) && ctx.Err() == nil:
-			return pglimitsem.Slot{RetryAfter: c.sem.HoldTime()}, nil, nil
-		}
+		wait = func(ctx context.Context) (pglimitsem.Slot, error) { return c.sem.WaitFlow(ctx, key, flow) }
+	default:
+		slot, err := c.sem.Acquire(ctx, key)
 		return slot, nil, err
 	}
-	slot, err := c.sem.Acquire(ctx, key)
+	wctx, cancel := context.WithTimeoutCause(ctx, c.flowWait, errWaitedEnough)
+	defer cancel()
+	slot, err := wait(wctx)
+	switch {
+	case errors.Is(err, pglimitsem.ErrUnknownLevel):
+		return slot, fmt.Errorf("priority level: %w", err), nil
+	case errors.Is(err, pglimitsem.ErrInvalidFlow):
+		return slot, fmt.Errorf("flow: %w", err), nil
+	case errors.Is(err, pglimitsem.ErrQueueFull):
+		return slot, nil, nil
+	case err != nil && errors.Is(context.Cause(wctx), errWaitedEnough) && ctx.Err() == nil:
+		return pglimitsem.Slot{RetryAfter: c.sem.HoldTime()}, nil, nil
+	}
 	return slot, nil, err
 }
 

@@ -419,7 +419,7 @@ func TestConcurrencyLevelGuarantee(t *testing.T) {
 	}})
 	hold, inside, release := holding()
 	defer close(release)
-	c := serveConcurrency(t, sem, &pglimitgrpc.Config{Key: oneKey, Level: levelOf}, hold)
+	c := serveConcurrency(t, sem, &pglimitgrpc.Config{Key: oneKey, Level: levelOf, FlowWait: 200 * time.Millisecond}, hold)
 	ctx := bounded(t)
 	for i := range 2 {
 		call(ctx, c, "batch", "x-level", "batch")

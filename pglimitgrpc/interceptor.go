@@ -196,14 +196,16 @@ type Config struct {
 	// a call takes a free slot or is refused.
 	Flow FlowFunc
 
-	// FlowWait bounds how long a call with a Flow waits for a slot, within
-	// the call's deadline. Defaults to 10 s; needs a Flow.
+	// FlowWait bounds how long a call with a Flow or a Level waits for a
+	// slot, within the call's deadline. Defaults to 10 s; needs a Flow or
+	// a Level.
 	FlowWait time.Duration
 
 	// Level, for the concurrency interceptors alone, returns a call's
 	// priority level, one of the semaphore's pglimitsem.Config.Levels: a
-	// call then takes a slot of its level. An error fails the call with
-	// codes.InvalidArgument. Not with Flow. Defaults to nil: no level.
+	// call then waits for a slot of its level, up to FlowWait. An error
+	// fails the call with codes.InvalidArgument. Not with Flow. Defaults
+	// to nil: no level.
 	Level func(ctx context.Context, method string) (string, error)
 }
 
