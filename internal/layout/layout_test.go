@@ -45,7 +45,7 @@ var mayImport = map[string][]string{
 	"internal/pgserver":           {"github.com/jackc/pgx/v5/"},
 	"internal/layout":             {},
 	"cmd/pglimit":                 {"github.com/jackc/pgx/v5/", "~/pglimit", "~/pglimit/pglimitclean", "~/pglimit/pglimithealth", "~/pglimit/pglimitquota"},
-	"demo":                        {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitclean", "~/pglimit/pglimithttp", "~/pglimit/pglimitprom", "~/pglimit/pglimitsem", "~/internal/pgserver"},
+	"demo":                        {"github.com/jackc/pgx/v5/", "github.com/prometheus/client_golang/", "~/pglimit", "~/pglimit/pglimitclean", "~/pglimit/pglimithttp", "~/pglimit/pglimitprom", "~/pglimit/pglimitquota", "~/pglimit/pglimitsem", "~/internal/pgserver"},
 }
 
 // testing belongs in the test harnesses only, never in what users run.
