@@ -178,7 +178,8 @@ FROM state AS s, avail AS a, clock AS c
 -- (next_from, the end of the period in force; a key with no row takes it
 -- at once); false, at once: a plan whose anchor month, day and zone are
 -- the ones in force keeps the period and its counters, any other starts a
--- period now. Either clears a next plan set before. The zone is checked by
+-- period now and clears them (period_start NULL), so that nothing counts
+-- even when the period in force started at this very instant. Either clears a next plan set before. The zone is checked by
 -- the statement itself: an unknown one fails it (22023) and writes nothing.
 {{define "quota.set_plan"}}
 {{template "quota.period" .}}, checked AS (
@@ -201,7 +202,11 @@ FROM state AS s, avail AS a, clock AS c
         next_zone = CASE WHEN d.later THEN $9::text END,
         next_allowance = CASE WHEN d.later THEN $10::bigint END,
         next_hard_cap = CASE WHEN d.later THEN $11::bigint END,
-        next_from = CASE WHEN d.later THEN d.end_at END
+        next_from = CASE WHEN d.later THEN d.end_at END,
+        period_start = CASE WHEN d.later OR d.same_anchor THEN t.period_start END,
+        from_allowance = CASE WHEN d.later OR d.same_anchor THEN t.from_allowance ELSE 0 END,
+        from_credits = CASE WHEN d.later OR d.same_anchor THEN t.from_credits ELSE 0 END,
+        overage = CASE WHEN d.later OR d.same_anchor THEN t.overage ELSE 0 END
     FROM decided AS d, clock AS c
     WHERE t.namespace = $1 AND t.key = $2 AND NOT d.new
     RETURNING 1
