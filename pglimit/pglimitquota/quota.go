@@ -206,10 +206,9 @@ type Querier interface {
 // whichever comes first. A key holds one row (about 150 bytes plus 16 per
 // live credit, at most [MaxCredits]), whatever its periods; an admission
 // with an id one row of pglimit_quota_ids (about 180 bytes plus the id)
-// until the Cleaner deletes it after IDRetention, if its Tables list the
-// table; a threshold crossed, one event row until [Quota.TakeEvents]
-// takes it. Nothing deletes a key's row
-// yet. Bad input ([pglimit.ErrInvalidKey], [pglimit.ErrInvalidCost],
+// until the cleaner (pglimitclean, whose default tables include it)
+// deletes it after IDRetention; a threshold crossed, one event row until
+// [Quota.TakeEvents] takes it. Nothing deletes a key's row yet. Bad input ([pglimit.ErrInvalidKey], [pglimit.ErrInvalidCost],
 // [pglimit.ErrInvalidConfig], [pglimit.ErrInvalidID]) writes nothing.
 type Quota struct {
 	db         pglimit.DB
@@ -218,7 +217,7 @@ type Quota struct {
 	thresholds []int32 // basis points
 	retention  int64   // µs
 	stmts      struct {
-		allow, usage, setPlan, grant, lookupID, takeEvents string
+		allow, allowID, usage, setPlan, grant, lookupID, takeEvents string
 	}
 }
 
@@ -288,8 +287,14 @@ func New(db pglimit.DB, cfg *Config) (*Quota, error) {
 		"ids":    pgx.Identifier{c.Schema, idsTable}.Sanitize(),
 		"events": pgx.Identifier{c.Schema, eventsTable}.Sanitize(),
 		"lock":   "FOR UPDATE",
+		"id":     "",
+		"th":     "$8",
 	}
+	// A decision without an id has a statement of its own, which leaves
+	// out the ids table.
 	q.stmts.allow = queries.Text("quota.allow", args)
+	args["id"], args["th"] = "true", "$10"
+	q.stmts.allowID = queries.Text("quota.allow", args)
 	q.stmts.setPlan = queries.Text("quota.set_plan", args)
 	q.stmts.grant = queries.Text("quota.grant", args)
 	q.stmts.lookupID = queries.Text("quota.lookup_id", args)
@@ -347,8 +352,8 @@ func (q *Quota) wrap(ctx context.Context, what string, err error) error {
 // [pglimit.ErrInvalidCost]; an invalid key, [pglimit.ErrInvalidKey]; an
 // invalid id, [pglimit.ErrInvalidID]; none writes anything.
 func (q *Quota) Allow(ctx context.Context, key string, cost int64) (Decision, error) {
-	return q.allow(ctx, q.db, key, cost, q.cfg.Timeout, func(ctx context.Context, params []any, scan func(pgx.Row) error) error {
-		return scan(q.db.QueryRow(ctx, q.stmts.allow, params...))
+	return q.allow(ctx, q.db, key, cost, q.cfg.Timeout, func(ctx context.Context, sql string, params []any, scan func(pgx.Row) error) error {
+		return scan(q.db.QueryRow(ctx, sql, params...))
 	})
 }
 
@@ -366,14 +371,14 @@ func (q *Quota) AllowTx(ctx context.Context, tx pglimit.DB, key string, cost int
 	}
 	// The server ends a wait past Timeout (lock_timeout), which keeps tx
 	// usable; the client gives up on a silent server a second later.
-	return q.allow(ctx, tx, key, cost, q.cfg.Timeout+txClientTimeoutMargin, func(ctx context.Context, params []any, scan func(pgx.Row) error) error {
-		return pgtx.InSavepoint(ctx, tx, q.cfg.Timeout, q.stmts.allow, params, scan)
+	return q.allow(ctx, tx, key, cost, q.cfg.Timeout+txClientTimeoutMargin, func(ctx context.Context, sql string, params []any, scan func(pgx.Row) error) error {
+		return pgtx.InSavepoint(ctx, tx, q.cfg.Timeout, sql, params, scan)
 	})
 }
 
-// allow decides with run, which sends the allow statement with params,
-// under a deadline of bound, looking ids up on db.
-func (q *Quota) allow(ctx context.Context, db pglimit.DB, key string, cost int64, bound time.Duration, run func(context.Context, []any, func(pgx.Row) error) error) (Decision, error) {
+// allow decides with run, which sends the allow statement sql with
+// params, under a deadline of bound, looking ids up on db.
+func (q *Quota) allow(ctx context.Context, db pglimit.DB, key string, cost int64, bound time.Duration, run func(context.Context, string, []any, func(pgx.Row) error) error) (Decision, error) {
 	if err := pglimit.ValidateKey(key); err != nil {
 		return Decision{}, err
 	}
@@ -389,12 +394,15 @@ func (q *Quota) allow(ctx context.Context, db pglimit.DB, key string, cost int64
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, bound, pglimit.ErrTimeout)
 	defer cancel()
-	params := append(q.head(key), cost, id, q.retention, q.thresholds)
+	sql, params := q.stmts.allow, append(q.head(key), cost, q.thresholds)
+	if id != nil {
+		sql, params = q.stmts.allowID, append(q.head(key), cost, id, q.retention, q.thresholds)
+	}
 	for range maxAttempts {
 		var d Decision
 		var taken bool
 		u := &d.Usage
-		err := run(ctx, params, func(row pgx.Row) error {
+		err := run(ctx, sql, params, func(row pgx.Row) error {
 			return row.Scan(&d.Allowed, &taken,
 				&d.FromAllowance, &d.FromCredits, &d.Overage,
 				&u.FromAllowance, &u.FromCredits, &u.Overage, &u.Allowance, &u.HardCap,

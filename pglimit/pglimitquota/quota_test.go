@@ -425,3 +425,27 @@ func TestPeriodMidnightDST(t *testing.T) {
 		}
 	}
 }
+
+// SetPlan at once with another anchor starts a period with nothing used,
+// even at the instant the period in force started: a key first admitted
+// at T, and given another anchor at T, has used nothing (found by
+// TestModelQuota).
+func TestSetPlanNewAnchorSameInstant(t *testing.T) {
+	start := time.Date(2027, 11, 10, 12, 0, 0, 0, time.UTC)
+	b := setup(t, pglimitquota.Config{Allowance: 10}, start)
+	ctx := context.Background()
+	allow(t, ctx, b.q, "k", 8)
+	if _, err := b.q.SetPlan(ctx, "k", pglimitquota.Plan{Anchor: pglimitquota.Anchor{Day: 31}, Allowance: 20}, pglimitquota.AtOnce); err != nil {
+		t.Fatal(err)
+	}
+	u, err := b.q.Usage(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Used != 0 || !u.PeriodStart.Equal(start) || !u.PeriodEnd.Equal(time.Date(2027, 11, 30, 0, 0, 0, 0, time.UTC)) {
+		t.Fatalf("after another anchor at once, at the same instant: %+v, want nothing used from %s to 30 November", u, start)
+	}
+	if d := allow(t, ctx, b.q, "k", 20); !d.Allowed || d.FromAllowance != 20 {
+		t.Fatalf("the new period's allowance: %+v, want 20 admitted", d)
+	}
+}

@@ -88,8 +88,11 @@ WITH clock AS (
 -- unexpired credits, earliest expiry first (a credit counts while now <
 -- its expiry), then overage while the units charged to the plan
 -- (allowance and overage) stay within the hard cap; past it, it charges
--- nothing. $8 is the decision's id (NULL: none), $9 its retention in µs,
--- $10 the thresholds in basis points.
+-- nothing. With id set (a decision with an id), $8 is the id, $9 its
+-- retention in µs and $10 the thresholds in basis points; without, $8 is
+-- the thresholds (th names which), and the statement neither reads nor
+-- writes the ids table: a decision without an id does not open it and its
+-- two indexes, about 20 µs of a decision's time.
 --
 -- Why it is safe: the key's row is locked before anything is read from
 -- it, and everything a decision needs is in that row, so concurrent
@@ -107,10 +110,12 @@ WITH clock AS (
 -- nothing.
 {{define "quota.allow"}}
 {{template "quota.period" .}}, decided AS (
-    SELECT s.*, a.units AS avail_units, a.n AS avail_n, t.taken, ta.v AS take_a, tc.v AS take_c, o.v AS take_o,
-           NOT t.taken AND (o.v = 0 OR s.ua + ta.v + s.uo + o.v <= s.cap) AS allowed
+    SELECT s.*, a.units AS avail_units, a.n AS avail_n, {{if .id}}t.taken{{else}}false AS taken{{end}}, ta.v AS take_a, tc.v AS take_c, o.v AS take_o,
+           {{if .id}}NOT t.taken AND {{end}}(o.v = 0 OR s.ua + ta.v + s.uo + o.v <= s.cap) AS allowed
     FROM state AS s, avail AS a,
+         {{- if .id}}
          LATERAL (SELECT $8::text IS NOT NULL AND EXISTS (SELECT FROM {{.ids}} AS i WHERE i.namespace = $1 AND i.id = $8::text) AS taken OFFSET 0) AS t,
+         {{- end}}
          LATERAL (SELECT least($7::bigint, greatest(s.allow - s.ua, 0)) AS v OFFSET 0) AS ta,
          LATERAL (SELECT least($7::bigint - ta.v, a.units) AS v OFFSET 0) AS tc,
          LATERAL (SELECT $7::bigint - ta.v - tc.v AS v OFFSET 0) AS o
@@ -140,6 +145,7 @@ WITH clock AS (
     SELECT $1, $2, d.p_month, d.p_day, d.p_since, d.start_at, d.take_a, d.take_o
     FROM decided AS d WHERE d.allowed AND d.new
     RETURNING 1
+{{- if .id}}
 ), claimed AS (
     INSERT INTO {{.ids}} (namespace, id, key, answer, period_start, period_end, decided_at, expires_at)
     SELECT $1, $8::text, $2,
@@ -147,10 +153,11 @@ WITH clock AS (
            d.start_at, d.end_at, c.now, c.now + $9::bigint * interval '1 microsecond'
     FROM decided AS d, clock AS c WHERE d.allowed AND $8::text IS NOT NULL
     RETURNING 1
+{{- end}}
 ), crossed AS (
     INSERT INTO {{.events}} (namespace, key, period_start, threshold, period_end, used, allowance, crossed_at)
     SELECT $1, $2, d.start_at, th.bp, d.end_at, d.ua + d.uo + d.take_a + d.take_o, d.allow, c.now
-    FROM decided AS d, clock AS c, unnest($10::integer[]) AS th(bp),
+    FROM decided AS d, clock AS c, unnest({{.th}}::integer[]) AS th(bp),
          LATERAL (SELECT (d.allow * th.bp + 9999) / 10000 AS mark) AS m
     WHERE d.allowed AND d.allow > 0 AND d.ua + d.uo < m.mark AND m.mark <= d.ua + d.uo + d.take_a + d.take_o
     ON CONFLICT DO NOTHING
@@ -178,7 +185,8 @@ FROM state AS s, avail AS a, clock AS c
 -- (next_from, the end of the period in force; a key with no row takes it
 -- at once); false, at once: a plan whose anchor month, day and zone are
 -- the ones in force keeps the period and its counters, any other starts a
--- period now. Either clears a next plan set before. The zone is checked by
+-- period now and clears them (period_start NULL), so that nothing counts
+-- even when the period in force started at this very instant. Either clears a next plan set before. The zone is checked by
 -- the statement itself: an unknown one fails it (22023) and writes nothing.
 {{define "quota.set_plan"}}
 {{template "quota.period" .}}, checked AS (
@@ -201,7 +209,11 @@ FROM state AS s, avail AS a, clock AS c
         next_zone = CASE WHEN d.later THEN $9::text END,
         next_allowance = CASE WHEN d.later THEN $10::bigint END,
         next_hard_cap = CASE WHEN d.later THEN $11::bigint END,
-        next_from = CASE WHEN d.later THEN d.end_at END
+        next_from = CASE WHEN d.later THEN d.end_at END,
+        period_start = CASE WHEN d.later OR d.same_anchor THEN t.period_start END,
+        from_allowance = CASE WHEN d.later OR d.same_anchor THEN t.from_allowance ELSE 0 END,
+        from_credits = CASE WHEN d.later OR d.same_anchor THEN t.from_credits ELSE 0 END,
+        overage = CASE WHEN d.later OR d.same_anchor THEN t.overage ELSE 0 END
     FROM decided AS d, clock AS c
     WHERE t.namespace = $1 AND t.key = $2 AND NOT d.new
     RETURNING 1
