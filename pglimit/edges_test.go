@@ -162,12 +162,19 @@ func (tg *target) ready(t *testing.T, key string) keyState {
 		t.Fatalf("%s: first Allow: %+v, %v", key, d, err)
 	}
 	// The target's limiter may have a Timeout of 100 ms, which a loaded
-	// machine's dial can outlast: testdb.Ready tries again.
+	// machine's dial can outlast: testdb.Ready tries again. With a
+	// fallback, such a timeout is an answer from the process, which took
+	// nothing from the database to refund or settle: it asks again, for
+	// up to 30 s, until the database answers.
 	err := testdb.Ready(func() (err error) {
-		ks.admitted, err = tg.lim.Allow(ctx, key)
-		return err
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			ks.admitted, err = tg.lim.Allow(ctx, key)
+			if err != nil || !ks.admitted.Fallback || time.Now().After(deadline) {
+				return err
+			}
+		}
 	})
-	if err != nil || !ks.admitted.Allowed {
+	if err != nil || !ks.admitted.Allowed || ks.admitted.Fallback {
 		t.Fatalf("%s: second Allow: %+v, %v", key, ks.admitted, err)
 	}
 	return ks

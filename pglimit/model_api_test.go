@@ -386,6 +386,9 @@ func (s *apiSequence) withID(c *apiCall) {
 		c.did = s.idList[s.rng.IntN(len(s.idList))]
 		first := s.idCalls[c.did]
 		c.op, c.n, c.mode, c.maxDelay = first.op, first.n, first.mode, first.maxDelay
+		if c.op != "AllowTxN" { // only a transaction rolls back
+			c.commit = true
+		}
 		return
 	}
 	c.did = fmt.Sprintf("id-%d", len(s.idList))
