@@ -762,50 +762,6 @@ func TestServerTimeoutIsErrTimeout(t *testing.T) {
 	}
 }
 
-// syncRepFault makes every commit on admin's server wait for a
-// synchronous standby that never comes, and terminates each backend that
-// waits, every 2 ms: its transaction has committed locally, and its
-// client gets an error. stop ends the fault and returns how many backends
-// it terminated.
-func syncRepFault(t *testing.T, admin *pgxpool.Pool) (stop func() int) {
-	t.Helper()
-	ctx := t.Context()
-	syncRep := func(names string) {
-		t.Helper()
-		if _, err := admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	syncRep("nobody")
-	done := make(chan struct{})
-	var terminator sync.WaitGroup
-	var terminated int
-	terminator.Go(func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-			var n int
-			if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n); err != nil {
-				t.Error(err)
-				return
-			}
-			terminated += n
-		}
-	})
-	return func() int {
-		close(done)
-		terminator.Wait()
-		syncRep("")
-		return terminated
-	}
-}
-
 // unknownOutcome reports whether err is a call's error that says its
 // outcome is unknown, as Allow's does: ErrUnavailable, saying so.
 func unknownOutcome(err error) bool {
@@ -814,7 +770,7 @@ func unknownOutcome(err error) bool {
 
 // At-most-once charging. Every commit waits for a synchronous standby
 // that never comes, and each backend that waits is terminated
-// (syncRepFault). The database's record then shows each caller charged
+// (testdb.SyncRepFault). The database's record then shows each caller charged
 // at most once: a batch whose statement may have committed is never run
 // again by its callers, for one limit or several.
 func TestChargedAtMostOnce(t *testing.T) {
@@ -838,7 +794,7 @@ func TestChargedAtMostOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			stop := syncRepFault(t, admin)
+			stop := testdb.SyncRepFault(t, admin)
 			keys := []string{"a", "b", "c", "d"}
 			var (
 				mu       sync.Mutex
@@ -886,7 +842,7 @@ func TestChargedAtMostOnce(t *testing.T) {
 }
 
 // At-most-once settling and pausing, under TestChargedAtMostOnce's fault
-// (syncRepFault). Settle: 64 admissions of one unit on 4 keys, made
+// (testdb.SyncRepFault). Settle: 64 admissions of one unit on 4 keys, made
 // before the fault, are settled at a cost of 6 during it; each key is then
 // charged 5 units for each settle that succeeded and at most 5 for each
 // that failed, never twice, every failed settle's error says its outcome
@@ -940,7 +896,7 @@ func TestSettleAndPauseChargedAtMostOnce(t *testing.T) {
 			settled, unknown = map[string]int{}, map[string]int{}
 			wg               sync.WaitGroup
 		)
-		stop := syncRepFault(t, admin)
+		stop := testdb.SyncRepFault(t, admin)
 		for i, d := range decisions {
 			key := keys[i%len(keys)]
 			wg.Go(func() {
@@ -989,7 +945,7 @@ func TestSettleAndPauseChargedAtMostOnce(t *testing.T) {
 			wg     sync.WaitGroup
 		)
 		start := time.Now()
-		stop := syncRepFault(t, admin)
+		stop := testdb.SyncRepFault(t, admin)
 		for i := range calls {
 			key := keys[i%len(keys)]
 			wg.Go(func() {

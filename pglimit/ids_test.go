@@ -517,15 +517,6 @@ func TestIDUnknownOutcomeChargedOnce(t *testing.T) {
 	if err := pglimit.Migrate(ctx, admin, "public"); err != nil {
 		t.Fatal(err)
 	}
-	syncRep := func(names string) {
-		t.Helper()
-		if _, err := admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
-			t.Fatal(err)
-		}
-	}
 	const burst = 1000
 	for _, shape := range []struct {
 		name   string
@@ -536,25 +527,7 @@ func TestIDUnknownOutcomeChargedOnce(t *testing.T) {
 	} {
 		t.Run(shape.name, func(t *testing.T) {
 			lim := newLimiterOn(t, pool, pglimit.Config{Limits: shape.limits})
-			syncRep("nobody")
-			stop := make(chan struct{})
-			var terminator sync.WaitGroup
-			var terminated int
-			terminator.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(2 * time.Millisecond):
-					}
-					var n int
-					if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n); err != nil {
-						t.Error(err)
-						return
-					}
-					terminated += n
-				}
-			})
+			stop := testdb.SyncRepFault(t, admin)
 			const ids = 64
 			var (
 				mu     sync.Mutex
@@ -572,9 +545,7 @@ func TestIDUnknownOutcomeChargedOnce(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			close(stop)
-			terminator.Wait()
-			syncRep("")
+			terminated := stop()
 			if terminated == 0 {
 				t.Fatal("no backend was terminated while its commit waited: the test proves nothing")
 			}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
@@ -25,15 +24,6 @@ func TestIDUnknownOutcomeChargedOnce(t *testing.T) {
 	if err := pglimit.Migrate(ctx, admin, "public"); err != nil {
 		t.Fatal(err)
 	}
-	syncRep := func(names string) {
-		t.Helper()
-		if _, err := admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
-			t.Fatal(err)
-		}
-	}
 	const ids = 64
 	q, err := pglimitquota.New(pool, &pglimitquota.Config{Namespace: "n", Allowance: 20, HardCap: 1000})
 	if err != nil {
@@ -43,25 +33,7 @@ func TestIDUnknownOutcomeChargedOnce(t *testing.T) {
 	if _, err := q.Allow(ctx, "k", 1); err != nil {
 		t.Fatal(err)
 	}
-	syncRep("nobody")
-	stop := make(chan struct{})
-	var terminator sync.WaitGroup
-	var terminated int
-	terminator.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-			var n int
-			if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n); err != nil {
-				t.Error(err)
-				return
-			}
-			terminated += n
-		}
-	})
+	stop := testdb.SyncRepFault(t, admin)
 	var (
 		mu     sync.Mutex
 		failed []string
@@ -78,9 +50,7 @@ func TestIDUnknownOutcomeChargedOnce(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	close(stop)
-	terminator.Wait()
-	syncRep("")
+	terminated := stop()
 	if terminated == 0 {
 		t.Fatal("no backend was terminated while its commit waited: the test proves nothing")
 	}

@@ -442,3 +442,47 @@ func Ready(first func() error) error {
 	}
 	return err
 }
+
+// SyncRepFault makes every commit on admin's server wait for a
+// synchronous standby that never comes, and terminates each backend that
+// waits, every 2 ms: its transaction has committed locally, and its
+// client gets an error. stop ends the fault and returns how many backends
+// it terminated.
+func SyncRepFault(t testing.TB, admin *pgxpool.Pool) (stop func() int) {
+	t.Helper()
+	ctx := t.Context()
+	syncRep := func(names string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syncRep("nobody")
+	done := make(chan struct{})
+	var terminator sync.WaitGroup
+	var terminated int
+	terminator.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			var n int
+			if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n); err != nil {
+				t.Error(err)
+				return
+			}
+			terminated += n
+		}
+	})
+	return func() int {
+		close(done)
+		terminator.Wait()
+		syncRep("")
+		return terminated
+	}
+}
