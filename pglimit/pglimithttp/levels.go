@@ -122,17 +122,9 @@ func (lm *levelsMiddleware) serve(w http.ResponseWriter, r *http.Request, next h
 	for i := range charges {
 		charges[i].Key = keys[i]
 	}
-	ctx := r.Context()
-	var id string
-	if m.cfg.IdempotencyKey {
-		var has bool
-		if id, has, err = idempotencyKey(r.Header); err != nil {
-			m.badID(w, r, keys[0], err)
-			return
-		}
-		if has {
-			ctx = pglimit.WithID(ctx, id)
-		}
+	ctx, id, ok := m.decisionID(w, r, keys[0])
+	if !ok {
+		return
 	}
 	ds, err := pglimit.AllowAll(ctx, cost, charges...)
 	switch {
@@ -160,11 +152,7 @@ func (lm *levelsMiddleware) serve(w http.ResponseWriter, r *http.Request, next h
 			// At once, so that the answer waits one Timeout at most.
 			var wg sync.WaitGroup
 			for i, d := range ds.Levels {
-				if id != "" {
-					wg.Go(func() { m.giveBackID(r, lm.charges[i].Limiter, id, d) })
-				} else {
-					wg.Go(func() { m.giveBack(r, lm.charges[i].Limiter, d) })
-				}
+				wg.Go(func() { m.giveBackID(r, lm.charges[i].Limiter, id, d) })
 			}
 			wg.Wait()
 		case rc != nil:

@@ -338,17 +338,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 
-	ctx := r.Context()
-	var id string
-	if m.cfg.IdempotencyKey {
-		var has bool
-		if id, has, err = idempotencyKey(r.Header); err != nil {
-			m.badID(w, r, key, err)
-			return
-		}
-		if has {
-			ctx = pglimit.WithID(ctx, id)
-		}
+	ctx, id, ok := m.decisionID(w, r, key)
+	if !ok {
+		return
 	}
 	var d pglimit.Decision
 	if m.cfg.MaxDelay > 0 {
@@ -381,10 +373,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		next.ServeHTTP(w, r)
 		switch {
-		case s.answeredInside() && id != "":
-			m.giveBackID(r, m.lim, id, d)
 		case s.answeredInside():
-			m.giveBack(r, m.lim, d)
+			m.giveBackID(r, m.lim, id, d)
 		case rc != nil:
 			m.settle(w, r, m.lim, id, d, rc)
 		}
@@ -414,6 +404,26 @@ func (m *middleware) badCost(w http.ResponseWriter, r *http.Request, key string,
 		Title:  "Bad Request",
 		Detail: "the request's rate limit cost is not valid: " + err.Error(),
 	})
+}
+
+// decisionID is r's context with the decision id its Idempotency-Key
+// carries, where the middleware reads one, and the id ("" for none); it
+// answers a bad key itself (400, on the request's key key), and then
+// reports false.
+func (m *middleware) decisionID(w http.ResponseWriter, r *http.Request, key string) (context.Context, string, bool) {
+	ctx := r.Context()
+	if !m.cfg.IdempotencyKey {
+		return ctx, "", true
+	}
+	id, has, err := idempotencyKey(r.Header)
+	switch {
+	case err != nil:
+		m.badID(w, r, key, err)
+		return ctx, "", false
+	case has:
+		ctx = pglimit.WithID(ctx, id)
+	}
+	return ctx, id, true
 }
 
 // badID answers a request whose Idempotency-Key is not a valid id.

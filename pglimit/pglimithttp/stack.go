@@ -105,10 +105,15 @@ func (g *gate) giveBack(r *http.Request, lim pglimit.Limiter, d pglimit.Decision
 	})
 }
 
-// giveBackID is giveBack of d, a decision with the id id, which is
-// refunded by its id ([pglimit.RefundID]); a replayed one took nothing.
+// giveBackID is giveBack of d, a decision with the id id ("" for none),
+// which is refunded by its id ([pglimit.RefundID]); a replayed one took
+// nothing.
 func (g *gate) giveBackID(r *http.Request, lim pglimit.Limiter, id string, d pglimit.Decision) {
-	if d.Replayed {
+	switch {
+	case id == "":
+		g.giveBack(r, lim, d)
+		return
+	case d.Replayed:
 		return
 	}
 	g.refund(r, d, func(ctx context.Context) error {
