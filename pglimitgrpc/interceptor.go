@@ -396,6 +396,22 @@ func newBase(cfg *Config) (*limiter, error) {
 	return l, nil
 }
 
+// decisionID is ctx with the decision id the call's metadata carries
+// under IDMetadata, and the id ("" for none). An invalid id is reported
+// as a bad key of the call of method on key, and fails it with
+// codes.InvalidArgument.
+func (l *limiter) decisionID(ctx context.Context, method, key string) (context.Context, string, error) {
+	id, err := l.id(ctx)
+	switch {
+	case err != nil:
+		l.report(ctx, Event{Method: method, Key: key, Outcome: OutcomeBadKey, Err: err})
+		return ctx, "", status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's decision id: %v", err)
+	case id != "":
+		return pglimit.WithID(ctx, id), id, nil
+	}
+	return ctx, "", nil
+}
+
 // id is the decision id the call's metadata carries under IDMetadata, ""
 // for none; an error wrapping pglimit.ErrInvalidID for an invalid one.
 func (l *limiter) id(ctx context.Context) (string, error) {
@@ -441,14 +457,9 @@ func (l *limiter) decide(ctx context.Context, method string, trailer func(metada
 		l.report(ctx, Event{Method: method, Outcome: OutcomeBadKey, Err: err})
 		return nil, status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's rate limit key: %v", err)
 	}
-	id, err := l.id(ctx)
+	dctx, id, err := l.decisionID(ctx, method, key)
 	if err != nil {
-		l.report(ctx, Event{Method: method, Key: key, Outcome: OutcomeBadKey, Err: err})
-		return nil, status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's decision id: %v", err)
-	}
-	dctx := ctx
-	if id != "" {
-		dctx = pglimit.WithID(ctx, id)
+		return nil, err
 	}
 	d, err := g.lim.Allow(dctx, key)
 	ev := Event{Method: method, Key: key, Decision: d, Err: err}

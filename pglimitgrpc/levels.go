@@ -112,14 +112,9 @@ func (l *levels) decideLevels(ctx context.Context, method string, trailer func(m
 		}
 		charges[i] = pglimit.Charge{Limiter: c.Limiter, Key: key}
 	}
-	id, err := l.id(ctx)
+	dctx, id, err := l.decisionID(ctx, method, charges[0].Key)
 	if err != nil {
-		l.report(ctx, Event{Method: method, Key: charges[0].Key, Outcome: OutcomeBadKey, Err: err})
-		return nil, status.Errorf(codes.InvalidArgument, "pglimitgrpc: the call's decision id: %v", err)
-	}
-	dctx := ctx
-	if id != "" {
-		dctx = pglimit.WithID(ctx, id)
+		return nil, err
 	}
 	ds, err := pglimit.AllowAll(dctx, 1, charges...)
 	ev := Event{Method: method, Key: charges[0].Key, Err: err}
