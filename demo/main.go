@@ -273,6 +273,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil)).With("instance", cfg.instance)
+	defer func() {
+		// Last of all, after the pool and any throwaway server: the word
+		// that everything stopped cleanly.
+		if err == nil {
+			logger.Info("stopped")
+		}
+	}()
 
 	startCtx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()

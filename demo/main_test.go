@@ -175,7 +175,7 @@ func TestRunWithThrowawayPostgres(t *testing.T) {
 	// In this order: the cleanup job stops before the database does.
 	out, at := logs.String(), 0
 	for _, want := range []string{"starting a throwaway PostgreSQL", `url="postgres://`, "cleanup job started",
-		"shutting down", "cleanup job stopped", "stopping the throwaway PostgreSQL"} {
+		"shutting down", "cleanup job stopped", "stopping the throwaway PostgreSQL", "msg=stopped"} {
 		i := strings.Index(out[at:], want)
 		if i < 0 {
 			t.Errorf("log lacks %q after offset %d:\n%s", want, at, out)

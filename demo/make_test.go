@@ -76,11 +76,19 @@ func TestMakeDemoCtrlC(t *testing.T) {
 	// 130), so that is as clean as it gets.
 	out := p.log()
 	ws := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if strings.Contains(out, "make: ***") || !(ws.Exited() && ws.ExitStatus() == 0 || ws.Signaled() && ws.Signal() == syscall.SIGINT) {
+	switch {
+	case strings.Contains(out, "*** wait: No child processes"):
+		// GNU make's own race, not the demo's: when the demo exits before
+		// make has run its SIGINT handler, make's main loop reaps it, and
+		// the handler, waiting for the same child, finds none and stops
+		// with this message. The demo's exit status is then unreported;
+		// its last log line below says whether it stopped cleanly.
+		t.Logf("make lost its own race between reaping the demo and handling SIGINT:\n%s", out)
+	case strings.Contains(out, "make: ***") || !(ws.Exited() && ws.ExitStatus() == 0 || ws.Signaled() && ws.Signal() == syscall.SIGINT):
 		t.Fatalf("make demo ended with %v after Ctrl-C:\n%s", cmd.ProcessState, out)
 	}
-	if !strings.Contains(out, "stopping the throwaway PostgreSQL") && !strings.Contains(out, "msg=\"shutting down\"") {
-		t.Errorf("the demo did not shut down:\n%s", out)
+	if !strings.Contains(out, "msg=\"shutting down\"") || !strings.Contains(out, "msg=stopped") {
+		t.Errorf("the demo did not shut down cleanly:\n%s", out)
 	}
 	if !strings.Contains(out, "level=WARN msg=\"using the database postgres on 127.0.0.1:"+u.Port()+", from DATABASE_URL") {
 		t.Errorf("the demo does not name the database it uses:\n%s", out)
