@@ -170,8 +170,8 @@ type Semaphore struct {
 		setWeight, resetWeight string
 		// acquireLevel is acquire for a priority level (AcquireLevel);
 		// waitLevel and enqueueLevel, wait and enqueue for a waiter of one
-		// (WaitLevel).
-		acquireLevel, waitLevel, enqueueLevel string
+		// (WaitLevel); takeLevel its first try, before it joins.
+		acquireLevel, waitLevel, enqueueLevel, takeLevel string
 	}
 	// hold is the average time from an acquisition to its release seen
 	// in this process, in ns; 0 before the first release.
@@ -315,6 +315,8 @@ func New(db pglimit.DB, cfg *Config) (*Semaphore, error) {
 	s.stmts.takeFlow = queries.Text("slots.acquire", args)
 	args["queue"], args["set_extra"], args["extra_col"] = queries.Text("slots.level", args), ", level = $6", ", level"
 	s.stmts.acquireLevel = queries.Text("slots.acquire", args)
+	args["queue"] = queries.Text("slots.level_first", args)
+	s.stmts.takeLevel = queries.Text("slots.acquire", args)
 	args["queue"], args["dequeue"] = queries.Text("slots.level_turn", args), queries.Text("slots.dequeue", args)
 	args["waiting"] = ", (SELECT ok FROM turn), EXISTS (SELECT FROM renewed)"
 	args["set_extra"], args["extra_val"] = ", level = $9", ", $9"

@@ -161,6 +161,18 @@ func (s *Semaphore) wait(ctx context.Context, key string, flow *Flow, level int)
 		last  Slot // the refusal of the last try
 		tried bool // a try was made since the last wait
 	)
+	if level >= 0 {
+		// A slot the level may take, with none of its waiters ahead, is
+		// taken at once, without joining the queue: one statement, as
+		// AcquireLevel's.
+		slot, _, err := s.acquireInTurn(ctx, key, s.cfg.Timeout, func(ctx context.Context, scan func(pgx.Row) error) error {
+			return scan(s.db.QueryRow(ctx, s.stmts.takeLevel, s.cfg.Namespace, key, s.cfg.Slots, s.ttl, s.lockSeed,
+				s.levels.names[level], s.levels.names, s.levels.keep, s.levels.max[level]))
+		}, &place{})
+		if err != nil || slot.Acquired {
+			return slot, err
+		}
+	}
 	if flow != nil {
 		// A free slot with no one waiting is taken at once, without
 		// joining the queue: one statement, as Acquire's.

@@ -176,17 +176,34 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
 -- takes a free slot only while the level holds fewer than $9 (its
 -- ceiling) and a free slot is left beyond what the other levels keep, as
 -- the statement's snapshot sees them, and answers whether that was so.
-{{define "slots.level"}}, by_level AS MATERIALIZED (
+{{define "slots.level"}}{{template "slots.by_level" .}}, turn AS MATERIALIZED (
+    SELECT {{template "slots.level_room" .}} AS ok
+){{end}}
+
+-- slots.by_level counts the slots of key $2 each level holds, and
+-- slots.level_room is whether level $6 may take one more, as slots.level
+-- says.
+{{define "slots.by_level"}}, by_level AS MATERIALIZED (
     SELECT s.level, count(*) AS n FROM {{.table}} AS s, clock
     WHERE s.namespace = $1 AND s.key = $2 AND s.slot < $3 AND s.expires_at > clock.now
     GROUP BY s.level
-), turn AS MATERIALIZED (
-    SELECT coalesce((SELECT n FROM by_level WHERE level = $6), 0) < $9::integer
+){{end}}
+
+{{define "slots.level_room"}}coalesce((SELECT n FROM by_level WHERE level = $6), 0) < $9::integer
        AND $3::integer - (SELECT coalesce(sum(n), 0) FROM by_level)
            - (SELECT coalesce(sum(greatest(k.keep - coalesce(b.n, 0), 0)), 0)
               FROM unnest($7::text[], $8::integer[]) AS k(level, keep)
               LEFT JOIN by_level AS b ON b.level = k.level
-              WHERE k.level <> $6) > 0 AS ok
+              WHERE k.level <> $6) > 0{{end}}
+
+-- slots.level_first makes slots.acquire the first try of a waiter of
+-- level $6, before it joins the queue: slots.level, while the level has
+-- no live place in the key's queue, as the statement's snapshot sees it,
+-- so that the waiter goes ahead of none of its own level's.
+{{define "slots.level_first"}}{{template "slots.by_level" .}}, turn AS MATERIALIZED (
+    SELECT NOT EXISTS (SELECT FROM {{.waiters}} AS w, clock
+                       WHERE w.namespace = $1 AND w.key = $2 AND w.level = $6 AND w.expires_at > clock.now)
+       AND {{template "slots.level_room" .}} AS ok
 ){{end}}
 
 -- slots.level_turn makes slots.acquire the statement of a waiter of level
@@ -198,11 +215,7 @@ FROM held CROSS JOIN clock LEFT JOIN taken ON true
 -- levels keep. The waiter takes one while fewer live waiters of its own
 -- level are ahead of it than that, so that the waiters of a level are
 -- served in arrival order, and never behind another level's.
-{{define "slots.level_turn"}}, by_level AS MATERIALIZED (
-    SELECT s.level, count(*) AS n FROM {{.table}} AS s, clock
-    WHERE s.namespace = $1 AND s.key = $2 AND s.slot < $3 AND s.expires_at > clock.now
-    GROUP BY s.level
-), turn AS MATERIALIZED (
+{{define "slots.level_turn"}}{{template "slots.by_level" .}}, turn AS MATERIALIZED (
     SELECT (SELECT count(*) FROM {{.waiters}} AS w, clock
             WHERE w.namespace = $1 AND w.key = $2 AND w.level = $9 AND w.expires_at > clock.now
               AND (w.arrived, w.waiter) < ($6::bigint, $7::uuid))
