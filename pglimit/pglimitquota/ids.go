@@ -96,9 +96,9 @@ func (q *Quota) ticketOf(ctx context.Context, op, id string) (ticket, error) {
 	return t, nil
 }
 
-// RefundID gives back n of the units that the admission whose decision
-// id ([pglimit.WithID]) is id took, from any instance with the same
-// Config, at most once.
+// RefundID gives back n of the units the admission of decision id id
+// ([pglimit.WithID]) took, from any instance with the same Config, at
+// most once.
 //
 // The id's row in the database is the refund's ticket, not a Decision
 // value: a process that did not make the decision may refund it, and the
@@ -173,17 +173,18 @@ func (q *Quota) refund(ctx context.Context, op, id string, t ticket, n int64, do
 	return r, nil
 }
 
-// SettleID settles at cost the admission whose decision id
-// ([pglimit.WithID]) is id, whose cost was an estimate, from any instance
-// with the same Config, at most once.
+// SettleID settles at its real cost the admission of decision id id
+// ([pglimit.WithID]), from any instance with the same Config, at most
+// once.
 //
-// The id's row is the ticket, as for [Quota.RefundID]. A cost below the
-// admission's gives back the difference as RefundID gives it back; a cost
-// above it charges the excess now, to the key's current period, as an
-// Allow of it would (allowance, then credits, then overage), except that
-// the overage stops at the hard cap instead of refusing: the rest is
-// forgiven (Settlement.Forgiven), and a threshold it crosses writes its
-// event. An equal cost only marks the id settled.
+// The admission's cost was an estimate. The id's row is the ticket, as
+// for [Quota.RefundID]. A cost below the admission's gives back the
+// difference as RefundID gives it back; a cost above it charges the
+// excess now, to the key's current period, as an Allow of it would
+// (allowance, then credits, then overage), except that the overage stops
+// at the hard cap instead of refusing: the rest is forgiven
+// (Settlement.Forgiven), and a threshold it crosses writes its event. An
+// equal cost only marks the id settled.
 //
 // A second SettleID or a RefundID of the id, here or on another
 // instance, even racing the first, does nothing and is

@@ -205,11 +205,16 @@ type Querier interface {
 // Every call returns by its context's deadline or the quota's Timeout,
 // whichever comes first. A key holds one row (about 150 bytes plus 16 per
 // live credit, at most [MaxCredits]), whatever its periods; an admission
-// with an id one row of pglimit_quota_ids (about 180 bytes plus the id)
-// until the cleaner (pglimitclean, whose default tables include it)
-// deletes it after IDRetention; a threshold crossed, one event row until
-// [Quota.TakeEvents] takes it. Nothing deletes a key's row yet. Bad input ([pglimit.ErrInvalidKey], [pglimit.ErrInvalidCost],
-// [pglimit.ErrInvalidConfig], [pglimit.ErrInvalidID]) writes nothing.
+// with an id one row of pglimit_quota_ids (about 180 bytes plus the id and
+// 16 per credit it took from) until the cleaner (pglimitclean, whose
+// default tables include it) deletes it after IDRetention; a threshold
+// crossed, one event row until [Quota.TakeEvents] takes it. Nothing
+// deletes a key's row yet. Bad input ([pglimit.ErrInvalidKey],
+// [pglimit.ErrInvalidCost], [pglimit.ErrInvalidConfig],
+// [pglimit.ErrInvalidID]) writes nothing, nor does a refund or settle by
+// id of an id not admitted ([pglimit.ErrNotAdmitted]) or already refunded
+// or settled ([pglimit.ErrAlreadySettled]); each id is refunded or settled
+// once.
 type Quota struct {
 	db         pglimit.DB
 	cfg        Config
@@ -218,7 +223,7 @@ type Quota struct {
 	retention  int64   // µs
 	stmts      struct {
 		allow, allowID, usage, setPlan, grant, lookupID, takeEvents string
-		refund, settle                                               string // RefundID's and SettleID's
+		refund, settle                                              string // RefundID's and SettleID's
 	}
 }
 
