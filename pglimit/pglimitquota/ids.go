@@ -96,6 +96,21 @@ func (q *Quota) ticketOf(ctx context.Context, op, id string) (ticket, error) {
 	return t, nil
 }
 
+// unmarked is the error of op, whose statement found the row of id that
+// its lookup read neither unmarked nor the same: another call refunded or
+// settled it (ErrAlreadySettled), or the row was deleted after its
+// retention, and maybe the id admitted again, meanwhile (ErrNotAdmitted).
+func (q *Quota) unmarked(ctx context.Context, op, id string) error {
+	t, found, err := q.lookup(ctx, q.db, id)
+	switch {
+	case err != nil:
+		return err
+	case found && t.done != nil:
+		return fmt.Errorf("%w: %s: the admission of id %q was %s by another call", pglimit.ErrAlreadySettled, op, id, *t.done)
+	}
+	return fmt.Errorf("%w: %s: the admission of id %q was deleted after its retention meanwhile", pglimit.ErrNotAdmitted, op, id)
+}
+
 // RefundID gives back n of the units the admission of decision id id
 // ([pglimit.WithID]) took, from any instance with the same Config, at
 // most once.
@@ -166,7 +181,7 @@ func (q *Quota) refund(ctx context.Context, op, id string, t ticket, n int64, do
 	case err != nil:
 		return Refund{}, q.wrap(ctx, "refund by id", err)
 	case !marked:
-		return Refund{}, fmt.Errorf("%w: %s: the admission of id %q was refunded or settled by another call", pglimit.ErrAlreadySettled, op, id)
+		return Refund{}, q.unmarked(ctx, op, id)
 	}
 	r.Kept = n - r.FromAllowance - r.FromCredits - r.Overage
 	u.Used = u.FromAllowance + u.FromCredits + u.Overage
@@ -232,7 +247,7 @@ func (q *Quota) SettleID(ctx context.Context, id string, cost int64) (Settlement
 			u.Used = u.FromAllowance + u.FromCredits + u.Overage
 			return out, nil
 		case err == nil:
-			return Settlement{}, fmt.Errorf("%w: SettleID: the admission of id %q was refunded or settled by another call", pglimit.ErrAlreadySettled, id)
+			return Settlement{}, q.unmarked(ctx, "SettleID", id)
 		case pgtx.Code(err) != pgtx.CodeUniqueViolation:
 			return Settlement{}, q.wrap(ctx, "settle by id", err)
 		}

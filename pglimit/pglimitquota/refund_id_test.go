@@ -87,6 +87,21 @@ func TestRefundIDOnce(t *testing.T) {
 		quotas = append(quotas, q)
 	}
 	ctx := context.Background()
+	// Each instance alone refunds an admission that took credits, which
+	// it did not make: the parameters it sends match the id's row.
+	for i, q := range quotas {
+		key := fmt.Sprint("solo-", i)
+		if _, err := q.SetPlan(ctx, key, pglimitquota.Plan{Anchor: pglimitquota.Anchor{Day: 1}}, pglimitquota.AtOnce); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Grant(ctx, key, 10, time.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		allow(t, pglimit.WithID(ctx, key), quotas[1-i], key, 4)
+		if r, err := q.RefundID(ctx, key, 4); err != nil || r.FromCredits != 4 || r.Usage.Used != 0 || r.Usage.CreditsLeft != 10 {
+			t.Fatalf("instance %d: %+v, %v", i, r, err)
+		}
+	}
 	// 10 ids of 10 units to refund (RefundID of 3, or SettleID at 7: both
 	// give back 3), 10 to settle (at 4 or at 13).
 	const ids, callers = 20, 8
