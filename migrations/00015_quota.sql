@@ -16,7 +16,11 @@
 --
 -- pglimit_quota_ids holds one row per admitted decision id, written by
 -- the decision's own statement: a retry of the id replays the answer. The
--- Cleaner deletes rows past expires_at when its Tables lists the table.
+-- row is the admission's ticket for RefundID and SettleID: credit_units
+-- and credit_expires are the units it took from each credit, in the order
+-- it took them, and done marks it refunded or settled, once, by the
+-- statement that gives back or charges. The Cleaner deletes rows past
+-- expires_at when its Tables lists the table.
 --
 -- pglimit_quota_events is the outbox of thresholds crossed: one row per
 -- key, period and threshold (basis points of the allowance), written by
@@ -49,14 +53,17 @@ CREATE TABLE pglimit_quota_keys (
 );
 
 CREATE TABLE pglimit_quota_ids (
-    namespace    text        NOT NULL,
-    id           text        NOT NULL,
-    key          text        NOT NULL,
-    answer       bigint[]    NOT NULL, -- cost, the split, the period's counters, allowance, hard cap, credits left
-    period_start timestamptz NOT NULL,
-    period_end   timestamptz NOT NULL,
-    decided_at   timestamptz NOT NULL,
-    expires_at   timestamptz NOT NULL,
+    namespace      text          NOT NULL,
+    id             text          NOT NULL,
+    key            text          NOT NULL,
+    answer         bigint[]      NOT NULL, -- cost, the split, the period's counters, allowance, hard cap, credits left
+    period_start   timestamptz   NOT NULL,
+    period_end     timestamptz   NOT NULL,
+    decided_at     timestamptz   NOT NULL,
+    expires_at     timestamptz   NOT NULL,
+    credit_units   bigint[]      NOT NULL DEFAULT '{}', -- units taken from each credit, in take order
+    credit_expires timestamptz[] NOT NULL DEFAULT '{}', -- those credits' expiries
+    done           text,         -- 'refunded' or 'settled' once RefundID or SettleID applied; NULL before
     PRIMARY KEY (namespace, id)
 );
 

@@ -69,12 +69,12 @@ var (
 	// no units from the database: a refusal, a shadow or fallback
 	// admission, a zero Decision, or (for Settle) an admission in a
 	// caller's transaction that rolled back; or a [RefundID] or [SettleID]
-	// of an id with no admission stored.
+	// (or pglimitquota's) of an id with no admission stored.
 	ErrNotAdmitted = fault.ErrNotAdmitted
 
 	// ErrAlreadySettled reports a [Settle] of a decision settled before,
-	// a Refund of one settled, or a [RefundID] or [SettleID] of an id
-	// refunded or settled before.
+	// a Refund of one settled, or a [RefundID] or [SettleID] (or
+	// pglimitquota's) of an id refunded or settled before.
 	ErrAlreadySettled = fault.ErrAlreadySettled
 
 	// ErrForeignDecision reports a [Settle] or a Refund of a decision that

@@ -17,7 +17,9 @@
 // the id, on any instance, while the id is kept (Config.IDRetention),
 // returns the first admission with Replayed set and charges nothing. An
 // id first refused is decided afresh; an id admitted by [Quota.AllowTx]
-// in a transaction that rolled back was never admitted.
+// in a transaction that rolled back was never admitted. [Quota.RefundID]
+// and [Quota.SettleID] give back or settle an admission by its id, from
+// any instance, at most once.
 //
 // # Thresholds
 //

@@ -35,6 +35,9 @@ const (
 // another cost), AllowTx that commits or rolls back, Grant of credits
 // (some expiring at or before now: refused), SetPlan AtOnce and
 // AtNextPeriod (anchors mostly of the 28th to the 31st, zones with DST),
+// RefundID and SettleID of admitted ids (some refunded or settled
+// before), refused and unknown ids, with costs below, at and above the
+// admission's,
 // and moves of the clock by minutes, hours and days, to a period's end
 // and a credit's expiry (exactly, or 1 µs before), across month ends, a
 // leap February and DST changes in America/New_York and Europe/Paris.
@@ -107,6 +110,16 @@ type quotaCredit struct {
 	expires time.Time
 }
 
+// quotaTicket is an admitted id as the model keeps it: its first
+// decision, the period it was charged in, the units it took from each
+// credit (in take order), and whether it was refunded or settled.
+type quotaTicket struct {
+	d     pglimitquota.Decision
+	start time.Time
+	takes []quotaCredit
+	done  bool
+}
+
 // quotaModel is the reference model of one key, from docs/limits.md,
 // "Billing periods".
 type quotaModel struct {
@@ -123,7 +136,7 @@ type quotaModel struct {
 	periodStart time.Time
 	a, c, o     int64
 	credits     []quotaCredit // in grant order
-	ids         map[string]pglimitquota.Decision
+	ids         map[string]*quotaTicket
 	refusedIDs  []string
 	admittedIDs []string
 }
@@ -218,7 +231,8 @@ func (m *quotaModel) usage(now time.Time) pglimitquota.Usage {
 // allow is the decision of cost units with id ("" for none) at now;
 // commit applies it (false: a transaction that rolled back).
 func (m *quotaModel) allow(now time.Time, id string, cost int64, commit bool) pglimitquota.Decision {
-	if d, ok := m.ids[id]; ok && id != "" {
+	if r, ok := m.ids[id]; ok && id != "" {
+		d := r.d
 		d.Replayed = true
 		return d
 	}
@@ -248,16 +262,137 @@ func (m *quotaModel) allow(now time.Time, id string, cost int64, commit bool) pg
 		m.exists, m.plan, m.since = true, p, now
 	}
 	m.periodStart, m.a, m.c, m.o = start, u.FromAllowance, u.FromCredits, u.Overage
-	for _, i := range idx {
-		take := min(tc, m.credits[i].units)
-		m.credits[i].units -= take
-		tc -= take
-	}
+	takes := m.spend(idx, tc)
 	if id != "" {
-		m.ids[id] = d
+		m.ids[id] = &quotaTicket{d: d, start: start, takes: takes}
 		m.admittedIDs = append(m.admittedIDs, id)
 	}
 	return d
+}
+
+// spend takes units from the live credits idx, in order, and returns
+// what it took from each.
+func (m *quotaModel) spend(idx []int, units int64) []quotaCredit {
+	var takes []quotaCredit
+	for _, i := range idx {
+		take := min(units, m.credits[i].units)
+		if take > 0 {
+			m.credits[i].units -= take
+			takes = append(takes, quotaCredit{take, m.credits[i].expires})
+		}
+		units -= take
+	}
+	return takes
+}
+
+// ticket is the admitted id's ticket, or the error class of a refund or
+// settle of it: "not admitted" or "settled".
+func (m *quotaModel) ticket(id string) (*quotaTicket, string) {
+	r, ok := m.ids[id]
+	switch {
+	case !ok:
+		return nil, "not admitted"
+	case r.done:
+		return nil, "settled"
+	}
+	return r, ""
+}
+
+// refund is RefundID's answer at now (n checked), or its error class.
+func (m *quotaModel) refund(now time.Time, id string, n int64) (pglimitquota.Refund, string) {
+	r, class := m.ticket(id)
+	switch {
+	case class != "":
+		return pglimitquota.Refund{}, class
+	case n > r.d.Cost:
+		return pglimitquota.Refund{}, "cost"
+	}
+	return m.giveBack(now, r, n), ""
+}
+
+// giveBack gives back n units of r's admission at now, as docs/limits.md,
+// "Billing periods", says: off the overage, then to the credits taken
+// from (the last first), then to the allowance; the allowance and
+// overage part only while the admission's period is the current one, a
+// credit's only while it lives, to the first live credit of its expiry,
+// else to a new one while the key holds fewer than MaxCredits.
+func (m *quotaModel) giveBack(now time.Time, r *quotaTicket, n int64) pglimitquota.Refund {
+	r.done = true
+	out := pglimitquota.Refund{Units: n}
+	bo := min(n, r.d.Overage)
+	bc := min(n-bo, r.d.FromCredits)
+	ba := n - bo - bc
+	_, start, _ := m.period(now)
+	cur := m.exists && m.periodStart.Equal(start) && start.Equal(r.start)
+	back := map[time.Time]int64{}
+	var order []time.Time
+	for i := len(r.takes) - 1; i >= 0 && bc > 0; i-- {
+		u := min(bc, r.takes[i].units)
+		bc -= u
+		e := r.takes[i].expires.UTC()
+		if !now.Before(e) {
+			continue
+		}
+		if _, ok := back[e]; !ok {
+			order = append(order, e)
+		}
+		back[e] += u
+	}
+	slices.SortFunc(order, time.Time.Compare)
+	idx, _ := m.live(now)
+	fresh := 0
+	for _, e := range order {
+		placed := false
+		for _, i := range idx {
+			if m.credits[i].expires.Equal(e) {
+				m.credits[i].units += back[e]
+				placed = true
+				break
+			}
+		}
+		if !placed {
+			fresh++
+			if len(idx)+fresh > pglimitquota.MaxCredits {
+				continue
+			}
+			m.credits = append(m.credits, quotaCredit{back[e], e})
+		}
+		out.FromCredits += back[e]
+	}
+	if cur {
+		out.FromAllowance, out.Overage = min(ba, m.a), min(bo, m.o)
+		m.a, m.c, m.o = m.a-out.FromAllowance, max(m.c-out.FromCredits, 0), m.o-out.Overage
+	}
+	out.Kept = n - out.FromAllowance - out.FromCredits - out.Overage
+	out.Usage = m.usage(now)
+	return out
+}
+
+// settle is SettleID's answer at now (cost checked), or its error class.
+func (m *quotaModel) settle(now time.Time, id string, cost int64) (pglimitquota.Settlement, string) {
+	r, class := m.ticket(id)
+	if class != "" {
+		return pglimitquota.Settlement{}, class
+	}
+	out := pglimitquota.Settlement{Estimate: r.d.Cost, Cost: cost}
+	if cost <= r.d.Cost {
+		out.Returned = m.giveBack(now, r, r.d.Cost-cost)
+		out.Usage = out.Returned.Usage
+		return out, ""
+	}
+	r.done = true
+	excess := cost - r.d.Cost
+	p, start, _ := m.period(now)
+	a, c, o := m.counters(start)
+	idx, left := m.live(now)
+	ta := min(excess, max(p.allowance-a, 0))
+	tc := min(excess-ta, left)
+	to := min(excess-ta-tc, max(p.hardCap-a-ta-o, 0))
+	out.FromAllowance, out.FromCredits, out.Overage, out.Forgiven = ta, tc, to, excess-ta-tc-to
+	m.periodStart, m.a, m.c, m.o = start, a+ta, c+tc, o+to
+	m.spend(idx, tc)
+	out.Usage = m.usage(now)
+	return out, ""
 }
 
 // grant is Grant's error class at now: "" (granted), "cost" or "config".
@@ -347,7 +482,7 @@ func (s *quotaSequence) run(ops int) {
 	if s.quotas[1], err = pglimitquota.New(s.pools[1], &cfg); err != nil {
 		t.Fatal(err)
 	}
-	s.m = &quotaModel{cfg: cfg, months: months, ids: map[string]pglimitquota.Decision{}}
+	s.m = &quotaModel{cfg: cfg, months: months, ids: map[string]*quotaTicket{}}
 	s.logf("config: %s, zone %s, allowance %d, hard cap %d, start %s", map[int]string{1: "monthly", 12: "yearly"}[months], cfg.TimeZone, cfg.Allowance, cfg.HardCap, start)
 	s.stats = map[string]int{}
 	for range ops {
@@ -388,7 +523,7 @@ func (s *quotaSequence) step() {
 	case r < 34: // Allow with a new id
 		s.nextID++
 		s.checkAllow(ctx, q, i, fmt.Sprint("id-", s.nextID), s.cost(), 0)
-	case r < 44: // a retry of an earlier id, maybe with another cost
+	case r < 42: // a retry of an earlier id, maybe with another cost
 		ids := s.m.admittedIDs
 		if len(s.m.refusedIDs) > 0 && (len(ids) == 0 || s.rng.IntN(3) == 0) {
 			ids = s.m.refusedIDs
@@ -397,17 +532,19 @@ func (s *quotaSequence) step() {
 			return
 		}
 		s.checkAllow(ctx, q, i, ids[s.rng.IntN(len(ids))], s.cost(), 0)
-	case r < 54: // AllowTx that commits (1) or rolls back (2)
+	case r < 50: // AllowTx that commits (1) or rolls back (2)
 		id := ""
 		if s.rng.IntN(2) == 0 {
 			s.nextID++
 			id = fmt.Sprint("id-", s.nextID)
 		}
 		s.checkAllow(ctx, q, i, id, s.cost(), 1+s.rng.IntN(2))
-	case r < 63:
+	case r < 58:
 		s.grant(ctx, q, i)
-	case r < 71:
+	case r < 65:
 		s.setPlan(ctx, q, i)
+	case r < 73:
+		s.settleOrRefund(ctx, q, i)
 	case r < 75:
 		s.logf("Usage on %d", i)
 	default:
@@ -466,6 +603,70 @@ func (s *quotaSequence) checkAllow(ctx context.Context, q *pglimitquota.Quota, i
 		s.stats["allowance"]++
 	}
 	s.logf("  -> allowed %v, replayed %v, split %d/%d/%d, used %d", got.Allowed, got.Replayed, got.FromAllowance, got.FromCredits, got.Overage, got.Usage.Used)
+}
+
+// settleOrRefund refunds or settles an id by its id: mostly an admitted
+// one (refunded or settled before, or not), sometimes a refused or
+// unknown one, some units or a cost below, at or above the admission's,
+// sometimes more units than it took.
+func (s *quotaSequence) settleOrRefund(ctx context.Context, q *pglimitquota.Quota, i int) {
+	var id string
+	switch r := s.rng.IntN(10); {
+	case r < 8 && len(s.m.admittedIDs) > 0:
+		id = s.m.admittedIDs[s.rng.IntN(len(s.m.admittedIDs))]
+	case r < 9 && len(s.m.refusedIDs) > 0:
+		id = s.m.refusedIDs[s.rng.IntN(len(s.m.refusedIDs))]
+	default:
+		id = "unknown"
+	}
+	var cost int64 = 1
+	if t, ok := s.m.ids[id]; ok {
+		cost = t.d.Cost
+	}
+	errs := map[string]error{"not admitted": pglimit.ErrNotAdmitted, "settled": pglimit.ErrAlreadySettled, "cost": pglimit.ErrInvalidCost}
+	check := func(op, what string, err error, class string) {
+		s.stats[op+" "+cmp.Or(class, "ok")]++
+		if class == "" && err != nil || class != "" && !errors.Is(err, errs[class]) {
+			s.fail("%s: %v, want %q", what, err, class)
+		}
+	}
+	if s.rng.IntN(2) == 0 {
+		n := 1 + s.rng.Int64N(cost+1) // sometimes one more than it took
+		what := fmt.Sprintf("RefundID(%q, %d) on %d", id, n, i)
+		s.logf("%s", what)
+		got, err := q.RefundID(ctx, id, n)
+		want, class := s.m.refund(s.now, id, n)
+		check("refund", what, err, class)
+		if got.Kept > 0 {
+			s.stats["refund kept"]++
+		}
+		if got.FromCredits > 0 {
+			s.stats["refund to credits"]++
+		}
+		if class == "" && normRefund(got) != normRefund(want) {
+			s.fail("%s:\n got  %+v\n want %+v", what, normRefund(got), normRefund(want))
+		}
+		s.logf("  -> back %d/%d/%d, kept %d", got.FromAllowance, got.FromCredits, got.Overage, got.Kept)
+		return
+	}
+	settled := max(cost+s.rng.Int64N(11)-5, 0)
+	what := fmt.Sprintf("SettleID(%q, %d) on %d", id, settled, i)
+	s.logf("%s", what)
+	got, err := q.SettleID(ctx, id, settled)
+	want, class := s.m.settle(s.now, id, settled)
+	check("settle", what, err, class)
+	if got.Forgiven > 0 {
+		s.stats["settle forgiven"]++
+	}
+	if got.Cost > got.Estimate {
+		s.stats["settle charged"]++
+	}
+	got.Returned, want.Returned = normRefund(got.Returned), normRefund(want.Returned)
+	got.Usage, want.Usage = normUsage(got.Usage), normUsage(want.Usage)
+	if class == "" && got != want {
+		s.fail("%s:\n got  %+v\n want %+v", what, got, want)
+	}
+	s.logf("  -> returned %+v, charged %d/%d/%d, forgiven %d", got.Returned, got.FromAllowance, got.FromCredits, got.Overage, got.Forgiven)
 }
 
 // grant grants a credit expiring from 1 µs before now to 40 days after.
@@ -585,6 +786,11 @@ func (s *quotaSequence) checkUsage(ctx context.Context, q *pglimitquota.Quota, i
 func norm(d pglimitquota.Decision) pglimitquota.Decision {
 	d.Usage = normUsage(d.Usage)
 	return d
+}
+
+func normRefund(r pglimitquota.Refund) pglimitquota.Refund {
+	r.Usage = normUsage(r.Usage)
+	return r
 }
 
 func normUsage(u pglimitquota.Usage) pglimitquota.Usage {

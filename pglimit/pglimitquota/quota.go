@@ -205,11 +205,16 @@ type Querier interface {
 // Every call returns by its context's deadline or the quota's Timeout,
 // whichever comes first. A key holds one row (about 150 bytes plus 16 per
 // live credit, at most [MaxCredits]), whatever its periods; an admission
-// with an id one row of pglimit_quota_ids (about 180 bytes plus the id)
-// until the cleaner (pglimitclean, whose default tables include it)
-// deletes it after IDRetention; a threshold crossed, one event row until
-// [Quota.TakeEvents] takes it. Nothing deletes a key's row yet. Bad input ([pglimit.ErrInvalidKey], [pglimit.ErrInvalidCost],
-// [pglimit.ErrInvalidConfig], [pglimit.ErrInvalidID]) writes nothing.
+// with an id one row of pglimit_quota_ids (about 180 bytes plus the id and
+// 16 per credit it took from) until the cleaner (pglimitclean, whose
+// default tables include it) deletes it after IDRetention; a threshold
+// crossed, one event row until [Quota.TakeEvents] takes it. Nothing
+// deletes a key's row yet. Bad input ([pglimit.ErrInvalidKey],
+// [pglimit.ErrInvalidCost], [pglimit.ErrInvalidConfig],
+// [pglimit.ErrInvalidID]) writes nothing, nor does a refund or settle by
+// id of an id not admitted ([pglimit.ErrNotAdmitted]) or already refunded
+// or settled ([pglimit.ErrAlreadySettled]); each id is refunded or settled
+// once.
 type Quota struct {
 	db         pglimit.DB
 	cfg        Config
@@ -218,6 +223,7 @@ type Quota struct {
 	retention  int64   // µs
 	stmts      struct {
 		allow, allowID, usage, setPlan, grant, lookupID, takeEvents string
+		refund, settle                                              string // RefundID's and SettleID's
 	}
 }
 
@@ -289,6 +295,7 @@ func New(db pglimit.DB, cfg *Config) (*Quota, error) {
 		"lock":   "FOR UPDATE",
 		"id":     "",
 		"th":     "$8",
+		"settle": "",
 	}
 	// A decision without an id has a statement of its own, which leaves
 	// out the ids table.
@@ -299,6 +306,9 @@ func New(db pglimit.DB, cfg *Config) (*Quota, error) {
 	q.stmts.grant = queries.Text("quota.grant", args)
 	q.stmts.lookupID = queries.Text("quota.lookup_id", args)
 	q.stmts.takeEvents = queries.Text("quota.take_events", args)
+	q.stmts.refund = queries.Text("quota.refund", args)
+	args["id"], args["settle"] = "", "true"
+	q.stmts.settle = queries.Text("quota.allow", args)
 	args["lock"] = ""
 	q.stmts.usage = queries.Text("quota.usage", args)
 	return q, nil
@@ -431,24 +441,8 @@ func (q *Quota) allow(ctx context.Context, db pglimit.DB, key string, cost int64
 
 // replay is the first admission of id, and whether it has one.
 func (q *Quota) replay(ctx context.Context, db pglimit.DB, id string) (Decision, bool, error) {
-	var key string
-	var a []int64
-	var d Decision
-	u := &d.Usage
-	err := db.QueryRow(ctx, q.stmts.lookupID, q.cfg.Namespace, id).Scan(&key, &a, &u.PeriodStart, &u.PeriodEnd, &u.Now)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return Decision{}, false, nil
-	case err != nil:
-		return Decision{}, false, q.wrap(ctx, "look up id", err)
-	case len(a) != 10:
-		return Decision{}, false, fmt.Errorf("pglimit: quota: the id's row has %d numbers, not 10", len(a))
-	}
-	d.Allowed, d.Replayed = true, true
-	d.Cost, d.FromAllowance, d.FromCredits, d.Overage = a[0], a[1], a[2], a[3]
-	u.FromAllowance, u.FromCredits, u.Overage, u.Allowance, u.HardCap, u.CreditsLeft = a[4], a[5], a[6], a[7], a[8], a[9]
-	u.Used = u.FromAllowance + u.FromCredits + u.Overage
-	return d, true, nil
+	t, found, err := q.lookup(ctx, db, id)
+	return t.first, found, err
 }
 
 // Usage returns key's current period as the database reads it now,

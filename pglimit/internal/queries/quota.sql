@@ -92,7 +92,18 @@ WITH clock AS (
 -- retention in µs and $10 the thresholds in basis points; without, $8 is
 -- the thresholds (th names which), and the statement neither reads nor
 -- writes the ids table: a decision without an id does not open it and its
--- two indexes, about 20 µs of a decision's time.
+-- two indexes, about 20 µs of a decision's time. The id's row keeps the
+-- units the admission took from each credit, in the order it took them
+-- (credit_units, credit_expires), for a refund by id (quota.refund).
+--
+-- With settle set (SettleID of an admission whose cost was below the real
+-- one), $7 is the excess, $8 the id, $9 its admission's decided_at and
+-- $10 the thresholds: marked marks the id's row settled, and only a row of
+-- key $2, of that admission, not yet refunded nor settled; the excess is
+-- charged as a decision's units, except that the overage stops at the
+-- hard cap instead of refusing (the rest is forgiven), and only if marked
+-- did mark the row (allowed). The key's row is locked before the id's
+-- (marked reads state), as in every statement that writes both.
 --
 -- Why it is safe: the key's row is locked before anything is read from
 -- it, and everything a decision needs is in that row, so concurrent
@@ -109,22 +120,32 @@ WITH clock AS (
 -- threshold have one row whatever crosses it again. A refusal writes
 -- nothing.
 {{define "quota.allow"}}
-{{template "quota.period" .}}, decided AS (
+{{template "quota.period" .}}{{if .settle}}, marked AS (
+    UPDATE {{.ids}} AS i SET done = 'settled'
+    FROM state AS s
+    WHERE i.namespace = $1 AND i.id = $8::text AND i.key = $2 AND i.decided_at = $9::timestamptz AND i.done IS NULL
+    RETURNING 1
+){{end}}, decided AS (
     SELECT s.*, a.units AS avail_units, a.n AS avail_n, {{if .id}}t.taken{{else}}false AS taken{{end}}, ta.v AS take_a, tc.v AS take_c, o.v AS take_o,
-           {{if .id}}NOT t.taken AND {{end}}(o.v = 0 OR s.ua + ta.v + s.uo + o.v <= s.cap) AS allowed
+           {{if .settle}}EXISTS (SELECT FROM marked){{else}}{{if .id}}NOT t.taken AND {{end}}(o.v = 0 OR s.ua + ta.v + s.uo + o.v <= s.cap){{end}} AS allowed
     FROM state AS s, avail AS a,
          {{- if .id}}
          LATERAL (SELECT $8::text IS NOT NULL AND EXISTS (SELECT FROM {{.ids}} AS i WHERE i.namespace = $1 AND i.id = $8::text) AS taken OFFSET 0) AS t,
          {{- end}}
          LATERAL (SELECT least($7::bigint, greatest(s.allow - s.ua, 0)) AS v OFFSET 0) AS ta,
          LATERAL (SELECT least($7::bigint - ta.v, a.units) AS v OFFSET 0) AS tc,
-         LATERAL (SELECT $7::bigint - ta.v - tc.v AS v OFFSET 0) AS o
+         LATERAL (SELECT {{if .settle}}least($7::bigint - ta.v - tc.v, greatest(s.cap - s.ua - ta.v - s.uo, 0)){{else}}$7::bigint - ta.v - tc.v{{end}} AS v OFFSET 0) AS o
 ), spent AS (
-    SELECT x.e, x.o, x.u - least(x.u, greatest(d.take_c - (x.cum - x.u), 0)) AS u
+    SELECT x.e, x.o, x.u - least(x.u, greatest(d.take_c - (x.cum - x.u), 0)) AS u{{if .id}}, least(x.u, greatest(d.take_c - (x.cum - x.u), 0)) AS t{{end}}
     FROM credits AS x, decided AS d
 ), kept AS (
     SELECT coalesce(array_agg(s.u ORDER BY s.e, s.o), '{}') AS units, coalesce(array_agg(s.e ORDER BY s.e, s.o), '{}') AS expires
     FROM spent AS s WHERE s.u > 0
+{{- if .id}}
+), took AS (
+    SELECT coalesce(array_agg(s.t ORDER BY s.e, s.o), '{}') AS units, coalesce(array_agg(s.e ORDER BY s.e, s.o), '{}') AS expires
+    FROM spent AS s WHERE s.t > 0
+{{- end}}
 ), written AS (
     UPDATE {{.keys}} AS t
     SET anchor_month = d.p_month, anchor_day = d.p_day, time_zone = d.p_zone, allowance = d.p_allowance,
@@ -147,11 +168,11 @@ WITH clock AS (
     RETURNING 1
 {{- if .id}}
 ), claimed AS (
-    INSERT INTO {{.ids}} (namespace, id, key, answer, period_start, period_end, decided_at, expires_at)
+    INSERT INTO {{.ids}} (namespace, id, key, answer, period_start, period_end, decided_at, expires_at, credit_units, credit_expires)
     SELECT $1, $8::text, $2,
            ARRAY[$7::bigint, d.take_a, d.take_c, d.take_o, d.ua + d.take_a, d.uc + d.take_c, d.uo + d.take_o, d.allow, d.cap, d.avail_units - d.take_c],
-           d.start_at, d.end_at, c.now, c.now + $9::bigint * interval '1 microsecond'
-    FROM decided AS d, clock AS c WHERE d.allowed AND $8::text IS NOT NULL
+           d.start_at, d.end_at, c.now, c.now + $9::bigint * interval '1 microsecond', k.units, k.expires
+    FROM decided AS d, clock AS c, took AS k WHERE d.allowed AND $8::text IS NOT NULL
     RETURNING 1
 {{- end}}
 ), crossed AS (
@@ -253,9 +274,74 @@ SELECT d.ok, d.now FROM decided AS d
 {{end}}
 
 -- quota.lookup_id is the answer of the admission of id $2 in namespace
--- $1, if any.
+-- $1, if any, with its ticket: the units it took from each credit and
+-- whether it was refunded or settled by id (done).
 {{define "quota.lookup_id"}}
-SELECT i.key, i.answer, i.period_start, i.period_end, i.decided_at FROM {{.ids}} AS i WHERE i.namespace = $1 AND i.id = $2
+SELECT i.key, i.answer, i.period_start, i.period_end, i.decided_at, i.credit_units, i.credit_expires, i.done
+FROM {{.ids}} AS i WHERE i.namespace = $1 AND i.id = $2
+{{end}}
+
+-- quota.refund gives back units of the admission of id $7 (RefundID, and
+-- SettleID of a cost below the admission's), whose lookup read key $2,
+-- decided_at $8 and period start $9: $10 units to the allowance and $11
+-- off the overage, while that period is still the key's current one
+-- (open), and the credit units $12 to the credits of expiries $13 that
+-- are still live, wherever the period is: each expiry's units to the
+-- first live credit of that expiry (in spending order), else to a credit
+-- of their own while the key holds fewer than $15 live credits (earliest
+-- expiry first); the rest is not given back. The period's counters drop
+-- by what went back while it is open, each at most to 0 (a period that
+-- a SetPlan with a new anchor started at the admission's very instant
+-- has the admission's start but not its units). marked marks the id's row done
+-- ($14: 'refunded' or 'settled'), and only a row of that admission not
+-- yet refunded nor settled; nothing else is written unless it did, so two
+-- refunds or settles of one id apply once: the second waits on the key's
+-- row, then marks nothing (its EvalPlanQual recheck sees done set) and
+-- answers false first (marked). The key's row is locked before the id's (marked reads
+-- state). No threshold event is written or deleted.
+{{define "quota.refund"}}
+{{template "quota.period" .}}, marked AS (
+    UPDATE {{.ids}} AS i SET done = $14::text
+    FROM state AS s
+    WHERE i.namespace = $1 AND i.id = $7::text AND i.key = $2 AND i.decided_at = $8::timestamptz AND i.done IS NULL
+    RETURNING 1
+), decided AS (
+    SELECT s.*, EXISTS (SELECT FROM marked) AS ok, s.same AND s.start_at = $9::timestamptz AS cur
+    FROM state AS s
+), back AS (
+    SELECT r.e, sum(r.u)::bigint AS u
+    FROM unnest($12::bigint[], $13::timestamptz[]) AS r(u, e), clock AS c
+    WHERE r.e > c.now
+    GROUP BY r.e
+), placed AS (
+    SELECT b.e, b.u, t.o,
+           t.o IS NOT NULL OR a.n + count(*) FILTER (WHERE t.o IS NULL) OVER (ORDER BY b.e) <= $15::integer AS fits
+    FROM back AS b, avail AS a, LATERAL (SELECT min(x.o) AS o FROM credits AS x WHERE x.e = b.e) AS t
+), merged AS (
+    SELECT coalesce(array_agg(x.u ORDER BY x.e, x.o), '{}') AS units, coalesce(array_agg(x.e ORDER BY x.e, x.o), '{}') AS expires
+    FROM (SELECT c.u + coalesce((SELECT p.u FROM placed AS p WHERE p.o = c.o), 0) AS u, c.e, c.o FROM credits AS c
+          UNION ALL
+          SELECT p.u, p.e, 9223372036854775807 FROM placed AS p WHERE p.o IS NULL AND p.fits) AS x
+), given AS (
+    SELECT d.ok AND NOT d.new AS ok,
+           CASE WHEN d.ok AND d.cur THEN least($10::bigint, d.ua) ELSE 0 END AS ra,
+           CASE WHEN d.ok AND NOT d.new THEN (SELECT coalesce(sum(p.u), 0) FROM placed AS p WHERE p.fits) ELSE 0 END::bigint AS rc,
+           CASE WHEN d.ok AND d.cur THEN least($11::bigint, d.uo) ELSE 0 END AS ro
+    FROM decided AS d
+), written AS (
+    UPDATE {{.keys}} AS t
+    SET from_allowance = CASE WHEN d.cur THEN d.ua - g.ra ELSE d.from_allowance END,
+        from_credits = CASE WHEN d.cur THEN greatest(d.uc - g.rc, 0) ELSE d.from_credits END,
+        overage = CASE WHEN d.cur THEN d.uo - g.ro ELSE d.overage END,
+        credit_units = m.units, credit_expires = m.expires
+    FROM decided AS d, given AS g, merged AS m
+    WHERE t.namespace = $1 AND t.key = $2 AND g.ok
+    RETURNING 1
+)
+SELECT s.ok, g.ra, g.rc, g.ro,
+       s.ua - CASE WHEN s.cur THEN g.ra ELSE 0 END, CASE WHEN s.cur THEN greatest(s.uc - g.rc, 0) ELSE s.uc END, s.uo - CASE WHEN s.cur THEN g.ro ELSE 0 END,
+       s.allow, s.cap, a.units + g.rc, s.start_at, s.end_at, c.now
+FROM decided AS s, given AS g, avail AS a, clock AS c
 {{end}}
 
 -- quota.take_events deletes up to $2 events of namespace $1, the oldest
