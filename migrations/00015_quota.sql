@@ -6,7 +6,8 @@
 -- decides on its latest version. The plan (anchor, zone, allowance, hard
 -- cap; NULL zone, allowance and hard cap stand for the quota's Config),
 -- a plan that takes over at next_from (SetPlan at the next period), the
--- counters of the period that starts at period_start, and the key's live
+-- counters of the period in force (period_start to period_end, written by
+-- the decision that started it), and the key's live
 -- credits, as two arrays sorted by expiry. A row lives until deleted
 -- (nothing deletes it yet). It has no CHECK constraints: pglimitquota
 -- checks every value before it writes (anchors, allowances, caps), and a
@@ -44,6 +45,7 @@ CREATE TABLE pglimit_quota_keys (
     next_hard_cap  bigint,
     next_from      timestamptz,  -- when the next plan takes over; NULL: none
     period_start   timestamptz,  -- the period the counters count; NULL: none yet
+    period_end     timestamptz,  -- that period's end, so that a decision within it does no calendar arithmetic; NULL with it
     from_allowance bigint        NOT NULL DEFAULT 0,
     from_credits   bigint        NOT NULL DEFAULT 0,
     overage        bigint        NOT NULL DEFAULT 0,

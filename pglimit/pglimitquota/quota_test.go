@@ -449,3 +449,36 @@ func TestSetPlanNewAnchorSameInstant(t *testing.T) {
 		t.Fatalf("the new period's allowance: %+v, want 20 admitted", d)
 	}
 }
+
+// A key's period, once a decision has written it, holds until its end:
+// an instance whose Config names another default zone counts within it,
+// on the same counters, and starts the next period at the new zone's
+// midnight. (A period worked out again on every decision would move to
+// the new zone's midnight at once, and start the counters afresh.)
+func TestPeriodKeptUntilItsEnd(t *testing.T) {
+	// A new key is anchored at its first decision, which its first period
+	// starts at.
+	start, end := time.Date(2027, 3, 10, 12, 0, 0, 0, time.UTC), time.Date(2027, 4, 10, 0, 0, 0, 0, time.UTC)
+	b := setup(t, pglimitquota.Config{Allowance: 5, TimeZone: "UTC"}, start)
+	ctx := context.Background()
+	d := allow(t, ctx, b.q, "k", 2)
+	if !d.Allowed || !d.Usage.PeriodStart.Equal(start) || !d.Usage.PeriodEnd.Equal(end) {
+		t.Fatalf("first decision: %+v, want [%s, %s)", d, start, end)
+	}
+	tokyo, err := pglimitquota.New(b.pool, &pglimitquota.Config{Schema: b.schema, Namespace: "n", Allowance: 5, TimeZone: "Asia/Tokyo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Set(end.Add(-time.Microsecond))
+	d = allow(t, ctx, tokyo, "k", 3)
+	if !d.Allowed || d.Usage.Used != 5 || !d.Usage.PeriodStart.Equal(start) || !d.Usage.PeriodEnd.Equal(end) {
+		t.Fatalf("from an instance on Tokyo's zone, 1µs before the end: %+v; want 5 used in [%s, %s)", d, start, end)
+	}
+	b.clock.Set(end)
+	d = allow(t, ctx, tokyo, "k", 1)
+	jst := time.FixedZone("JST", 9*3600)
+	next, after := time.Date(2027, 4, 10, 0, 0, 0, 0, jst), time.Date(2027, 5, 10, 0, 0, 0, 0, jst)
+	if !d.Allowed || d.Usage.Used != 1 || !d.Usage.PeriodStart.Equal(next) || !d.Usage.PeriodEnd.Equal(after) {
+		t.Fatalf("at the end: %+v; want 1 used in Tokyo's [%s, %s)", d, next, after)
+	}
+}
