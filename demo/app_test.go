@@ -581,7 +581,7 @@ func TestSearchSettles(t *testing.T) {
 		t.Fatalf("a search that found nothing: cost %v, want 1", got)
 	}
 	_, userLimits := config{searchOrgPerMinute: 60, searchUserPerMinute: 50}.searchLimits()
-	st, err := pglimit.Inspect(ctx, b.pool, &pglimit.Config{Schema: b.schema, Namespace: "search-user", Limits: userLimits}, "beta/dave")
+	st, err := pglimit.Inspect(ctx, testdb.Limiter(t, b.pool, &pglimit.Config{Schema: b.schema, Namespace: "search-user", Limits: userLimits}), "beta/dave")
 	if err != nil || st.Limits[0].Remaining != 49 {
 		t.Fatalf("dave after two refused queries and a search that cost 1: %+v, %v; want 49 left", st, err)
 	}

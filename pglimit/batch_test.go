@@ -716,7 +716,7 @@ func TestBatchOwnLimits(t *testing.T) {
 			})
 			keys := keysN("k", 32)
 			for _, key := range keys[:16] {
-				if err := pglimit.SetKeyLimits(ctx, db.Pool, &cfg, key, pglimit.Limit{Name: "hour", Rate: 3, Burst: 3}); err != nil {
+				if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, db.Pool, &cfg), key, pglimit.Limit{Name: "hour", Rate: 3, Burst: 3}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -116,7 +116,7 @@ func BenchmarkOverrides(b *testing.B) {
 			for i := range keys {
 				keys[i] = "k" + strconv.Itoa(i)
 				if v.row {
-					if err := pglimit.SetKeyLimits(ctx, pool, &cfg, keys[i], pglimit.Limit{Name: "per-minute", Rate: 200, Burst: 20}); err != nil {
+					if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(b, pool, &cfg), keys[i], pglimit.Limit{Name: "per-minute", Rate: 200, Burst: 20}); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -154,7 +154,7 @@ func (tg *target) ready(t *testing.T, key string) keyState {
 		return ks
 	}
 	if tg.cfg.Overrides {
-		if err := pglimit.SetKeyLimits(ctx, tg.pool, &tg.cfg, key, pglimit.Limit{Name: "rate", Rate: 10, Burst: 4}); err != nil {
+		if err := pglimit.SetKeyLimits(ctx, tg.setup, key, pglimit.Limit{Name: "rate", Rate: 10, Burst: 4}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -320,7 +320,7 @@ var entryPoints = []entryPoint{
 			return nil
 		}
 		return func(ctx context.Context, in input) (bool, error) {
-			return false, pglimit.SetKeyLimits(ctx, tg.pool, &tg.cfg, in.key, pglimit.Limit{Name: "rate", Rate: 20, Burst: 5})
+			return false, pglimit.SetKeyLimits(ctx, tg.lim, in.key, pglimit.Limit{Name: "rate", Rate: 20, Burst: 5})
 		}
 	}},
 	{name: "AllowAll", keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, ks keyState) call {
@@ -356,7 +356,7 @@ var entryPoints = []entryPoint{
 			return nil
 		}
 		return func(ctx context.Context, in input) (bool, error) {
-			_, err := pglimit.Inspect(ctx, tg.pool, &tg.cfg, in.key)
+			_, err := pglimit.Inspect(ctx, tg.lim, in.key)
 			return false, err
 		}
 	}},
@@ -365,7 +365,7 @@ var entryPoints = []entryPoint{
 			return nil
 		}
 		return func(ctx context.Context, in input) (bool, error) {
-			return false, pglimit.SetKeyLimitsFor(ctx, tg.pool, &tg.cfg, in.key, time.Hour, pglimit.Limit{Name: "rate", Rate: 20, Burst: 5})
+			return false, pglimit.SetKeyLimitsFor(ctx, tg.lim, in.key, time.Hour, pglimit.Limit{Name: "rate", Rate: 20, Burst: 5})
 		}
 	}},
 	{name: "Acquire", keyed: true, prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, _ keyState, in input) error {
@@ -740,7 +740,7 @@ func TestServerTimeoutIsErrTimeout(t *testing.T) {
 					t.Fatal(err)
 				}
 				setKeyLimits := func(ctx context.Context) error {
-					return pglimit.SetKeyLimits(ctx, pool, &cfg, "k", pglimit.Limit{Name: "rate", Rate: 20})
+					return pglimit.SetKeyLimits(ctx, lim, "k", pglimit.Limit{Name: "rate", Rate: 20})
 				}
 				if cfg.Overrides {
 					if err := setKeyLimits(t.Context()); err != nil { // the row to lock
@@ -1247,7 +1247,7 @@ func TestUnavailableIsTyped(t *testing.T) {
 		"Reserve":         func() error { _, err := lim.Reserve(ctx, "k", 1, time.Second); return err },
 		"Peek":            func() error { _, err := lim.Peek(ctx, "k", 1); return err },
 		"Reset":           func() error { return lim.Reset(ctx, "k") },
-		"SetKeyLimits":    func() error { return pglimit.SetKeyLimits(ctx, pool, &cfg, "k", pglimit.Limit{Name: "rate", Rate: 20}) },
+		"SetKeyLimits":    func() error { return pglimit.SetKeyLimits(ctx, lim, "k", pglimit.Limit{Name: "rate", Rate: 20}) },
 		"Acquire":         func() error { _, err := sem.Acquire(ctx, "k"); return err },
 	}
 	for name, call := range calls {

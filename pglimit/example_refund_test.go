@@ -83,10 +83,10 @@ func ExampleSetKeyLimits() {
 		panic(err)
 	}
 	// customer-7 is on the pro plan: 10 a minute, 5 at once.
-	if err := pglimit.SetKeyLimits(ctx, pool, cfg, "customer-7", pglimit.Limit{Name: "per-minute", Rate: 10, Burst: 5}); err != nil {
+	if err := pglimit.SetKeyLimits(ctx, lim, "customer-7", pglimit.Limit{Name: "per-minute", Rate: 10, Burst: 5}); err != nil {
 		panic(err)
 	}
-	defer pglimit.SetKeyLimits(ctx, pool, cfg, "customer-7")
+	defer pglimit.SetKeyLimits(ctx, lim, "customer-7")
 	defer lim.Reset(ctx, "customer-7")
 	defer lim.Reset(ctx, "customer-8")
 

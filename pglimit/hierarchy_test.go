@@ -44,7 +44,7 @@ func newTenancy(t *testing.T, schema string, pool *pgxpool.Pool, orgRate, userRa
 // left is what Inspect says key has left under cfg's first limit.
 func left(t *testing.T, pool *pgxpool.Pool, cfg pglimit.Config, key string) int {
 	t.Helper()
-	st, err := pglimit.Inspect(context.Background(), pool, &cfg, key)
+	st, err := pglimit.Inspect(context.Background(), testdb.Limiter(t, pool, &cfg), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestAllowAllOwnLimitsAndShadow(t *testing.T) {
 	schema := testdb.Schema(t)
 	pool := testdb.Pool(t)
 	tn := newTenancy(t, schema, pool, 100, 1)
-	if err := pglimit.SetKeyLimits(ctx, pool, &tn.userCfg, "vip", pglimit.Limit{Name: "user", Burst: 3}); err != nil {
+	if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &tn.userCfg), "vip", pglimit.Limit{Name: "user", Burst: 3}); err != nil {
 		t.Fatal(err)
 	}
 	shadowCfg := pglimit.Config{Schema: schema, Namespace: "shadow-org", Shadow: true, Limits: []pglimit.Limit{{Name: "org", Rate: 1, Period: time.Hour, Burst: 1}}}

@@ -341,9 +341,9 @@ func (l *limiter) replay(ctx context.Context, db DB, id string) (Decision, bool,
 // no ids, [ErrUnsupported]. A RefundID whose outcome is unknown may have
 // refunded: a retry of it then reports ErrAlreadySettled.
 func RefundID(ctx context.Context, lim Limiter, id string, n int) (ok bool, err error) {
-	l, isLimiter := lim.(*limiter)
-	if !isLimiter {
-		return false, fmt.Errorf("%w: RefundID: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	l, err := made(lim, "RefundID")
+	if err != nil {
+		return false, err
 	}
 	_, err = l.observe(ctx, OpRefundID, "", id, n, func(ctx context.Context) (Decision, error) {
 		var err error
@@ -423,9 +423,9 @@ func (l *limiter) refundID(ctx context.Context, id string, n int) (bool, error) 
 // [ErrUnsupported]. A SettleID whose outcome is unknown may have settled:
 // a retry of it then reports ErrAlreadySettled.
 func SettleID(ctx context.Context, lim Limiter, id string, cost int) (out Settlement, err error) {
-	l, ok := lim.(*limiter)
-	if !ok {
-		return Settlement{}, fmt.Errorf("%w: SettleID: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	l, err := made(lim, "SettleID")
+	if err != nil {
+		return Settlement{}, err
 	}
 	_, err = l.observe(ctx, OpSettleID, "", id, cost, func(ctx context.Context) (Decision, error) {
 		var err error

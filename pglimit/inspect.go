@@ -62,14 +62,27 @@ func (s KeyState) Refused() bool {
 	return false
 }
 
-// Inspect returns where key stands under each limit of the limiter cfg
-// configures, and its own limits, if any, reading one row and consuming
-// nothing. It is one statement, bounded by [Config.Timeout], which writes
+// Inspect returns where key stands under each limit of lim, and its own
+// limits, if any, reading one row and consuming nothing. It is one statement, bounded by [Config.Timeout], which writes
 // nothing. [ErrUnsupported] for the Range strategy, whose rows are
 // admissions, not a key's state (use [Limiter.Peek]).
-func Inspect(ctx context.Context, db DB, cfg *Config, key string) (KeyState, error) {
-	c, err := inspectable(cfg, "Inspect")
+func Inspect(ctx context.Context, lim Limiter, key string) (st KeyState, err error) {
+	l, err := made(lim, "Inspect")
 	if err != nil {
+		return KeyState{}, err
+	}
+	_, err = l.observe(ctx, OpInspect, key, "", 0, func(ctx context.Context) (Decision, error) {
+		var err error
+		st, err = l.inspect(ctx, key)
+		return Decision{}, err
+	})
+	return st, err
+}
+
+// inspect is Inspect unobserved.
+func (l *limiter) inspect(ctx context.Context, key string) (KeyState, error) {
+	db, c := l.db, l.cfg
+	if err := inspectable(c, "Inspect"); err != nil {
 		return KeyState{}, err
 	}
 	if err := ValidateKey(key); err != nil {
@@ -84,7 +97,7 @@ func Inspect(ctx context.Context, db DB, cfg *Config, key string) (KeyState, err
 	)
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
-	err = db.QueryRow(ctx, inspectSQL(c), c.Namespace, key).Scan(&state, &tat, &now, &doc, &ownUntil)
+	err := db.QueryRow(ctx, inspectSQL(c), c.Namespace, key).Scan(&state, &tat, &now, &doc, &ownUntil)
 	if err != nil {
 		return KeyState{}, statementErr(ctx, db, c, pgx.Identifier{c.Schema, c.Table}.Sanitize(), shapes[c.Strategy], "Inspect", err)
 	}
@@ -114,7 +127,7 @@ func inspectSQL(c Config) string {
 	return queries.Text("inspect.key", args)
 }
 
-// LimitedKeys returns a page of the keys of cfg's namespace that would
+// LimitedKeys returns a page of the keys of lim's namespace that would
 // refuse a request of n units now, each as [Inspect] reads it.
 //
 // With n = 1, these are the keys at their limit. The keys come in key order,
@@ -124,9 +137,23 @@ func inspectSQL(c Config) string {
 // order until it has found max, bounded by [Config.Timeout]: on a namespace
 // of millions of keys with few at their limit, page through it or give a
 // longer Timeout. [ErrUnsupported] for the Range strategy.
-func LimitedKeys(ctx context.Context, db DB, cfg *Config, n int, after string, max int) ([]KeyState, error) {
-	c, err := inspectable(cfg, "LimitedKeys")
+func LimitedKeys(ctx context.Context, lim Limiter, n int, after string, max int) (page []KeyState, err error) {
+	l, err := made(lim, "LimitedKeys")
 	if err != nil {
+		return nil, err
+	}
+	_, err = l.observe(ctx, OpLimitedKeys, "", "", n, func(ctx context.Context) (Decision, error) {
+		var err error
+		page, err = l.limitedKeys(ctx, n, after, max)
+		return Decision{}, err
+	})
+	return page, err
+}
+
+// limitedKeys is LimitedKeys unobserved.
+func (l *limiter) limitedKeys(ctx context.Context, n int, after string, max int) ([]KeyState, error) {
+	db, c := l.db, l.cfg
+	if err := inspectable(c, "LimitedKeys"); err != nil {
 		return nil, err
 	}
 	if n < 1 || costFits(c.Limits, n, modeAllow, 0) != nil {
@@ -172,7 +199,7 @@ func LimitedKeys(ctx context.Context, db DB, cfg *Config, n int, after string, m
 	)
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
-	err = db.QueryRow(ctx, queries.Text("inspect.limited", args), c.Namespace, after, max, n).Scan(&now, &page)
+	err := db.QueryRow(ctx, queries.Text("inspect.limited", args), c.Namespace, after, max, n).Scan(&now, &page)
 	if err != nil {
 		return nil, statementErr(ctx, db, c, pgx.Identifier{c.Schema, c.Table}.Sanitize(), shapes[c.Strategy], "LimitedKeys", err)
 	}
@@ -195,17 +222,13 @@ func LimitedKeys(ctx context.Context, db DB, cfg *Config, n int, after string, m
 	return out, nil
 }
 
-// inspectable is cfg with defaults, for op, which reads a key's state: not
-// on Range.
-func inspectable(cfg *Config, op string) (Config, error) {
-	c, err := cfg.withDefaults()
-	if err != nil {
-		return Config{}, err
-	}
+// inspectable is ErrUnsupported for op, which reads a key's state, on
+// the Range strategy.
+func inspectable(c Config, op string) error {
 	if c.Strategy == Range {
-		return Config{}, fmt.Errorf("%w: %s on the Range strategy, whose rows are admissions; use Peek", ErrUnsupported, op)
+		return fmt.Errorf("%w: %s on the Range strategy, whose rows are admissions; use Peek", ErrUnsupported, op)
 	}
-	return c, nil
+	return nil
 }
 
 // standing is key's KeyState under limits, from its row (state, tat) at

@@ -676,7 +676,7 @@ func (s *apiSequence) setKeyLimits(ctx context.Context, i, inst int) {
 			own = append(own, o)
 		}
 	}
-	err := pglimit.SetKeyLimits(ctx, s.pools[inst], &s.cfg, s.key, own...)
+	err := pglimit.SetKeyLimits(ctx, s.lims[inst], s.key, own...)
 	s.logf("%d: SetKeyLimits(%+v) on instance %d = %v", i, own, inst, err)
 	if len(own) == 1 && own[0].Name == "nope" {
 		if !errors.Is(err, pglimit.ErrInvalidConfig) {

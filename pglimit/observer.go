@@ -10,8 +10,9 @@ import (
 // tracing plug into a limiter without wrapping it ([Config.Observer]).
 // Every [Op] is observed, whatever its outcome, bad input among them: the
 // decision methods, Peek, Reset, Refund, [RefundID], [Settle],
-// [SettleID], [Pause], and each level of [AllowAll] on its own limiter's
-// Observer. A call whose Limiter [New] did not make, or an AllowAll whose
+// [SettleID], [Pause], [Inspect], [LimitedKeys], [SetKeyLimits],
+// [SetKeyLimitsFor], [ListKeyLimits], and each level of [AllowAll] on its
+// own limiter's Observer. A call whose Limiter [New] did not make, or an AllowAll whose
 // charges are not all such limiters, is not. Its methods run on the
 // caller's goroutine, around the operation, and must be safe for
 // concurrent use: one Observer may serve many limiters, told apart by each
@@ -51,6 +52,13 @@ const (
 	OpSettle      Op = "Settle"
 	OpSettleID    Op = "SettleID"
 	OpPause       Op = "Pause"
+
+	// Reading and setting keys' state and own limits.
+	OpInspect         Op = "Inspect"
+	OpLimitedKeys     Op = "LimitedKeys" // no Key; N is n
+	OpSetKeyLimits    Op = "SetKeyLimits"
+	OpSetKeyLimitsFor Op = "SetKeyLimitsFor"
+	OpListKeyLimits   Op = "ListKeyLimits" // no Key
 )
 
 // Decides reports whether op admits or refuses units: the decision

@@ -181,7 +181,8 @@ func TestObserverSeesEveryDecision(t *testing.T) {
 
 // The operations beside the decision methods are seen too, with their
 // key or id, their units and their error: Reset, Refund, RefundID,
-// Settle, SettleID, Pause, and each level of AllowAll on its own
+// Settle, SettleID, Pause, Inspect, LimitedKeys, SetKeyLimits,
+// SetKeyLimitsFor, ListKeyLimits, and each level of AllowAll on its own
 // limiter's Observer (a level without one is not seen). Their outcomes
 // are not decisions: only errors count.
 func TestObserverSeesEveryOp(t *testing.T) {
@@ -223,6 +224,16 @@ func TestObserverSeesEveryOp(t *testing.T) {
 	wants = append(wants, want{"RefundID", "", "job-1", 1, err})
 	err = pglimit.Pause(ctx, lim, "k", time.Second)
 	wants = append(wants, want{"Pause", "k", "", 0, err})
+	_, err = pglimit.Inspect(ctx, lim, "k")
+	wants = append(wants, want{"Inspect", "k", "", 0, err})
+	_, err = pglimit.LimitedKeys(ctx, lim, 1, "", 10)
+	wants = append(wants, want{"LimitedKeys", "", "", 1, err})
+	err = pglimit.SetKeyLimits(ctx, lim, "k") // ErrInvalidConfig: the limiter sets no Overrides
+	wants = append(wants, want{"SetKeyLimits", "k", "", 0, err})
+	err = pglimit.SetKeyLimitsFor(ctx, lim, "k", 0) // ErrInvalidConfig: no ttl
+	wants = append(wants, want{"SetKeyLimitsFor", "k", "", 0, err})
+	_, err = pglimit.ListKeyLimits(ctx, lim, "", 10)
+	wants = append(wants, want{"ListKeyLimits", "", "", 0, err})
 	err = lim.Reset(ctx, "k")
 	wants = append(wants, want{"Reset", "k", "", 0, err})
 	ds, err := pglimit.AllowAll(ctx, 1, pglimit.Charge{Limiter: unseen, Key: "u"}, pglimit.Charge{Limiter: lim, Key: "a"})
@@ -232,6 +243,9 @@ func TestObserverSeesEveryOp(t *testing.T) {
 	wants = append(wants, want{"AllowAll", "a", "", 1, nil})
 	if !errors.Is(wants[2].err, pglimit.ErrNotAdmitted) || !errors.Is(wants[4].err, pglimit.ErrAlreadySettled) {
 		t.Fatalf("the refund of a zero Decision and the RefundID after a SettleID: %v, %v", wants[2].err, wants[4].err)
+	}
+	if wants[6].err != nil || !errors.Is(wants[8].err, pglimit.ErrInvalidConfig) || !errors.Is(wants[9].err, pglimit.ErrInvalidConfig) {
+		t.Fatalf("Inspect, and SetKeyLimits and SetKeyLimitsFor without Overrides or a ttl: %v, %v, %v", wants[6].err, wants[8].err, wants[9].err)
 	}
 
 	all, allEnds := obs.calls()

@@ -205,11 +205,11 @@ func costFits(limits []Limit, n, mode int, maxDelay int64) error {
 	return nil
 }
 
-// SetKeyLimits gives key its own rates and bursts for some of cfg's
+// SetKeyLimits gives key its own rates and bursts for some of lim's
 // limits, for good, or, given no limits, takes them away.
 //
-// cfg is the limiter's configuration, with [Config.Overrides] set. Each of
-// limits names one of cfg's by Name and gives its Rate, its Burst, or both;
+// lim's Config sets [Config.Overrides]. Each of
+// limits names one of its by Name and gives its Rate, its Burst, or both;
 // its other fields must be zero, as a key's limit differs from the limiter's
 // in rate and burst only. The next decision on the key, on every instance,
 // uses them; the key keeps what it has consumed (docs/limits.md). The same
@@ -219,8 +219,8 @@ func costFits(limits []Limit, n, mode int, maxDelay int64) error {
 // is [ErrInvalidConfig], and nothing is written. Like a decision, it waits
 // at most [Config.Timeout] ([ErrTimeout]) and needs a server that can write
 // ([ErrReadOnly]).
-func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ...Limit) error {
-	return setKeyLimits(ctx, db, cfg, key, nil, limits)
+func SetKeyLimits(ctx context.Context, lim Limiter, key string, limits ...Limit) error {
+	return setKeyLimits(ctx, lim, OpSetKeyLimits, key, 0, limits)
 }
 
 // SetKeyLimitsFor is SetKeyLimits for ttl: the key's own limits lapse ttl
@@ -229,21 +229,39 @@ func SetKeyLimits(ctx context.Context, db DB, cfg *Config, key string, limits ..
 // ttl runs on the database clock; when it ends the key is back on the
 // limiter's limits, keeping what it consumed meanwhile. A ttl that is
 // not positive, or is longer than 366 days, is [ErrInvalidConfig].
-func SetKeyLimitsFor(ctx context.Context, db DB, cfg *Config, key string, ttl time.Duration, limits ...Limit) error {
-	if ttl <= 0 || ttl > maxPeriod {
-		return fmt.Errorf("%w: SetKeyLimitsFor: ttl %s, not in (0, %s]", ErrInvalidConfig, ttl, maxPeriod)
+func SetKeyLimitsFor(ctx context.Context, lim Limiter, key string, ttl time.Duration, limits ...Limit) error {
+	return setKeyLimits(ctx, lim, OpSetKeyLimitsFor, key, ttl, limits)
+}
+
+// setKeyLimits is SetKeyLimits (op OpSetKeyLimits, ttl 0) and
+// SetKeyLimitsFor, observed.
+func setKeyLimits(ctx context.Context, lim Limiter, op Op, key string, ttl time.Duration, limits []Limit) error {
+	l, err := made(lim, string(op))
+	if err != nil {
+		return err
 	}
-	if len(limits) == 0 {
-		return fmt.Errorf("%w: SetKeyLimitsFor: no limits; SetKeyLimits with none takes a key's away", ErrInvalidConfig)
-	}
-	us := ttl.Microseconds()
-	return setKeyLimits(ctx, db, cfg, key, &us, limits)
+	_, err = l.observe(ctx, op, key, "", 0, func(ctx context.Context) (Decision, error) {
+		if op == OpSetKeyLimits {
+			return Decision{}, l.setKeyLimits(ctx, key, nil, limits)
+		}
+		if ttl <= 0 || ttl > maxPeriod {
+			return Decision{}, fmt.Errorf("%w: SetKeyLimitsFor: ttl %s, not in (0, %s]", ErrInvalidConfig, ttl, maxPeriod)
+		}
+		if len(limits) == 0 {
+			return Decision{}, fmt.Errorf("%w: SetKeyLimitsFor: no limits; SetKeyLimits with none takes a key's away", ErrInvalidConfig)
+		}
+		us := ttl.Microseconds()
+		return Decision{}, l.setKeyLimits(ctx, key, &us, limits)
+	})
+	return err
 }
 
 // setKeyLimits writes key's own limits, lapsing after ttl µs (nil:
-// never), or deletes them when there are none.
-func setKeyLimits(ctx context.Context, db DB, cfg *Config, key string, ttl *int64, limits []Limit) error {
-	c, table, err := overridesOf(cfg, "SetKeyLimits")
+// never), or deletes them when there are none: SetKeyLimits and
+// SetKeyLimitsFor unobserved.
+func (l *limiter) setKeyLimits(ctx context.Context, key string, ttl *int64, limits []Limit) error {
+	db, c := l.db, l.cfg
+	table, err := overridesOf(c, "SetKeyLimits")
 	if err != nil {
 		return err
 	}
@@ -266,17 +284,13 @@ func setKeyLimits(ctx context.Context, db DB, cfg *Config, key string, ttl *int6
 	return nil
 }
 
-// overridesOf is cfg with defaults, which must set Overrides, and its
-// overrides table, quoted; op names the caller in errors.
-func overridesOf(cfg *Config, op string) (Config, string, error) {
-	c, err := cfg.withDefaults()
-	if err != nil {
-		return Config{}, "", err
-	}
+// overridesOf is c's overrides table, quoted, which c must set; op names
+// the caller in errors.
+func overridesOf(c Config, op string) (string, error) {
 	if !c.Overrides {
-		return Config{}, "", fmt.Errorf("%w: %s: the configuration does not set Overrides", ErrInvalidConfig, op)
+		return "", fmt.Errorf("%w: %s: the configuration does not set Overrides", ErrInvalidConfig, op)
 	}
-	return c, pgx.Identifier{c.Schema, overridesTable}.Sanitize(), nil
+	return pgx.Identifier{c.Schema, overridesTable}.Sanitize(), nil
 }
 
 // KeyLimits is a key's own limits, as [SetKeyLimits] wrote them.
@@ -292,14 +306,29 @@ type KeyLimits struct {
 	Updated time.Time
 }
 
-// ListKeyLimits returns a page of the keys of cfg's namespace that have
+// ListKeyLimits returns a page of the keys of lim's namespace that have
 // their own limits now.
 //
 // Lapsed limits are left out. The keys come in key order, starting after
 // the key after ("" for the first page), at most max (1 to 1000) of them.
 // It is one statement, bounded by [Config.Timeout].
-func ListKeyLimits(ctx context.Context, db DB, cfg *Config, after string, max int) ([]KeyLimits, error) {
-	c, table, err := overridesOf(cfg, "ListKeyLimits")
+func ListKeyLimits(ctx context.Context, lim Limiter, after string, max int) (page []KeyLimits, err error) {
+	l, err := made(lim, "ListKeyLimits")
+	if err != nil {
+		return nil, err
+	}
+	_, err = l.observe(ctx, OpListKeyLimits, "", "", 0, func(ctx context.Context) (Decision, error) {
+		var err error
+		page, err = l.listKeyLimits(ctx, after, max)
+		return Decision{}, err
+	})
+	return page, err
+}
+
+// listKeyLimits is ListKeyLimits unobserved.
+func (l *limiter) listKeyLimits(ctx context.Context, after string, max int) ([]KeyLimits, error) {
+	db, c := l.db, l.cfg
+	table, err := overridesOf(c, "ListKeyLimits")
 	if err != nil {
 		return nil, err
 	}

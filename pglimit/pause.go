@@ -30,11 +30,11 @@ import (
 // again is safe, since a pause only moves the key's end later, to d
 // from the later call, and never adds one pause to another.
 func Pause(ctx context.Context, lim Limiter, key string, d time.Duration) error {
-	l, ok := lim.(*limiter)
-	if !ok {
-		return fmt.Errorf("%w: Pause: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	l, err := made(lim, "Pause")
+	if err != nil {
+		return err
 	}
-	_, err := l.observe(ctx, OpPause, key, "", 0, func(ctx context.Context) (Decision, error) {
+	_, err = l.observe(ctx, OpPause, key, "", 0, func(ctx context.Context) (Decision, error) {
 		return Decision{}, l.pause(ctx, key, d)
 	})
 	return err

@@ -147,6 +147,15 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// made is the limiter New made that lim is, for op; else ErrInvalidConfig.
+func made(lim Limiter, op string) (*limiter, error) {
+	l, ok := lim.(*limiter)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s: a Limiter that pglimit.New did not make", ErrInvalidConfig, op)
+	}
+	return l, nil
+}
+
 // New returns a limiter of cfg.Strategy over db.
 func New(db DB, cfg *Config) (Limiter, error) {
 	if db == nil {

@@ -95,9 +95,9 @@ func settleText(name string, limits []Limit, table, ids, unmade string) string {
 // that the outcome is unknown, and wraps [ErrUnavailable] (or
 // [ErrTimeout], when Timeout cut the statement off).
 func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (out Settlement, err error) {
-	l, ok := lim.(*limiter)
-	if !ok {
-		return Settlement{}, fmt.Errorf("%w: Settle: a Limiter that pglimit.New did not make", ErrInvalidConfig)
+	l, err := made(lim, "Settle")
+	if err != nil {
+		return Settlement{}, err
 	}
 	_, err = l.observe(ctx, OpSettle, d.key(), "", cost, func(ctx context.Context) (Decision, error) {
 		var err error

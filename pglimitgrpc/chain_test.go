@@ -56,7 +56,7 @@ func serveChainOf(t *testing.T, svc healthpb.HealthServer, unary []grpc.UnarySer
 // limiter, as the database of pool holds them.
 func left(t *testing.T, pool *pgxpool.Pool, cfg *pglimit.Config, key string) int {
 	t.Helper()
-	st, err := pglimit.Inspect(context.Background(), pool, cfg, key)
+	st, err := pglimit.Inspect(context.Background(), testdb.Limiter(t, pool, cfg), key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,7 +85,7 @@ func TestLevels(t *testing.T) {
 	if v := violated(call("bob")); v != "limit:user" {
 		t.Fatalf("bob past his limit: %s, want limit:user", v)
 	}
-	st, err := pglimit.Inspect(context.Background(), testdb.Pool(t), &orgCfg, "acme")
+	st, err := pglimit.Inspect(context.Background(), testdb.Limiter(t, testdb.Pool(t), &orgCfg), "acme")
 	if err != nil || st.Limits[0].Remaining != 1 {
 		t.Fatalf("the org after bob's refusal: %+v, %v; want 1 left", st, err)
 	}

@@ -246,8 +246,12 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 	}
 	defer pool.Close()
 	p := printer{w: stdout, json: o.json}
+	var lim pglimit.Limiter // the limiter described, for the commands that read
 	if name != "cleaner" && name != "usage" {
 		if err := o.resolve(ctx, pool, stderr); err != nil {
+			return err
+		}
+		if lim, err = pglimit.New(pool, &o.cfg); err != nil {
 			return err
 		}
 	}
@@ -261,19 +265,19 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 		if err != nil {
 			return err
 		}
-		st, err := pglimit.Inspect(ctx, pool, &o.cfg, key)
+		st, err := pglimit.Inspect(ctx, lim, key)
 		if err != nil {
 			return err
 		}
 		return p.state(o.cfg, st)
 	case "limited":
-		states, err := pglimit.LimitedKeys(ctx, pool, &o.cfg, *n, *after, *max)
+		states, err := pglimit.LimitedKeys(ctx, lim, *n, *after, *max)
 		if err != nil {
 			return err
 		}
 		return p.limited(*n, *max, states)
 	case "overrides list":
-		own, err := pglimit.ListKeyLimits(ctx, pool, &o.cfg, *after, *max)
+		own, err := pglimit.ListKeyLimits(ctx, lim, *after, *max)
 		if err != nil {
 			return err
 		}
@@ -359,24 +363,24 @@ func (o *options) write(ctx context.Context, pool *pgxpool.Pool, p printer, name
 		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the dry run's end
 		db = tx
 	}
-	var err error
+	lim, err := pglimit.New(db, &o.cfg)
+	if err != nil {
+		return err
+	}
 	switch {
 	case name == "reset":
-		var lim pglimit.Limiter
-		if lim, err = pglimit.New(db, &o.cfg); err == nil {
-			err = lim.Reset(ctx, key)
-		}
+		err = lim.Reset(ctx, key)
 	case name == "overrides clear":
-		err = pglimit.SetKeyLimits(ctx, db, &o.cfg, key)
+		err = pglimit.SetKeyLimits(ctx, lim, key)
 	case ttl != 0:
-		err = pglimit.SetKeyLimitsFor(ctx, db, &o.cfg, key, ttl, own...)
+		err = pglimit.SetKeyLimitsFor(ctx, lim, key, ttl, own...)
 	default:
-		err = pglimit.SetKeyLimits(ctx, db, &o.cfg, key, own...)
+		err = pglimit.SetKeyLimits(ctx, lim, key, own...)
 	}
 	if err != nil {
 		return err
 	}
-	st, err := pglimit.Inspect(ctx, db, &o.cfg, key)
+	st, err := pglimit.Inspect(ctx, lim, key)
 	if errors.Is(err, pglimit.ErrUnsupported) { // Range: its write is done
 		return p.done(name, key, o.dryRun, nil)
 	}

@@ -144,7 +144,7 @@ func TestOverridesCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "dry run: would have set own limits of \"bob\"") || !strings.Contains(out, "burst 10") {
 		t.Fatalf("a dry run of overrides set: exit %d, %s%s", code, out, errOut)
 	}
-	if own, err := pglimit.ListKeyLimits(ctx, b.pool, &b.cfg, "", 10); err != nil || len(own) != 0 {
+	if own, err := pglimit.ListKeyLimits(ctx, testdb.Limiter(t, b.pool, &b.cfg), "", 10); err != nil || len(own) != 0 {
 		t.Fatalf("after the dry run: %+v, %v; want nothing written", own, err)
 	}
 	if d, err := b.lim.Allow(ctx, "bob"); err != nil || d.Allowed {
@@ -162,7 +162,7 @@ func TestOverridesCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "bob") || !strings.Contains(out, "until") {
 		t.Errorf("overrides list: exit %d, %s", code, out)
 	}
-	own, err := pglimit.ListKeyLimits(ctx, b.pool, &b.cfg, "", 10)
+	own, err := pglimit.ListKeyLimits(ctx, testdb.Limiter(t, b.pool, &b.cfg), "", 10)
 	if err != nil || len(own) != 1 || own[0].Expires.Sub(own[0].Updated) != time.Hour {
 		t.Errorf("ListKeyLimits after overrides set -for 1h: %+v, %v", own, err)
 	}
@@ -170,7 +170,7 @@ func TestOverridesCommand(t *testing.T) {
 	if code, out, errOut := b.pglimit(t, "overrides", "clear", "bob"); code != 0 {
 		t.Fatalf("overrides clear: exit %d, %s%s", code, out, errOut)
 	}
-	if own, err := pglimit.ListKeyLimits(ctx, b.pool, &b.cfg, "", 10); err != nil || len(own) != 0 {
+	if own, err := pglimit.ListKeyLimits(ctx, testdb.Limiter(t, b.pool, &b.cfg), "", 10); err != nil || len(own) != 0 {
 		t.Errorf("after overrides clear: %+v, %v", own, err)
 	}
 }
@@ -193,7 +193,7 @@ func TestResetCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &done); code != 0 || err != nil || !done.DryRun || done.State.Limits[0].Remaining != 3 {
 		t.Fatalf("reset -dry-run -json: exit %d, %v, %s; want the full burst it would leave", code, err, out)
 	}
-	if st, err := pglimit.Inspect(ctx, b.pool, &b.cfg, "carol"); err != nil || st.Limits[0].Remaining != 0 {
+	if st, err := pglimit.Inspect(ctx, testdb.Limiter(t, b.pool, &b.cfg), "carol"); err != nil || st.Limits[0].Remaining != 0 {
 		t.Fatalf("after the dry run: %+v, %v; want carol still at her burst", st, err)
 	}
 	if code, out, errOut := b.pglimit(t, "reset", "carol"); code != 0 {
@@ -275,7 +275,7 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("pglimit %q: exit %d, stdout %q, stderr %q; want 2 and a message", args, code, out, errOut)
 		}
 	}
-	if own, err := pglimit.ListKeyLimits(context.Background(), b.pool, &b.cfg, "", 10); err != nil || len(own) != 0 {
+	if own, err := pglimit.ListKeyLimits(context.Background(), testdb.Limiter(t, b.pool, &b.cfg), "", 10); err != nil || len(own) != 0 {
 		t.Errorf("after bad input: %+v, %v; want nothing written", own, err)
 	}
 
@@ -345,7 +345,7 @@ func TestDescriptionMustMatchRecorded(t *testing.T) {
 		record(t, pool, other, schema)
 	}
 	// The key's own burst is 1: one request, and the cooldown refuses it.
-	if err := pglimit.SetKeyLimits(ctx, pool, &cfg, "k", pglimit.Limit{Name: "cooldown", Burst: 1}); err != nil {
+	if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "k", pglimit.Limit{Name: "cooldown", Burst: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {

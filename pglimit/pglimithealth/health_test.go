@@ -82,7 +82,7 @@ func status(t *testing.T, pool *pgxpool.Pool, schema string) pglimithealth.State
 // for good (no expiry).
 func keyRate(t *testing.T, pool *pgxpool.Pool, schema string) int {
 	t.Helper()
-	own, err := pglimit.ListKeyLimits(t.Context(), pool, limiterConfig(schema), "", 10)
+	own, err := pglimit.ListKeyLimits(t.Context(), testdb.Limiter(t, pool, limiterConfig(schema)), "", 10)
 	if err != nil || len(own) != 1 || own[0].Key != "backfill" || len(own[0].Limits) != 1 {
 		t.Fatalf("ListKeyLimits: %+v, %v", own, err)
 	}
@@ -523,7 +523,7 @@ func TestStandbyNotAStandby(t *testing.T) {
 	if st, err := pglimithealth.Status(t.Context(), pool, schema, ""); err != nil || len(st) != 0 {
 		t.Errorf("Status: %v, %v; want nothing written", st, err)
 	}
-	if own, err := pglimit.ListKeyLimits(t.Context(), pool, cfg.Limiter, "", 10); err != nil || len(own) != 0 {
+	if own, err := pglimit.ListKeyLimits(t.Context(), testdb.Limiter(t, pool, cfg.Limiter), "", 10); err != nil || len(own) != 0 {
 		t.Errorf("the key's limits: %+v, %v; want none written", own, err)
 	}
 }

@@ -71,7 +71,7 @@ func TestLevels(t *testing.T) {
 	if p := decodeProblem(t, rec, http.StatusTooManyRequests); !slices.Equal(p.ViolatedPolicies, []string{"user"}) || rec.Header().Get("Retry-After") == "" {
 		t.Fatalf("bob past his limit: %+v, %v; want the user policy violated", p, rec.Header())
 	}
-	if st, err := pglimit.Inspect(context.Background(), testdb.Pool(t), &orgCfg, "acme"); err != nil || st.Limits[0].Remaining != 1 {
+	if st, err := pglimit.Inspect(context.Background(), testdb.Limiter(t, testdb.Pool(t), &orgCfg), "acme"); err != nil || st.Limits[0].Remaining != 1 {
 		t.Fatalf("the org after bob's refusal: %+v, %v; want 1 left, nothing charged by the refusal", st, err)
 	}
 	rec = levelsGet(h, "acme", "carol")

@@ -66,7 +66,7 @@ func TestSettleFromResponse(t *testing.T) {
 	}
 	used := func() int {
 		t.Helper()
-		st, err := pglimit.Inspect(context.Background(), pool, &cfg, "bob")
+		st, err := pglimit.Inspect(context.Background(), testdb.Limiter(t, pool, &cfg), "bob")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +138,7 @@ func TestSettleLevels(t *testing.T) {
 		key  string
 		left int
 	}{{orgCfg, "acme", 6}, {userCfg, "bob", 1}} {
-		st, err := pglimit.Inspect(context.Background(), pool, &c.cfg, c.key)
+		st, err := pglimit.Inspect(context.Background(), testdb.Limiter(t, pool, &c.cfg), c.key)
 		if err != nil || st.Limits[0].Remaining != c.left {
 			t.Errorf("%s after a request that cost 4: %+v, %v; want %d left", c.key, st, err, c.left)
 		}

@@ -65,7 +65,7 @@ func stackGet(t *testing.T, srv *httptest.Server, query string) stackResponse {
 // limiter, as the database holds them.
 func remaining(t *testing.T, cfg *pglimit.Config, key string) int {
 	t.Helper()
-	st, err := pglimit.Inspect(context.Background(), testdb.Pool(t), cfg, key)
+	st, err := pglimit.Inspect(context.Background(), testdb.Limiter(t, testdb.Pool(t), cfg), key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -337,8 +337,8 @@ func TestTransportFailFastAndGiveUp(t *testing.T) {
 	}
 	// The waiter's slot was given back: the key waits for the first
 	// request's unit alone, under a second, not two.
-	st, err := pglimit.Inspect(context.Background(), pool, &pglimit.Config{Schema: schema, Namespace: "upstream",
-		Limits: []pglimit.Limit{{Name: "upstream", Rate: 1, Period: time.Second, Burst: 1}}}, up.srv.Listener.Addr().String())
+	st, err := pglimit.Inspect(context.Background(), testdb.Limiter(t, pool, &pglimit.Config{Schema: schema, Namespace: "upstream",
+		Limits: []pglimit.Limit{{Name: "upstream", Rate: 1, Period: time.Second, Burst: 1}}}), up.srv.Listener.Addr().String())
 	if err != nil || st.Limits[0].RetryAfter > time.Second {
 		t.Fatalf("the budget after a waiter gave up: %+v, %v; want its slot back", st, err)
 	}

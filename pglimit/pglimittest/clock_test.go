@@ -95,7 +95,7 @@ func TestClockGCRA(t *testing.T) {
 	if admitted != 2 {
 		t.Fatalf("8 callers at one instant: %d admitted, want the burst of 2", admitted)
 	}
-	st, err := pglimit.Inspect(ctx, pool, &cfg, "bob")
+	st, err := pglimit.Inspect(ctx, lim, "bob")
 	if err != nil || st.Limits[0].RetryAfter != 30*time.Minute || !st.At.Equal(clock.Now()) {
 		t.Fatalf("Inspect: %+v, %v; want one unit back in 30 minutes exactly, at the Clock's time", st, err)
 	}
@@ -104,7 +104,7 @@ func TestClockGCRA(t *testing.T) {
 		t.Fatalf("30 minutes on: %+v, %v; want one unit", d, err)
 	}
 
-	if err := pglimit.SetKeyLimitsFor(ctx, pool, &cfg, "bob", time.Hour, pglimit.Limit{Name: "per-hour", Burst: 10}); err != nil {
+	if err := pglimit.SetKeyLimitsFor(ctx, lim, "bob", time.Hour, pglimit.Limit{Name: "per-hour", Burst: 10}); err != nil {
 		t.Fatal(err)
 	}
 	if err := lim.Reset(ctx, "bob"); err != nil {

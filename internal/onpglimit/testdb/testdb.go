@@ -165,6 +165,16 @@ func prepare(ctx context.Context, url string) (string, error) {
 	return version, err
 }
 
+// Limiter is pglimit.New(db, cfg), failing the test on its error.
+func Limiter(tb testing.TB, db pglimit.DB, cfg *pglimit.Config) pglimit.Limiter {
+	tb.Helper()
+	lim, err := pglimit.New(db, cfg)
+	if err != nil {
+		tb.Fatalf("testdb: %v", err)
+	}
+	return lim
+}
+
 // Pool returns a new pool to the shared server, closed when the test ends.
 // Its search_path is empty, so SQL that forgets to qualify a table fails.
 func Pool(tb testing.TB) *pgxpool.Pool {
