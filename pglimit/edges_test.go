@@ -599,8 +599,7 @@ func steady(limits []pglimit.Limit) bool {
 // to its caller, else afresh), and then the id has one row at each level
 // it charges, and the key, where its limits give no unit back meanwhile
 // (steady), is charged its cost once at each, as the database's record
-// shows. It returns how many ids calls during the fault had stored before
-// their retry.
+// shows. It returns how many ids calls during the fault stored.
 func (c *deadlineCase) checkIDs(t *testing.T) (stored int) {
 	t.Helper()
 	ids := pgx.Identifier{c.tg.cfg.Schema, "pglimit_ids"}.Sanitize()
@@ -741,18 +740,33 @@ func runAll(t *testing.T, cases []*deadlineCase) {
 	wg.Wait()
 }
 
-// checkAllIDs is checkIDs of every case, once the fault is over, and logs
-// how many ids calls during the fault had stored by then: admissions whose
-// callers got an error, their outcome unknown to them (a statement the
-// client gave up on goes on waiting on the server, and may commit once
-// the fault ends).
-func checkAllIDs(t *testing.T, cases ...*deadlineCase) {
+// appPool opens a pool of cfg whose connections have the
+// application_name app (testdb.Quiesce), closed when the test ends.
+func appPool(t *testing.T, cfg *pgxpool.Config, app string) *pgxpool.Pool {
 	t.Helper()
+	cfg = cfg.Copy()
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	return openPool(t, cfg)
+}
+
+// checkAllIDs is checkIDs of every case, once the fault is over and the
+// statements its calls sent have ended on the server (testdb.Quiesce; the
+// cases' pools set the application_name app), and logs how many ids calls
+// during the fault stored: admissions whose callers got an error, their
+// outcome unknown to them (a statement the client gave up on goes on
+// waiting on the server, and may commit once the fault ends).
+func checkAllIDs(t *testing.T, app string, cases ...*deadlineCase) {
+	t.Helper()
+	pools := make([]*pgxpool.Pool, len(cases))
+	for i, c := range cases {
+		pools[i] = c.tg.pool
+	}
+	testdb.Quiesce(t, app, pools...)
 	stored := 0
 	for _, c := range cases {
 		stored += c.checkIDs(t)
 	}
-	t.Logf("after the fault: %d ids found stored before their retry (admitted by a call whose caller got an error); each id checked charged once", stored)
+	t.Logf("after the fault: %d ids stored by calls whose callers got an error; each id checked charged once", stored)
 }
 
 // lockKeys holds the rows of keys in schema's table (each key must have
@@ -795,13 +809,14 @@ func TestDeadlineLockedRow(t *testing.T) {
 		for _, bound := range []string{"context", "Timeout"} {
 			t.Run(m.name+"/"+bound, func(t *testing.T) {
 				t.Parallel()
-				pool := bigPool(t, 16)
+				app := testdb.AppName(t)
+				pool := appPool(t, bigPoolConfig(t, 16), app)
 				c := newDeadlineCase(t, m, bound, pool, testdb.Schema(t))
 				unlock := lockKeys(t, pool, c.tg.cfg.Schema, c.tg.table(), c.keys()...)
 				c.run(t, false)
 				logCalls(t, c)
 				unlock()
-				checkAllIDs(t, c)
+				checkAllIDs(t, app, c)
 			})
 		}
 	}
@@ -818,7 +833,8 @@ func TestDeadlineFrozenServer(t *testing.T) {
 	if err := pglimit.Migrate(t.Context(), testdb.ServerPool(t, srv, 2), "public"); err != nil {
 		t.Fatal(err)
 	}
-	cases := deadlineCases(t, func() *pgxpool.Pool { return testdb.ServerPool(t, srv, 12) }, "public")
+	app := testdb.AppName(t)
+	cases := deadlineCases(t, func() *pgxpool.Pool { return appPool(t, testdb.ServerPoolConfig(t, srv, 12), app) }, "public")
 	if err := srv.Freeze(); err != nil {
 		testdb.Missing(t, "a frozen server needs one of local binaries (%s=local): %v", testdb.EnvPrefer, err)
 	}
@@ -831,7 +847,7 @@ func TestDeadlineFrozenServer(t *testing.T) {
 	runAll(t, cases)
 	logCalls(t, cases...)
 	thaw()
-	checkAllIDs(t, cases...)
+	checkAllIDs(t, app, cases...)
 }
 
 // The deadline invariant on a dead connection: every connection to the
@@ -843,14 +859,8 @@ func TestDeadlineDeadConnection(t *testing.T) {
 	proxy, pcfg := testdb.NewStallProxy(t)
 	pcfg.MaxConns = 12
 	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cases := deadlineCases(t, func() *pgxpool.Pool {
-		pool, err := pgxpool.NewWithConfig(context.Background(), pcfg.Copy())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		return pool
-	}, testdb.Schema(t))
+	app := testdb.AppName(t)
+	cases := deadlineCases(t, func() *pgxpool.Pool { return appPool(t, pcfg, app) }, testdb.Schema(t))
 	proxy.Stall()
 	t.Cleanup(proxy.Unstall) // before the pools close and the transactions roll back
 	runAll(t, cases)
@@ -858,7 +868,7 @@ func TestDeadlineDeadConnection(t *testing.T) {
 	// The statements held back reach the server now, after their callers
 	// gave up: an admission among them commits unknown to its caller.
 	proxy.Unstall()
-	checkAllIDs(t, cases...)
+	checkAllIDs(t, app, cases...)
 }
 
 // The deadline invariant of a decision whose id another transaction
@@ -874,7 +884,8 @@ func TestDeadlineHeldID(t *testing.T) {
 		for _, bound := range []string{"context", "Timeout"} {
 			t.Run(m.name+"/"+bound, func(t *testing.T) {
 				t.Parallel()
-				pool := bigPool(t, 16)
+				app := testdb.AppName(t)
+				pool := appPool(t, bigPoolConfig(t, 16), app)
 				c := newDeadlineCase(t, m, bound, pool, testdb.Schema(t))
 				c.entries = slices.DeleteFunc(c.entries, func(e readyEntry) bool { return !e.id })
 				if len(c.entries) == 0 {
@@ -884,7 +895,7 @@ func TestDeadlineHeldID(t *testing.T) {
 				c.run(t, false)
 				logCalls(t, c)
 				release()
-				checkAllIDs(t, c)
+				checkAllIDs(t, app, c)
 			})
 		}
 	}
