@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,6 +87,11 @@ type target struct {
 	setupSem *pglimitsem.Semaphore // sem with the default Timeout: takes the keys' slots
 	pool     *pgxpool.Pool         // the limiter's or the semaphore's, and its transactions'
 	sqlDB    *sql.DB               // for api "sql": the limiter's, and its transactions'
+	// level is, for a limiter whose decisions take ids, a second level
+	// for AllowAll on the same table and DB, of the same Timeout (a
+	// limit of one unit an hour, burst 100, namespace "level");
+	// levelSetup is it with the default Timeout, as setup is lim.
+	level, levelSetup pglimit.Limiter
 }
 
 // newTarget builds m's limiter (or semaphore) of timeout on pool, in schema.
@@ -119,6 +125,21 @@ func newTarget(t *testing.T, m mechanism, pool *pgxpool.Pool, schema string, tim
 	setup.Fallback, setup.Timeout = nil, 0
 	if tg.setup, err = pglimit.New(pool, &setup); err != nil {
 		t.Fatal(err)
+	}
+	if !tg.cfg.Overrides && tg.cfg.Strategy != pglimit.Range { // its decisions take ids
+		level := pglimit.Config{Schema: schema, Strategy: tg.cfg.Strategy, Namespace: "level", Timeout: timeout,
+			Limits: []pglimit.Limit{{Rate: 1, Period: time.Hour, Burst: 100}}}
+		var db pglimit.DB = pool
+		if tg.sqlDB != nil {
+			db = pglimitsql.DB(tg.sqlDB) // AllowAll's levels share one DB
+		}
+		if tg.level, err = pglimit.New(db, &level); err != nil {
+			t.Fatal(err)
+		}
+		level.Timeout = 0
+		if tg.levelSetup, err = pglimit.New(pool, &level); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return tg
 }
@@ -160,6 +181,11 @@ func (tg *target) ready(t *testing.T, key string) keyState {
 	}
 	if d, err := tg.setup.Allow(ctx, key); err != nil || !d.Allowed {
 		t.Fatalf("%s: first Allow: %+v, %v", key, d, err)
+	}
+	if tg.levelSetup != nil { // the key's row at AllowAll's second level, which lockKeys locks too
+		if d, err := tg.levelSetup.Allow(ctx, key); err != nil || !d.Allowed {
+			t.Fatalf("%s: Allow at the second level: %+v, %v", key, d, err)
+		}
 	}
 	// The target's limiter may have a Timeout of 100 ms, which a loaded
 	// machine's dial can outlast: testdb.Ready tries again. With a
@@ -224,6 +250,11 @@ type entryPoint struct {
 	inTx  bool // in a caller's transaction: one call at a time, and txMargin
 	keyed bool // takes a key; the others take ks's admission or slot
 	cost  int  // the cost n it passes by default; 0 if it takes none
+	// id: it decides with a decision id, decisionID of its key, which
+	// every call of the entry point on that key shares: they are retries
+	// of one decision. Such an admission charges tg.lim's key, and with
+	// level tg.level's too (AllowAll's second level).
+	id, level bool
 	// prepare readies a call on ks while the server answers (a
 	// transaction is opened here), or returns nil where the entry point
 	// does not apply to tg.
@@ -411,6 +442,56 @@ var entryPoints = []entryPoint{
 	}},
 }
 
+// decisionID is the decision id of the calls of an id entry point on key.
+func decisionID(key string) string { return "id/" + key }
+
+// withID is ep called with a decision id, on a limiter whose decisions
+// take ids.
+func withID(ep entryPoint) entryPoint {
+	prepare := ep.prepare
+	ep.name, ep.id = ep.name+" id", true
+	ep.prepare = func(t *testing.T, tg *target, ks keyState) call {
+		if tg.level == nil {
+			return nil
+		}
+		f := prepare(t, tg, ks)
+		if f == nil {
+			return nil
+		}
+		return func(ctx context.Context, in input) (bool, error) {
+			return f(pglimit.WithID(ctx, decisionID(in.key)), in)
+		}
+	}
+	return ep
+}
+
+// entryPointNamed is the entry point of entryPoints named name.
+func entryPointNamed(name string) entryPoint {
+	i := slices.IndexFunc(entryPoints, func(ep entryPoint) bool { return ep.name == name })
+	return entryPoints[i]
+}
+
+// idEntryPoints are the entry points of a limiter that take a decision id
+// (pglimit.WithID), each called with one: Allow's, AllowAtMost's and
+// Reserve's statements, and AllowAll's on two levels, which stores the id
+// at each. A decision with an id goes to the database on its own
+// statement: no batch, lease, pre-block or fallback answers it.
+var idEntryPoints = []entryPoint{
+	withID(entryPointNamed("Allow")),
+	withID(entryPointNamed("AllowAtMost")),
+	withID(entryPointNamed("Reserve")),
+	{name: "AllowAll id", keyed: true, cost: 1, id: true, level: true, prepare: func(_ *testing.T, tg *target, _ keyState) call {
+		if tg.level == nil {
+			return nil
+		}
+		return func(ctx context.Context, in input) (bool, error) {
+			_, err := pglimit.AllowAll(pglimit.WithID(ctx, decisionID(in.key)), in.n,
+				pglimit.Charge{Limiter: tg.lim, Key: in.key}, pglimit.Charge{Limiter: tg.level, Key: in.key})
+			return false, err
+		}
+	}},
+}
+
 // deadlineCase is one mechanism under one bound, its calls ready: every
 // entry point twice, five calls at once each time (calls that meet on a
 // key merge, and a busy key of a fast limit leases), or one at a time in a
@@ -439,10 +520,12 @@ func logCalls(t *testing.T, cases ...*deadlineCase) {
 }
 
 type readyEntry struct {
-	name   string
-	inTx   bool
-	in     input
-	rounds [2][]call
+	name      string
+	inTx      bool
+	id, level bool // entryPoint's
+	in        input
+	rounds    [2][]call
+	before    []int // for an id entry point, the key's remaining units before the fault (remaining)
 }
 
 // newDeadlineCase readies every entry point of m on pool, in schema, with
@@ -450,15 +533,21 @@ type readyEntry struct {
 // (bound "Timeout", under a 5 s context). Its keys are named after it.
 func newDeadlineCase(t *testing.T, m mechanism, bound string, pool *pgxpool.Pool, schema string) *deadlineCase {
 	t.Helper()
+	return newDeadlineCaseOf(t, m, bound, pool, schema, append(entryPoints[:len(entryPoints):len(entryPoints)], idEntryPoints...))
+}
+
+// newDeadlineCaseOf is newDeadlineCase of the entry points eps alone.
+func newDeadlineCaseOf(t *testing.T, m mechanism, bound string, pool *pgxpool.Pool, schema string, eps []entryPoint) *deadlineCase {
+	t.Helper()
 	c := &deadlineCase{name: m.name + "/" + bound, bound: 100 * time.Millisecond, want: context.DeadlineExceeded}
 	timeout := 2 * time.Second
 	if bound == "Timeout" {
 		c.timeout, c.want, timeout = true, pglimit.ErrTimeout, c.bound
 	}
 	c.tg = newTarget(t, m, pool, schema, timeout)
-	for _, ep := range entryPoints {
+	for _, ep := range eps {
 		ks := c.tg.ready(t, c.name+"/"+ep.name)
-		e := readyEntry{name: ep.name, inTx: ep.inTx, in: ep.input(ks)}
+		e := readyEntry{name: ep.name, inTx: ep.inTx, id: ep.id, level: ep.level, in: ep.input(ks)}
 		width := 5
 		if ep.inTx {
 			width = 1
@@ -473,10 +562,102 @@ func newDeadlineCase(t *testing.T, m mechanism, bound string, pool *pgxpool.Pool
 			}
 		}
 		if e.rounds[0] != nil {
+			if e.id {
+				e.before = c.tg.remaining(t, e.in.key)
+			}
 			c.entries = append(c.entries, e)
 		}
 	}
 	return c
+}
+
+// remaining is what key has left, by Peek, at tg's limiter and at its
+// second level.
+func (tg *target) remaining(t *testing.T, key string) []int {
+	t.Helper()
+	var left []int
+	for _, lim := range []pglimit.Limiter{tg.setup, tg.levelSetup} {
+		d, err := lim.Peek(t.Context(), key, 1)
+		if err != nil {
+			t.Fatalf("%s: Peek: %v", key, err)
+		}
+		left = append(left, d.Remaining)
+	}
+	return left
+}
+
+// steady reports whether limits give no unit back during a test (each a
+// GCRA limit of one unit an hour or slower), so that a key's remaining
+// units change only by what is charged.
+func steady(limits []pglimit.Limit) bool {
+	for _, l := range limits {
+		if l.Algorithm != pglimit.GCRA || l.Period < time.Duration(l.Rate)*time.Hour {
+			return false
+		}
+	}
+	return true
+}
+
+// checkIDs checks, once the fault is over, the outcome of the case's
+// calls with a decision id: each id was charged at most once, never once
+// per call. A retry of each, the same call with the same id, is admitted
+// (replayed if a call during the fault was admitted, its outcome unknown
+// to its caller, else afresh), and then the id has one row at each level
+// it charges, and the key, where its limits give no unit back meanwhile
+// (steady), is charged its cost once at each, as the database's record
+// shows. It returns how many ids calls during the fault stored.
+func (c *deadlineCase) checkIDs(t *testing.T) (stored int) {
+	t.Helper()
+	ids := pgx.Identifier{c.tg.cfg.Schema, "pglimit_ids"}.Sanitize()
+	rows := func(id string) int {
+		var n int
+		if err := c.tg.pool.QueryRow(t.Context(), "SELECT count(*) FROM "+ids+" WHERE id = $1", id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, e := range c.entries {
+		if !e.id {
+			continue
+		}
+		id, levels := decisionID(e.in.key), 1
+		if e.level {
+			levels = 2
+		}
+		if rows(id) > 0 {
+			stored++
+		}
+		// The limiter's Timeout may be 100 ms: testdb.Ready tries again.
+		err := testdb.Ready(func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := e.rounds[0][0](ctx, e.in)
+			return err
+		})
+		if err != nil {
+			t.Errorf("%s: %s: a retry of id %q after the fault: %v", c.name, e.name, id, err)
+			continue
+		}
+		if n := rows(id); n != levels {
+			t.Errorf("%s: %s: id %q has %d rows after its retry, want %d (one a level)", c.name, e.name, id, n, levels)
+		}
+		if !steady(c.tg.cfg.Limits) {
+			continue
+		}
+		after := c.tg.remaining(t, e.in.key)
+		cost := max(e.in.n, 1)
+		want := []int{cost, 0}
+		if e.level {
+			want[1] = cost
+		}
+		for i := range want {
+			if charged := e.before[i] - after[i]; charged != want[i] {
+				t.Errorf("%s: %s: id %q charged %d units at level %d (before %d, after %d), want %d: once",
+					c.name, e.name, id, charged, i, e.before[i], after[i], want[i])
+			}
+		}
+	}
+	return stored
 }
 
 // keys returns the keys of the case's entry points.
@@ -520,6 +701,8 @@ func (c *deadlineCase) run(t *testing.T, serverDown bool) {
 			t.Errorf("%s: %s returned after %s, deadline %s (err %v)", c.name, e.name, took.Round(time.Millisecond), limit, err)
 		case err == nil && serverDown && !local:
 			t.Errorf("%s: %s answered with the server down", c.name, e.name)
+		case local && e.id:
+			t.Errorf("%s: %s answered without the database, which alone knows the id", c.name, e.name)
 		case err != nil && !errors.Is(err, c.want):
 			t.Errorf("%s: %s: %v, want an error wrapping %v", c.name, e.name, err, c.want)
 		}
@@ -563,6 +746,35 @@ func runAll(t *testing.T, cases []*deadlineCase) {
 	wg.Wait()
 }
 
+// appPool opens a pool of cfg whose connections have the
+// application_name app (testdb.Quiesce), closed when the test ends.
+func appPool(t *testing.T, cfg *pgxpool.Config, app string) *pgxpool.Pool {
+	t.Helper()
+	cfg = cfg.Copy()
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	return openPool(t, cfg)
+}
+
+// checkAllIDs is checkIDs of every case, once the fault is over and the
+// statements its calls sent have ended on the server (testdb.Quiesce; the
+// cases' pools set the application_name app), and logs how many ids calls
+// during the fault stored: admissions whose callers got an error, their
+// outcome unknown to them (a statement the client gave up on goes on
+// waiting on the server, and may commit once the fault ends).
+func checkAllIDs(t *testing.T, app string, cases ...*deadlineCase) {
+	t.Helper()
+	pools := make([]*pgxpool.Pool, len(cases))
+	for i, c := range cases {
+		pools[i] = c.tg.pool
+	}
+	testdb.Quiesce(t, app, pools...)
+	stored := 0
+	for _, c := range cases {
+		stored += c.checkIDs(t)
+	}
+	t.Logf("after the fault: %d ids stored by calls whose callers got an error; each id checked charged once", stored)
+}
+
 // lockKeys holds the rows of keys in schema's table (each key must have
 // one), and their per-key limits' rows where they have them, in one
 // transaction of its own until the test ends or the returned function is
@@ -592,17 +804,25 @@ func lockKeys(t *testing.T, pool *pgxpool.Pool, schema, table string, keys ...st
 // no entry point, with any mechanism on, returns later than its context's
 // deadline plus deadlineSlack, and one that does not decide in time says
 // so with the context's error, or ErrTimeout when Timeout came first.
+// The entry points with a decision id (idEntryPoints) lock the key's row
+// first, at every level (lockKeys holds AllowAll's second level's too),
+// before they write the id's row in pglimit_ids, which has none yet: the
+// key's row is what they wait for here, and TestDeadlineHeldID holds the
+// id instead. Once the rows are free, each id is charged once (checkIDs).
 func TestDeadlineLockedRow(t *testing.T) {
 	t.Parallel()
 	for _, m := range mechanisms {
 		for _, bound := range []string{"context", "Timeout"} {
 			t.Run(m.name+"/"+bound, func(t *testing.T) {
 				t.Parallel()
-				pool := bigPool(t, 16)
+				app := testdb.AppName(t)
+				pool := appPool(t, bigPoolConfig(t, 16), app)
 				c := newDeadlineCase(t, m, bound, pool, testdb.Schema(t))
-				lockKeys(t, pool, c.tg.cfg.Schema, c.tg.table(), c.keys()...)
+				unlock := lockKeys(t, pool, c.tg.cfg.Schema, c.tg.table(), c.keys()...)
 				c.run(t, false)
 				logCalls(t, c)
+				unlock()
+				checkAllIDs(t, app, c)
 			})
 		}
 	}
@@ -619,17 +839,21 @@ func TestDeadlineFrozenServer(t *testing.T) {
 	if err := pglimit.Migrate(t.Context(), testdb.ServerPool(t, srv, 2), "public"); err != nil {
 		t.Fatal(err)
 	}
-	cases := deadlineCases(t, func() *pgxpool.Pool { return testdb.ServerPool(t, srv, 12) }, "public")
+	app := testdb.AppName(t)
+	cases := deadlineCases(t, func() *pgxpool.Pool { return appPool(t, testdb.ServerPoolConfig(t, srv, 12), app) }, "public")
 	if err := srv.Freeze(); err != nil {
 		testdb.Missing(t, "a frozen server needs one of local binaries (%s=local): %v", testdb.EnvPrefer, err)
 	}
-	t.Cleanup(func() {
+	thaw := sync.OnceFunc(func() {
 		if err := srv.Thaw(); err != nil {
 			t.Error(err)
 		}
 	})
+	t.Cleanup(thaw)
 	runAll(t, cases)
 	logCalls(t, cases...)
+	thaw()
+	checkAllIDs(t, app, cases...)
 }
 
 // The deadline invariant on a dead connection: every connection to the
@@ -641,18 +865,76 @@ func TestDeadlineDeadConnection(t *testing.T) {
 	proxy, pcfg := testdb.NewStallProxy(t)
 	pcfg.MaxConns = 12
 	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cases := deadlineCases(t, func() *pgxpool.Pool {
-		pool, err := pgxpool.NewWithConfig(context.Background(), pcfg.Copy())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		return pool
-	}, testdb.Schema(t))
+	app := testdb.AppName(t)
+	cases := deadlineCases(t, func() *pgxpool.Pool { return appPool(t, pcfg, app) }, testdb.Schema(t))
 	proxy.Stall()
 	t.Cleanup(proxy.Unstall) // before the pools close and the transactions roll back
 	runAll(t, cases)
 	logCalls(t, cases...)
+	// The statements held back reach the server now, after their callers
+	// gave up: an admission among them commits unknown to its caller.
+	proxy.Unstall()
+	checkAllIDs(t, app, cases...)
+}
+
+// The deadline invariant of a decision whose id another transaction
+// holds: its row inserted in pglimit_ids, at every level, by an AllowTx
+// with the same id, not yet committed, while the keys' rows are free.
+// Every entry point with an id waits for that transaction (the id's
+// primary key) and returns by its bound plus deadlineSlack, with the
+// context's error or ErrTimeout; once the transaction rolls back, each id
+// is charged once (checkIDs).
+func TestDeadlineHeldID(t *testing.T) {
+	t.Parallel()
+	for _, m := range mechanisms {
+		if m.api == "semaphore" || m.cfg.Overrides {
+			continue // takes no decision ids
+		}
+		for _, bound := range []string{"context", "Timeout"} {
+			t.Run(m.name+"/"+bound, func(t *testing.T) {
+				t.Parallel()
+				app := testdb.AppName(t)
+				pool := appPool(t, bigPoolConfig(t, 16), app)
+				c := newDeadlineCaseOf(t, m, bound, pool, testdb.Schema(t), idEntryPoints)
+				if len(c.entries) == 0 {
+					t.Fatalf("%s: no entry point with an id applies", m.name)
+				}
+				release := holdIDs(t, c)
+				c.run(t, false)
+				logCalls(t, c)
+				release()
+				checkAllIDs(t, app, c)
+			})
+		}
+	}
+}
+
+// holdIDs has a transaction of its own take the decision id of each of
+// c's entry points with an id, at every level it charges, by AllowTx on
+// another key, and keep it uncommitted until the test ends or the
+// returned function is called, which rolls it back.
+func holdIDs(t *testing.T, c *deadlineCase) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := c.tg.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release = sync.OnceFunc(func() { _ = tx.Rollback(ctx) })
+	t.Cleanup(release)
+	for _, e := range c.entries {
+		lims := []pglimit.Limiter{c.tg.setup}
+		if e.level {
+			lims = append(lims, c.tg.levelSetup)
+		}
+		for _, lim := range lims {
+			id := decisionID(e.in.key)
+			if d, err := lim.AllowTx(pglimit.WithID(ctx, id), tx, "holder/"+id); err != nil || !d.Allowed || d.Replayed {
+				t.Fatalf("hold id %q: %+v, %v", id, d, err)
+			}
+		}
+	}
+	return release
 }
 
 // One key whose row a long transaction holds keeps no other key of its
@@ -1211,8 +1493,9 @@ func lockTables(t *testing.T, schema string) (unlock func()) {
 }
 
 // A database that cannot be reached is ErrUnavailable from every entry
-// point that reaches it, the limiter's, SetKeyLimits and the Semaphore's:
-// a pool to a port where nothing listens.
+// point that reaches it, the limiter's, AllowAll (with and without an
+// id), SetKeyLimits and the Semaphore's: a pool to a port where nothing
+// listens.
 func TestUnavailableIsTyped(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -1249,6 +1532,11 @@ func TestUnavailableIsTyped(t *testing.T) {
 		"Reset":           func() error { return lim.Reset(ctx, "k") },
 		"SetKeyLimits":    func() error { return pglimit.SetKeyLimits(ctx, lim, "k", pglimit.Limit{Name: "rate", Rate: 20}) },
 		"Acquire":         func() error { _, err := sem.Acquire(ctx, "k"); return err },
+		"AllowAll":        func() error { _, err := pglimit.AllowAll(ctx, 1, pglimit.Charge{Limiter: lim, Key: "k"}); return err },
+		"AllowAll id": func() error {
+			_, err := pglimit.AllowAll(pglimit.WithID(ctx, "id"), 1, pglimit.Charge{Limiter: single, Key: "k"})
+			return err
+		},
 	}
 	for name, call := range calls {
 		if err := call(); !errors.Is(err, pglimit.ErrUnavailable) {

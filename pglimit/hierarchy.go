@@ -172,8 +172,10 @@ func allowAllUnobserved(ctx context.Context, tx DB, n int, charges []Charge) (De
 	ctx, cancel := context.WithTimeoutCause(ctx, bound, ErrTimeout)
 	defer cancel()
 	for _, lv := range levels {
+		// A level's first statement, its table's check, is bounded and
+		// failed as the decision's: ErrTimeout, ErrUnavailable.
 		if err := lv.l.check(ctx, first.db); err != nil {
-			return Decisions{}, err
+			return Decisions{}, fault.Wrap(ctx, "AllowAll", first.cfg.Timeout, err)
 		}
 		if lv.l.dist.Load() != nil {
 			return Decisions{}, fmt.Errorf("%w: AllowAll on a table Citus distributes (%s)", ErrUnsupported, lv.table)

@@ -3,63 +3,305 @@ package pglimitquota_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitquota"
 )
 
-// Every call returns by the quota's Timeout while another transaction
-// holds the key's row, with ErrTimeout, and AllowTx leaves the caller's
-// transaction usable.
-func TestDeadlineLockedRow(t *testing.T) {
-	schema := testdb.Schema(t)
-	pool := testdb.Pool(t)
-	const timeout = 200 * time.Millisecond
-	q, err := pglimitquota.New(pool, &pglimitquota.Config{Schema: schema, Namespace: "n", Allowance: 10, Timeout: timeout})
+// The deadline tests' bounds, from the quota's own: a call returns by
+// Timeout with ErrTimeout, AllowTx a second later on a server that does
+// not answer (the quota's txClientTimeoutMargin: the server's
+// lock_timeout ends a wait on a row before that). deadlineSlack is room
+// past the bound for a loaded 2-core machine under the race detector to
+// hear the server's error or give up on the connection.
+const (
+	deadlineTimeout = 200 * time.Millisecond
+	txMargin        = time.Second
+	deadlineSlack   = 2 * time.Second
+)
+
+// idRetries is how many calls at once the deadline tests make of one
+// decision with an id: retries of one decision, charged once at most.
+const idRetries = 5
+
+// deadlineCall is one call of a quota under a fault.
+type deadlineCall struct {
+	name  string
+	bound time.Duration // Timeout, or Timeout and txMargin for AllowTx
+	reads bool          // takes no lock: it answers while a row is locked
+	id    bool          // Allow with the id on keys.idKey
+	call  func(ctx context.Context) error
+}
+
+// deadlineKeys are a deadline test's keys: the calls' key, and that of
+// the calls of Allow with an id, apart so that nothing else charges it.
+type deadlineKeys struct{ key, idKey string }
+
+// quotaID is the decision id of the deadline tests' calls on idKey.
+func quotaID(idKey string) string { return "id/" + idKey }
+
+// newDeadlineCalls readies every call of q that reaches a key's row, and
+// Usage, while the server answers: it gives each key its row (one unit
+// charged) and begins AllowTx's transaction on pool. Allow with an id is
+// called idRetries times at once on keys.idKey. With txUsable, AllowTx
+// checks that its error left the transaction usable.
+func newDeadlineCalls(t *testing.T, q *pglimitquota.Quota, pool *pgxpool.Pool, keys deadlineKeys, txUsable bool) []deadlineCall {
+	t.Helper()
+	ctx := context.Background()
+	for _, k := range []string{keys.key, keys.idKey} {
+		if err := testdb.Ready(func() error { _, err := q.Allow(ctx, k, 1); return err }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = tx.Rollback(ctx)
+	})
+	key := keys.key
+	calls := []deadlineCall{
+		{name: "Allow", call: func(ctx context.Context) error { _, err := q.Allow(ctx, key, 1); return err }},
+		{name: "SetPlan", call: func(ctx context.Context) error {
+			_, err := q.SetPlan(ctx, key, pglimitquota.Plan{Anchor: pglimitquota.Anchor{Day: 1}, Allowance: 5}, pglimitquota.AtOnce)
+			return err
+		}},
+		{name: "Grant", call: func(ctx context.Context) error { return q.Grant(ctx, key, 1, time.Now().Add(time.Hour)) }},
+		{name: "AllowTx", bound: txMargin, call: func(ctx context.Context) error {
+			_, err := q.AllowTx(ctx, tx, key, 1)
+			if txUsable {
+				if _, xerr := tx.Exec(ctx, "SELECT 1"); xerr != nil {
+					t.Errorf("AllowTx left tx unusable: %v", xerr)
+				}
+			}
+			return err
+		}},
+		{name: "Usage", reads: true, call: func(ctx context.Context) error { _, err := q.Usage(ctx, key); return err }},
+	}
+	for i := range idRetries {
+		calls = append(calls, deadlineCall{name: fmt.Sprintf("Allow with an id (%d)", i+1), id: true, call: func(ctx context.Context) error {
+			_, err := q.Allow(pglimit.WithID(ctx, quotaID(keys.idKey)), keys.idKey, 1)
+			return err
+		}})
+	}
+	for i := range calls {
+		calls[i].bound += deadlineTimeout
+	}
+	return calls
+}
+
+// runDeadlineCalls makes the calls at once and checks that each returned
+// by its bound plus deadlineSlack with ErrTimeout; with the server up, a
+// call that takes no lock answers instead.
+func runDeadlineCalls(t *testing.T, calls []deadlineCall, serverDown bool) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var latest time.Duration
+	for _, c := range calls {
+		wg.Go(func() {
+			start := time.Now()
+			err := c.call(context.Background())
+			took := time.Since(start)
+			mu.Lock()
+			latest = max(latest, took-c.bound)
+			mu.Unlock()
+			switch {
+			case took > c.bound+deadlineSlack:
+				t.Errorf("%s returned after %s, bound %s (err %v)", c.name, took.Round(time.Millisecond), c.bound, err)
+			case c.reads && !serverDown:
+				if err != nil {
+					t.Errorf("%s, which takes no lock: %v, want an answer", c.name, err)
+				}
+			case !errors.Is(err, pglimit.ErrTimeout):
+				t.Errorf("%s: %v, want an error wrapping ErrTimeout", c.name, err)
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d calls; the latest returned %s past its bound", len(calls), latest.Round(time.Millisecond))
+}
+
+// usedBefore is what idKey has used before the fault.
+func usedBefore(t *testing.T, q *pglimitquota.Quota, idKey string) int64 {
+	t.Helper()
+	var u pglimitquota.Usage
+	if err := testdb.Ready(func() (err error) { u, err = q.Usage(context.Background(), idKey); return err }); err != nil {
+		t.Fatal(err)
+	}
+	return u.Used
+}
+
+// checkIDOnce checks, once the fault is over and its statements have
+// ended (testdb.Quiesce), that the calls of Allow with an id on idKey,
+// which used before them, charged it once at most:
+// a retry of the id is admitted (a replay if one of them was admitted,
+// its caller having got an error), and then idKey is charged the id's
+// one unit once, as its counters in the database show.
+func checkIDOnce(t *testing.T, q *pglimitquota.Quota, idKey string, before int64) {
+	t.Helper()
 	ctx := context.Background()
-	allow(t, ctx, q, "k", 1)
-	testdb.Lock(t, testdb.Pool(t), schema, "pglimit_quota_keys", "k")
-	// The bound: Timeout, plus a generous margin for a loaded machine to
-	// hear the cancelled statement's error (the server's, for AllowTx,
-	// 1 s after).
-	const bound = timeout + 3*time.Second
-	for _, c := range []struct {
-		name string
-		call func() error
-	}{
-		{"Allow", func() error { _, err := q.Allow(ctx, "k", 1); return err }},
-		{"SetPlan", func() error {
-			_, err := q.SetPlan(ctx, "k", pglimitquota.Plan{Anchor: pglimitquota.Anchor{Day: 1}, Allowance: 5}, pglimitquota.AtOnce)
-			return err
-		}},
-		{"Grant", func() error { return q.Grant(ctx, "k", 1, time.Now().Add(time.Hour)) }},
-		{"AllowTx", func() error {
-			tx, err := pool.Begin(ctx)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = tx.Rollback(ctx) }()
-			_, err = q.AllowTx(ctx, tx, "k", 1)
-			if _, xerr := tx.Exec(ctx, "SELECT 1"); xerr != nil {
-				t.Errorf("AllowTx left tx unusable: %v", xerr)
-			}
-			return err
-		}},
-	} {
-		start := time.Now()
-		err := c.call()
-		if took := time.Since(start); !errors.Is(err, pglimit.ErrTimeout) || took > bound {
-			t.Errorf("%s on a locked row: %v after %s, want ErrTimeout within %s", c.name, err, took, bound)
+	var d pglimitquota.Decision
+	err := testdb.Ready(func() (err error) {
+		d, err = q.Allow(pglimit.WithID(ctx, quotaID(idKey)), idKey, 1)
+		return err
+	})
+	if err != nil || !d.Allowed {
+		t.Fatalf("a retry of the id after the fault: %+v, %v; want it admitted", d, err)
+	}
+	after := usedBefore(t, q, idKey)
+	t.Logf("after the fault the id's retry was admitted (replayed: %t); the key used %d before, %d after", d.Replayed, before, after)
+	if after != before+1 {
+		t.Errorf("the id's calls and its retry charged %d units, want 1: an id is charged once", after-before)
+	}
+}
+
+// deadlinePool opens a pool of cfg with a connection for each of a
+// deadline test's calls at once, so that none waits for the pool, whose
+// connections have the application_name app (testdb.Quiesce).
+func deadlinePool(t *testing.T, cfg *pgxpool.Config, app string) *pgxpool.Pool {
+	t.Helper()
+	cfg.MaxConns = 16
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// sharedPool is deadlinePool of the shared server.
+func sharedPool(t *testing.T, app string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return deadlinePool(t, cfg, app)
+}
+
+// newDeadlineQuota is a quota of deadlineTimeout on db, in schema.
+func newDeadlineQuota(t *testing.T, db pglimit.DB, schema string) *pglimitquota.Quota {
+	t.Helper()
+	q, err := pglimitquota.New(db, &pglimitquota.Config{Schema: schema, Namespace: "n", Allowance: 10, Timeout: deadlineTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// Every call returns by the quota's Timeout while another transaction
+// holds the key's row, with ErrTimeout, and AllowTx leaves the caller's
+// transaction usable; Usage reads without a lock and answers at once.
+// Allow with an id locks the key's row before it reads or writes the
+// id's, so the key's row is what it waits for (TestDeadlineHeldID holds
+// the id instead); once the row is free, the id is charged once.
+func TestDeadlineLockedRow(t *testing.T) {
+	schema, app := testdb.Schema(t), testdb.AppName(t)
+	pool := sharedPool(t, app)
+	q := newDeadlineQuota(t, pool, schema)
+	keys := deadlineKeys{"k", "k-id"}
+	calls := newDeadlineCalls(t, q, pool, keys, true)
+	before := usedBefore(t, q, keys.idKey)
+	unlock := testdb.Lock(t, testdb.Pool(t), schema, "pglimit_quota_keys", keys.key, keys.idKey)
+	runDeadlineCalls(t, calls, false)
+	unlock()
+	testdb.Quiesce(t, app, pool)
+	checkIDOnce(t, q, keys.idKey, before)
+}
+
+// Allow with an id whose id another transaction holds, an AllowTx of the
+// id on another key not yet committed, waits for that transaction (the
+// id's primary key) no longer than Timeout, with ErrTimeout; once the
+// transaction rolls back, a retry charges the id once.
+func TestDeadlineHeldID(t *testing.T) {
+	schema, app := testdb.Schema(t), testdb.AppName(t)
+	pool := sharedPool(t, app)
+	q := newDeadlineQuota(t, pool, schema)
+	keys := deadlineKeys{"k", "k-id"}
+	var calls []deadlineCall
+	for _, c := range newDeadlineCalls(t, q, pool, keys, true) {
+		if c.id {
+			calls = append(calls, c)
 		}
 	}
-	// Usage reads without a lock: it answers at once.
-	if u, err := q.Usage(ctx, "k"); err != nil || u.Used != 1 {
-		t.Errorf("Usage of a locked row: %+v, %v", u, err)
+	before := usedBefore(t, q, keys.idKey)
+	ctx := context.Background()
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
+	release := sync.OnceFunc(func() { _ = holder.Rollback(ctx) })
+	t.Cleanup(release)
+	if d, err := q.AllowTx(pglimit.WithID(ctx, quotaID(keys.idKey)), holder, "holder", 1); err != nil || !d.Allowed {
+		t.Fatalf("hold the id: %+v, %v", d, err)
+	}
+	runDeadlineCalls(t, calls, false)
+	release()
+	testdb.Quiesce(t, app, pool)
+	checkIDOnce(t, q, keys.idKey, before)
+}
+
+// Every call returns by its bound on a server stopped with SIGSTOP (a
+// host that stops answering: connections stay open, new ones are
+// accepted by the kernel and never answered), with ErrTimeout; once the
+// server goes on, the id is charged once.
+func TestDeadlineFrozenServer(t *testing.T) {
+	testdb.Slow(t)
+	srv := testdb.OwnServer(t)
+	if err := pglimit.Migrate(t.Context(), testdb.ServerPool(t, srv, 2), "public"); err != nil {
+		t.Fatal(err)
+	}
+	app := testdb.AppName(t)
+	pool := deadlinePool(t, testdb.ServerPoolConfig(t, srv, 16), app)
+	q := newDeadlineQuota(t, pool, "public")
+	keys := deadlineKeys{"k", "k-id"}
+	calls := newDeadlineCalls(t, q, pool, keys, false)
+	before := usedBefore(t, q, keys.idKey)
+	if err := srv.Freeze(); err != nil {
+		testdb.Missing(t, "a frozen server needs one of local binaries (%s=local): %v", testdb.EnvPrefer, err)
+	}
+	thaw := sync.OnceFunc(func() {
+		if err := srv.Thaw(); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Cleanup(thaw)
+	runDeadlineCalls(t, calls, true)
+	thaw()
+	testdb.Quiesce(t, app, pool)
+	checkIDOnce(t, q, keys.idKey, before)
+}
+
+// Every call returns by its bound on a dead connection: every connection
+// to the server, those in the pool and those dialled during the calls,
+// goes silent (testdb.StallProxy), with ErrTimeout. Once the bytes flow
+// again the statements held back reach the server after their callers
+// gave up, and the id is still charged once.
+func TestDeadlineDeadConnection(t *testing.T) {
+	proxy, pcfg := testdb.NewStallProxy(t)
+	app := testdb.AppName(t)
+	pool := deadlinePool(t, pcfg, app)
+	q := newDeadlineQuota(t, pool, testdb.Schema(t))
+	keys := deadlineKeys{"k", "k-id"}
+	calls := newDeadlineCalls(t, q, pool, keys, false)
+	before := usedBefore(t, q, keys.idKey)
+	proxy.Stall()
+	t.Cleanup(proxy.Unstall) // before the pool closes and the transaction rolls back
+	runDeadlineCalls(t, calls, true)
+	proxy.Unstall()
+	testdb.Quiesce(t, app, pool)
+	checkIDOnce(t, q, keys.idKey, before)
 }

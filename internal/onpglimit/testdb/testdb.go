@@ -332,6 +332,18 @@ func OwnServer(tb testing.TB) *Server {
 // URL across restarts, closed when the test ends.
 func ServerPool(tb testing.TB, srv *Server, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
+	pool, err := pgxpool.NewWithConfig(context.Background(), ServerPoolConfig(tb, srv, maxConns))
+	if err != nil {
+		tb.Fatalf("testdb: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// ServerPoolConfig is ServerPool's configuration, for a test to add to
+// before it opens the pool.
+func ServerPoolConfig(tb testing.TB, srv *Server, maxConns int32) *pgxpool.Config {
+	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(srv.URL())
 	if err != nil {
 		tb.Fatalf("testdb: %v", err)
@@ -345,12 +357,43 @@ func ServerPool(tb testing.TB, srv *Server, maxConns int32) *pgxpool.Pool {
 		cc.Host, cc.Port = now.Host, now.Port
 		return nil
 	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		tb.Fatalf("testdb: %v", err)
+	return cfg
+}
+
+// AppName returns an application_name of its own for a test's pools to
+// set on their connections (ConnConfig.RuntimeParams), by which [Quiesce]
+// tells the server's backends of the test from any other's.
+func AppName(tb testing.TB) string {
+	tb.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "pglimit_test_" + hex.EncodeToString(b[:])
+}
+
+// Quiesce waits, up to a minute, until the server that pools reach has no
+// backend of application_name app beyond the connections the pools hold
+// open. A backend whose client gave up on it during a fault (its deadline
+// passed on a frozen server, a silent connection, a locked row) goes on
+// with the statement it was sent once the fault ends, and exits only
+// once it has run it and read the connection's end: after Quiesce, no
+// statement of such a caller can still commit. It fails tb if the
+// backends do not go.
+func Quiesce(tb testing.TB, app string, pools ...*pgxpool.Pool) {
+	tb.Helper()
+	var backends, open int
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		open = 0
+		for _, p := range pools {
+			open += int(p.Stat().TotalConns())
+		}
+		err := pools[0].QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&backends)
+		switch {
+		case err == nil && backends <= open:
+			return
+		case time.Now().After(deadline):
+			tb.Fatalf("testdb: %d backends of %s after a minute, %d connections open (last error %v)", backends, app, open, err)
+		}
 	}
-	tb.Cleanup(pool.Close)
-	return pool
 }
 
 // Missing stops a test that needs a component this machine lacks, with how
