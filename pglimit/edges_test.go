@@ -841,15 +841,7 @@ func TestDeadlineFrozenServer(t *testing.T) {
 	}
 	app := testdb.AppName(t)
 	cases := deadlineCases(t, func() *pgxpool.Pool { return appPool(t, testdb.ServerPoolConfig(t, srv, 12), app) }, "public")
-	if err := srv.Freeze(); err != nil {
-		testdb.Missing(t, "a frozen server needs one of local binaries (%s=local): %v", testdb.EnvPrefer, err)
-	}
-	thaw := sync.OnceFunc(func() {
-		if err := srv.Thaw(); err != nil {
-			t.Error(err)
-		}
-	})
-	t.Cleanup(thaw)
+	thaw := testdb.Frozen(t, srv)
 	runAll(t, cases)
 	logCalls(t, cases...)
 	thaw()

@@ -181,14 +181,7 @@ func TestDeadlineFrozenServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	cases := jobCases(t, func() *pgxpool.Pool { return testdb.ServerPool(t, srv, 4) }, "public")
-	if err := srv.Freeze(); err != nil {
-		testdb.Missing(t, "a frozen server needs one of local binaries (%s=local): %v", testdb.EnvPrefer, err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Thaw(); err != nil {
-			t.Error(err)
-		}
-	})
+	testdb.Frozen(t, srv)
 	runJobCases(t, cases)
 }
 

@@ -270,15 +270,7 @@ func TestDeadlineFrozenServer(t *testing.T) {
 	keys := deadlineKeys{"k", "k-id"}
 	calls := newDeadlineCalls(t, q, pool, keys, false)
 	before := usedBefore(t, q, keys.idKey)
-	if err := srv.Freeze(); err != nil {
-		testdb.Missing(t, "a frozen server needs one of local binaries (%s=local): %v", testdb.EnvPrefer, err)
-	}
-	thaw := sync.OnceFunc(func() {
-		if err := srv.Thaw(); err != nil {
-			t.Error(err)
-		}
-	})
-	t.Cleanup(thaw)
+	thaw := testdb.Frozen(t, srv)
 	runDeadlineCalls(t, calls, true)
 	thaw()
 	testdb.Quiesce(t, app, pool)

@@ -307,6 +307,23 @@ func (s *Server) Freeze() error { return s.srv.Freeze() }
 // Thaw lets a frozen server go on (SIGCONT).
 func (s *Server) Thaw() error { return s.srv.Thaw() }
 
+// Frozen freezes srv ([Server.Freeze]), or stops the test through
+// [Missing] where it cannot be, and returns its thaw, which the test may
+// call early: it runs once, at the latest when the test ends.
+func Frozen(tb testing.TB, srv *Server) (thaw func()) {
+	tb.Helper()
+	if err := srv.Freeze(); err != nil {
+		Missing(tb, "a frozen server needs one of local binaries (%s=local): %v", EnvPrefer, err)
+	}
+	thaw = sync.OnceFunc(func() {
+		if err := srv.Thaw(); err != nil {
+			tb.Error(err)
+		}
+	})
+	tb.Cleanup(thaw)
+	return thaw
+}
+
 // OwnServer starts a server for the calling test alone, which it may
 // restart or crash ([Server.Restart]); it is closed when the test ends. It
 // never uses [EnvURL]: a borrowed server cannot be restarted.
