@@ -191,10 +191,21 @@ func (tg *target) ready(t *testing.T, key string) keyState {
 	// machine's dial can outlast: testdb.Ready tries again. With a
 	// fallback, such a timeout is an answer from the process, which took
 	// nothing from the database to refund or settle: it asks again, for
-	// up to 30 s, until the database answers.
+	// up to 30 s, until the database answers. A try that timed out may
+	// still commit on the server, and take the units the next one asks
+	// for: a refusal starts the key afresh, through the setup limiter.
 	err := testdb.Ready(func() (err error) {
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 			ks.admitted, err = tg.lim.Allow(ctx, key)
+			if err == nil && !ks.admitted.Allowed && !ks.admitted.Fallback && time.Now().Before(deadline) {
+				if err := tg.setup.Reset(ctx, key); err != nil {
+					return err
+				}
+				if _, err := tg.setup.Allow(ctx, key); err != nil {
+					return err
+				}
+				continue
+			}
 			if err != nil || !ks.admitted.Fallback || time.Now().After(deadline) {
 				return err
 			}
