@@ -208,11 +208,10 @@ func costFits(limits []Limit, n, mode int, maxDelay int64) error {
 // SetKeyLimits gives key its own rates and bursts for some of lim's
 // limits, for good, or, given no limits, takes them away.
 //
-// lim's Config sets [Config.Overrides]. Each of
-// limits names one of its by Name and gives its Rate, its Burst, or both;
-// its other fields must be zero, as a key's limit differs from the limiter's
-// in rate and burst only. The next decision on the key, on every instance,
-// uses them; the key keeps what it has consumed (docs/limits.md). The same
+// lim's Config sets [Config.Overrides]. Each of limits names one of lim's
+// by Name and gives its Rate, its Burst, or both; its other fields must
+// be zero, as a key's limit differs from the limiter's in rate and burst
+// only. The next decision on the key, on every instance, uses them; the key keeps what it has consumed (docs/limits.md). The same
 // can be done with plain SQL on pglimit_overrides. A limit name the
 // configuration does not have, or a rate or burst it would refuse (such as a
 // GCRA burst that takes more than 366 days to replenish at the key's rate),

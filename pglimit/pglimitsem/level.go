@@ -131,8 +131,9 @@ func (s *Semaphore) AcquireLevel(ctx context.Context, key, level string) (Slot, 
 // Each try is one statement, as Wait's, and a waiter wakes, keeps its
 // place and leaves the queue as Wait's does. The first try, before it
 // joins, takes a slot as AcquireLevel would while no waiter of its level
-// is queued, so that a level within its guarantee never joins the queue. AcquireLevel does not queue:
-// it takes a slot its level may take ahead of the level's waiters. A
+// is queued, so that a level within its guarantee never joins the queue.
+// AcquireLevel does not queue: it takes a slot its level may take ahead
+// of the level's waiters. A
 // level the semaphore was not configured with is [ErrUnknownLevel], and
 // a bad key [pglimit.ErrInvalidKey]; neither reaches the database. Use a
 // key either with levels or without: the places of Wait's and WaitFlow's
