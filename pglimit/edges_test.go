@@ -757,15 +757,6 @@ func runAll(t *testing.T, cases []*deadlineCase) {
 	wg.Wait()
 }
 
-// appPool opens a pool of cfg whose connections have the
-// application_name app (testdb.Quiesce), closed when the test ends.
-func appPool(t *testing.T, cfg *pgxpool.Config, app string) *pgxpool.Pool {
-	t.Helper()
-	cfg = cfg.Copy()
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	return openPool(t, cfg)
-}
-
 // checkAllIDs is checkIDs of every case, once the fault is over and the
 // statements its calls sent have ended on the server (testdb.Quiesce; the
 // cases' pools set the application_name app), and logs how many ids calls
@@ -827,7 +818,7 @@ func TestDeadlineLockedRow(t *testing.T) {
 			t.Run(m.name+"/"+bound, func(t *testing.T) {
 				t.Parallel()
 				app := testdb.AppName(t)
-				pool := appPool(t, bigPoolConfig(t, 16), app)
+				pool := testdb.AppPool(t, bigPoolConfig(t, 16), app)
 				c := newDeadlineCase(t, m, bound, pool, testdb.Schema(t))
 				unlock := lockKeys(t, pool, c.tg.cfg.Schema, c.tg.table(), c.keys()...)
 				c.run(t, false)
@@ -846,12 +837,9 @@ func TestDeadlineLockedRow(t *testing.T) {
 // row, and none answers unless a lease or the fallback may.
 func TestDeadlineFrozenServer(t *testing.T) {
 	testdb.Slow(t)
-	srv := testdb.OwnServer(t)
-	if err := pglimit.Migrate(t.Context(), testdb.ServerPool(t, srv, 2), "public"); err != nil {
-		t.Fatal(err)
-	}
+	srv := testdb.OwnMigratedServer(t)
 	app := testdb.AppName(t)
-	cases := deadlineCases(t, func() *pgxpool.Pool { return appPool(t, testdb.ServerPoolConfig(t, srv, 12), app) }, "public")
+	cases := deadlineCases(t, func() *pgxpool.Pool { return testdb.AppPool(t, testdb.ServerPoolConfig(t, srv, 12), app) }, "public")
 	thaw := testdb.Frozen(t, srv)
 	runAll(t, cases)
 	logCalls(t, cases...)
@@ -869,7 +857,7 @@ func TestDeadlineDeadConnection(t *testing.T) {
 	pcfg.MaxConns = 12
 	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
 	app := testdb.AppName(t)
-	cases := deadlineCases(t, func() *pgxpool.Pool { return appPool(t, pcfg, app) }, testdb.Schema(t))
+	cases := deadlineCases(t, func() *pgxpool.Pool { return testdb.AppPool(t, pcfg, app) }, testdb.Schema(t))
 	proxy.Stall()
 	t.Cleanup(proxy.Unstall) // before the pools close and the transactions roll back
 	runAll(t, cases)
@@ -897,7 +885,7 @@ func TestDeadlineHeldID(t *testing.T) {
 			t.Run(m.name+"/"+bound, func(t *testing.T) {
 				t.Parallel()
 				app := testdb.AppName(t)
-				pool := appPool(t, bigPoolConfig(t, 16), app)
+				pool := testdb.AppPool(t, bigPoolConfig(t, 16), app)
 				c := newDeadlineCaseOf(t, m, bound, pool, testdb.Schema(t), idEntryPoints)
 				if len(c.entries) == 0 {
 					t.Fatalf("%s: no entry point with an id applies", m.name)

@@ -176,10 +176,7 @@ func TestDeadlineLocked(t *testing.T) {
 // The same on a server stopped with SIGSTOP.
 func TestDeadlineFrozenServer(t *testing.T) {
 	testdb.Slow(t)
-	srv := testdb.OwnServer(t)
-	if err := pglimit.Migrate(t.Context(), testdb.ServerPool(t, srv, 2), "public"); err != nil {
-		t.Fatal(err)
-	}
+	srv := testdb.OwnMigratedServer(t)
 	cases := jobCases(t, func() *pgxpool.Pool { return testdb.ServerPool(t, srv, 4) }, "public")
 	testdb.Frozen(t, srv)
 	runJobCases(t, cases)

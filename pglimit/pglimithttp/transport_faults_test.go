@@ -163,10 +163,7 @@ func TestTransportDeadlineLockedRow(t *testing.T) {
 func TestTransportDeadlineFrozenServer(t *testing.T) {
 	testdb.Slow(t)
 	up := newUpstream(t, 1000, 1000)
-	srv := testdb.OwnServer(t)
-	if err := pglimit.Migrate(t.Context(), testdb.ServerPool(t, srv, 2), "public"); err != nil {
-		t.Fatal(err)
-	}
+	srv := testdb.OwnMigratedServer(t)
 	cases := transportCases(t, up, func() *pgxpool.Pool { return testdb.ServerPool(t, srv, 4) }, "public")
 	testdb.Frozen(t, srv)
 	runTransportCases(t, up, cases)

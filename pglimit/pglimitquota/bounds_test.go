@@ -173,13 +173,7 @@ func deadlinePool(t *testing.T, cfg *pgxpool.Config, app string) *pgxpool.Pool {
 	t.Helper()
 	cfg.MaxConns = 16
 	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return testdb.AppPool(t, cfg, app)
 }
 
 // sharedPool is deadlinePool of the shared server.
@@ -260,10 +254,7 @@ func TestDeadlineHeldID(t *testing.T) {
 // server goes on, the id is charged once.
 func TestDeadlineFrozenServer(t *testing.T) {
 	testdb.Slow(t)
-	srv := testdb.OwnServer(t)
-	if err := pglimit.Migrate(t.Context(), testdb.ServerPool(t, srv, 2), "public"); err != nil {
-		t.Fatal(err)
-	}
+	srv := testdb.OwnMigratedServer(t)
 	app := testdb.AppName(t)
 	pool := deadlinePool(t, testdb.ServerPoolConfig(t, srv, 16), app)
 	q := newDeadlineQuota(t, pool, "public")

@@ -307,6 +307,17 @@ func (s *Server) Freeze() error { return s.srv.Freeze() }
 // Thaw lets a frozen server go on (SIGCONT).
 func (s *Server) Thaw() error { return s.srv.Thaw() }
 
+// OwnMigratedServer is [OwnServer] with pglimit's tables in its schema
+// public.
+func OwnMigratedServer(tb testing.TB) *Server {
+	tb.Helper()
+	srv := OwnServer(tb)
+	if err := pglimit.Migrate(tb.Context(), ServerPool(tb, srv, 2), "public"); err != nil {
+		tb.Fatalf("testdb: migrate: %v", err)
+	}
+	return srv
+}
+
 // Frozen freezes srv ([Server.Freeze]), or stops the test through
 // [Missing] where it cannot be, and returns its thaw, which the test may
 // call early: it runs once, at the latest when the test ends.
@@ -375,6 +386,20 @@ func ServerPoolConfig(tb testing.TB, srv *Server, maxConns int32) *pgxpool.Confi
 		return nil
 	}
 	return cfg
+}
+
+// AppPool opens a pool of cfg (a copy) whose connections have the
+// application_name app ([AppName]), closed when the test ends.
+func AppPool(tb testing.TB, cfg *pgxpool.Config, app string) *pgxpool.Pool {
+	tb.Helper()
+	cfg = cfg.Copy()
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("testdb: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
 }
 
 // AppName returns an application_name of its own for a test's pools to
