@@ -166,7 +166,7 @@ func TestAllowAllOwnLimitsAndShadow(t *testing.T) {
 	schema := testdb.Schema(t)
 	pool := testdb.Pool(t)
 	tn := newTenancy(t, schema, pool, 100, 1)
-	if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &tn.userCfg), "vip", pglimit.Limit{Name: "user", Burst: 3}); err != nil {
+	if err := pglimit.SetKeyLimits(ctx, tn.user, "vip", pglimit.Limit{Name: "user", Burst: 3}); err != nil {
 		t.Fatal(err)
 	}
 	shadowCfg := pglimit.Config{Schema: schema, Namespace: "shadow-org", Shadow: true, Limits: []pglimit.Limit{{Name: "org", Rate: 1, Period: time.Hour, Burst: 1}}}

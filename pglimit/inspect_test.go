@@ -33,7 +33,7 @@ func TestInspect(t *testing.T) {
 			cfg := pglimit.Config{Schema: schema, Namespace: "inspect-" + string(s), Strategy: s, Limits: inspectLimits}
 			lim := newLimiterOn(t, pool, cfg)
 
-			fresh, err := pglimit.Inspect(ctx, testdb.Limiter(t, pool, &cfg), "new")
+			fresh, err := pglimit.Inspect(ctx, lim, "new")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -47,7 +47,7 @@ func TestInspect(t *testing.T) {
 					t.Fatalf("Allow: %+v, %v", d, err)
 				}
 			}
-			st, err := pglimit.Inspect(ctx, testdb.Limiter(t, pool, &cfg), "bob")
+			st, err := pglimit.Inspect(ctx, lim, "bob")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +69,7 @@ func TestInspect(t *testing.T) {
 			if peek.Allowed || peek.Limit.Name != "per-minute" || (peek.RetryAfter-minute.RetryAfter).Abs() > time.Second {
 				t.Errorf("Peek %+v disagrees with Inspect's per-minute %+v", peek, minute)
 			}
-			again, err := pglimit.Inspect(ctx, testdb.Limiter(t, pool, &cfg), "bob")
+			again, err := pglimit.Inspect(ctx, lim, "bob")
 			if err != nil || again.Limits[1].Remaining != 2 {
 				t.Errorf("Inspect again: %+v, %v; Inspect consumed units", again, err)
 			}
@@ -83,10 +83,11 @@ func TestInspectBadInput(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	cfg := pglimit.Config{Schema: testdb.Schema(t), Namespace: "bad", Limits: inspectLimits}
-	if _, err := pglimit.Inspect(ctx, testdb.Limiter(t, pool, &cfg), ""); !errors.Is(err, pglimit.ErrInvalidKey) {
+	lim := newLimiterOn(t, pool, cfg)
+	if _, err := pglimit.Inspect(ctx, lim, ""); !errors.Is(err, pglimit.ErrInvalidKey) {
 		t.Errorf("Inspect of an empty key: %v, want ErrInvalidKey", err)
 	}
-	if _, err := pglimit.Inspect(ctx, testdb.Limiter(t, pool, &cfg), "a\xffb"); !errors.Is(err, pglimit.ErrInvalidKey) {
+	if _, err := pglimit.Inspect(ctx, lim, "a\xffb"); !errors.Is(err, pglimit.ErrInvalidKey) {
 		t.Errorf("Inspect of invalid UTF-8: %v, want ErrInvalidKey", err)
 	}
 	rng := pglimit.Config{Schema: cfg.Schema, Strategy: pglimit.Range, Cooldown: time.Second}
@@ -94,16 +95,16 @@ func TestInspectBadInput(t *testing.T) {
 		t.Errorf("Inspect on Range: %v, want ErrUnsupported", err)
 	}
 	for _, n := range []int{0, -1, 4} { // the smallest capacity is 3
-		if _, err := pglimit.LimitedKeys(ctx, testdb.Limiter(t, pool, &cfg), n, "", 10); !errors.Is(err, pglimit.ErrInvalidCost) {
+		if _, err := pglimit.LimitedKeys(ctx, lim, n, "", 10); !errors.Is(err, pglimit.ErrInvalidCost) {
 			t.Errorf("LimitedKeys with n = %d: %v, want ErrInvalidCost", n, err)
 		}
 	}
 	for _, max := range []int{0, 1001} {
-		if _, err := pglimit.LimitedKeys(ctx, testdb.Limiter(t, pool, &cfg), 1, "", max); !errors.Is(err, pglimit.ErrInvalidConfig) {
+		if _, err := pglimit.LimitedKeys(ctx, lim, 1, "", max); !errors.Is(err, pglimit.ErrInvalidConfig) {
 			t.Errorf("LimitedKeys with max = %d: %v, want ErrInvalidConfig", max, err)
 		}
 	}
-	if _, err := pglimit.LimitedKeys(ctx, testdb.Limiter(t, pool, &cfg), 1, "\x00", 10); !errors.Is(err, pglimit.ErrInvalidKey) {
+	if _, err := pglimit.LimitedKeys(ctx, lim, 1, "\x00", 10); !errors.Is(err, pglimit.ErrInvalidKey) {
 		t.Errorf("LimitedKeys after a NUL: %v, want ErrInvalidKey", err)
 	}
 }
@@ -117,7 +118,7 @@ func TestLimitedKeys(t *testing.T) {
 	cfg := pglimit.Config{Schema: testdb.Schema(t), Namespace: "limited", Overrides: true, Limits: inspectLimits}
 	lim := newLimiterOn(t, pool, cfg)
 	// pro has a burst of 10 of its own, so 3 leave it well short of it.
-	if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "pro", pglimit.Limit{Name: "per-minute", Burst: 10}); err != nil {
+	if err := pglimit.SetKeyLimits(ctx, lim, "pro", pglimit.Limit{Name: "per-minute", Burst: 10}); err != nil {
 		t.Fatal(err)
 	}
 	use := map[string]int{"a": 3, "b": 2, "c": 3, "d": 0, "pro": 3, "e": 1}
@@ -130,7 +131,7 @@ func TestLimitedKeys(t *testing.T) {
 	}
 	keysOf := func(n int, after string, max int) []string {
 		t.Helper()
-		states, err := pglimit.LimitedKeys(ctx, testdb.Limiter(t, pool, &cfg), n, after, max)
+		states, err := pglimit.LimitedKeys(ctx, lim, n, after, max)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,20 +170,20 @@ func TestSetKeyLimitsFor(t *testing.T) {
 	lim := newLimiterOn(t, pool, cfg)
 
 	for _, ttl := range []time.Duration{0, -time.Second, 367 * 24 * time.Hour} {
-		err := pglimit.SetKeyLimitsFor(ctx, testdb.Limiter(t, pool, &cfg), "bob", ttl, pglimit.Limit{Name: "per-minute", Burst: 5})
+		err := pglimit.SetKeyLimitsFor(ctx, lim, "bob", ttl, pglimit.Limit{Name: "per-minute", Burst: 5})
 		if !errors.Is(err, pglimit.ErrInvalidConfig) {
 			t.Errorf("SetKeyLimitsFor with ttl %s: %v, want ErrInvalidConfig", ttl, err)
 		}
 	}
-	if own, err := pglimit.ListKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "", 10); err != nil || len(own) != 0 {
+	if own, err := pglimit.ListKeyLimits(ctx, lim, "", 10); err != nil || len(own) != 0 {
 		t.Fatalf("after refused calls: %+v, %v; want nothing written", own, err)
 	}
 
 	const ttl = time.Hour
-	if err := pglimit.SetKeyLimitsFor(ctx, testdb.Limiter(t, pool, &cfg), "bob", ttl, pglimit.Limit{Name: "per-minute", Burst: 4}); err != nil {
+	if err := pglimit.SetKeyLimitsFor(ctx, lim, "bob", ttl, pglimit.Limit{Name: "per-minute", Burst: 4}); err != nil {
 		t.Fatal(err)
 	}
-	own, err := pglimit.ListKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "", 10)
+	own, err := pglimit.ListKeyLimits(ctx, lim, "", 10)
 	if err != nil || len(own) != 1 || own[0].Key != "bob" || !slices.Equal(own[0].Limits, []pglimit.Limit{{Name: "per-minute", Burst: 4}}) ||
 		own[0].Expires.Sub(own[0].Updated) != ttl {
 		t.Fatalf("ListKeyLimits: %+v, %v; want bob's burst of 4 for %s", own, err, ttl)
@@ -190,7 +191,7 @@ func TestSetKeyLimitsFor(t *testing.T) {
 	if got := allowUntilRefused(t, lim, "bob", 10); got != 4 {
 		t.Fatalf("with its own burst: %d admitted, want 4", got)
 	}
-	st, err := pglimit.Inspect(ctx, testdb.Limiter(t, pool, &cfg), "bob")
+	st, err := pglimit.Inspect(ctx, lim, "bob")
 	if err != nil || st.Own == nil || !st.Own.Expires.Equal(own[0].Expires) {
 		t.Fatalf("Inspect while it counts: %+v, %v", st, err)
 	}
@@ -198,18 +199,18 @@ func TestSetKeyLimitsFor(t *testing.T) {
 	// An hour on, the key is back on the limiter's burst of 3 to the
 	// microsecond (its minute and its hour have renewed meanwhile).
 	clock.Advance(ttl - time.Microsecond)
-	if st, err = pglimit.Inspect(ctx, testdb.Limiter(t, pool, &cfg), "bob"); err != nil || st.Own == nil || st.Limits[0].Limit.Burst != 4 {
+	if st, err = pglimit.Inspect(ctx, lim, "bob"); err != nil || st.Own == nil || st.Limits[0].Limit.Burst != 4 {
 		t.Fatalf("Inspect 1µs before they lapse: %+v, %v; want the burst of 4 still", st, err)
 	}
 	clock.Advance(time.Microsecond)
-	st, err = pglimit.Inspect(ctx, testdb.Limiter(t, pool, &cfg), "bob")
+	st, err = pglimit.Inspect(ctx, lim, "bob")
 	if err != nil || st.Own != nil || st.Limits[0].Limit.Burst != 3 || st.Limits[0].Remaining != 3 {
 		t.Fatalf("Inspect once they lapsed: %+v, %v; want the limiter's burst of 3, all of it left", st, err)
 	}
 	if got := allowUntilRefused(t, lim, "bob", 10); got != 3 {
 		t.Errorf("once they lapsed: %d admitted, want the limiter's burst of 3", got)
 	}
-	if own, err := pglimit.ListKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "", 10); err != nil || len(own) != 0 {
+	if own, err := pglimit.ListKeyLimits(ctx, lim, "", 10); err != nil || len(own) != 0 {
 		t.Errorf("ListKeyLimits once they lapsed: %+v, %v; want none", own, err)
 	}
 }
@@ -240,14 +241,15 @@ func TestInspectMisspeltTableIsInvalidConfig(t *testing.T) {
 					t.Errorf("%s: %v; want ErrInvalidConfig naming %s", what, err, tc.names)
 				}
 			}
-			_, err := pglimit.Inspect(ctx, testdb.Limiter(t, pool, &tc.cfg), "k")
+			lim := newLimiterOn(t, pool, tc.cfg)
+			_, err := pglimit.Inspect(ctx, lim, "k")
 			want("Inspect", err)
-			_, err = pglimit.LimitedKeys(ctx, testdb.Limiter(t, pool, &tc.cfg), 1, "", 10)
+			_, err = pglimit.LimitedKeys(ctx, lim, 1, "", 10)
 			want("LimitedKeys", err)
 			if tc.schema {
-				_, err = pglimit.ListKeyLimits(ctx, testdb.Limiter(t, pool, &tc.cfg), "", 10)
+				_, err = pglimit.ListKeyLimits(ctx, lim, "", 10)
 				want("ListKeyLimits", err)
-				want("SetKeyLimits", pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &tc.cfg), "k", pglimit.Limit{Name: "per-minute", Burst: 9}))
+				want("SetKeyLimits", pglimit.SetKeyLimits(ctx, lim, "k", pglimit.Limit{Name: "per-minute", Burst: 9}))
 			}
 		})
 	}

@@ -438,18 +438,18 @@ func TestLeastPrivilegedRoles(t *testing.T) {
 			}
 			if cfg.Overrides {
 				raised := []pglimit.Limit{{Name: "rate", Rate: 2}}
-				if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, appPool, cfg), key, raised...); err != nil {
+				if err := pglimit.SetKeyLimits(ctx, lim, key, raised...); err != nil {
 					t.Fatalf("%s: SetKeyLimits as the runtime role: %v", s, err)
 				}
-				if _, err := pglimit.ListKeyLimits(ctx, testdb.Limiter(t, appPool, cfg), "", 10); err != nil {
+				if _, err := pglimit.ListKeyLimits(ctx, lim, "", 10); err != nil {
 					t.Fatalf("%s: ListKeyLimits as the runtime role: %v", s, err)
 				}
 			}
 			// What the person on call reads (cmd/pglimit).
-			if _, err := pglimit.Inspect(ctx, testdb.Limiter(t, appPool, cfg), key); err != nil {
+			if _, err := pglimit.Inspect(ctx, lim, key); err != nil {
 				t.Fatalf("%s: Inspect as the runtime role: %v", s, err)
 			}
-			if _, err := pglimit.LimitedKeys(ctx, testdb.Limiter(t, appPool, cfg), 1, "", 10); err != nil {
+			if _, err := pglimit.LimitedKeys(ctx, lim, 1, "", 10); err != nil {
 				t.Fatalf("%s: LimitedKeys as the runtime role: %v", s, err)
 			}
 		}

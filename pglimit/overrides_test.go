@@ -52,7 +52,7 @@ func TestOverrides(t *testing.T) {
 			if got := allowUntilRefused(t, a, "free", 10); got != 2 {
 				t.Fatalf("a key without an override: %d admitted, want the limiter's burst, 2", got)
 			}
-			if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "pro", pglimit.Limit{Name: "per-minute", Rate: 2, Burst: 3}); err != nil {
+			if err := pglimit.SetKeyLimits(ctx, a, "pro", pglimit.Limit{Name: "per-minute", Rate: 2, Burst: 3}); err != nil {
 				t.Fatal(err)
 			}
 			d, err := b.Allow(ctx, "pro")
@@ -76,7 +76,7 @@ func TestOverrides(t *testing.T) {
 			// The daily window's count carries over too: pro has used 5
 			// of a daily quota raised to 6 (and the per-minute burst
 			// grows to 8, of which 5 are booked).
-			if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "pro",
+			if err := pglimit.SetKeyLimits(ctx, a, "pro",
 				pglimit.Limit{Name: "per-minute", Rate: 2, Burst: 8}, pglimit.Limit{Name: "daily", Rate: 6}); err != nil {
 				t.Fatal(err)
 			}
@@ -90,7 +90,7 @@ func TestOverrides(t *testing.T) {
 
 			// Taken away: the limiter's own limits again, and the daily 5
 			// is long used.
-			if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "pro"); err != nil {
+			if err := pglimit.SetKeyLimits(ctx, a, "pro"); err != nil {
 				t.Fatal(err)
 			}
 			if d, err := b.Allow(ctx, "pro"); err != nil || d.Allowed || d.Limit.Rate > 5 {
@@ -109,7 +109,7 @@ func TestOverridesUnderContention(t *testing.T) {
 		Limits: []pglimit.Limit{{Name: "per-hour", Rate: 1, Period: time.Hour, Burst: 1}}}
 	pools := []*pgxpool.Pool{testdb.Pool(t), testdb.Pool(t)}
 	lims := []pglimit.Limiter{newLimiterOn(t, pools[0], cfg), newLimiterOn(t, pools[1], cfg)}
-	if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pools[0], &cfg), "k", pglimit.Limit{Name: "per-hour", Burst: 7}); err != nil {
+	if err := pglimit.SetKeyLimits(ctx, lims[0], "k", pglimit.Limit{Name: "per-hour", Burst: 7}); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -162,6 +162,7 @@ func TestOverridesBadInput(t *testing.T) {
 			t.Errorf("INSERT %s: %v, want a check violation", doc, err)
 		}
 	}
+	lim := newLimiterOn(t, pool, cfg)
 	for name, ls := range map[string][]pglimit.Limit{
 		"unknown limit":    {{Name: "hourly", Rate: 5}},
 		"a period":         {{Name: "per-minute", Rate: 5, Period: time.Hour}},
@@ -173,16 +174,16 @@ func TestOverridesBadInput(t *testing.T) {
 		"a calendar":       {{Name: "daily", Rate: 5, Calendar: "day"}},
 		"algorithm change": {{Name: "per-minute", Rate: 5, Algorithm: pglimit.SlidingWindow}},
 	} {
-		if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "k", ls...); !errors.Is(err, pglimit.ErrInvalidConfig) {
+		if err := pglimit.SetKeyLimits(ctx, lim, "k", ls...); !errors.Is(err, pglimit.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "", pglimit.Limit{Name: "per-minute", Rate: 5}); !errors.Is(err, pglimit.ErrInvalidKey) {
+	if err := pglimit.SetKeyLimits(ctx, lim, "", pglimit.Limit{Name: "per-minute", Rate: 5}); !errors.Is(err, pglimit.ErrInvalidKey) {
 		t.Errorf("an empty key: %v, want ErrInvalidKey", err)
 	}
 	plain := cfg
 	plain.Overrides = false
-	if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &plain), "k", pglimit.Limit{Name: "per-minute", Rate: 5}); !errors.Is(err, pglimit.ErrInvalidConfig) {
+	if err := pglimit.SetKeyLimits(ctx, newLimiterOn(t, pool, plain), "k", pglimit.Limit{Name: "per-minute", Rate: 5}); !errors.Is(err, pglimit.ErrInvalidConfig) {
 		t.Errorf("a configuration without Overrides: %v, want ErrInvalidConfig", err)
 	}
 	var n int
@@ -254,7 +255,7 @@ func TestOverridesBurstBound(t *testing.T) {
 		cfg := pglimit.Config{Schema: schema, Namespace: c.name, Overrides: true,
 			Limits: []pglimit.Limit{{Name: "slow", Rate: 1, Period: c.period, Burst: 1}}}
 		lim := newLimiterOn(t, pool, cfg)
-		if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "over", pglimit.Limit{Name: "slow", Burst: c.bound + 1}); !errors.Is(err, pglimit.ErrInvalidConfig) {
+		if err := pglimit.SetKeyLimits(ctx, lim, "over", pglimit.Limit{Name: "slow", Burst: c.bound + 1}); !errors.Is(err, pglimit.ErrInvalidConfig) {
 			t.Errorf("%s: SetKeyLimits with a burst of %d: %v, want ErrInvalidConfig", c.name, c.bound+1, err)
 		}
 		for key, burst := range map[string]int{"at": c.bound, "over": c.bound + 1} {
@@ -411,10 +412,11 @@ func TestSetKeyLimitsServerErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer readOnly.Close()
-	if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, readOnly, &cfg), "k", pglimit.Limit{Name: "per-minute", Rate: 9}); !errors.Is(err, pglimit.ErrReadOnly) {
+	onReadOnly := newLimiterOn(t, readOnly, cfg)
+	if err := pglimit.SetKeyLimits(ctx, onReadOnly, "k", pglimit.Limit{Name: "per-minute", Rate: 9}); !errors.Is(err, pglimit.ErrReadOnly) {
 		t.Errorf("SetKeyLimits on a read-only server: %v, want ErrReadOnly", err)
 	}
-	if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, readOnly, &cfg), "k"); !errors.Is(err, pglimit.ErrReadOnly) {
+	if err := pglimit.SetKeyLimits(ctx, onReadOnly, "k"); !errors.Is(err, pglimit.ErrReadOnly) {
 		t.Errorf("SetKeyLimits removing limits on a read-only server: %v, want ErrReadOnly", err)
 	}
 
@@ -431,7 +433,7 @@ func TestSetKeyLimitsServerErrors(t *testing.T) {
 	ctx5, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	start := time.Now()
-	err = pglimit.SetKeyLimits(ctx5, testdb.Limiter(t, pool, &cfg), "k", pglimit.Limit{Name: "per-minute", Rate: 9})
+	err = pglimit.SetKeyLimits(ctx5, newLimiterOn(t, pool, cfg), "k", pglimit.Limit{Name: "per-minute", Rate: 9})
 	if took := time.Since(start); !errors.Is(err, pglimit.ErrTimeout) || took > time.Second {
 		t.Errorf("SetKeyLimits behind a held row: %v after %s; want ErrTimeout after the 200ms Timeout", err, took.Round(time.Millisecond))
 	}

@@ -109,9 +109,5 @@ func TestShadowInTx(t *testing.T) {
 // newLimiterOn builds a limiter of cfg on db.
 func newLimiterOn(t testing.TB, db pglimit.DB, cfg pglimit.Config) pglimit.Limiter {
 	t.Helper()
-	lim, err := pglimit.New(db, &cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lim
+	return testdb.Limiter(t, db, &cfg)
 }

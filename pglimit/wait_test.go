@@ -62,7 +62,7 @@ func TestWaitGivesUp(t *testing.T) {
 	lim := newLimiterOn(t, pool, cfg)
 	resetIn := func() time.Duration {
 		t.Helper()
-		st, err := pglimit.Inspect(ctx, testdb.Limiter(t, pool, &cfg), "k")
+		st, err := pglimit.Inspect(ctx, lim, "k")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -70,7 +70,7 @@ func TestInsertWithAllowTx(t *testing.T) {
 		if err := pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s", pgx.Identifier{schema, "river_job"}.Sanitize())).Scan(&jobs); err != nil {
 			t.Fatal(err)
 		}
-		st, err := pglimit.Inspect(ctx, testdb.Limiter(t, pool, &cfg), "export/acme")
+		st, err := pglimit.Inspect(ctx, quota, "export/acme")
 		if err != nil {
 			t.Fatal(err)
 		}

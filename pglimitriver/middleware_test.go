@@ -462,7 +462,7 @@ func TestRefundOnError(t *testing.T) {
 			t.Errorf("job %+v: want completed on its second attempt", j)
 		}
 	}
-	st, err := pglimit.Inspect(t.Context(), testdb.Limiter(t, pool, &cfg), "export/acme")
+	st, err := pglimit.Inspect(t.Context(), lim, "export/acme")
 	if err != nil || st.Limits[0].Remaining != 0 {
 		t.Fatalf("the quota after 3 exports that each failed once: %+v, %v; want 3 used", st, err)
 	}

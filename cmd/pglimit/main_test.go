@@ -345,7 +345,7 @@ func TestDescriptionMustMatchRecorded(t *testing.T) {
 		record(t, pool, other, schema)
 	}
 	// The key's own burst is 1: one request, and the cooldown refuses it.
-	if err := pglimit.SetKeyLimits(ctx, testdb.Limiter(t, pool, &cfg), "k", pglimit.Limit{Name: "cooldown", Burst: 1}); err != nil {
+	if err := pglimit.SetKeyLimits(ctx, lim, "k", pglimit.Limit{Name: "cooldown", Burst: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {

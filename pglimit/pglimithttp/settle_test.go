@@ -66,7 +66,7 @@ func TestSettleFromResponse(t *testing.T) {
 	}
 	used := func() int {
 		t.Helper()
-		st, err := pglimit.Inspect(context.Background(), testdb.Limiter(t, pool, &cfg), "bob")
+		st, err := pglimit.Inspect(context.Background(), lim, "bob")
 		if err != nil {
 			t.Fatal(err)
 		}
