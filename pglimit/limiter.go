@@ -108,6 +108,7 @@ var (
 	asyncCommitColumn = queries.Static("setting.async")
 	noSettingColumn   = queries.Static("setting.none")
 	xactColumn        = queries.Static("setting.xact")
+	xactWrittenColumn = queries.Static("setting.xact_written") // key_row.allow's
 	xactReturning     = queries.Static("returning.xact")
 )
 
@@ -149,6 +150,7 @@ func (l *limiter) stmts() *statements {
 // strategySQL is what a strategy's statements differ by.
 type strategySQL struct {
 	fast      string // the fast statement's template
+	patience  string // its condition before the write's lock: "true", or nowait.condition; "" for Range
 	fastID    string // its template with a decision id; "" where ids are not supported (Range)
 	lock      string // the general statement's lock clause; "" for Range, which has none
 	contended string // the SQLSTATE that means another decision holds the key; "" for none
@@ -162,13 +164,13 @@ func withStatements(l *limiter, table string, sql strategySQL) *limiter {
 		column = asyncCommitColumn
 	}
 	l.single = len(l.cfg.Limits) == 1 && l.cfg.Limits[0].Algorithm == GCRA && !l.cfg.Overrides
-	txColumn := xactColumn
+	txColumn := xactWrittenColumn
 	if lock == "" {
 		txColumn = noSettingColumn // Range, which refunds nothing
 	}
 	l.plain = statements{
-		fast:   queries.Text(fast, queries.Args{"table": table, "setting": column, "returning": ""}),
-		fastTx: queries.Text(fast, queries.Args{"table": table, "setting": txColumn, "returning": xactReturning}),
+		fast:   queries.Text(fast, queries.Args{"table": table, "patience": sql.patience, "setting": column, "returning": ""}),
+		fastTx: queries.Text(fast, queries.Args{"table": table, "patience": sql.patience, "setting": txColumn, "returning": xactReturning}),
 	}
 	l.table = table
 	l.keySQL.reset = queries.Text("reset", queries.Args{"table": table, "channel": invalidateChannel})

@@ -16,32 +16,33 @@ import (
 // The strategies differ only in their statements (internal/queries) and in
 // which error means "someone else is deciding"; every one is a limiter.
 
-// Upsert locks the key's row if it admits the request, then updates it, or
-// inserts it for a key never seen, in one statement (upsert.allow, in
-// internal/queries, says how). This is the statement of a single GCRA
-// limit, of which a cooldown is one; other limits use the general
-// statement.
+// Upsert reads the key's row and, if the request fits, writes it through
+// INSERT ... ON CONFLICT DO UPDATE, which locks the row's latest version
+// and checks the request again there; a key never seen is inserted by the
+// same write (key_row.allow, in internal/queries, says how). This is the
+// statement of a single GCRA limit, of which a cooldown is one; other
+// limits use the general statement.
 func newUpsert(l *limiter, table string) *limiter {
-	return withStatements(l, table, strategySQL{fast: "upsert.allow", fastID: "upsert.allow_id", lock: queries.Static("upsert.lock")})
+	return withStatements(l, table, strategySQL{fast: "key_row.allow", patience: "true", fastID: "upsert.allow_id", lock: queries.Static("upsert.lock")})
 }
 
-// NoWait locks the key's row, then updates it, or inserts it for a key
-// never seen. It waits for the row's lock at most noWaitPatience: long
-// enough for a concurrent admission of the key to commit (its WAL flush
-// included, under load), too short to queue behind a caller's transaction
-// that holds the row (AllowTx). A lock not granted by then raises
+// NoWait decides as Upsert does, in the same statement, but waits for the
+// row's lock at most noWaitPatience: long enough for a concurrent
+// admission of the key to commit (its WAL flush included, under load), too
+// short to queue behind a caller's transaction that holds the row
+// (AllowTx). A lock not granted by then raises
 // lock_not_available (55P03), and the request is refused.
 //
 // This strategy's first form ran SELECT, UPDATE or INSERT and COMMIT as
 // separate round trips, and locked with FOR UPDATE NOWAIT, which
 // refused most requests that fitted a busy key's limit: another admission
 // of it held the row for a few hundred microseconds (docs/throughput.md).
-// Here it is one statement (nowait.allow). The lock is taken only on a row
-// that fits the request in the statement's snapshot (FOR UPDATE re-checks
-// that against the latest row version), so a refusal takes no lock and
+// Here it is one statement (key_row.allow). The lock is taken only on a
+// row that fits the request in the statement's snapshot (the write checks
+// that again on the latest row version), so a refusal takes no lock and
 // writes nothing. The bounded wait is lock_timeout, set for the
-// statement's transaction by a condition the row must pass before it is
-// locked (nowait.lock); in a caller's transaction (AllowTx) the caller's
+// statement's transaction by a condition evaluated before the lock
+// (nowait.condition); in a caller's transaction (AllowTx) the caller's
 // own lock_timeout is restored after the statement. It differs from Upsert
 // only in that wait, here and in the general statement.
 
@@ -51,7 +52,8 @@ func newUpsert(l *limiter, table string) *limiter {
 const noWaitPatience = 20 * time.Millisecond
 
 func newNoWait(l *limiter, table string) *limiter {
-	return withStatements(l, table, strategySQL{fast: "nowait.allow", fastID: "nowait.allow_id", lock: queries.Static("nowait.lock"), contended: pgtx.CodeLockNotAvailable})
+	return withStatements(l, table, strategySQL{fast: "key_row.allow", patience: queries.Static("nowait.condition"), fastID: "nowait.allow_id",
+		lock: queries.Static("nowait.lock"), contended: pgtx.CodeLockNotAvailable})
 }
 
 // Range inserts [now, now+cooldown) into a table whose exclusion

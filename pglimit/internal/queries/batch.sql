@@ -1,6 +1,6 @@
 -- batch.allow decides many keys of a single GCRA limit at once: $2 the
 -- keys, $3 each key's n*T, $6 how many calls of n units ask for it, $9 T
--- and $10 Burst*T, in µs. It is upsert.allow's statement over a set of
+-- and $10 Burst*T, in µs. It is key_row.allow's decision over a set of
 -- keys, where each key admits as many of its calls, in order, as fit, and
 -- then leases up to $7 more units, the first of them slotted no
 -- earlier than $8 µs after the statement's clock reading, as many as fit
@@ -54,10 +54,10 @@
 -- now µs, units leased, the TAT µs the lease starts from, the transaction
 -- that wrote the row or 0), so the statement runs through QueryRow like
 -- every other; the last column evaluates the admitting branches' setting.
--- locked reads the clock once the row is locked, as upsert.allow's stamp
--- does.
+-- locked reads the clock once the row is locked, as key_row.allow's
+-- write does.
 --
--- Placeholders: table; setting, as in upsert.allow; wait, empty for the
+-- Placeholders: table; setting, as in key_row.allow; wait, empty for the
 -- batch, true for the statement that waits for one key; patience, true or
 -- nowait.condition for the statement that waits.
 {{define "batch.allow"}}

@@ -30,7 +30,7 @@
 -- room for a call however long it waits, gets no answer: its callers'
 -- own statements report why.
 --
--- Placeholders: table; setting, as in upsert.allow; wait and patience, as
+-- Placeholders: table; setting, as in key_row.allow; wait and patience, as
 -- in batch.allow; state, the state column t.state as the statement reads
 -- it (arith.Shaped); width, the length of a state; guard, whether one call
 -- (c.n units) fits c (state, tat, now); refuses, whether c refuses one;

@@ -1,5 +1,5 @@
 -- The general statement decides for any set of limits on the Upsert and
--- NoWait tables. Its shape is a single GCRA limit's (key_row_tail): the key's row
+-- NoWait tables. Its shape is that of a decision with an id (key_row_tail_id): the key's row
 -- locked only if the request fits it, re-checked by the lock on the latest
 -- row version, and decided once more at the clock read after the lock,
 -- which is what the UPDATE writes; for a key with no row, an advisory lock
@@ -16,7 +16,7 @@
 -- pglimit_decide of migration 00004, which computes the same) cost as much
 -- as the rest of the statement.
 --
--- Placeholders: table; setting and returning, as in upsert.allow; lock,
+-- Placeholders: table; setting and returning, as in key_row.allow; lock,
 -- the lock clause (FOR UPDATE, or nowait.lock); admits, new_state and
 -- new_expires, whether x (state, tat, now) admits the request, its new
 -- state and its new expires_at; guard, whether c (the same) does; state,

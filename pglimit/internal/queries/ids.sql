@@ -1,6 +1,6 @@
 -- The statements of decisions with an id (pglimit.WithID), on the Upsert
--- and NoWait tables. Each is its id-less statement (upsert.allow,
--- nowait.allow, general.allow) with the id written in the same statement,
+-- and NoWait tables. Each is its id-less statement (key_row.allow's
+-- decision, general.allow) with the id written in the same statement,
 -- between the decision and its write:
 --
 --   claimed inserts the id's row into the ids table (migration 00013) only
@@ -22,7 +22,7 @@
 -- statement's answer, which for a taken id are placeholders.
 --
 -- Placeholders: table, ids (the ids table), setting and returning as in
--- upsert.allow. $1 namespace, $2 key, $3 n*T µs, $4 the key's lock class,
+-- key_row.allow. $1 namespace, $2 key, $3 n*T µs, $4 the key's lock class,
 -- $5 tau µs, $6 the id, $7 n, $8 the id's retention in µs.
 {{define "upsert.allow_id"}}
 WITH locked AS (
@@ -40,8 +40,14 @@ WITH locked AS (
 ),{{template "key_row_tail_id" .}}
 {{end}}
 
--- key_row_tail_id is key_row_tail with the id claimed: decided is the TAT
--- the admission writes and its time, from the locked row or for a new key.
+-- key_row_tail_id ends upsert.allow_id and nowait.allow_id, which begin
+-- with locked, the key's row once locked if the request fits (FOR UPDATE
+-- re-checks that on the latest row version, after any wait): decided is
+-- the TAT the admission writes and its time, read after the lock, from the
+-- locked row or for a new key; the write follows the row by its key, which
+-- reaches the version the lock waited for. A new key takes key_row.allow's
+-- advisory lock before it reads the clock; a refusal locks and writes
+-- nothing; no row at all means the key changed after the snapshot.
 {{define "key_row_tail_id"}}
 stamp AS (
     SELECT l.expires_at, clock_timestamp() AS now FROM locked AS l

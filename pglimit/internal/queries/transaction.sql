@@ -18,10 +18,15 @@
 -- (pg_current_xact_id), whose id precedes it by less than 2^32. It reads
 -- the xmin that the writes return with returning.xact, which the
 -- statement's updated and inserted CTEs must then carry.
-{{define "setting.xact"}}(SELECT (top.id + (w.xmin::text::bigint - top.id % 4294967296 + 4294967296) % 4294967296)::text
-    FROM (SELECT xmin FROM updated UNION ALL SELECT xmin FROM inserted) AS w,
-        (SELECT pg_current_xact_id()::text::bigint AS id) AS top){{end}}
+{{define "setting.xact"}}{{template "xact.of" "(SELECT xmin FROM updated UNION ALL SELECT xmin FROM inserted)"}}{{end}}
 {{define "returning.xact"}}, xmin{{end}}
+
+-- setting.xact_written is setting.xact for key_row.allow, whose one write
+-- is written; xact.of is their expression, given the writes' xmins.
+{{define "setting.xact_written"}}{{template "xact.of" "written"}}{{end}}
+{{define "xact.of"}}(SELECT (top.id + (w.xmin::text::bigint - top.id % 4294967296 + 4294967296) % 4294967296)::text
+    FROM {{.}} AS w,
+        (SELECT pg_current_xact_id()::text::bigint AS id) AS top){{end}}
 
 -- The savepoint around a statement run in a caller's transaction (AllowTx,
 -- Semaphore.AcquireTx). The caller's lock_timeout and statement_timeout are

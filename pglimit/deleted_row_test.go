@@ -1,0 +1,168 @@
+package pglimit_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
+	"github.com/pglimit/cooldown/pglimit"
+)
+
+// rowTables names the table each strategy with a key row decides on.
+var rowTables = map[pglimit.Strategy]string{pglimit.Upsert: "pglimit_upsert", pglimit.NoWait: "pglimit_nowait"}
+
+// A decision whose key's row a concurrent transaction deletes (a Reset, a
+// cleanup) after the decision's snapshot waits for that transaction, then
+// decides on the clock read after it: the cooldown it writes never starts
+// before the wait ended, and the placeholder its statement writes when the
+// row is gone is never an answer nor left behind. NoWait gives up after
+// its patience instead, and then writes nothing.
+func TestDeletedRowDecidedAfterTheWait(t *testing.T) {
+	t.Parallel()
+	for s, name := range rowTables {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testdb.Pool(t)
+			schema := testdb.Schema(t)
+			table := pgx.Identifier{schema, name}.Sanitize()
+			const cooldown = time.Hour
+			lim := testdb.Limiter(t, pool, &pglimit.Config{Strategy: s, Schema: schema, Cooldown: cooldown, Timeout: 10 * time.Second})
+			if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+				t.Fatalf("first request: %+v, %v", d, err)
+			}
+			endCooldown(t, pool, table)
+
+			deleter, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = deleter.Rollback(ctx) }()
+			if _, err := deleter.Exec(ctx, "DELETE FROM "+table); err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				d   pglimit.Decision
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				d, err := lim.Allow(ctx, "k")
+				done <- result{d, err}
+			}()
+			if s == pglimit.Upsert {
+				waitsForLock(t, pool, table)
+			}
+			time.Sleep(200 * time.Millisecond) // a wait long enough to tell its two ends apart
+			var committing time.Time
+			if err := deleter.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&committing); err != nil {
+				t.Fatal(err)
+			}
+			if err := deleter.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			if r.err != nil {
+				t.Fatalf("the decision that waited: %v", r.err)
+			}
+			var rows, placeholders int
+			var tat *time.Time
+			if err := pool.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE expires_at = 'epoch'), max(expires_at) FROM "+table).Scan(&rows, &placeholders, &tat); err != nil {
+				t.Fatal(err)
+			}
+			if !r.d.Allowed {
+				if s == pglimit.Upsert || rows != 0 {
+					t.Fatalf("refused (%+v), with %d rows left: want Upsert to admit, NoWait to refuse and write nothing", r.d, rows)
+				}
+				return
+			}
+			if rows != 1 || placeholders != 0 {
+				t.Fatalf("admitted, and the table holds %d rows, %d of them placeholders: want the admission's row alone", rows, placeholders)
+			}
+			if start := tat.Add(-cooldown); start.Before(committing) {
+				t.Errorf("the admission's cooldown starts at %s, %s before the deleter committed: a time from before its wait",
+					start.Format(time.RFC3339Nano), committing.Sub(start))
+			}
+		})
+	}
+}
+
+// A decision in a caller's REPEATABLE READ transaction, whose snapshot
+// still holds a key's row that a Reset has since deleted, decides without
+// an error, once, and leaves the key's one row: the row it admits on, not
+// the placeholder its statement writes on the way.
+func TestDeletedRowInRepeatableRead(t *testing.T) {
+	t.Parallel()
+	for s, name := range rowTables {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testdb.Pool(t)
+			schema := testdb.Schema(t)
+			table := pgx.Identifier{schema, name}.Sanitize()
+			lim := testdb.Limiter(t, pool, &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour})
+			if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+				t.Fatalf("first request: %+v, %v", d, err)
+			}
+			endCooldown(t, pool, table)
+			tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			var seen int
+			if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&seen); err != nil || seen != 1 {
+				t.Fatalf("the transaction's snapshot: %d rows, %v", seen, err)
+			}
+			if err := lim.Reset(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+			d, err := lim.AllowTx(ctx, tx, "k")
+			if err != nil {
+				t.Fatalf("AllowTx after a Reset its snapshot does not see: %v", err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var rows, placeholders int
+			if err := pool.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE expires_at = 'epoch') FROM "+table).Scan(&rows, &placeholders); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]int{true: 1, false: 0}[d.Allowed]; rows != want || placeholders != 0 {
+				t.Errorf("AllowTx answered %+v; the table holds %d rows, %d of them placeholders: want %d and none", d, rows, placeholders, want)
+			}
+		})
+	}
+}
+
+// endCooldown ends the cooldown of every row of table: the next request
+// fits.
+func endCooldown(t *testing.T, pool *pgxpool.Pool, table string) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), "UPDATE "+table+" SET expires_at = clock_timestamp() - interval '1 hour'"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitsForLock waits until a statement on table waits for a lock.
+func waitsForLock(t *testing.T, pool *pgxpool.Pool, table string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var n int
+		err := pool.QueryRow(context.Background(),
+			"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0 AND pid <> pg_backend_pid()",
+			table).Scan(&n)
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case n > 0:
+			return
+		case time.Now().After(deadline):
+			t.Fatalf("no statement on %s waited for a lock within 10 s", table)
+		}
+	}
+}
