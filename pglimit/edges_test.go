@@ -40,6 +40,14 @@ const deadlineSlack = 500 * time.Millisecond
 // Semaphore's docs).
 const txMargin = time.Second
 
+// semLevel and semFlow are the priority level (Config.Levels: all of the
+// one slot a key has, none lent) and the flow that the semaphore
+// target's AcquireLevel, WaitLevel and WaitFlow ask for.
+var (
+	semLevel = pglimitsem.Level{Name: "level", Min: 1, Max: 1}
+	semFlow  = pglimitsem.Flow{Name: "flow", Weight: 1}
+)
+
 // mechanism is a configuration whose public entry points the deadline
 // tests call.
 type mechanism struct {
@@ -48,7 +56,7 @@ type mechanism struct {
 	// api selects the entry points: the limiter's on a pgx pool (""), the
 	// limiter's on database/sql ("sql": pglimitsql.DB, its transactions
 	// through pglimitsql.Tx), or those of a Semaphore of one slot per key
-	// ("semaphore", which has no cfg).
+	// with one priority level, semLevel ("semaphore", which has no cfg).
 	api string
 }
 
@@ -92,17 +100,20 @@ type target struct {
 	// limit of one unit an hour, burst 100, namespace "level");
 	// levelSetup is it with the default Timeout, as setup is lim.
 	level, levelSetup pglimit.Limiter
+	// commits are, by key, the commits of the caller's transactions
+	// begun for the entry points on that key (begin), in order.
+	commits map[string][]func(context.Context) error
 }
 
 // newTarget builds m's limiter (or semaphore) of timeout on pool, in schema.
 func newTarget(t *testing.T, m mechanism, pool *pgxpool.Pool, schema string, timeout time.Duration) *target {
 	t.Helper()
-	tg := &target{m: m, cfg: m.cfg, pool: pool}
+	tg := &target{m: m, cfg: m.cfg, pool: pool, commits: map[string][]func(context.Context) error{}}
 	tg.cfg.Schema, tg.cfg.Timeout = schema, timeout
 	var err error
 	switch m.api {
 	case "semaphore":
-		cfg := pglimitsem.Config{Schema: schema, Slots: 1, Timeout: timeout}
+		cfg := pglimitsem.Config{Schema: schema, Slots: 1, Timeout: timeout, Levels: []pglimitsem.Level{semLevel}}
 		if tg.sem, err = pglimitsem.New(pool, &cfg); err != nil {
 			t.Fatal(err)
 		}
@@ -162,15 +173,22 @@ type keyState struct {
 }
 
 // ready makes key's row, with per-key limits under Overrides, and the
-// admission or slot the entry points need, while the server answers.
-func (tg *target) ready(t *testing.T, key string) keyState {
+// admission or slot ep needs, while the server answers: a semaphore's
+// key has its one slot held, taken by ep.hold.
+func (tg *target) ready(t *testing.T, ep entryPoint, key string) keyState {
 	t.Helper()
 	ctx := t.Context()
 	ks := keyState{key: key}
 	if tg.sem != nil {
+		hold := ep.hold
+		if hold == nil {
+			hold = func(ctx context.Context, sem *pglimitsem.Semaphore, key string) (pglimitsem.Slot, error) {
+				return sem.Acquire(ctx, key)
+			}
+		}
 		var err error
-		if ks.slot, err = tg.setupSem.Acquire(ctx, key); err != nil || !ks.slot.Acquired {
-			t.Fatalf("%s: Acquire: %+v, %v", key, ks.slot, err)
+		if ks.slot, err = hold(ctx, tg.setupSem, key); err != nil || !ks.slot.Acquired {
+			t.Fatalf("%s: take its slot: %+v, %v", key, ks.slot, err)
 		}
 		return ks
 	}
@@ -217,30 +235,33 @@ func (tg *target) ready(t *testing.T, key string) keyState {
 	return ks
 }
 
-// begin opens a transaction of the target's pool, rolled back (within a
-// second: the server may not answer) when the test ends.
-func (tg *target) begin(t *testing.T) pglimit.DB {
+// begin opens a transaction of the target's pool for the calls on key,
+// rolled back (within a second: the server may not answer) when the test
+// ends unless it was committed before; its commit is appended to
+// tg.commits[key].
+func (tg *target) begin(t *testing.T, key string) pglimit.DB {
 	t.Helper()
-	rollback := func(f func(context.Context) error) {
+	end := func(rollback, commit func(context.Context) error) {
 		t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			_ = f(ctx)
+			_ = rollback(ctx)
 		})
+		tg.commits[key] = append(tg.commits[key], commit)
 	}
 	if tg.sqlDB != nil {
 		tx, err := tg.sqlDB.BeginTx(t.Context(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rollback(func(context.Context) error { return tx.Rollback() })
+		end(func(context.Context) error { return tx.Rollback() }, func(context.Context) error { return tx.Commit() })
 		return pglimitsql.Tx(tx)
 	}
 	tx, err := tg.pool.Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	rollback(tx.Rollback)
+	end(tx.Rollback, tx.Commit)
 	return tx
 }
 
@@ -266,6 +287,23 @@ type entryPoint struct {
 	// of one decision. Such an admission charges tg.lim's key, and with
 	// level tg.level's too (AllowAll's second level).
 	id, level bool
+	// hold, for an entry point of the semaphore, takes the slot of key
+	// that ready holds before the fault; nil for Acquire. A key is used
+	// either with levels, or with flows, or with neither.
+	hold func(ctx context.Context, sem *pglimitsem.Semaphore, key string) (pglimitsem.Slot, error)
+	// takes: a call of the semaphore that takes a slot of its key, whose
+	// one slot ready holds. Once the fault is over, the key holds that
+	// slot alone (checkSlots).
+	takes bool
+	// queues: a wait of the semaphore, which may join its key's queue.
+	// Once the fault is over, and the places of joins cut off are taken
+	// out (within Timeout), its key has no place in the queue
+	// (checkSlots). joinsFirst: its first statement is the join (Wait),
+	// which a frozen server or a dead connection may run after its caller
+	// gave up: that place stays until it lapses, as Wait's doc says, so
+	// only the locked row checks its key's places. WaitLevel's and
+	// WaitFlow's first statement takes a slot without joining.
+	queues, joinsFirst bool
 	// prepare readies a call on ks while the server answers (a
 	// transaction is opened here), or returns nil where the entry point
 	// does not apply to tg.
@@ -301,6 +339,38 @@ func semCall(f func(ctx context.Context, sem *pglimitsem.Semaphore, ks keyState,
 	}
 }
 
+// semWait is prepare for a wait of the semaphore. A wait is bounded by its
+// context alone: here by Timeout too, as a caller who wants that bound
+// gives it.
+func semWait(f func(ctx context.Context, sem *pglimitsem.Semaphore, key string) error) func(*testing.T, *target, keyState) call {
+	return func(_ *testing.T, tg *target, _ keyState) call {
+		if tg.sem == nil {
+			return nil
+		}
+		return func(ctx context.Context, in input) (bool, error) {
+			ctx, cancel := context.WithTimeoutCause(ctx, tg.cfg.Timeout, pglimit.ErrTimeout)
+			defer cancel()
+			return false, f(ctx, tg.sem, in.key)
+		}
+	}
+}
+
+// holdLevel and holdFlow are entryPoint.hold for the semaphore's calls of
+// semLevel and of semFlow.
+func holdLevel(ctx context.Context, sem *pglimitsem.Semaphore, key string) (pglimitsem.Slot, error) {
+	return sem.AcquireLevel(ctx, key, semLevel.Name)
+}
+
+func holdFlow(ctx context.Context, sem *pglimitsem.Semaphore, key string) (pglimitsem.Slot, error) {
+	return sem.WaitFlow(ctx, key, semFlow)
+}
+
+// reserves reports whether tg's limiter takes reservations (Reserve and
+// WaitN): a single GCRA limit.
+func (tg *target) reserves() bool {
+	return tg.lim != nil && len(tg.cfg.Limits) == 1 && tg.cfg.Limits[0].Algorithm == pglimit.GCRA
+}
+
 // entryPoints are every public call of a limiter and a semaphore that
 // reaches a key's row.
 var entryPoints = []entryPoint{
@@ -310,11 +380,11 @@ var entryPoints = []entryPoint{
 	{name: "AllowN", keyed: true, cost: 2, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
 		return answered(tg.lim.AllowN(ctx, in.key, in.n))
 	})},
-	{name: "AllowTxN", inTx: true, keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, _ keyState) call {
+	{name: "AllowTxN", inTx: true, keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, ks keyState) call {
 		if tg.lim == nil {
 			return nil
 		}
-		tx := tg.begin(t)
+		tx := tg.begin(t, ks.key)
 		return func(ctx context.Context, in input) (bool, error) {
 			_, err := tg.lim.AllowTxN(ctx, tx, in.key, in.n)
 			return false, err
@@ -324,11 +394,26 @@ var entryPoints = []entryPoint{
 		return answered(tg.lim.AllowAtMost(ctx, in.key, in.n))
 	})},
 	{name: "Reserve", keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, ks keyState) call {
-		if tg.lim == nil || len(tg.cfg.Limits) > 1 || tg.cfg.Limits[0].Algorithm != pglimit.GCRA {
+		if !tg.reserves() {
 			return nil
 		}
 		return limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
 			return answered(tg.lim.Reserve(ctx, in.key, in.n, time.Hour))
+		})(t, tg, ks)
+	}},
+	{name: "WaitN", keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, ks keyState) call {
+		if !tg.reserves() {
+			return nil
+		}
+		return limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
+			d, err := pglimit.WaitN(ctx, tg.lim, in.key, in.n)
+			if err != nil && d.Limit.Rate > 0 {
+				// A refusal, which WaitN returns with an error wrapping
+				// context.DeadlineExceeded (the units come after ctx's
+				// deadline): an answer, as NoWait gives a locked row at once.
+				err = nil
+			}
+			return answered(d, err)
 		})(t, tg, ks)
 	}},
 	{name: "Peek", keyed: true, cost: 1, prepare: limiterCall(func(ctx context.Context, tg *target, _ keyState, in input) (bool, error) {
@@ -374,11 +459,11 @@ var entryPoints = []entryPoint{
 			return false, err
 		})(t, tg, ks)
 	}},
-	{name: "AllowAllTx", inTx: true, keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, _ keyState) call {
+	{name: "AllowAllTx", inTx: true, keyed: true, cost: 1, prepare: func(t *testing.T, tg *target, ks keyState) call {
 		if tg.lim == nil || tg.cfg.Strategy == pglimit.Range {
 			return nil
 		}
-		tx := tg.begin(t)
+		tx := tg.begin(t, ks.key)
 		return func(ctx context.Context, in input) (bool, error) {
 			_, err := pglimit.AllowAllTx(ctx, tx, in.n, pglimit.Charge{Limiter: tg.lim, Key: in.key})
 			return false, err
@@ -410,28 +495,39 @@ var entryPoints = []entryPoint{
 			return false, pglimit.SetKeyLimitsFor(ctx, tg.lim, in.key, time.Hour, pglimit.Limit{Name: "rate", Rate: 20, Burst: 5})
 		}
 	}},
-	{name: "Acquire", keyed: true, prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, _ keyState, in input) error {
+	{name: "Acquire", keyed: true, takes: true, prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, _ keyState, in input) error {
 		_, err := sem.Acquire(ctx, in.key)
 		return err
 	})},
-	{name: "Wait", keyed: true, prepare: func(_ *testing.T, tg *target, _ keyState) call {
+	{name: "Wait", keyed: true, takes: true, queues: true, joinsFirst: true, prepare: semWait(func(ctx context.Context, sem *pglimitsem.Semaphore, key string) error {
+		_, err := sem.Wait(ctx, key)
+		return err
+	})},
+	{name: "AcquireLevel", keyed: true, takes: true, hold: holdLevel, prepare: semCall(func(ctx context.Context, sem *pglimitsem.Semaphore, _ keyState, in input) error {
+		_, err := sem.AcquireLevel(ctx, in.key, semLevel.Name)
+		return err
+	})},
+	// WaitLevel's first try takes a slot in one statement, without
+	// joining, while no waiter of its level is queued, as here: under a
+	// frozen server or a dead connection that try is the statement cut
+	// off; under a locked row it is refused, and the call joins the queue
+	// and tries in turn until its deadline.
+	{name: "WaitLevel", keyed: true, takes: true, queues: true, hold: holdLevel, prepare: semWait(func(ctx context.Context, sem *pglimitsem.Semaphore, key string) error {
+		_, err := sem.WaitLevel(ctx, key, semLevel.Name)
+		return err
+	})},
+	// WaitFlow's first try, with no one waiting, takes a free slot
+	// without joining; refused, it joins and tries in turn in one
+	// statement.
+	{name: "WaitFlow", keyed: true, takes: true, queues: true, hold: holdFlow, prepare: semWait(func(ctx context.Context, sem *pglimitsem.Semaphore, key string) error {
+		_, err := sem.WaitFlow(ctx, key, semFlow)
+		return err
+	})},
+	{name: "AcquireTx", inTx: true, keyed: true, takes: true, prepare: func(t *testing.T, tg *target, ks keyState) call {
 		if tg.sem == nil {
 			return nil
 		}
-		return func(ctx context.Context, in input) (bool, error) {
-			// Wait is bounded by its context alone: here by Timeout too,
-			// as a caller who wants that bound gives it.
-			ctx, cancel := context.WithTimeoutCause(ctx, tg.cfg.Timeout, pglimit.ErrTimeout)
-			defer cancel()
-			_, err := tg.sem.Wait(ctx, in.key)
-			return false, err
-		}
-	}},
-	{name: "AcquireTx", inTx: true, keyed: true, prepare: func(t *testing.T, tg *target, _ keyState) call {
-		if tg.sem == nil {
-			return nil
-		}
-		tx := tg.begin(t)
+		tx := tg.begin(t, ks.key)
 		return func(ctx context.Context, in input) (bool, error) {
 			_, err := tg.sem.AcquireTx(ctx, tx, in.key)
 			return false, err
@@ -448,7 +544,7 @@ var entryPoints = []entryPoint{
 		if tg.sem == nil {
 			return nil
 		}
-		tx := tg.begin(t)
+		tx := tg.begin(t, ks.key)
 		return func(ctx context.Context, _ input) (bool, error) { return false, tg.sem.ReleaseTx(ctx, tx, ks.slot) }
 	}},
 }
@@ -476,6 +572,12 @@ func withID(ep entryPoint) entryPoint {
 	return ep
 }
 
+// withCost is ep with the cost n.
+func withCost(ep entryPoint, n int) entryPoint {
+	ep.cost = n
+	return ep
+}
+
 // entryPointNamed is the entry point of entryPoints named name.
 func entryPointNamed(name string) entryPoint {
 	i := slices.IndexFunc(entryPoints, func(ep entryPoint) bool { return ep.name == name })
@@ -483,14 +585,18 @@ func entryPointNamed(name string) entryPoint {
 }
 
 // idEntryPoints are the entry points of a limiter that take a decision id
-// (pglimit.WithID), each called with one: Allow's, AllowAtMost's and
-// Reserve's statements, and AllowAll's on two levels, which stores the id
+// (pglimit.WithID), each called with one: Allow's, AllowN's, AllowTxN's
+// (in the caller's transaction), AllowAtMost's and Reserve's statements,
+// WaitN's reservation, and AllowAll's on two levels, which stores the id
 // at each. A decision with an id goes to the database on its own
 // statement: no batch, lease, pre-block or fallback answers it.
 var idEntryPoints = []entryPoint{
 	withID(entryPointNamed("Allow")),
+	withCost(withID(entryPointNamed("AllowN")), 1), // within "two limits"' burst, which ready leaves 1
+	withID(entryPointNamed("AllowTxN")),
 	withID(entryPointNamed("AllowAtMost")),
 	withID(entryPointNamed("Reserve")),
+	withID(entryPointNamed("WaitN")),
 	{name: "AllowAll id", keyed: true, cost: 1, id: true, level: true, prepare: func(_ *testing.T, tg *target, _ keyState) call {
 		if tg.level == nil {
 			return nil
@@ -515,28 +621,47 @@ type deadlineCase struct {
 	want    error         // the error of a call that does not decide in time
 	entries []readyEntry
 
-	calls, latest atomic.Int64 // calls made, and the most one took past its bound (ns)
+	calls atomic.Int64 // calls made
+	// latest is the most a call took past its bound, and latestCall
+	// that call (its entry point).
+	mu         sync.Mutex
+	latest     time.Duration
+	latestCall string
 }
 
 // logCalls logs how many calls cases made and how late the latest
 // returned past its bound (its deadline; for a call in a caller's
 // transaction under Timeout, txMargin later).
 func logCalls(t *testing.T, cases ...*deadlineCase) {
-	var calls, latest int64
+	var calls int64
+	var latest time.Duration
+	var which string
 	for _, c := range cases {
 		calls += c.calls.Load()
-		latest = max(latest, c.latest.Load())
+		c.mu.Lock()
+		if c.latest > latest || which == "" {
+			latest, which = c.latest, c.name+": "+c.latestCall
+		}
+		c.mu.Unlock()
 	}
-	t.Logf("%d calls; the latest returned %s past its bound", calls, time.Duration(latest).Round(time.Millisecond))
+	t.Logf("%d calls; the latest returned %s past its bound (%s)", calls, latest.Round(time.Millisecond), which)
 }
 
 type readyEntry struct {
-	name      string
-	inTx      bool
-	id, level bool // entryPoint's
-	in        input
-	rounds    [2][]call
-	before    []int // for an id entry point, the key's remaining units before the fault (remaining)
+	name                      string
+	inTx                      bool
+	id, level                 bool // entryPoint's
+	takes, queues, joinsFirst bool // entryPoint's
+	in                        input
+	rounds                    [2][]call
+	before                    []int // for an id entry point, the key's remaining units before the fault (remaining)
+	// retry, for an id entry point, is the call again after the fault, as
+	// its caller would retry it: in a caller's transaction, a new one,
+	// committed.
+	retry call
+	// answered counts the calls that returned no error.
+	answered *atomic.Int64
+	slot     pglimitsem.Slot // for the semaphore, the key's slot that ready holds
 }
 
 // newDeadlineCase readies every entry point of m on pool, in schema, with
@@ -557,8 +682,9 @@ func newDeadlineCaseOf(t *testing.T, m mechanism, bound string, pool *pgxpool.Po
 	}
 	c.tg = newTarget(t, m, pool, schema, timeout)
 	for _, ep := range eps {
-		ks := c.tg.ready(t, c.name+"/"+ep.name)
-		e := readyEntry{name: ep.name, inTx: ep.inTx, id: ep.id, level: ep.level, in: ep.input(ks)}
+		ks := c.tg.ready(t, ep, c.name+"/"+ep.name)
+		e := readyEntry{name: ep.name, inTx: ep.inTx, id: ep.id, level: ep.level, in: ep.input(ks),
+			takes: ep.takes, queues: ep.queues, joinsFirst: ep.joinsFirst, answered: new(atomic.Int64), slot: ks.slot}
 		width := 5
 		if ep.inTx {
 			width = 1
@@ -575,11 +701,43 @@ func newDeadlineCaseOf(t *testing.T, m mechanism, bound string, pool *pgxpool.Po
 		if e.rounds[0] != nil {
 			if e.id {
 				e.before = c.tg.remaining(t, e.in.key)
+				e.retry = e.rounds[0][0]
+				if ep.inTx {
+					e.retry = c.tg.committed(t, ep, ks)
+				}
 			}
 			c.entries = append(c.entries, e)
 		}
 	}
 	return c
+}
+
+// committed is a call of ep, an entry point in a caller's transaction,
+// on a transaction of its own that it begins (ep.prepare) and commits.
+func (tg *target) committed(t *testing.T, ep entryPoint, ks keyState) call {
+	return func(ctx context.Context, in input) (bool, error) {
+		f := ep.prepare(t, tg, ks)
+		commits := tg.commits[ks.key]
+		if _, err := f(ctx, in); err != nil {
+			return false, err
+		}
+		return false, commits[len(commits)-1](ctx)
+	}
+}
+
+// endTxs ends the caller's transactions begun for key, each committed
+// where the fault left it usable (its call failed in a savepoint that was
+// rolled back), else rolled back, as its caller would. It returns how
+// many committed.
+func (tg *target) endTxs(key string) (committed int) {
+	for _, commit := range tg.commits[key] {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if commit(ctx) == nil {
+			committed++
+		}
+		cancel()
+	}
+	return committed
 }
 
 // remaining is what key has left, by Peek, at tg's limiter and at its
@@ -635,6 +793,22 @@ func (c *deadlineCase) checkIDs(t *testing.T) (stored int) {
 		if e.level {
 			levels = 2
 		}
+		if e.inTx {
+			// The callers' transactions end, committed where they can be:
+			// a call that failed there was rolled back to its savepoint,
+			// and stored no id and charged nothing, even committed.
+			committed := c.tg.endTxs(e.in.key)
+			if e.answered.Load() == 0 {
+				if n := rows(id); n > 0 {
+					t.Errorf("%s: %s: id %q has %d rows once its callers' transactions ended (%d of them committed), though every call failed: recorded as admitted",
+						c.name, e.name, id, n, committed)
+				}
+				if left := c.tg.remaining(t, e.in.key); steady(c.tg.cfg.Limits) && !slices.Equal(left, e.before) {
+					t.Errorf("%s: %s: the key has %v left once its callers' transactions ended (%d of them committed), %v before: a failed call charged it",
+						c.name, e.name, left, committed, e.before)
+				}
+			}
+		}
 		if rows(id) > 0 {
 			stored++
 		}
@@ -642,7 +816,7 @@ func (c *deadlineCase) checkIDs(t *testing.T) (stored int) {
 		err := testdb.Ready(func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, err := e.rounds[0][0](ctx, e.in)
+			_, err := e.retry(ctx, e.in)
 			return err
 		})
 		if err != nil {
@@ -702,11 +876,14 @@ func (c *deadlineCase) run(t *testing.T, serverDown bool) {
 		local, err := f(ctx, e.in)
 		took := time.Since(start)
 		c.calls.Add(1)
-		for late := int64(took - limit); ; {
-			if old := c.latest.Load(); late <= old || c.latest.CompareAndSwap(old, late) {
-				break
-			}
+		if err == nil {
+			e.answered.Add(1)
 		}
+		c.mu.Lock()
+		if late := took - limit; late > c.latest || c.latestCall == "" {
+			c.latest, c.latestCall = late, e.name
+		}
+		c.mu.Unlock()
 		switch {
 		case took > limit+deadlineSlack:
 			t.Errorf("%s: %s returned after %s, deadline %s (err %v)", c.name, e.name, took.Round(time.Millisecond), limit, err)
@@ -757,13 +934,15 @@ func runAll(t *testing.T, cases []*deadlineCase) {
 	wg.Wait()
 }
 
-// checkAllIDs is checkIDs of every case, once the fault is over and the
-// statements its calls sent have ended on the server (testdb.Quiesce; the
-// cases' pools set the application_name app), and logs how many ids calls
-// during the fault stored: admissions whose callers got an error, their
-// outcome unknown to them (a statement the client gave up on goes on
-// waiting on the server, and may commit once the fault ends).
-func checkAllIDs(t *testing.T, app string, cases ...*deadlineCase) {
+// checkAfterFault is checkIDs and checkSlots of every case, once the
+// fault is over and the statements its calls sent have ended on the
+// server (testdb.Quiesce; the cases' pools set the application_name app),
+// and logs how many ids calls during the fault stored: admissions whose
+// callers got an error, their outcome unknown to them (a statement the
+// client gave up on goes on waiting on the server, and may commit once
+// the fault ends). serverFault: the fault was the server's (frozen, or a
+// dead connection), not a locked row.
+func checkAfterFault(t *testing.T, app string, serverFault bool, cases ...*deadlineCase) {
 	t.Helper()
 	pools := make([]*pgxpool.Pool, len(cases))
 	for i, c := range cases {
@@ -773,8 +952,59 @@ func checkAllIDs(t *testing.T, app string, cases ...*deadlineCase) {
 	stored := 0
 	for _, c := range cases {
 		stored += c.checkIDs(t)
+		c.checkSlots(t, serverFault)
 	}
 	t.Logf("after the fault: %d ids stored by calls whose callers got an error; each id checked charged once", stored)
+}
+
+// checkSlots checks, once the fault is over, what the semaphore's calls
+// left behind. The key of each wait has no place in its queue, once the
+// places of joins cut off are taken out, within Timeout (it is polled
+// for Timeout and deadlineSlack); after a server fault, that of a wait
+// whose first statement does not join (not joinsFirst). The key of each
+// call that takes a slot holds the one slot ready took and no other: its
+// Release succeeds, and then the key holds none.
+func (c *deadlineCase) checkSlots(t *testing.T, serverFault bool) {
+	t.Helper()
+	if c.tg.sem == nil {
+		return
+	}
+	count := func(table, cond, key string) int {
+		var n int
+		q := "SELECT count(*) FROM " + pgx.Identifier{c.tg.cfg.Schema, table}.Sanitize() + " WHERE key = $1" + cond
+		if err := c.tg.pool.QueryRow(t.Context(), q, key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	held := func(key string) int { return count("pglimit_slots", " AND expires_at > now()", key) }
+	for _, e := range c.entries {
+		key := e.in.key
+		if e.queues && (!serverFault || !e.joinsFirst) {
+			places := 0
+			for deadline := time.Now().Add(c.tg.cfg.Timeout + deadlineSlack); ; time.Sleep(20 * time.Millisecond) {
+				if places = count("pglimit_slot_waiters", "", key); places == 0 || time.Now().After(deadline) {
+					break
+				}
+			}
+			if places > 0 {
+				t.Errorf("%s: %s: key %q has %d places in its queue after the fault, want none: a wait that gave up left its place",
+					c.name, e.name, key, places)
+			}
+		}
+		if !e.takes {
+			continue
+		}
+		if n := held(key); n != 1 {
+			t.Errorf("%s: %s: key %q holds %d slots after the fault, want the one ready took", c.name, e.name, key, n)
+		}
+		if err := c.tg.setupSem.Release(t.Context(), e.slot); err != nil {
+			t.Errorf("%s: %s: Release of key %q's slot that ready took: %v; want it still held", c.name, e.name, key, err)
+		}
+		if n := held(key); n != 0 {
+			t.Errorf("%s: %s: key %q holds %d slots once the slot ready took is released, want none: a call took one", c.name, e.name, key, n)
+		}
+	}
 }
 
 // lockKeys holds the rows of keys in schema's table (each key must have
@@ -810,7 +1040,11 @@ func lockKeys(t *testing.T, pool *pgxpool.Pool, schema, table string, keys ...st
 // first, at every level (lockKeys holds AllowAll's second level's too),
 // before they write the id's row in pglimit_ids, which has none yet: the
 // key's row is what they wait for here, and TestDeadlineHeldID holds the
-// id instead. Once the rows are free, each id is charged once (checkIDs).
+// id instead. Once the rows are free, each id is charged once, and a
+// failed AllowTxN with an id left nothing in its caller's transaction,
+// which commits (checkIDs); the semaphore's waits left no place in the
+// queue, and its key's slot held before is still the one held
+// (checkSlots).
 func TestDeadlineLockedRow(t *testing.T) {
 	t.Parallel()
 	for _, m := range mechanisms {
@@ -824,7 +1058,7 @@ func TestDeadlineLockedRow(t *testing.T) {
 				c.run(t, false)
 				logCalls(t, c)
 				unlock()
-				checkAllIDs(t, app, c)
+				checkAfterFault(t, app, false, c)
 			})
 		}
 	}
@@ -834,7 +1068,10 @@ func TestDeadlineLockedRow(t *testing.T) {
 // (a host that stops answering: connections stay open, new ones are
 // accepted by the kernel and never answered): every entry point of every
 // mechanism returns by its bound plus deadlineSlack, as under a locked
-// row, and none answers unless a lease or the fallback may.
+// row, and none answers unless a lease or the fallback may. Once the
+// server goes on, each id is charged once (checkIDs), none by a call in
+// a caller's transaction, and the semaphore's keys are as checkSlots
+// says.
 func TestDeadlineFrozenServer(t *testing.T) {
 	testdb.Slow(t)
 	srv := testdb.OwnMigratedServer(t)
@@ -844,13 +1081,15 @@ func TestDeadlineFrozenServer(t *testing.T) {
 	runAll(t, cases)
 	logCalls(t, cases...)
 	thaw()
-	checkAllIDs(t, app, cases...)
+	checkAfterFault(t, app, true, cases...)
 }
 
 // The deadline invariant on a dead connection: every connection to the
 // server, those in the pools and those dialled during the calls, goes
 // silent (the bytes sent are never delivered), and every entry point of
-// every mechanism returns by its bound plus deadlineSlack.
+// every mechanism returns by its bound plus deadlineSlack. Once the bytes
+// flow again, the ids and the semaphore's keys are checked as after a
+// frozen server.
 func TestDeadlineDeadConnection(t *testing.T) {
 	t.Parallel()
 	proxy, pcfg := testdb.NewStallProxy(t)
@@ -865,7 +1104,7 @@ func TestDeadlineDeadConnection(t *testing.T) {
 	// The statements held back reach the server now, after their callers
 	// gave up: an admission among them commits unknown to its caller.
 	proxy.Unstall()
-	checkAllIDs(t, app, cases...)
+	checkAfterFault(t, app, true, cases...)
 }
 
 // The deadline invariant of a decision whose id another transaction
@@ -874,7 +1113,7 @@ func TestDeadlineDeadConnection(t *testing.T) {
 // Every entry point with an id waits for that transaction (the id's
 // primary key) and returns by its bound plus deadlineSlack, with the
 // context's error or ErrTimeout; once the transaction rolls back, each id
-// is charged once (checkIDs).
+// is charged once, none by a call in a caller's transaction (checkIDs).
 func TestDeadlineHeldID(t *testing.T) {
 	t.Parallel()
 	for _, m := range mechanisms {
@@ -894,7 +1133,7 @@ func TestDeadlineHeldID(t *testing.T) {
 				c.run(t, false)
 				logCalls(t, c)
 				release()
-				checkAllIDs(t, app, c)
+				checkAfterFault(t, app, false, c)
 			})
 		}
 	}
@@ -1297,6 +1536,10 @@ var errorClasses = []errorClass{
 			costs = costs[1:3]
 		case ep.name == "Reserve": // queues past the burst, up to its maxDelay
 			costs = costs[:3]
+		case ep.name == "WaitN" && tg.cfg.Overrides:
+			// Refuses past the configured limits' burst; past a key's
+			// own, Reserve queues it.
+			costs = costs[:3]
 		}
 		in := make([]input, len(costs))
 		for i, n := range costs {
@@ -1383,7 +1626,7 @@ func TestTypedErrors(t *testing.T) {
 				setters = append(setters, set)
 				tg := newTarget(t, m, pool, schema, time.Second)
 				for _, ep := range entryPoints {
-					ks := tg.ready(t, m.name+"/"+ep.name)
+					ks := tg.ready(t, ep, m.name+"/"+ep.name)
 					in := []input{ep.input(ks)}
 					if class.inputs != nil {
 						in = class.inputs(ep, tg, ks)

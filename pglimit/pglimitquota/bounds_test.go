@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
@@ -37,38 +38,38 @@ type deadlineCall struct {
 	bound time.Duration // Timeout, or Timeout and txMargin for AllowTx
 	reads bool          // takes no lock: it answers while a row is locked
 	id    bool          // Allow with the id on keys.idKey
+	txID  bool          // AllowTx with the id on keys.txIDKey, in a transaction of its own
 	call  func(ctx context.Context) error
+	// commit commits the transaction of a call of AllowTx with an id.
+	commit func(ctx context.Context) error
 }
 
-// deadlineKeys are a deadline test's keys: the calls' key, and that of
-// the calls of Allow with an id, apart so that nothing else charges it.
-type deadlineKeys struct{ key, idKey string }
+// deadlineKeys are a deadline test's keys: the calls' key, that of the
+// calls of Allow with an id and that of AllowTx with an id, apart so
+// that nothing else charges them.
+type deadlineKeys struct{ key, idKey, txIDKey string }
+
+// testKeys are the keys of a deadline test.
+var testKeys = deadlineKeys{"k", "k-id", "k-txid"}
 
 // quotaID is the decision id of the deadline tests' calls on idKey.
 func quotaID(idKey string) string { return "id/" + idKey }
 
 // newDeadlineCalls readies every call of q that reaches a key's row, and
 // Usage, while the server answers: it gives each key its row (one unit
-// charged) and begins AllowTx's transaction on pool. Allow with an id is
-// called idRetries times at once on keys.idKey. With txUsable, AllowTx
-// checks that its error left the transaction usable.
+// charged) and begins AllowTx's transactions on pool. Allow with an id is
+// called idRetries times at once on keys.idKey, and AllowTx with an id
+// as many times on keys.txIDKey, each in a transaction of its own. With
+// txUsable, AllowTx checks that its error left the transaction usable.
 func newDeadlineCalls(t *testing.T, q *pglimitquota.Quota, pool *pgxpool.Pool, keys deadlineKeys, txUsable bool) []deadlineCall {
 	t.Helper()
 	ctx := context.Background()
-	for _, k := range []string{keys.key, keys.idKey} {
+	for _, k := range []string{keys.key, keys.idKey, keys.txIDKey} {
 		if err := testdb.Ready(func() error { _, err := q.Allow(ctx, k, 1); return err }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = tx.Rollback(ctx)
-	})
+	tx := begin(t, pool)
 	key := keys.key
 	calls := []deadlineCall{
 		{name: "Allow", call: func(ctx context.Context) error { _, err := q.Allow(ctx, key, 1); return err }},
@@ -93,11 +94,38 @@ func newDeadlineCalls(t *testing.T, q *pglimitquota.Quota, pool *pgxpool.Pool, k
 			_, err := q.Allow(pglimit.WithID(ctx, quotaID(keys.idKey)), keys.idKey, 1)
 			return err
 		}})
+		tx := begin(t, pool)
+		calls = append(calls, deadlineCall{name: fmt.Sprintf("AllowTx with an id (%d)", i+1), bound: txMargin, txID: true, commit: tx.Commit,
+			call: func(ctx context.Context) error {
+				_, err := q.AllowTx(pglimit.WithID(ctx, quotaID(keys.txIDKey)), tx, keys.txIDKey, 1)
+				if txUsable {
+					if _, xerr := tx.Exec(ctx, "SELECT 1"); xerr != nil {
+						t.Errorf("AllowTx with an id left tx unusable: %v", xerr)
+					}
+				}
+				return err
+			}})
 	}
 	for i := range calls {
 		calls[i].bound += deadlineTimeout
 	}
 	return calls
+}
+
+// begin begins a transaction on pool, rolled back (within a second: the
+// server may not answer) when the test ends unless it was committed.
+func begin(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = tx.Rollback(ctx)
+	})
+	return tx
 }
 
 // runDeadlineCalls makes the calls at once and checks that each returned
@@ -166,12 +194,67 @@ func checkIDOnce(t *testing.T, q *pglimitquota.Quota, idKey string, before int64
 	}
 }
 
+// checkTxIDOnce checks, once the fault is over and its statements have
+// ended, that the calls of AllowTx with an id on txIDKey, which used
+// before them, all of which failed, charged nothing: their transactions
+// are committed where the fault left them usable (the call's savepoint
+// rolled back) and ended otherwise, and then txIDKey has used what it did
+// before and the id has no row: it was never admitted. A retry of the id
+// in a transaction of its own that commits is then admitted afresh, and
+// charges the key once.
+func checkTxIDOnce(t *testing.T, q *pglimitquota.Quota, pool *pgxpool.Pool, schema string, calls []deadlineCall, txIDKey string, before int64) {
+	t.Helper()
+	ctx := context.Background()
+	committed := 0
+	for _, c := range calls {
+		if !c.txID {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if c.commit(cctx) == nil {
+			committed++
+		}
+		cancel()
+	}
+	id := quotaID(txIDKey)
+	var rows int
+	q1 := "SELECT count(*) FROM " + pgx.Identifier{schema, "pglimit_quota_ids"}.Sanitize() + " WHERE id = $1"
+	if err := pool.QueryRow(ctx, q1, id).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	used := usedBefore(t, q, txIDKey)
+	t.Logf("after the fault %d of the transactions of AllowTx with an id committed; the id has %d rows, the key used %d before, %d after",
+		committed, rows, before, used)
+	if rows != 0 || used != before {
+		t.Errorf("once the failed calls' transactions ended (%d committed), id %q has %d rows and the key used %d more: a call that failed was recorded as admitted",
+			committed, id, rows, used-before)
+	}
+	var d pglimitquota.Decision
+	err := testdb.Ready(func() error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		if d, err = q.AllowTx(pglimit.WithID(ctx, id), tx, txIDKey, 1); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	})
+	if err != nil || !d.Allowed || d.Replayed {
+		t.Fatalf("a retry of the id in a transaction of its own after the fault: %+v, %v; want it admitted afresh", d, err)
+	}
+	if after := usedBefore(t, q, txIDKey); after != before+1 {
+		t.Errorf("the id's calls and its retry charged %d units, want 1: an id is charged once", after-before)
+	}
+}
+
 // deadlinePool opens a pool of cfg with a connection for each of a
 // deadline test's calls at once, so that none waits for the pool, whose
 // connections have the application_name app (testdb.Quiesce).
 func deadlinePool(t *testing.T, cfg *pgxpool.Config, app string) *pgxpool.Pool {
 	t.Helper()
-	cfg.MaxConns = 16
+	cfg.MaxConns = 24
 	cfg.ConnConfig.RuntimeParams["search_path"] = ""
 	return testdb.AppPool(t, cfg, app)
 }
@@ -199,39 +282,43 @@ func newDeadlineQuota(t *testing.T, db pglimit.DB, schema string) *pglimitquota.
 // Every call returns by the quota's Timeout while another transaction
 // holds the key's row, with ErrTimeout, and AllowTx leaves the caller's
 // transaction usable; Usage reads without a lock and answers at once.
-// Allow with an id locks the key's row before it reads or writes the
-// id's, so the key's row is what it waits for (TestDeadlineHeldID holds
-// the id instead); once the row is free, the id is charged once.
+// Allow and AllowTx with an id lock the key's row before they read or
+// write the id's, so the key's row is what they wait for
+// (TestDeadlineHeldID holds the ids instead); once the row is free, each
+// id is charged once, and AllowTx's failed calls, their transactions
+// committed, charged nothing (checkTxIDOnce).
 func TestDeadlineLockedRow(t *testing.T) {
 	schema, app := testdb.Schema(t), testdb.AppName(t)
 	pool := sharedPool(t, app)
 	q := newDeadlineQuota(t, pool, schema)
-	keys := deadlineKeys{"k", "k-id"}
+	keys := testKeys
 	calls := newDeadlineCalls(t, q, pool, keys, true)
-	before := usedBefore(t, q, keys.idKey)
-	unlock := testdb.Lock(t, testdb.Pool(t), schema, "pglimit_quota_keys", keys.key, keys.idKey)
+	before, txBefore := usedBefore(t, q, keys.idKey), usedBefore(t, q, keys.txIDKey)
+	unlock := testdb.Lock(t, testdb.Pool(t), schema, "pglimit_quota_keys", keys.key, keys.idKey, keys.txIDKey)
 	runDeadlineCalls(t, calls, false)
 	unlock()
 	testdb.Quiesce(t, app, pool)
 	checkIDOnce(t, q, keys.idKey, before)
+	checkTxIDOnce(t, q, pool, schema, calls, keys.txIDKey, txBefore)
 }
 
-// Allow with an id whose id another transaction holds, an AllowTx of the
-// id on another key not yet committed, waits for that transaction (the
-// id's primary key) no longer than Timeout, with ErrTimeout; once the
-// transaction rolls back, a retry charges the id once.
+// Allow and AllowTx with an id whose id another transaction holds, an
+// AllowTx of the id on another key not yet committed, wait for that
+// transaction (the id's primary key) no longer than their bound, with
+// ErrTimeout; once the transaction rolls back, a retry charges each id
+// once, and AllowTx's failed calls charged nothing.
 func TestDeadlineHeldID(t *testing.T) {
 	schema, app := testdb.Schema(t), testdb.AppName(t)
 	pool := sharedPool(t, app)
 	q := newDeadlineQuota(t, pool, schema)
-	keys := deadlineKeys{"k", "k-id"}
+	keys := testKeys
 	var calls []deadlineCall
 	for _, c := range newDeadlineCalls(t, q, pool, keys, true) {
-		if c.id {
+		if c.id || c.txID {
 			calls = append(calls, c)
 		}
 	}
-	before := usedBefore(t, q, keys.idKey)
+	before, txBefore := usedBefore(t, q, keys.idKey), usedBefore(t, q, keys.txIDKey)
 	ctx := context.Background()
 	holder, err := pool.Begin(ctx)
 	if err != nil {
@@ -239,52 +326,59 @@ func TestDeadlineHeldID(t *testing.T) {
 	}
 	release := sync.OnceFunc(func() { _ = holder.Rollback(ctx) })
 	t.Cleanup(release)
-	if d, err := q.AllowTx(pglimit.WithID(ctx, quotaID(keys.idKey)), holder, "holder", 1); err != nil || !d.Allowed {
-		t.Fatalf("hold the id: %+v, %v", d, err)
+	for _, k := range []string{keys.idKey, keys.txIDKey} {
+		if d, err := q.AllowTx(pglimit.WithID(ctx, quotaID(k)), holder, "holder", 1); err != nil || !d.Allowed {
+			t.Fatalf("hold the id of %s: %+v, %v", k, d, err)
+		}
 	}
 	runDeadlineCalls(t, calls, false)
 	release()
 	testdb.Quiesce(t, app, pool)
 	checkIDOnce(t, q, keys.idKey, before)
+	checkTxIDOnce(t, q, pool, schema, calls, keys.txIDKey, txBefore)
 }
 
 // Every call returns by its bound on a server stopped with SIGSTOP (a
 // host that stops answering: connections stay open, new ones are
 // accepted by the kernel and never answered), with ErrTimeout; once the
-// server goes on, the id is charged once.
+// server goes on, each id is charged once, none by AllowTx's calls.
 func TestDeadlineFrozenServer(t *testing.T) {
 	testdb.Slow(t)
 	srv := testdb.OwnMigratedServer(t)
 	app := testdb.AppName(t)
 	pool := deadlinePool(t, testdb.ServerPoolConfig(t, srv, 16), app)
-	q := newDeadlineQuota(t, pool, "public")
-	keys := deadlineKeys{"k", "k-id"}
+	schema := "public"
+	q := newDeadlineQuota(t, pool, schema)
+	keys := testKeys
 	calls := newDeadlineCalls(t, q, pool, keys, false)
-	before := usedBefore(t, q, keys.idKey)
+	before, txBefore := usedBefore(t, q, keys.idKey), usedBefore(t, q, keys.txIDKey)
 	thaw := testdb.Frozen(t, srv)
 	runDeadlineCalls(t, calls, true)
 	thaw()
 	testdb.Quiesce(t, app, pool)
 	checkIDOnce(t, q, keys.idKey, before)
+	checkTxIDOnce(t, q, pool, schema, calls, keys.txIDKey, txBefore)
 }
 
 // Every call returns by its bound on a dead connection: every connection
 // to the server, those in the pool and those dialled during the calls,
 // goes silent (testdb.StallProxy), with ErrTimeout. Once the bytes flow
 // again the statements held back reach the server after their callers
-// gave up, and the id is still charged once.
+// gave up, and each id is still charged once, none by AllowTx's calls.
 func TestDeadlineDeadConnection(t *testing.T) {
 	proxy, pcfg := testdb.NewStallProxy(t)
 	app := testdb.AppName(t)
 	pool := deadlinePool(t, pcfg, app)
-	q := newDeadlineQuota(t, pool, testdb.Schema(t))
-	keys := deadlineKeys{"k", "k-id"}
+	schema := testdb.Schema(t)
+	q := newDeadlineQuota(t, pool, schema)
+	keys := testKeys
 	calls := newDeadlineCalls(t, q, pool, keys, false)
-	before := usedBefore(t, q, keys.idKey)
+	before, txBefore := usedBefore(t, q, keys.idKey), usedBefore(t, q, keys.txIDKey)
 	proxy.Stall()
 	t.Cleanup(proxy.Unstall) // before the pool closes and the transaction rolls back
 	runDeadlineCalls(t, calls, true)
 	proxy.Unstall()
 	testdb.Quiesce(t, app, pool)
 	checkIDOnce(t, q, keys.idKey, before)
+	checkTxIDOnce(t, q, pool, schema, calls, keys.txIDKey, txBefore)
 }
