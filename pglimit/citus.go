@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/lockid"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
@@ -90,7 +91,7 @@ func Distribute(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		return fmt.Errorf("pglimit: distribute: %w", err)
 	}
 	if !citus {
-		return fmt.Errorf("%w: distribute: the citus extension is not installed in this database (CREATE EXTENSION citus, on a Citus cluster's coordinator)", ErrUnsupported)
+		return engine.Check(engine.Distribute, engine.Shape{Deployment: engine.NoCitus})
 	}
 	err = pollLock(ctx, func() (got bool, err error) {
 		err = conn.QueryRow(ctx, queries.Static("advisory.try_lock"), lockid.Distribute).Scan(&got)
@@ -230,15 +231,16 @@ func specArray(limits []Limit) string {
 }
 
 // detectDistributed finds out whether the limiter's table is a Citus
-// distributed table and, if so, switches the limiter to its functions. On
-// plain PostgreSQL it costs one catalog lookup, once.
-func (l *limiter) detectDistributed(ctx context.Context, db DB) error {
+// distributed table and, if so with pglimit's functions there, switches
+// the limiter to them; it returns what it found, which check holds to the
+// capability table. On plain PostgreSQL it costs one catalog lookup, once.
+func (l *limiter) detectDistributed(ctx context.Context, db DB) (engine.Deployment, error) {
 	var citus bool
 	if err := db.QueryRow(ctx, queries.Static("citus.present")).Scan(&citus); err != nil {
-		return err // the limiter's first statement: a connection error, mostly
+		return 0, err // the limiter's first statement: a connection error, mostly
 	}
 	if !citus {
-		return nil
+		return engine.OneServer, nil
 	}
 	table := pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()
 	args := rowAllowArgs
@@ -250,19 +252,13 @@ func (l *limiter) detectDistributed(ctx context.Context, db DB) error {
 	err := db.QueryRow(ctx, queries.Static("citus.distributed"), table, fn).Scan(&distributed, &delegated)
 	switch {
 	case err != nil:
-		return fmt.Errorf("look up %s in Citus's metadata: %w", table, err)
+		return 0, fmt.Errorf("look up %s in Citus's metadata: %w", table, err)
 	case !distributed:
-		return nil
+		return engine.OneServer, nil
 	case !delegated:
-		return fmt.Errorf("%w: %s is a Citus distributed table without pglimit's functions; run pglimit.Distribute on schema %s", ErrUnsupported, table, l.cfg.Schema)
-	}
-	for _, lim := range l.cfg.Limits {
-		if lim.Debt > 0 {
-			// Its functions know no debt, and Settle does not run there.
-			return fmt.Errorf("%w: limit %s has a Debt, on %s, a Citus distributed table", ErrUnsupported, lim.Name, table)
-		}
+		return engine.DistributedBare, nil
 	}
 	s := l.distributedStatements()
 	l.dist.Store(&s)
-	return nil
+	return engine.Distributed, nil
 }

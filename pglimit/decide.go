@@ -16,6 +16,7 @@ import (
 func newLimiter(db DB, c Config, table string) *limiter {
 	l := &limiter{db: db, cfg: c, policy: &Policy{Namespace: c.Namespace, Strategy: c.Strategy, Limits: c.Limits}, specs: specs(c.Limits)}
 	l.observers = newObservers(c.Observer)
+	l.caps = capsOf(c, table)
 	l.minCapacity = c.Limits[0].capacity()
 	for _, lim := range c.Limits {
 		l.minCapacity = min(l.minCapacity, lim.capacity())

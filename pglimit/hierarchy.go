@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
@@ -177,8 +178,8 @@ func allowAllUnobserved(ctx context.Context, tx DB, n int, charges []Charge) (De
 		if err := lv.l.check(ctx, first.db); err != nil {
 			return Decisions{}, fault.Wrap(ctx, "AllowAll", first.cfg.Timeout, err)
 		}
-		if lv.l.dist.Load() != nil {
-			return Decisions{}, fmt.Errorf("%w: AllowAll on a table Citus distributes (%s)", ErrUnsupported, lv.table)
+		if err := engine.Check(engine.AllowAll, lv.shape(lv.l.deployment(), hasID)); err != nil {
+			return Decisions{}, err
 		}
 	}
 	// run runs sql with args, on the limiters' db or in a savepoint of tx.
@@ -246,11 +247,8 @@ func allowAllUnobserved(ctx context.Context, tx DB, n int, charges []Charge) (De
 // takes ids, and id.
 func idLevels(levels []level, id string) error {
 	for _, lv := range levels {
-		switch {
-		case lv.l.ids == nil:
-			return fmt.Errorf("%w: a decision id on AllowAll with charges[%d] on the %s strategy or with Overrides (not yet)", ErrUnsupported, lv.index, lv.l.cfg.Strategy)
-		case lv.l.cfg.Shadow:
-			return fmt.Errorf("%w: a decision id on AllowAll with charges[%d] in shadow mode (not yet)", ErrUnsupported, lv.index)
+		if err := engine.Check(engine.AllowAll, lv.shape(engine.Unchecked, true)); err != nil {
+			return err
 		}
 	}
 	return ValidateID(id)
@@ -295,6 +293,14 @@ type level struct {
 	table string // quoted
 }
 
+// shape is what the capability table reads of the level, on a table
+// the database made dep, in an AllowAll with an id or without.
+func (lv level) shape(dep engine.Deployment, id bool) engine.Shape {
+	s := lv.l.shape(dep)
+	s.ID, s.Level = id, lv.index
+	return s
+}
+
 // hierarchyLevels checks charges and returns them in the global lock
 // order: table, namespace, key.
 func hierarchyLevels(charges []Charge, n int) ([]level, error) {
@@ -307,12 +313,13 @@ func hierarchyLevels(charges []Charge, n int) ([]level, error) {
 	levels := make([]level, len(charges))
 	for i, c := range charges {
 		l, ok := c.Limiter.(*limiter)
-		switch {
-		case !ok:
+		if !ok {
 			return nil, fmt.Errorf("%w: AllowAll: charges[%d]: a Limiter that pglimit.New did not make", ErrInvalidConfig, i)
-		case l.cfg.Strategy == Range:
-			return nil, fmt.Errorf("%w: AllowAll on the Range strategy (charges[%d])", ErrUnsupported, i)
-		case i > 0 && !sameDB(l.db, levels[0].l.db):
+		}
+		if err := engine.Check(engine.AllowAll, level{l: l, index: i}.shape(engine.Unchecked, false)); err != nil {
+			return nil, err
+		}
+		if i > 0 && !sameDB(l.db, levels[0].l.db) {
 			return nil, fmt.Errorf("%w: AllowAll: charges[%d]'s limiter is on another DB than charges[0]'s: give them one pool", ErrInvalidConfig, i)
 		}
 		if err := ValidateKey(c.Key); err != nil {

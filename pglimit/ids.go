@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
@@ -149,20 +150,17 @@ func newIDStatements(limits []Limit, schema, table, fast, column, lock string) *
 	return s
 }
 
-// checkID reports whether a call of op may carry an id, when ctx has
-// one, and whether the id is valid.
+// checkID reports whether a call of op, a decision method, may carry an
+// id, when ctx has one, and whether the id is valid. Peek ignores an id.
 func (l *limiter) checkID(ctx context.Context, op Op) (hasID bool, err error) {
 	id, ok := IDFrom(ctx)
 	if !ok || op == OpPeek {
 		return false, nil
 	}
-	switch op {
-	case OpAllow, OpAllowN, OpAllowTx, OpAllowTxN, OpAllowAtMost, OpReserve:
-	default:
-		return true, fmt.Errorf("%w: a decision id on %s (not yet: Allow, AllowN, AllowTx, AllowTxN, AllowAtMost and Reserve take ids)", ErrUnsupported, op)
-	}
-	if l.ids == nil {
-		return true, fmt.Errorf("%w: a decision id on the %s strategy or with Overrides (not yet)", ErrUnsupported, l.cfg.Strategy)
+	s := l.shape(engine.Unchecked)
+	s.ID = true
+	if err := engine.Check(engine.Op(op), s); err != nil {
+		return true, err
 	}
 	return true, ValidateID(id)
 }
@@ -192,8 +190,12 @@ func (l *limiter) decideID(ctx context.Context, tx DB, q query, id string) (Deci
 	if err := l.check(ctx, db); err != nil {
 		return Decision{}, err
 	}
-	if l.dist.Load() != nil {
-		return Decision{}, fmt.Errorf("%w: a decision id on a table Citus distributes (not yet)", ErrUnsupported)
+	// An id's rows are one for every decision method (Allow's); the
+	// method's own passed before.
+	s := l.shape(l.deployment())
+	s.ID = true
+	if err := engine.Check(engine.Allow, s); err != nil {
+		return Decision{}, err
 	}
 	sql, params := l.idQuery(q, id, inTx)
 	for range maxAttempts {
@@ -355,10 +357,10 @@ func RefundID(ctx context.Context, lim Limiter, id string, n int) (ok bool, err 
 
 // refundID is RefundID unobserved.
 func (l *limiter) refundID(ctx context.Context, id string, n int) (bool, error) {
-	switch {
-	case l.ids == nil:
-		return false, fmt.Errorf("%w: RefundID on the %s strategy or with Overrides (not yet)", ErrUnsupported, l.cfg.Strategy)
-	case n <= 0:
+	if err := engine.Check(engine.RefundID, l.shape(engine.Unchecked)); err != nil {
+		return false, err
+	}
+	if n <= 0 {
 		return false, fmt.Errorf("%w: RefundID: n must be positive, got %d", ErrInvalidCost, n)
 	}
 	if err := ValidateID(id); err != nil {
@@ -369,8 +371,8 @@ func (l *limiter) refundID(ctx context.Context, id string, n int) (bool, error) 
 	if err := l.check(ctx, l.db); err != nil {
 		return false, l.wrap(ctx, fmt.Errorf("refund by id: %w", err))
 	}
-	if l.dist.Load() != nil {
-		return false, fmt.Errorf("%w: RefundID on a Citus distributed table", ErrUnsupported)
+	if err := engine.Check(engine.RefundID, l.shape(l.deployment())); err != nil {
+		return false, err
 	}
 	row, found, err := l.lookupID(ctx, l.db, id)
 	switch {
@@ -437,10 +439,10 @@ func SettleID(ctx context.Context, lim Limiter, id string, cost int) (out Settle
 
 // settleID is SettleID unobserved.
 func (l *limiter) settleID(ctx context.Context, id string, cost int) (Settlement, error) {
-	switch {
-	case l.ids == nil:
-		return Settlement{}, fmt.Errorf("%w: SettleID on the %s strategy or with Overrides (not yet)", ErrUnsupported, l.cfg.Strategy)
-	case cost < 0 || cost > maxSettleCost:
+	if err := engine.Check(engine.SettleID, l.shape(engine.Unchecked)); err != nil {
+		return Settlement{}, err
+	}
+	if cost < 0 || cost > maxSettleCost {
 		return Settlement{}, fmt.Errorf("%w: SettleID: cost must be in [0, %d], got %d", ErrInvalidCost, maxSettleCost, cost)
 	}
 	if err := ValidateID(id); err != nil {
@@ -451,8 +453,8 @@ func (l *limiter) settleID(ctx context.Context, id string, cost int) (Settlement
 	if err := l.check(ctx, l.db); err != nil {
 		return Settlement{}, l.wrap(ctx, fmt.Errorf("settle by id: %w", err))
 	}
-	if l.dist.Load() != nil {
-		return Settlement{}, fmt.Errorf("%w: SettleID on a Citus distributed table", ErrUnsupported)
+	if err := engine.Check(engine.SettleID, l.shape(l.deployment())); err != nil {
+		return Settlement{}, err
 	}
 	rates, ts, bts := make([]int64, len(l.cfg.Limits)), make([]int64, len(l.cfg.Limits)), make([]int64, len(l.cfg.Limits))
 	for i, lim := range l.cfg.Limits {

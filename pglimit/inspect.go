@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -82,7 +83,7 @@ func Inspect(ctx context.Context, lim Limiter, key string) (st KeyState, err err
 // inspect is Inspect unobserved.
 func (l *limiter) inspect(ctx context.Context, key string) (KeyState, error) {
 	db, c := l.db, l.cfg
-	if err := inspectable(c, "Inspect"); err != nil {
+	if err := engine.Check(engine.Inspect, l.shape(engine.Unchecked)); err != nil {
 		return KeyState{}, err
 	}
 	if err := ValidateKey(key); err != nil {
@@ -153,7 +154,7 @@ func LimitedKeys(ctx context.Context, lim Limiter, n int, after string, max int)
 // limitedKeys is LimitedKeys unobserved.
 func (l *limiter) limitedKeys(ctx context.Context, n int, after string, max int) ([]KeyState, error) {
 	db, c := l.db, l.cfg
-	if err := inspectable(c, "LimitedKeys"); err != nil {
+	if err := engine.Check(engine.LimitedKeys, l.shape(engine.Unchecked)); err != nil {
 		return nil, err
 	}
 	if n < 1 || costFits(c.Limits, n, modeAllow, 0) != nil {
@@ -220,15 +221,6 @@ func (l *limiter) limitedKeys(ctx context.Context, n int, after string, max int)
 		}
 	}
 	return out, nil
-}
-
-// inspectable is ErrUnsupported for op, which reads a key's state, on
-// the Range strategy.
-func inspectable(c Config, op string) error {
-	if c.Strategy == Range {
-		return fmt.Errorf("%w: %s on the Range strategy, whose rows are admissions; use Peek", ErrUnsupported, op)
-	}
-	return nil
 }
 
 // standing is key's KeyState under limits, from its row (state, tat) at

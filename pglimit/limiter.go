@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/batch"
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/flights"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/preblock"
@@ -61,11 +61,12 @@ type limiter struct {
 	// ids are not supported (Range, Overrides).
 	ids *idStatements
 
-	single    bool       // the limits are one GCRA limit: the fast statement decides
-	table     string     // schema-qualified and quoted
-	plain     statements // on a table of one server
-	keySQL    keySQL     // what acts on a key beside deciding it
-	rangeArgs bool       // the fast statement takes no tau ($5)
+	single    bool         // the limits are one GCRA limit: the fast statement decides
+	caps      engine.Shape // what the capability table reads of it (caps.go)
+	table     string       // schema-qualified and quoted
+	plain     statements   // on a table of one server
+	keySQL    keySQL       // what acts on a key beside deciding it
+	rangeArgs bool         // the fast statement takes no tau ($5)
 
 	// dist, once check has found the table distributed by Citus, holds the
 	// statements that replace plain there (citus.go).
@@ -389,8 +390,9 @@ func (l *limiter) runID(ctx context.Context, q query) (Decision, error) {
 // (not Range), GCRA limits only, a maximum delay that is not negative, and
 // n units that could fit within it.
 func (l *limiter) checkReserve(n int, maxDelay time.Duration) error {
-	if l.plain.general == nil {
-		return fmt.Errorf("%w: Reserve on the %s strategy", ErrUnsupported, l.cfg.Strategy)
+	// The strategy before the arguments, the limits after.
+	if err := engine.Check(engine.Reserve, engine.Shape{Strategy: l.caps.Strategy}); err != nil {
+		return err
 	}
 	if maxDelay < 0 {
 		return fmt.Errorf("%w: maxDelay must not be negative, got %s", ErrInvalidCost, maxDelay)
@@ -398,10 +400,8 @@ func (l *limiter) checkReserve(n int, maxDelay time.Duration) error {
 	if n <= 0 {
 		return fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
 	}
-	for _, lim := range l.cfg.Limits {
-		if lim.Algorithm != GCRA {
-			return fmt.Errorf("%w: Reserve on limit %q, which is %s, not GCRA", ErrUnsupported, lim.Name, lim.Algorithm)
-		}
+	if err := engine.Check(engine.Reserve, l.shape(engine.Unchecked)); err != nil {
+		return err
 	}
 	if l.cfg.Overrides {
 		return nil // the key's own limits decide what fits (scanGeneral)
@@ -512,13 +512,12 @@ func (l *limiter) check(ctx context.Context, db DB) error {
 	if err := l.checkTable(ctx, db); err != nil {
 		return err
 	}
-	if err := l.detectDistributed(ctx, db); err != nil {
+	dep, err := l.detectDistributed(ctx, db)
+	if err != nil {
 		return err
 	}
-	if l.dist.Load() != nil && (l.cfg.Overrides || slices.ContainsFunc(l.cfg.Limits, func(l Limit) bool { return l.Calendar != "" })) {
-		// The distributed statements decide in PL/pgSQL, which knows the
-		// limiter's own limits and windows of a fixed length only.
-		return fmt.Errorf("%w: calendar windows and per-key limits on a Citus distributed table", ErrUnsupported)
+	if err := engine.Check(engine.Open, l.shape(dep)); err != nil {
+		return err
 	}
 	if zones := calendarZones(l.cfg.Limits); len(zones) > 0 {
 		// On the limiter's own db: an error in the caller's transaction

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 )
 
@@ -42,10 +43,10 @@ func Pause(ctx context.Context, lim Limiter, key string, d time.Duration) error 
 
 // pause is Pause unobserved.
 func (l *limiter) pause(ctx context.Context, key string, d time.Duration) error {
-	switch {
-	case !l.single || l.cfg.Strategy == Range || l.cfg.Overrides:
-		return fmt.Errorf("%w: Pause needs one GCRA limit without per-key limits on the Upsert or NoWait strategy", ErrUnsupported)
-	case d <= 0 || d > maxPeriod:
+	if err := engine.Check(engine.Pause, l.shape(engine.Unchecked)); err != nil {
+		return err
+	}
+	if d <= 0 || d > maxPeriod {
 		return fmt.Errorf("%w: Pause: d = %s, not in (0, %s]", ErrInvalidCost, d, maxPeriod)
 	}
 	if err := ValidateKey(key); err != nil {
@@ -56,8 +57,8 @@ func (l *limiter) pause(ctx context.Context, key string, d time.Duration) error 
 	if err := l.check(ctx, l.db); err != nil {
 		return l.wrap(ctx, err)
 	}
-	if l.dist.Load() != nil {
-		return fmt.Errorf("%w: Pause on a Citus distributed table", ErrUnsupported)
+	if err := engine.Check(engine.Pause, l.shape(l.deployment())); err != nil {
+		return err
 	}
 	// The first unit fits when TAT + T - now <= Burst*T.
 	reach := d.Microseconds() + l.burstT - l.emission

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
@@ -74,13 +75,12 @@ func (l *limiter) Refund(ctx context.Context, d Decision, n int) (ok bool, err e
 // refund is Refund unobserved.
 func (l *limiter) refund(ctx context.Context, d Decision, n int) (bool, error) {
 	t := d.refund
+	s := l.shape(l.deployment())
+	s.Leased = d.leased
+	if err := engine.Check(engine.Refund, s); err != nil {
+		return false, err
+	}
 	switch {
-	case l.keySQL.refund == "":
-		return false, fmt.Errorf("%w: Refund on the %s strategy", ErrUnsupported, l.cfg.Strategy)
-	case l.dist.Load() != nil:
-		return false, fmt.Errorf("%w: Refund on a Citus distributed table", ErrUnsupported)
-	case d.leased:
-		return false, fmt.Errorf("%w: Refund of units served from a lease", ErrUnsupported)
 	case t == nil || !d.Allowed || d.Shadow || d.Fallback:
 		return false, fmt.Errorf("%w: Refund: the decision took no units from the database", ErrNotAdmitted)
 	case t.owner != l:

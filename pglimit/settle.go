@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
@@ -110,13 +111,12 @@ func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (out Settlem
 // settleDecision is Settle unobserved.
 func (l *limiter) settleDecision(ctx context.Context, d Decision, cost int) (Settlement, error) {
 	t := d.refund
+	s := l.shape(l.deployment())
+	s.Leased = d.leased
+	if err := engine.Check(engine.Settle, s); err != nil {
+		return Settlement{}, err
+	}
 	switch {
-	case l.keySQL.settle == "":
-		return Settlement{}, fmt.Errorf("%w: Settle on the %s strategy", ErrUnsupported, l.cfg.Strategy)
-	case l.dist.Load() != nil:
-		return Settlement{}, fmt.Errorf("%w: Settle on a Citus distributed table", ErrUnsupported)
-	case d.leased:
-		return Settlement{}, fmt.Errorf("%w: Settle of units served from a lease", ErrUnsupported)
 	case t == nil || !d.Allowed || d.Shadow || d.Fallback:
 		return Settlement{}, fmt.Errorf("%w: Settle: the decision took no units from the database", ErrNotAdmitted)
 	case t.owner != l:

@@ -26,6 +26,7 @@ var mayImport = map[string][]string{
 	"pglimit/internal/batch":      {"github.com/jackc/pgx/v5/", "~/pglimit/internal/arith", "~/pglimit/internal/pgtx", "~/pglimit/internal/service"},
 	"pglimit/internal/arith":      {},
 	"pglimit/internal/fault":      {"~/pglimit/internal/pgtx"},
+	"pglimit/internal/engine":     {"~/pglimit/internal/fault"},
 	"pglimit/internal/listen":     {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
 	"pglimit/internal/pgtx":       {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
 	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/leadership"},
@@ -102,6 +103,25 @@ func TestInternalLayers(t *testing.T) {
 			local := strings.Replace(imp, module, "~", 1)
 			if local == "~/pglimit" || strings.HasPrefix(local, "~/"+above) {
 				t.Errorf("%s imports %s: a package built on pglimit belongs under %s", pkg, local, above)
+			}
+		}
+	}
+}
+
+// The machinery under pglimit/internal/ is below the root: no package
+// there imports pglimit, a package built on it, or the test harness, so
+// that the root's types never leak into it (internal/engine takes plain
+// values).
+func TestPglimitInternalBelowRoot(t *testing.T) {
+	for pkg, imports := range listImports(t) {
+		if !strings.HasPrefix(pkg, "pglimit/internal/") {
+			continue
+		}
+		for _, imp := range imports {
+			local := strings.Replace(imp, module, "~", 1)
+			if local == "~/pglimit" || strings.HasPrefix(local, "~/pglimit/") && !strings.HasPrefix(local, "~/pglimit/internal/") ||
+				strings.HasPrefix(local, "~/internal/onpglimit/") {
+				t.Errorf("%s imports %s: nothing under pglimit/internal/ imports the root or what is built on it", pkg, local)
 			}
 		}
 	}
