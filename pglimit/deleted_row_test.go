@@ -27,15 +27,8 @@ func TestDeletedRowDecidedAfterTheWait(t *testing.T) {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			pool := testdb.Pool(t)
-			schema := testdb.Schema(t)
-			table := pgx.Identifier{schema, name}.Sanitize()
 			const cooldown = time.Hour
-			lim := testdb.Limiter(t, pool, &pglimit.Config{Strategy: s, Schema: schema, Cooldown: cooldown, Timeout: 10 * time.Second})
-			if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
-				t.Fatalf("first request: %+v, %v", d, err)
-			}
-			endCooldown(t, pool, table)
+			pool, table, lim := endedCooldown(t, s, name, cooldown)
 
 			deleter, err := pool.Begin(ctx)
 			if err != nil {
@@ -101,14 +94,7 @@ func TestDeletedRowInRepeatableRead(t *testing.T) {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			pool := testdb.Pool(t)
-			schema := testdb.Schema(t)
-			table := pgx.Identifier{schema, name}.Sanitize()
-			lim := testdb.Limiter(t, pool, &pglimit.Config{Strategy: s, Schema: schema, Cooldown: time.Hour})
-			if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
-				t.Fatalf("first request: %+v, %v", d, err)
-			}
-			endCooldown(t, pool, table)
+			pool, table, lim := endedCooldown(t, s, name, time.Hour)
 			tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 			if err != nil {
 				t.Fatal(err)
@@ -139,13 +125,24 @@ func TestDeletedRowInRepeatableRead(t *testing.T) {
 	}
 }
 
-// endCooldown ends the cooldown of every row of table: the next request
-// fits.
-func endCooldown(t *testing.T, pool *pgxpool.Pool, table string) {
+// endedCooldown makes a limiter of strategy s on its table, name, in a
+// schema of its own, admits key "k" and then ends its cooldown, so that
+// the next request fits the key's row. It returns the pool, the table
+// (schema-qualified) and the limiter.
+func endedCooldown(t *testing.T, s pglimit.Strategy, name string, cooldown time.Duration) (*pgxpool.Pool, string, pglimit.Limiter) {
 	t.Helper()
-	if _, err := pool.Exec(context.Background(), "UPDATE "+table+" SET expires_at = clock_timestamp() - interval '1 hour'"); err != nil {
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	table := pgx.Identifier{schema, name}.Sanitize()
+	lim := testdb.Limiter(t, pool, &pglimit.Config{Strategy: s, Schema: schema, Cooldown: cooldown, Timeout: 10 * time.Second})
+	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("first request: %+v, %v", d, err)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE "+table+" SET expires_at = clock_timestamp() - interval '1 hour'"); err != nil {
 		t.Fatal(err)
 	}
+	return pool, table, lim
 }
 
 // waitsForLock waits until a statement on table waits for a lock.
