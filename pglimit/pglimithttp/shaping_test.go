@@ -23,6 +23,31 @@ type shaped struct {
 	servers  []*httptest.Server
 	lim      pglimit.Limiter // the first instance's
 	canceled chan struct{}   // a value for each request whose client left while held, once the middleware is done with it
+	refunds  *refunds        // the Refunds both instances' limiters made
+}
+
+// refunds is an Observer that keeps what each Refund returned.
+type refunds struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (r *refunds) StartDecision(ctx context.Context, _ pglimit.Observation) context.Context {
+	return ctx
+}
+
+func (r *refunds) EndDecision(_ context.Context, o pglimit.Observation) {
+	if o.Op == pglimit.OpRefund {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.errs = append(r.errs, o.Err)
+	}
+}
+
+func (r *refunds) taken() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.errs)
 }
 
 const slot = 50 * time.Millisecond
@@ -30,8 +55,9 @@ const slot = 50 * time.Millisecond
 func newShaped(t *testing.T) *shaped {
 	t.Helper()
 	clock := pglimittest.NewClock(t)
-	cfg := pglimit.Config{Schema: pglimittest.Schema(t), Namespace: "shaped", Limits: []pglimit.Limit{{Name: "rps", Rate: 20, Period: time.Second, Burst: 1}}}
-	s := &shaped{canceled: make(chan struct{}, 16)}
+	s := &shaped{canceled: make(chan struct{}, 16), refunds: &refunds{}}
+	cfg := pglimit.Config{Schema: pglimittest.Schema(t), Namespace: "shaped", Limits: []pglimit.Limit{{Name: "rps", Rate: 20, Period: time.Second, Burst: 1}},
+		Observer: s.refunds}
 	onDecision := func(_ *http.Request, ev pglimithttp.Event) {
 		if ev.Outcome == pglimithttp.OutcomeCanceled {
 			s.canceled <- struct{}{}
@@ -161,8 +187,25 @@ func TestMaxDelayClientGone(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("5 s after the held client left, the server has not reported it canceled")
 	}
-	if code, d, err := s.call(ctx, 0, "bob"); err != nil || code != http.StatusOK || d != 4*slot {
-		t.Errorf("after the held client left: %d, held %s, %v; want held %s, its slot given back", code, d, err, 4*slot)
+	// The give-back is one Refund, bounded at 250 ms (WaitN's doc). One
+	// that ran out of that time on a loaded machine has an unknown
+	// outcome: the slot was given back, or stays spent, which the doc
+	// allows, and the next request is then held behind it.
+	refunded := s.refunds.taken()
+	if len(refunded) != 1 {
+		t.Fatalf("the held client's leaving made %d Refunds, want 1: %v", len(refunded), refunded)
+	}
+	want := []time.Duration{4 * slot}
+	switch err := refunded[0]; {
+	case err == nil:
+	case errors.Is(err, pglimit.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		t.Logf("the give-back ran out of its time (%v): the slot may stay spent", err)
+		want = append(want, 5*slot)
+	default:
+		t.Fatalf("the give-back's Refund: %v", err)
+	}
+	if code, d, err := s.call(ctx, 0, "bob"); err != nil || code != http.StatusOK || !slices.Contains(want, d) {
+		t.Errorf("after the held client left: %d, held %s, %v; want held one of %v", code, d, err, want)
 	}
 }
 
