@@ -202,13 +202,15 @@ func TestAcquireLevelBadInput(t *testing.T) {
 // floods the queue from two instances, one through PgBouncer; both levels
 // wait with WaitLevel. Each of critical's waiters takes its slot at its
 // first try, in one statement, without joining the queue (a trigger
-// counts critical's places); its p90 wait stays under one hold time and
-// its longest under two, which leaves room for one statement slowed by
-// the machine's load (a CI run saw one critical wait of 206 ms, with a
-// p90 of 78 ms, against 150 ms holds).
-// With levels removed (every waiter in Wait's one queue, behind 16 of
-// batch's), critical took 12 slots in the 4 s, with waits of several hold
-// times.
+// counts critical's places), and its p90 wait stays under one hold time.
+// Its longest wait is not bounded: one statement slowed by the machine's
+// load makes it (a CI run saw one critical wait of 206 ms, with a p90 of
+// 78 ms, against 150 ms holds), and the trigger already sees a waiter
+// that queued.
+// With critical's guarantee set to 0, 14 of its 29 waiters joined the
+// queue; with levels removed (every waiter in Wait's one queue, behind 16
+// of batch's), critical took 12 slots in the 4 s, with waits of several
+// hold times.
 func TestWaitLevelGuarantee(t *testing.T) {
 	t.Parallel()
 	testdb.Slow(t)
@@ -231,11 +233,10 @@ func TestWaitLevelGuarantee(t *testing.T) {
 	if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM "+joins).Scan(&joined); err != nil {
 		t.Fatal(err)
 	}
-	p90, longest := waits[len(waits)*9/10], waits[len(waits)-1]
-	t.Logf("critical: %d slots, wait p50 %s, p90 %s, p99 %s, max %s; %d joined the queue", len(waits), waits[len(waits)/2], p90, waits[len(waits)*99/100], longest, joined)
-	if joined > 0 || p90 >= hold || longest >= 2*hold {
-		t.Errorf("%d of critical's waiters joined the queue, its p90 wait is %s and its longest %s; want none, under one hold time (%s) and under two",
-			joined, p90, longest, hold)
+	p90 := waits[len(waits)*9/10]
+	t.Logf("critical: %d slots, wait p50 %s, p90 %s, p99 %s, max %s; %d joined the queue", len(waits), waits[len(waits)/2], p90, waits[len(waits)*99/100], waits[len(waits)-1], joined)
+	if joined > 0 || p90 >= hold {
+		t.Errorf("%d of critical's waiters joined the queue and its p90 wait is %s; want none, under one hold time (%s)", joined, p90, hold)
 	}
 }
 
