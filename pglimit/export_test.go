@@ -5,6 +5,10 @@ import (
 	"time"
 )
 
+// NoWaitPatience is how long NoWait waits for a row lock that another
+// decision holds.
+const NoWaitPatience = noWaitPatience
+
 // DecisionAt is the database time a decision used, in microseconds since
 // the Unix epoch; 0 when it did not come from the database.
 func DecisionAt(d Decision) int64 { return d.at }

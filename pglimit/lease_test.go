@@ -18,7 +18,7 @@ import (
 // time, how many of them came from a lease, and how many calls were made.
 // With bursts, every caller calls for 20 ms of every 100 ms, all in step,
 // and rests for the other 80.
-func busyKey(t *testing.T, lims []pglimit.Limiter, key string, workers int, d time.Duration, bursts bool) (adm []admission, leased, calls int) {
+func busyKey(t *testing.T, lims []pglimit.Limiter, key string, workers int, d time.Duration, bursts bool) (adm []admission, leased, calls, slow int) {
 	t.Helper()
 	ctx := context.Background()
 	var (
@@ -29,7 +29,7 @@ func busyKey(t *testing.T, lims []pglimit.Limiter, key string, workers int, d ti
 	for i := range workers {
 		wg.Go(func() {
 			var mine []admission
-			n, l := 0, 0
+			n, l, sl := 0, 0, 0
 			for now := time.Now(); now.Before(stop); now = time.Now() {
 				if phase := now.UnixNano() % int64(100*time.Millisecond); bursts && phase >= int64(20*time.Millisecond) {
 					time.Sleep(time.Duration(int64(100*time.Millisecond) - phase))
@@ -39,6 +39,9 @@ func busyKey(t *testing.T, lims []pglimit.Limiter, key string, workers int, d ti
 				if err != nil {
 					t.Error(err)
 					return
+				}
+				if time.Since(now) > pglimit.NoWaitPatience {
+					sl++
 				}
 				n++
 				if d.Allowed {
@@ -50,13 +53,13 @@ func busyKey(t *testing.T, lims []pglimit.Limiter, key string, workers int, d ti
 			}
 			mu.Lock()
 			adm = append(adm, mine...)
-			leased, calls = leased+l, calls+n
+			leased, calls, slow = leased+l, calls+n, slow+sl
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
 	slices.SortFunc(adm, func(a, b admission) int { return cmp.Compare(a.at, b.at) })
-	return adm, leased, calls
+	return adm, leased, calls, slow
 }
 
 // checkWindows is checkGCRA in one pass, for many admissions: for every
@@ -119,7 +122,7 @@ func TestLeaseAudit(t *testing.T) {
 					leased, calls int
 				)
 				for start, first := time.Now(), true; first || (leased == 0 || tc.bursts && given() == 0) && time.Since(start) < 10*time.Second; first = false {
-					more, l, c := busyKey(t, lims, "busy", 16, time.Second, tc.bursts)
+					more, l, c, _ := busyKey(t, lims, "busy", 16, time.Second, tc.bursts)
 					adm, leased, calls = append(adm, more...), leased+l, calls+c
 				}
 				slices.SortFunc(adm, func(a, b admission) int { return cmp.Compare(a.at, b.at) })
@@ -292,7 +295,11 @@ func TestLeaseReset(t *testing.T) {
 // lease), admits every request, though the instances' admissions hold the
 // row in turn all the time. Not parallel: with the package's other tests
 // running, a commit on a 2-core machine can take longer than NoWait's
-// patience, and that refusal would be right.
+// patience, and that refusal would be right. So can one under the load of
+// other packages' tests: an admission whose call took longer than the
+// patience may have held the row that long, and each of the other 15
+// workers may have been refused behind it, so the test allows that many
+// refusals for each such call.
 func TestNoWaitAdmitsWhatFits(t *testing.T) {
 	schema := testdb.Schema(t)
 	limit := pglimit.Limit{Rate: 900, Period: time.Second, Burst: 100_000}
@@ -304,12 +311,14 @@ func TestNoWaitAdmitsWhatFits(t *testing.T) {
 		}
 		lims = append(lims, lim)
 	}
-	adm, leased, calls := busyKey(t, lims, "fits", 16, time.Second, false)
+	const workers = 16
+	adm, leased, calls, slow := busyKey(t, lims, "fits", workers, time.Second, false)
 	if leased > 0 {
 		t.Fatalf("%d admissions leased: the limit is meant not to lease", leased)
 	}
-	if len(adm) != calls {
-		t.Errorf("NoWait admitted %d of %d requests that all fit the limit", len(adm), calls)
+	if refused := calls - len(adm); refused > (workers-1)*slow {
+		t.Errorf("NoWait admitted %d of %d requests that all fit the limit, with %d calls slower than its patience (%s)",
+			len(adm), calls, slow, pglimit.NoWaitPatience)
 	}
-	t.Logf("%d of %d admitted", len(adm), calls)
+	t.Logf("%d of %d admitted; %d calls slower than the patience", len(adm), calls, slow)
 }
