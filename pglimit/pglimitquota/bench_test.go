@@ -69,3 +69,52 @@ func benchmarkAllow(b *testing.B, pool pglimit.DB) {
 	b.ReportMetric(p50[1]/p50[0], "quota/fixedwindow")
 	b.ReportMetric(p50[2]/p50[0], "quota-id/fixedwindow")
 }
+
+// BenchmarkRefuse is BenchmarkAllow for refusals: a key whose hard cap
+// is spent against a calendar-month FixedWindow whose one unit is. A
+// quota's refusal is not its common case (quota.allow_kept), so it takes
+// two statements: that one, which matches no row, and quota.allow.
+//
+//	go test -run '^$' -bench Refuse -benchtime 3000x ./pglimit/pglimitquota
+func BenchmarkRefuse(b *testing.B) {
+	ctx := context.Background()
+	pool, schema := testdb.Pool(b), testdb.Schema(b)
+	q, err := pglimitquota.New(pool, &pglimitquota.Config{Schema: schema, Namespace: "bench", Allowance: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	lim, err := pglimit.New(pool, &pglimit.Config{Schema: schema, Namespace: "bench", Limits: []pglimit.Limit{
+		{Name: "month", Rate: 1, Algorithm: pglimit.FixedWindow, Calendar: "month"},
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	calls := []func() (bool, error){
+		func() (bool, error) { d, err := lim.Allow(ctx, "k"); return d.Allowed, err },
+		func() (bool, error) { d, err := q.Allow(ctx, "k", 1); return d.Allowed, err },
+	}
+	for _, call := range calls {
+		if ok, err := call(); err != nil || !ok {
+			b.Fatalf("the first call: %v, %v", ok, err)
+		}
+	}
+	took := make([][]time.Duration, len(calls))
+	for i := 0; b.Loop(); i++ {
+		start := time.Now()
+		ok, err := calls[i%2]()
+		if err != nil || ok {
+			b.Fatalf("call %d: %v, %v; want a refusal", i%2, ok, err)
+		}
+		took[i%2] = append(took[i%2], time.Since(start))
+	}
+	if len(took[1]) == 0 {
+		return
+	}
+	var p50 [2]float64
+	for i, name := range []string{"fixedwindow", "quota"} {
+		slices.Sort(took[i])
+		p50[i] = float64(took[i][len(took[i])/2].Nanoseconds()) / 1000
+		b.ReportMetric(p50[i], "µs/"+name+"-p50")
+	}
+	b.ReportMetric(p50[1]/p50[0], "quota/fixedwindow")
+}

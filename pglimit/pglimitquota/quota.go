@@ -223,6 +223,7 @@ type Quota struct {
 	retention  int64   // µs
 	stmts      struct {
 		allow, allowID, usage, setPlan, grant, lookupID, takeEvents string
+		kept, keptID                                                string // Allow's common case (quota.allow_kept)
 		refund, settle                                              string // RefundID's and SettleID's
 	}
 }
@@ -297,10 +298,14 @@ func New(db pglimit.DB, cfg *Config) (*Quota, error) {
 		"th":     "$8",
 		"settle": "",
 	}
-	// A decision without an id has a statement of its own, which leaves
+	// A decision without an id has statements of its own, which leave
 	// out the ids table.
 	q.stmts.allow = queries.Text("quota.allow", args)
-	args["id"], args["th"] = "true", "$10"
+	args["th"] = "$6"
+	q.stmts.kept = queries.Text("quota.allow_kept", args)
+	args["id"], args["th"] = "true", "$8"
+	q.stmts.keptID = queries.Text("quota.allow_kept", args)
+	args["th"] = "$10"
 	q.stmts.allowID = queries.Text("quota.allow", args)
 	q.stmts.setPlan = queries.Text("quota.set_plan", args)
 	q.stmts.grant = queries.Text("quota.grant", args)
@@ -404,20 +409,28 @@ func (q *Quota) allow(ctx context.Context, db pglimit.DB, key string, cost int64
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, bound, pglimit.ErrTimeout)
 	defer cancel()
+	// The common case first (quota.allow_kept), then, if it is not
+	// that, the whole decision (quota.allow).
+	kept, keptParams := q.stmts.kept, []any{q.cfg.Namespace, key, q.cfg.Allowance, q.cap, cost, q.thresholds}
 	sql, params := q.stmts.allow, append(q.head(key), cost, q.thresholds)
 	if id != nil {
+		kept, keptParams = q.stmts.keptID, []any{q.cfg.Namespace, key, q.cfg.Allowance, q.cap, cost, id, q.retention, q.thresholds}
 		sql, params = q.stmts.allowID, append(q.head(key), cost, id, q.retention, q.thresholds)
 	}
 	for range maxAttempts {
 		var d Decision
 		var taken bool
 		u := &d.Usage
-		err := run(ctx, sql, params, func(row pgx.Row) error {
+		scan := func(row pgx.Row) error {
 			return row.Scan(&d.Allowed, &taken,
 				&d.FromAllowance, &d.FromCredits, &d.Overage,
 				&u.FromAllowance, &u.FromCredits, &u.Overage, &u.Allowance, &u.HardCap,
 				&u.CreditsLeft, &u.PeriodStart, &u.PeriodEnd, &u.Now)
-		})
+		}
+		err := run(ctx, kept, keptParams, scan)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = run(ctx, sql, params, scan)
+		}
 		switch {
 		case err == nil && !taken:
 			d.Cost, u.Used = cost, u.FromAllowance+u.FromCredits+u.Overage

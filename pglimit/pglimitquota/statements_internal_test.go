@@ -23,7 +23,8 @@ func TestStatements(t *testing.T) {
 	}
 	var b strings.Builder
 	for _, st := range []struct{ name, text string }{
-		{"allow", q.stmts.allow}, {"allow_id", q.stmts.allowID}, {"usage", q.stmts.usage}, {"set_plan", q.stmts.setPlan},
+		{"allow", q.stmts.allow}, {"allow_id", q.stmts.allowID}, {"allow_kept", q.stmts.kept}, {"allow_kept_id", q.stmts.keptID},
+		{"usage", q.stmts.usage}, {"set_plan", q.stmts.setPlan},
 		{"grant", q.stmts.grant}, {"lookup_id", q.stmts.lookupID}, {"take_events", q.stmts.takeEvents},
 		{"refund", q.stmts.refund}, {"settle", q.stmts.settle},
 	} {

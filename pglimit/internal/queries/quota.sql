@@ -201,6 +201,55 @@ SELECT d.allowed, d.taken,
 FROM decided AS d, clock AS c
 {{end}}
 
+-- quota.allow_kept is quota.allow for its common case, in one UPDATE of
+-- the key's row and nothing else to set up: a key whose row holds a
+-- period that holds now (period_start <= now < period_end), with no next
+-- plan due, whose allowance alone takes the units, and which crosses
+-- no threshold. It charges them to the allowance and
+-- answers as quota.allow does; in any other case it matches no row,
+-- writes nothing and answers no row, and the caller sends quota.allow.
+-- Parameters: $1 namespace, $2 key, $3 the default allowance, $4 the
+-- default hard cap, $5 the units; with id set, $6 the id, $7 its
+-- retention in µs and $8 the thresholds; without, $6 the thresholds (th
+-- names which). An id the table holds already matches no row (quota.allow
+-- then replays it), and the admission's id row is inserted without ON
+-- CONFLICT, so that an id taken by a decision that committed since fails
+-- the statement. The UPDATE locks the key's row and checks its WHERE
+-- again on the row's latest version (EvalPlanQual), so concurrent
+-- decisions of the key still run one after the other. Expired credits
+-- stay in the row until a statement that rewrites the credits (quota.allow,
+-- quota.grant, quota.refund) drops them; every reader skips them.
+{{define "quota.allow_kept"}}
+WITH clock AS (
+    SELECT clock_timestamp() AS now
+), written AS (
+    UPDATE {{.keys}} AS t
+    SET from_allowance = t.from_allowance + $5::bigint
+    FROM clock AS c
+    WHERE t.namespace = $1 AND t.key = $2
+      AND t.period_start <= c.now AND c.now < t.period_end AND NOT coalesce(t.next_from <= c.now, false)
+      AND t.from_allowance + $5::bigint <= coalesce(t.allowance, $3::bigint)
+      AND NOT EXISTS (SELECT FROM unnest({{.th}}::integer[]) AS th(bp), LATERAL (SELECT (coalesce(t.allowance, $3::bigint) * th.bp + 9999) / 10000 AS mark) AS m
+                      WHERE t.from_allowance + t.overage < m.mark AND m.mark <= t.from_allowance + t.overage + $5::bigint)
+      {{- if .id}}
+      AND NOT EXISTS (SELECT FROM {{.ids}} AS i WHERE i.namespace = $1 AND i.id = $6::text)
+      {{- end}}
+    RETURNING t.from_allowance AS ua, t.from_credits AS uc, t.overage AS uo, coalesce(t.allowance, $3::bigint) AS allow, coalesce(t.hard_cap, $4::bigint) AS cap,
+              (SELECT coalesce(sum(x.u), 0)::bigint FROM unnest(t.credit_units, t.credit_expires) AS x(u, e) WHERE x.e > c.now AND x.u > 0) AS credits,
+              t.period_start, t.period_end, c.now
+{{- if .id}}
+), claimed AS (
+    INSERT INTO {{.ids}} (namespace, id, key, answer, period_start, period_end, decided_at, expires_at, credit_units, credit_expires)
+    SELECT $1, $6::text, $2, ARRAY[$5::bigint, $5::bigint, 0, 0, w.ua, w.uc, w.uo, w.allow, w.cap, w.credits],
+           w.period_start, w.period_end, w.now, w.now + $7::bigint * interval '1 microsecond', '{}', '{}'
+    FROM written AS w
+    RETURNING 1
+{{- end}}
+)
+SELECT true, false, $5::bigint, 0::bigint, 0::bigint, w.ua, w.uc, w.uo, w.allow, w.cap, w.credits, w.period_start, w.period_end, w.now
+FROM written AS w
+{{end}}
+
 -- quota.usage is the key's current period, read without a lock and
 -- without writing: its counters, plan and live credits. A key with no
 -- row answers as a new key would at this instant.
