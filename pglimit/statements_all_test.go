@@ -1,0 +1,129 @@
+package pglimit
+
+import (
+	"crypto/sha256"
+	"flag"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+var updateAll = flag.Bool("update-all-statements", false, "rewrite testdata/statements_all.golden")
+
+// Every statement a limiter builds once (the decisions', with and
+// without an id, the key operations', the batch statements', those on a
+// table Citus distributes) and AllowAll's, for limiters of every
+// strategy, limit set and option that changes one, is byte for byte what
+// testdata/statements_all.golden holds (by SHA-256): a move of the code that writes
+// them changes none.
+func TestStatementsAllGolden(t *testing.T) {
+	t.Parallel()
+	gcra := Limit{Name: "a", Rate: 10, Period: time.Second, Burst: 10}
+	configs := []struct {
+		name string
+		cfg  Config
+	}{
+		{"upsert-single", Config{Strategy: Upsert, Limits: []Limit{gcra}}},
+		{"nowait-single", Config{Strategy: NoWait, Limits: []Limit{gcra}}},
+		{"upsert-general", Config{Strategy: Upsert, Limits: []Limit{gcra, {Name: "b", Algorithm: FixedWindow, Rate: 100, Period: time.Minute}}}},
+		{"nowait-general", Config{Strategy: NoWait, Limits: []Limit{gcra, {Name: "b", Algorithm: SlidingWindow, Rate: 100, Period: time.Minute}}}},
+		{"upsert-window", Config{Strategy: Upsert, Limits: []Limit{{Name: "w", Algorithm: SlidingWindow, Rate: 7, Period: time.Hour}}}},
+		{"upsert-async", Config{Strategy: Upsert, AsyncCommit: true, Cooldown: time.Second}},
+		{"nowait-async-general", Config{Strategy: NoWait, AsyncCommit: true, Limits: []Limit{gcra, {Name: "b", Algorithm: FixedWindow, Rate: 100, Period: time.Minute}}}},
+		{"upsert-debt", Config{Strategy: Upsert, Limits: []Limit{{Name: "d", Rate: 5, Period: time.Minute, Burst: 5, Debt: 3}, {Name: "e", Algorithm: FixedWindow, Rate: 50, Period: time.Hour, Debt: 10}}}},
+		{"upsert-calendar", Config{Strategy: Upsert, Limits: []Limit{{Name: "c", Algorithm: FixedWindow, Rate: 1000, Calendar: "day", TimeZone: "Europe/Paris"}}}},
+		{"upsert-overrides", Config{Strategy: Upsert, Overrides: true, Namespace: "ov", Limits: []Limit{gcra, {Name: "o'b", Algorithm: FixedWindow, Rate: 100, Period: time.Minute}}}},
+		{"nowait-overrides-single", Config{Strategy: NoWait, Overrides: true, Namespace: "ov1", Schema: "we_ird", Table: "t", Limits: []Limit{gcra}}},
+		{"upsert-schema", Config{Strategy: Upsert, Schema: "s", Table: "tab", Namespace: "n", Timeout: 1500 * time.Microsecond, Limits: []Limit{gcra}}},
+		{"range", Config{Strategy: Range, Cooldown: time.Second}},
+		{"range-schema", Config{Strategy: Range, Schema: "s", Table: "r", Cooldown: time.Minute}},
+	}
+	var b strings.Builder
+	// Each statement's SHA-256 stands for its text: the texts run to
+	// 700 kB. A line that differs names the statement that changed.
+	put := func(name, part, text string) { fmt.Fprintf(&b, "%x %s %s\n", sha256.Sum256([]byte(text)), name, part) }
+	limiters := map[string]*limiter{}
+	for _, c := range configs {
+		lim, err := New(nopDB{}, &c.cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		l := lim.(*limiter)
+		limiters[c.name] = l
+		s := l.plain
+		put(c.name, "fast", s.fast)
+		put(c.name, "fastTx", s.fastTx)
+		put(c.name, "peek", s.peek)
+		if s.general != nil {
+			for mode := range modes {
+				put(c.name, fmt.Sprintf("general own %d", mode), s.general.own[mode])
+				put(c.name, fmt.Sprintf("general tx %d", mode), s.general.tx[mode])
+			}
+		}
+		k := l.keySQL
+		put(c.name, "keys", strings.Join([]string{k.reset, k.refund, k.settle, k.pause, k.blank}, "\n"))
+		if ids := l.ids; ids != nil {
+			put(c.name, "ids fast", ids.fast)
+			put(c.name, "ids fastTx", ids.fastTx)
+			for mode := range modes {
+				put(c.name, fmt.Sprintf("ids general %d", mode), ids.general[mode])
+				put(c.name, fmt.Sprintf("ids generalTx %d", mode), ids.generalTx[mode])
+			}
+			put(c.name, "ids rest", strings.Join([]string{ids.lookup, ids.refundSingle, ids.refundGeneral, ids.settle}, "\n"))
+		}
+		if l.batch != nil {
+			cfg := reflect.ValueOf(l.batch).Elem().FieldByName("cfg")
+			for _, f := range []string{"SQL", "WaitSQL", "BackSQL"} {
+				put(c.name, "batch "+f, cfg.FieldByName(f).String())
+			}
+		}
+		d := l.distributedStatements()
+		put(c.name, "citus fast", d.fast)
+		put(c.name, "citus fastTx", d.fastTx)
+		put(c.name, "citus peek", d.peek)
+		if d.general != nil {
+			for mode := range modes {
+				put(c.name, fmt.Sprintf("citus own %d", mode), d.general.own[mode])
+				put(c.name, fmt.Sprintf("citus tx %d", mode), d.general.tx[mode])
+			}
+		}
+	}
+	for _, h := range [][]string{
+		{"upsert-single", "upsert-general"},
+		{"nowait-overrides-single", "upsert-async", "upsert-debt"},
+		{"upsert-schema"},
+	} {
+		levels := make([]level, len(h))
+		for i, name := range h {
+			levels[i] = level{l: limiters[name], key: "k", index: i, table: limiters[name].table}
+		}
+		for _, inTx := range []bool{false, true} {
+			for _, id := range []bool{false, true} {
+				put(strings.Join(h, "+"), fmt.Sprintf("hierarchy inTx=%t id=%t", inTx, id), hierarchySQL(levels, inTx, id))
+			}
+		}
+	}
+	const file = "testdata/statements_all.golden"
+	if *updateAll {
+		if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.String() != string(want) {
+		got, want := strings.Split(b.String(), "\n"), strings.Split(string(want), "\n")
+		for i := range max(len(got), len(want)) {
+			if i >= len(got) || i >= len(want) || got[i] != want[i] {
+				t.Errorf("line %d of %s differs: the statements changed", i+1, file)
+				break
+			}
+		}
+	}
+}
