@@ -12,6 +12,7 @@ import (
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/batch"
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
@@ -85,23 +86,23 @@ func (c *Config) leases() bool {
 // generalBatch writes batch.general, the batch statement of any set of
 // limits, for l's limits on table: wait and patience as batch.allow's.
 func generalBatch(l *limiter, table, column, wait, patience string) string {
-	var own *overrideSQL // nil: the limiter's own limits
+	var own *engine.KeyLimitsSQL // nil: the limiter's own limits
 	args := queries.Args{
 		"table": table, "setting": column, "wait": wait, "patience": patience,
 		"state": arith.Shaped(l.specs, "t.state"), "width": strconv.Itoa(3 * len(l.specs)),
 		"own": "", "own_cols": "", "own_d": "", "own_c": "", "own_agg": "",
 	}
 	if l.cfg.Overrides {
-		o := newOverrideSQL(l.cfg.Limits)
+		o := specOf(l.cfg).KeyLimits()
 		own = &o
-		args["own"] = o.lateral(pgx.Identifier{l.cfg.Schema, overridesTable}.Sanitize(), "$1", "r.key", "own")
-		args["own_cols"] = ", " + o.columns("c")
-		args["own_d"] = ", " + o.out("d", false)
-		args["own_c"] = ", " + o.out("c", false)
+		args["own"] = o.Lateral(pgx.Identifier{l.cfg.Schema, engine.OverridesTable}.Sanitize(), "$1", "r.key", "own")
+		args["own_cols"] = ", " + o.Columns("c")
+		args["own_d"] = ", " + o.Out("d", false)
+		args["own_c"] = ", " + o.Out("c", false)
 		args["own_agg"] = ", array_agg(rates), array_agg(bursts)"
 	}
-	count, _, state, expires := arith.BatchSQL(l.specs, "x.state", "x.tat", "x.now", "x.n", "x.calls", "g.granted", own.params("x."))
-	_, guard, _, _ := arith.BatchSQL(l.specs, "c.state", "c.tat", "c.now", "c.n", "1", "1", own.params("c."))
+	count, _, state, expires := arith.BatchSQL(l.specs, "x.state", "x.tat", "x.now", "x.n", "x.calls", "g.granted", own.Params("x."))
+	_, guard, _, _ := arith.BatchSQL(l.specs, "c.state", "c.tat", "c.now", "c.n", "1", "1", own.Params("c."))
 	refuses := "NOT " + guard
 	if l.cfg.Overrides {
 		// A row the limits cannot use decides nothing: no call fits it,

@@ -186,7 +186,7 @@ func tableFunctions(table string) []tableFunction {
 // table: calls of its functions, with the same parameters and answers as
 // the plain statements. A call in a caller's transaction passes the
 // limiter's Timeout as the function's lock_timeout.
-func (l *limiter) distributedStatements() statements {
+func (l *limiter) distributedStatements() engine.Decide {
 	c := l.cfg
 	fn := func(suffix string) string { return pgx.Identifier{c.Schema, c.Table + suffix}.Sanitize() }
 	ms := (c.Timeout + time.Millisecond - 1) / time.Millisecond // rounded up: 0 would disable it
@@ -200,23 +200,23 @@ func (l *limiter) distributedStatements() statements {
 		return plain, queries.Text(name, args)
 	}
 	peek := queries.Text("citus.call.peek", queries.Args{"function": fn(peekSuffix)})
-	if l.plain.general == nil { // Range
+	if l.plain.General == nil { // Range
 		fast, fastTx := call("citus.call.range_allow", allowSuffix, queries.Args{})
-		return statements{fast: fast, fastTx: fastTx, peek: peek}
+		return engine.Decide{Fast: fast, FastTx: fastTx, Peek: peek}
 	}
 	nowait := strconv.FormatBool(c.Strategy == NoWait)
-	g := &generalStatements{peek: peek}
+	g := &engine.General{}
 	for mode := range modes {
 		maxDelay := "0"
 		if mode == modeReserve {
 			maxDelay = "$5"
 		}
-		g.own[mode], g.tx[mode] = call("citus.call.decide", decideSuffix, queries.Args{
+		g.Own[mode], g.Tx[mode] = call("citus.call.decide", decideSuffix, queries.Args{
 			"mode": strconv.Itoa(mode), "max_delay": maxDelay, "spec": specArray(c.Limits), "nowait": nowait,
 		})
 	}
 	fast, fastTx := call("citus.call.row_allow", allowSuffix, queries.Args{"nowait": nowait})
-	return statements{fast: fast, fastTx: fastTx, general: g, peek: peek}
+	return engine.Decide{Fast: fast, FastTx: fastTx, General: g, Peek: peek}
 }
 
 // specArray is limits as the migrations' pglimit_decide reads them, an
@@ -244,7 +244,7 @@ func (l *limiter) detectDistributed(ctx context.Context, db DB) (engine.Deployme
 	}
 	table := pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()
 	args := rowAllowArgs
-	if l.plain.general == nil {
+	if l.plain.General == nil {
 		args = rangeAllowArgs
 	}
 	fn := pgx.Identifier{l.cfg.Schema, l.cfg.Table + allowSuffix}.Sanitize() + args

@@ -228,7 +228,7 @@ func allowAllUnobserved(ctx context.Context, tx DB, n int, charges []Charge) (De
 		// A key with no row yet: a blank row means the same as none, and
 		// gives the statement a row to lock.
 		for _, lv := range missing {
-			err := run(lv.l.keySQL.blank, []any{lv.l.cfg.Namespace, lv.key}, func(row pgx.Row) error {
+			err := run(lv.l.keySQL.Blank, []any{lv.l.cfg.Namespace, lv.key}, func(row pgx.Row) error {
 				if err := row.Scan(new(int)); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 					return err
 				}
@@ -419,12 +419,12 @@ func hierarchySQL(levels []level, inTx, id bool) string {
 		var params arith.Params
 		ok := "true"
 		if lv.l.cfg.Overrides {
-			o := newOverrideSQL(lv.l.cfg.Limits)
+			o := specOf(lv.l.cfg).KeyLimits()
 			alias := "o" + is
-			own = append(own, o.lateral(pgx.Identifier{lv.l.cfg.Schema, overridesTable}.Sanitize(), ns, key, alias))
-			params, ok = o.params(alias+"."), alias+".ok"
+			own = append(own, o.Lateral(pgx.Identifier{lv.l.cfg.Schema, engine.OverridesTable}.Sanitize(), ns, key, alias))
+			params, ok = o.Params(alias+"."), alias+".ok"
 			limits := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates%s, ARRAY[%s]::bigint[] AS bursts%s, %s.unknown AS unknown%s",
-				prefixed(alias+".", o.rates), is, prefixed(alias+".", o.bursts), is, alias, is)
+				engine.Prefixed(alias+".", o.Rates), is, engine.Prefixed(alias+".", o.Bursts), is, alias, is)
 			decisions, ownSeen = append(decisions, limits), append(ownSeen, ", "+limits)
 			columns += fmt.Sprintf(", %%[1]s.rates%[1]s, %%[1]s.bursts%[1]s, %%[1]s.unknown%[1]s", is)
 		}
@@ -452,7 +452,7 @@ func hierarchySQL(levels []level, inTx, id bool) string {
 		}
 		returning := ""
 		if inTx {
-			returning = xactReturning
+			returning = engine.XactReturning
 			writes = append(writes, "SELECT xmin FROM u"+is)
 		}
 		updates = append(updates, queries.Text("hierarchy.update", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key, "returning": returning, "claimed": claimed}))
@@ -464,7 +464,7 @@ func hierarchySQL(levels []level, inTx, id bool) string {
 				conflict = ""
 			}
 			claims = append(claims, queries.Text("hierarchy.claim", queries.Args{
-				"i": is, "ids": pgx.Identifier{lv.l.cfg.Schema, idsTable}.Sanitize(), "ns": ns, "key": key,
+				"i": is, "ids": pgx.Identifier{lv.l.cfg.Schema, engine.IDsTable}.Sanitize(), "ns": ns, "key": key,
 				"id": "$" + strconv.Itoa(2*len(levels)+2), "n": nParam, "retention": strconv.FormatInt(lv.l.cfg.IDRetention.Microseconds(), 10),
 				"conflict": conflict, "after": after,
 			})+", ")
@@ -472,12 +472,12 @@ func hierarchySQL(levels []level, inTx, id bool) string {
 		written = append(written, "(SELECT count(*) FROM u"+is+")")
 		async = async && lv.l.cfg.AsyncCommit
 	}
-	setting := noSettingColumn
+	setting := engine.NoSettingColumn
 	switch {
 	case inTx: // the subtransaction that wrote the rows, for Refund
 		setting = queries.Text("hierarchy.xact", queries.Args{"writes": strings.Join(writes, " UNION ALL ")})
 	case async:
-		setting = asyncCommitColumn
+		setting = engine.AsyncCommitColumn
 	}
 	return queries.Text("hierarchy.allow", queries.Args{
 		"snapshot": strings.Join(snapshot, "\n    "), "seen": strings.Join(seen, ",\n        "),

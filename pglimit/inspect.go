@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -122,7 +121,7 @@ func (l *limiter) inspect(ctx context.Context, key string) (KeyState, error) {
 func inspectSQL(c Config) string {
 	args := queries.Args{"table": pgx.Identifier{c.Schema, c.Table}.Sanitize(), "own": "", "own_cols": "NULL::jsonb, NULL::timestamptz"}
 	if c.Overrides {
-		args["own"] = queries.Text("inspect.own", queries.Args{"overrides": pgx.Identifier{c.Schema, overridesTable}.Sanitize(), "counts": overrideCounts})
+		args["own"] = queries.Text("inspect.own", queries.Args{"overrides": pgx.Identifier{c.Schema, engine.OverridesTable}.Sanitize(), "counts": engine.OverrideCounts})
 		args["own_cols"] = "o.limits, o.expires_at"
 	}
 	return queries.Text("inspect.key", args)
@@ -175,12 +174,12 @@ func (l *limiter) limitedKeys(ctx context.Context, n int, after string, max int)
 	}
 	var params arith.Params
 	if c.Overrides {
-		o := newOverrideSQL(c.Limits)
-		params = o.params("x.")
-		args["own"] = o.lateral(pgx.Identifier{c.Schema, overridesTable}.Sanitize(), "$1", "t.key", "own")
+		o := specOf(c).KeyLimits()
+		params = o.Params("x.")
+		args["own"] = o.Lateral(pgx.Identifier{c.Schema, engine.OverridesTable}.Sanitize(), "$1", "t.key", "own")
 		args["own_fields"] = ", own.*"
 		args["own_cols"] = fmt.Sprintf(", 'rates', ARRAY[%s], 'bursts', ARRAY[%s], 'unknown', p.unknown",
-			prefixed("p.", o.rates), prefixed("p.", o.bursts))
+			engine.Prefixed("p.", o.Rates), engine.Prefixed("p.", o.Bursts))
 	}
 	admits, _, _ := arith.DecisionSQL(sp, arith.Allow, "x.state", "x.tat", "x.now", params)
 	args["refuses"] = "NOT " + admits
@@ -276,13 +275,4 @@ func ownOf(limiter, key []Limit) []Limit {
 		}
 	}
 	return out
-}
-
-// prefixed is cols, each with prefix, joined by commas.
-func prefixed(prefix string, cols []string) string {
-	out := make([]string, len(cols))
-	for i, c := range cols {
-		out[i] = prefix + c
-	}
-	return strings.Join(out, ", ")
 }

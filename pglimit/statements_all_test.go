@@ -54,25 +54,25 @@ func TestStatementsAllGolden(t *testing.T) {
 		l := lim.(*limiter)
 		limiters[c.name] = l
 		s := l.plain
-		put(c.name, "fast", s.fast)
-		put(c.name, "fastTx", s.fastTx)
-		put(c.name, "peek", s.peek)
-		if s.general != nil {
+		put(c.name, "fast", s.Fast)
+		put(c.name, "fastTx", s.FastTx)
+		put(c.name, "peek", s.Peek)
+		if s.General != nil {
 			for mode := range modes {
-				put(c.name, fmt.Sprintf("general own %d", mode), s.general.own[mode])
-				put(c.name, fmt.Sprintf("general tx %d", mode), s.general.tx[mode])
+				put(c.name, fmt.Sprintf("general own %d", mode), s.General.Own[mode])
+				put(c.name, fmt.Sprintf("general tx %d", mode), s.General.Tx[mode])
 			}
 		}
 		k := l.keySQL
-		put(c.name, "keys", strings.Join([]string{k.reset, k.refund, k.settle, k.pause, k.blank}, "\n"))
+		put(c.name, "keys", strings.Join([]string{k.Reset, k.Refund, k.Settle, k.Pause, k.Blank}, "\n"))
 		if ids := l.ids; ids != nil {
-			put(c.name, "ids fast", ids.fast)
-			put(c.name, "ids fastTx", ids.fastTx)
+			put(c.name, "ids fast", ids.Fast)
+			put(c.name, "ids fastTx", ids.FastTx)
 			for mode := range modes {
-				put(c.name, fmt.Sprintf("ids general %d", mode), ids.general[mode])
-				put(c.name, fmt.Sprintf("ids generalTx %d", mode), ids.generalTx[mode])
+				put(c.name, fmt.Sprintf("ids general %d", mode), ids.General[mode])
+				put(c.name, fmt.Sprintf("ids generalTx %d", mode), ids.GeneralTx[mode])
 			}
-			put(c.name, "ids rest", strings.Join([]string{ids.lookup, ids.refundSingle, ids.refundGeneral, ids.settle}, "\n"))
+			put(c.name, "ids rest", strings.Join([]string{ids.Lookup, ids.RefundSingle, ids.RefundGeneral, ids.Settle}, "\n"))
 		}
 		if l.batch != nil {
 			cfg := reflect.ValueOf(l.batch).Elem().FieldByName("cfg")
@@ -81,13 +81,13 @@ func TestStatementsAllGolden(t *testing.T) {
 			}
 		}
 		d := l.distributedStatements()
-		put(c.name, "citus fast", d.fast)
-		put(c.name, "citus fastTx", d.fastTx)
-		put(c.name, "citus peek", d.peek)
-		if d.general != nil {
+		put(c.name, "citus fast", d.Fast)
+		put(c.name, "citus fastTx", d.FastTx)
+		put(c.name, "citus peek", d.Peek)
+		if d.General != nil {
 			for mode := range modes {
-				put(c.name, fmt.Sprintf("citus own %d", mode), d.general.own[mode])
-				put(c.name, fmt.Sprintf("citus tx %d", mode), d.general.tx[mode])
+				put(c.name, fmt.Sprintf("citus own %d", mode), d.General.Own[mode])
+				put(c.name, fmt.Sprintf("citus tx %d", mode), d.General.Tx[mode])
 			}
 		}
 	}

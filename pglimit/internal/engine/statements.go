@@ -1,0 +1,408 @@
+package engine
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/cooldown/pglimit/internal/arith"
+	"github.com/pglimit/cooldown/pglimit/internal/queries"
+)
+
+// Spec is a limiter as its statements read it, in plain values: what
+// pglimit's Config says, which the root translates.
+type Spec struct {
+	Strategy    Strategy
+	Schema      string // unquoted: the limiter's table's, and its tables' beside it
+	Table       string // unquoted
+	Limits      []LimitSpec
+	Overrides   bool // per-key limits (Config.Overrides)
+	AsyncCommit bool
+	// MaxPeriod is the longest a key's own GCRA burst may take to
+	// replenish, in µs: the per-key limits' statements check it.
+	MaxPeriod int64
+}
+
+// LimitSpec is one of a limiter's limits as its statements read it: the
+// arithmetic's figures, with its name and its burst in units, which the
+// per-key limits' statements read.
+type LimitSpec struct {
+	arith.Limit
+	Name  string
+	Burst int64
+}
+
+// Tables beside a limiter's own, in its schema.
+const (
+	// OverridesTable holds per-key limits (migrations 00008 and 00009).
+	OverridesTable = "pglimit_overrides"
+	// IDsTable holds decision ids (migration 00013).
+	IDsTable = "pglimit_ids"
+)
+
+// ResetChannel is the channel every Reset notifies, with the payload
+// "<lock class>:<key>" (the lock class names the table and namespace),
+// on which pglimit's Invalidator listens.
+const ResetChannel = "pglimit_reset"
+
+// OverrideCounts is whether the overrides row o counts now: it has not
+// lapsed (SetKeyLimitsFor). A lapsed row is the same as none.
+const OverrideCounts = "(o.expires_at IS NULL OR o.expires_at > now())"
+
+// The value of an extra column in a statement's admitting branches:
+// asynchronous commit's setting, none, or in a caller's transaction the
+// id of the one that wrote the row, for Refund (internal/queries,
+// setting.*), which needs the writes to return XactReturning.
+var (
+	AsyncCommitColumn = queries.Static("setting.async")
+	NoSettingColumn   = queries.Static("setting.none")
+	xactColumn        = queries.Static("setting.xact")
+	xactWrittenColumn = queries.Static("setting.xact_written") // key_row.allow's
+	XactReturning     = queries.Static("returning.xact")
+)
+
+// arith is the limits as the decision arithmetic reads them.
+func (s Spec) arith() []arith.Limit {
+	out := make([]arith.Limit, len(s.Limits))
+	for i, l := range s.Limits {
+		out[i] = l.Limit
+	}
+	return out
+}
+
+// Beside is the table name in the limiter's schema, quoted.
+func (s Spec) Beside(name string) string { return pgx.Identifier{s.Schema, name}.Sanitize() }
+
+// Statements are a limiter's statements, each built once, when it is
+// made: those that decide a key (and Peek's), those that act on a key
+// beside deciding it, and those of decisions with an id.
+type Statements struct {
+	Decide
+	Keys Keys
+	IDs  *IDs // nil where ids are not supported (Range, Overrides)
+}
+
+// Decide is the statements that decide a key, each with its answer's
+// shape: the fast statement of a single GCRA limit in its own transaction
+// and in a caller's (whose durability is the caller's), the general ones,
+// and Peek's.
+type Decide struct {
+	Fast, FastTx string
+	General      *General // nil for Range
+	Peek         string
+}
+
+// Keys is the statements that act on a key beside deciding it, on a
+// table of one server.
+type Keys struct {
+	Reset  string
+	Refund string // "" where Refund is not supported (Range)
+	Settle string // "" where Settle is not supported (Range)
+	Pause  string // "" where Pause is not supported (Range)
+	Blank  string // AllowAll's blank row of a key; "" where AllowAll is not supported (Range)
+}
+
+// IDs is a limiter's statements for decisions with an id
+// (internal/queries, ids.sql): the fast statement's and the general
+// statement's in each of its modes, in their own transaction and in a
+// caller's, and the lookup of an id's first decision.
+type IDs struct {
+	Fast, FastTx       string
+	General, GeneralTx [arith.Modes]string
+	Lookup             string
+	RefundSingle       string // RefundID's, for a single GCRA limit
+	RefundGeneral      string // RefundID's, for any other set of limits
+	Settle             string // SettleID's
+}
+
+// Build writes the statements of a limiter of s.
+//
+// The strategies differ in their templates (internal/queries): Upsert's
+// and NoWait's fast statement is key_row.allow, NoWait's with a bounded
+// wait for the row's lock (nowait.condition) and a lock clause of its own
+// in the general statement; Range's is range.allow, which has no general
+// statement, and decides nothing beside Allow, Peek and Reset.
+func Build(s Spec) Statements {
+	table := s.Beside(s.Table)
+	column := NoSettingColumn
+	if s.AsyncCommit {
+		column = AsyncCommitColumn
+	}
+	fast, patience, fastID, lock := "key_row.allow", "true", "upsert.allow_id", queries.Static("upsert.lock")
+	switch s.Strategy {
+	case NoWait:
+		patience, fastID, lock = queries.Static("nowait.condition"), "nowait.allow_id", queries.Static("nowait.lock")
+	case Range:
+		fast, patience, fastID, lock = "range.allow", "", "", ""
+	}
+	txColumn := xactWrittenColumn
+	if lock == "" {
+		txColumn = NoSettingColumn // Range, which refunds nothing
+	}
+	st := Statements{Decide: Decide{
+		Fast:   queries.Text(fast, queries.Args{"table": table, "patience": patience, "setting": column, "returning": ""}),
+		FastTx: queries.Text(fast, queries.Args{"table": table, "patience": patience, "setting": txColumn, "returning": XactReturning}),
+	}}
+	st.Keys.Reset = queries.Text("reset", queries.Args{"table": table, "channel": ResetChannel})
+	if lock == "" {
+		st.Peek = queries.Text("range.peek", queries.Args{"table": table})
+		return st
+	}
+	st.General, st.Peek = s.general(table, column, lock)
+	if !s.Overrides {
+		st.IDs = s.ids(table, fastID, column, lock)
+	}
+	st.Keys.Refund = s.refund(table)
+	st.Keys.Settle = s.settle("settle", table, "", "true")
+	st.Keys.Pause = queries.Text("pause", queries.Args{"table": table})
+	st.Keys.Blank = queries.Text("hierarchy.blank", queries.Args{"table": table})
+	return st
+}
+
+// General is the general statements of a limiter (general.allow, or
+// overrides.allow with per-key limits), by mode: Own in the statement's
+// own transaction, Tx in a caller's. They decide for any set of limits
+// on the Upsert and NoWait tables.
+type General struct {
+	Own, Tx [arith.Modes]string
+}
+
+// general writes the general statements of s on table, whose own writes
+// return column, with the lock clause lock, and Peek's. Reserve's is
+// written only when every limit is GCRA: Reserve refuses other limits
+// before it reaches the database.
+func (s Spec) general(table, column, lock string) (g *General, peek string) {
+	if s.Overrides {
+		return s.overrideGeneral(table, column, lock)
+	}
+	g = new(General)
+	sp := s.arith()
+	for mode := range arith.Modes {
+		if mode == arith.Reserve && !arith.AllGCRA(sp) {
+			continue
+		}
+		admits, state, expires := arith.DecisionSQL(sp, mode, "x.state", "x.tat", "x.now", nil)
+		guard, _, _ := arith.DecisionSQL(sp, mode, "c.state", "c.tat", "c.now", nil)
+		stmt := func(column, returning string) string {
+			return queries.Text("general.allow", queries.Args{
+				"table": table, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
+				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
+			})
+		}
+		g.Own[mode], g.Tx[mode] = stmt(column, ""), stmt(xactColumn, XactReturning)
+	}
+	return g, queries.Text("general.peek", queries.Args{"table": table})
+}
+
+// overrideGeneral is general for a limiter whose keys may have limits of
+// their own, in the overrides table beside it.
+//
+// The statements decide only on a row the key's limits can use (column
+// ok): one that names no limit the limiter lacks, and whose rates and
+// bursts pass what pglimit checks of a key's own limits. On any other
+// they refuse and write nothing, and return the row's figures, from which
+// the limiter reports the error. The arithmetic reads a burst cut to the
+// bound even then, so that no product overflows.
+func (s Spec) overrideGeneral(table, column, lock string) (*General, string) {
+	o, overrides := s.KeyLimits(), s.Beside(OverridesTable)
+	g := new(General)
+	sp := s.arith()
+	for mode := range arith.Modes {
+		if mode == arith.Reserve && !arith.AllGCRA(sp) {
+			continue
+		}
+		admits, state, expires := arith.DecisionSQL(sp, mode, "x.state", "x.tat", "x.now", o.Params("x."))
+		guard, _, _ := arith.DecisionSQL(sp, mode, "c.state", "c.tat", "c.now", o.Params("c."))
+		admits, guard = "(x.ok AND "+admits+")", "(c.ok AND "+guard+")"
+		// A cost past the key's capacity is refused, and n*T may then
+		// overflow: the new state is computed for an admission only.
+		state = "CASE WHEN " + admits + " THEN " + state + " END"
+		expires = "CASE WHEN " + admits + " THEN " + expires + " END"
+		stmt := func(column, returning string) string {
+			return queries.Text("overrides.allow", queries.Args{
+				"table": table, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
+				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
+				"overrides": overrides, "counts": OverrideCounts, "raw": o.raw, "derived": o.derived, "limits_out": o.Out("x", true),
+			})
+		}
+		g.Own[mode], g.Tx[mode] = stmt(column, ""), stmt(xactColumn, XactReturning)
+	}
+	peek := queries.Text("overrides.peek", queries.Args{
+		"table": table, "overrides": overrides, "counts": OverrideCounts, "raw": o.raw, "derived": o.derived, "limits_out": o.Out("x", true),
+	})
+	return g, peek
+}
+
+// KeyLimitsSQL is the SQL that reads a key's own limits from the
+// overrides table: raw, each limit's rate and burst (the limiter's where
+// the key has none) and the names the key's row gives that the limiter
+// lacks; derived, the columns the decision reads, from raw (r<i>, t<i>,
+// bt<i>: rate, emission interval and burst span; ok, whether the limits
+// can use the row).
+type KeyLimitsSQL struct {
+	raw, derived  string
+	Rates, Bursts []string // each limit's rate and burst column, unqualified
+	n             int      // the number of limits
+}
+
+// KeyLimits writes the SQL that reads a key's own limits of s's limits.
+func (s Spec) KeyLimits() KeyLimitsSQL {
+	var raw, derived, oks, names []string
+	var o KeyLimitsSQL
+	maxP := s.MaxPeriod
+	for i, l := range s.Limits {
+		name := "'" + strings.ReplaceAll(l.Name, "'", "''") + "'"
+		names = append(names, name)
+		// Through numeric: the table takes 5.0 for 5.
+		raw = append(raw,
+			fmt.Sprintf("coalesce((o.limits -> %s ->> 'rate')::numeric::bigint, %d) AS r%d", name, l.Rate, i),
+			fmt.Sprintf("coalesce((o.limits -> %s ->> 'burst')::numeric::bigint, %d) AS b%d", name, l.Burst, i))
+		// T rounds up, as pglimit's Limit.emission does.
+		P := l.Period
+		t := fmt.Sprintf("((%d + r%d - 1) / r%d)", P, i, i)
+		derived = append(derived, fmt.Sprintf("r%d, b%d, %s AS t%d, least(b%d, %d / %s) * %s AS bt%d", i, i, t, i, i, maxP, t, t, i))
+		ok := fmt.Sprintf("r%d <= %d AND b%d = 0", i, P, i)
+		if l.Algorithm == arith.GCRA {
+			ok = fmt.Sprintf("r%d <= %d AND b%d <= %d / %s", i, P, i, maxP, t)
+		}
+		oks = append(oks, ok)
+		o.Rates = append(o.Rates, fmt.Sprintf("r%d", i))
+		o.Bursts = append(o.Bursts, fmt.Sprintf("b%d", i))
+	}
+	raw = append(raw, fmt.Sprintf("ARRAY(SELECT k FROM jsonb_object_keys(o.limits) AS k WHERE k <> ALL (ARRAY[%s])) AS unknown", strings.Join(names, ", ")))
+	derived = append(derived, fmt.Sprintf("unknown, cardinality(unknown) = 0 AND %s AS ok", strings.Join(oks, " AND ")))
+	o.raw, o.derived, o.n = strings.Join(raw, ", "), strings.Join(derived, ", "), len(s.Limits)
+	return o
+}
+
+// Params names the columns of the key's limits, of the row prefix; on a
+// nil o, none: the limiter's own limits.
+func (o *KeyLimitsSQL) Params(prefix string) arith.Params {
+	if o == nil {
+		return nil
+	}
+	return func(i int) (string, string, string) {
+		n := strconv.Itoa(i)
+		return prefix + "r" + n, prefix + "t" + n, prefix + "bt" + n
+	}
+}
+
+// Lateral is the LATERAL join that reads, as alias, the limits of the key
+// (the SQL key) of namespace ns (SQL too) from overrides, the table.
+func (o KeyLimitsSQL) Lateral(overrides, ns, key, alias string) string {
+	return fmt.Sprintf(`
+    CROSS JOIN LATERAL (SELECT %s FROM (
+        SELECT %s FROM (SELECT) AS one
+        LEFT JOIN %s AS o ON o.namespace = %s AND o.key = %s AND %s) AS raw) AS %s`,
+		o.derived, o.raw, overrides, ns, key, OverrideCounts, alias)
+}
+
+// Columns lists the columns of row r that a decision reads (Params), and
+// ok.
+func (o KeyLimitsSQL) Columns(r string) string {
+	var cols []string
+	for i := range o.n {
+		cols = append(cols, fmt.Sprintf("%s.r%d, %s.t%d, %s.bt%d", r, i, r, i, r, i))
+	}
+	return strings.Join(append(cols, r+".ok"), ", ")
+}
+
+// Out is the answer's columns of the key's limits, of row r: their rates
+// and bursts (named rates and bursts), and, with unknown, the names the
+// limiter lacks.
+func (o KeyLimitsSQL) Out(r string, unknown bool) string {
+	s := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates, ARRAY[%s]::bigint[] AS bursts", Prefixed(r+".", o.Rates), Prefixed(r+".", o.Bursts))
+	if unknown {
+		s += ", " + r + ".unknown"
+	}
+	return s
+}
+
+// Prefixed is cols, each with prefix, joined by commas.
+func Prefixed(prefix string, cols []string) string {
+	out := make([]string, len(cols))
+	for i, c := range cols {
+		out[i] = prefix + c
+	}
+	return strings.Join(out, ", ")
+}
+
+// ids writes the statements of decisions with an id of s on table, whose
+// fast statement with an id is the template fast, with the lock clause
+// lock, and whose own writes return column.
+func (s Spec) ids(table, fast, column, lock string) *IDs {
+	ids := s.Beside(IDsTable)
+	st := &IDs{
+		Fast:   queries.Text(fast, queries.Args{"table": table, "ids": ids, "setting": column, "returning": ""}),
+		FastTx: queries.Text(fast, queries.Args{"table": table, "ids": ids, "setting": xactColumn, "returning": XactReturning}),
+		Lookup: queries.Text("ids.lookup", queries.Args{"ids": ids}),
+	}
+	sp := s.arith()
+	for mode := range arith.Modes {
+		if mode == arith.Reserve && !arith.AllGCRA(sp) {
+			continue
+		}
+		admits, state, expires := arith.DecisionSQL(sp, mode, "x.state", "x.tat", "x.now", nil)
+		guard, _, _ := arith.DecisionSQL(sp, mode, "c.state", "c.tat", "c.now", nil)
+		args := queries.Args{
+			"table": table, "ids": ids, "lock": lock, "admits": admits, "new_state": state,
+			"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
+			"id": "$5", "retention": "$6", "mode_column": "", "mode_value": "",
+		}
+		if mode != arith.Allow {
+			args["mode_column"], args["mode_value"] = ", mode", fmt.Sprintf(", %d", mode)
+		}
+		if mode == arith.Reserve { // $5 is the maximum delay
+			args["id"], args["retention"] = "$6", "$7"
+		}
+		stmt := func(column, returning string) string {
+			args["setting"], args["returning"] = column, returning
+			return queries.Text("general.allow_id", args)
+		}
+		st.General[mode], st.GeneralTx[mode] = stmt(column, ""), stmt(xactColumn, XactReturning)
+	}
+	st.Settle = s.settle("settle.id", table, ids, "false")
+	if arith.Single(sp) {
+		st.RefundSingle = queries.Text("refund.single_id", queries.Args{"table": table, "ids": ids})
+	} else {
+		refundState, flags := arith.RefundSQL(sp)
+		st.RefundGeneral = queries.Text("refund.general_id", queries.Args{
+			"table": table, "ids": ids, "new_state": refundState, "flags": flags,
+			"state_length": strconv.Itoa(3 * len(sp)), "limits": strconv.Itoa(len(sp)),
+		})
+	}
+	return st
+}
+
+// refund is the refund statement of s on table: refund.single for a
+// single GCRA limit, refund.general for others.
+func (s Spec) refund(table string) string {
+	sp := s.arith()
+	if arith.Single(sp) {
+		return queries.Text("refund.single", queries.Args{"table": table})
+	}
+	state, flags := arith.RefundSQL(sp)
+	return queries.Text("refund.general", queries.Args{
+		"table": table, "new_state": state, "flags": flags,
+		"state_length": strconv.Itoa(3 * len(sp)), "limits": strconv.Itoa(len(sp)),
+	})
+}
+
+// settle is the settle statement name (settle, or settle.id) of s's
+// limits (their algorithms, periods and debts; the rates and bursts are
+// parameters) on table, with ids the ids table and unmade the settle.tail
+// placeholder.
+func (s Spec) settle(name, table, ids, unmade string) string {
+	sp := s.arith()
+	params := func(i int) (string, string, string) {
+		n := strconv.Itoa(i + 1)
+		return "x.rates[" + n + "]", "x.ts[" + n + "]", "x.bts[" + n + "]"
+	}
+	charged, state, expires := arith.SettleSQL(sp, "x.state", "x.tat", "x.now", "$3::bigint[]", "x.back", "$5::bigint", "x.units", params)
+	return queries.Text(name, queries.Args{
+		"table": table, "ids": ids, "unmade": unmade, "state": arith.Shaped(sp, "o.state"),
+		"charged": charged, "new_state": state, "new_expires": expires,
+	})
+}
