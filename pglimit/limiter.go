@@ -121,10 +121,6 @@ func (l *limiter) stmts() *engine.Decide {
 func withStatements(l *limiter, table, contended string) *limiter {
 	st := engine.Build(specOf(l.cfg))
 	l.plain, l.keySQL, l.ids = st.Decide, st.Keys, st.IDs
-	column := engine.NoSettingColumn
-	if l.cfg.AsyncCommit {
-		column = engine.AsyncCommitColumn
-	}
 	l.single = len(l.cfg.Limits) == 1 && l.cfg.Limits[0].Algorithm == GCRA && !l.cfg.Overrides
 	l.table = table
 	l.rangeArgs = l.cfg.Strategy == Range
@@ -139,7 +135,7 @@ func withStatements(l *limiter, table, contended string) *limiter {
 		_, _, l.emission, l.burstT = lim.micros()
 		l.oneT, l.oneTau = l.emission, l.burstT-l.emission
 	}
-	l.batch = newBatch(l, table, column)
+	l.batch = newBatch(l, st.Batch)
 	if l.batch.Leases() && l.cfg.Invalidator != nil {
 		register(l.cfg.Invalidator, l.lockClass, l.batch)
 	}

@@ -80,8 +80,9 @@ func (s Spec) Beside(name string) string { return pgx.Identifier{s.Schema, name}
 // beside deciding it, and those of decisions with an id.
 type Statements struct {
 	Decide
-	Keys Keys
-	IDs  *IDs // nil where ids are not supported (Range, Overrides)
+	Keys  Keys
+	IDs   *IDs  // nil where ids are not supported (Range, Overrides)
+	Batch Batch // zero for Range, which does not batch
 }
 
 // Decide is the statements that decide a key, each with its answer's
@@ -115,6 +116,15 @@ type IDs struct {
 	RefundSingle       string // RefundID's, for a single GCRA limit
 	RefundGeneral      string // RefundID's, for any other set of limits
 	Settle             string // SettleID's
+}
+
+// Batch is a limiter's group commit's statements (internal/batch):
+// batch.allow for a single GCRA limit, which also leases, batch.general
+// for any other set of limits. SQL decides a batch, skipping rows that
+// concurrent decisions lock; WaitSQL decides one key, waiting for its
+// row's lock; BackSQL gives a lease's tail back, "" for none.
+type Batch struct {
+	SQL, WaitSQL, BackSQL string
 }
 
 // Build writes the statements of a limiter of s.
@@ -158,6 +168,7 @@ func Build(s Spec) Statements {
 	st.Keys.Settle = s.settle("settle", table, "", "true")
 	st.Keys.Pause = queries.Text("pause", queries.Args{"table": table})
 	st.Keys.Blank = queries.Text("hierarchy.blank", queries.Args{"table": table})
+	st.Batch = s.batch(table, column)
 	return st
 }
 
@@ -405,4 +416,53 @@ func (s Spec) settle(name, table, ids, unmade string) string {
 		"table": table, "ids": ids, "unmade": unmade, "state": arith.Shaped(sp, "o.state"),
 		"charged": charged, "new_state": state, "new_expires": expires,
 	})
+}
+
+// batch writes the group commit's statements of s on table, whose writes
+// return column.
+func (s Spec) batch(table, column string) Batch {
+	patience := "true" // Upsert waits for a lock as long as Config.Timeout lets it
+	if s.Strategy == NoWait {
+		patience = queries.Static("nowait.condition") // set before the first lock
+	}
+	if s.Overrides || !arith.Single(s.arith()) { // per-key limits among them
+		return Batch{SQL: s.generalBatch(table, column, "", "true"), WaitSQL: s.generalBatch(table, column, "true", patience)}
+	}
+	return Batch{
+		SQL:     queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "wait": "", "patience": "true"}),
+		WaitSQL: queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "wait": "true", "patience": patience}),
+		BackSQL: queries.Text("batch.give_back", queries.Args{"table": table}),
+	}
+}
+
+// generalBatch writes batch.general, the batch statement of any set of
+// limits, for s's limits on table: wait and patience as batch.allow's.
+func (s Spec) generalBatch(table, column, wait, patience string) string {
+	sp := s.arith()
+	var own *KeyLimitsSQL // nil: the limiter's own limits
+	args := queries.Args{
+		"table": table, "setting": column, "wait": wait, "patience": patience,
+		"state": arith.Shaped(sp, "t.state"), "width": strconv.Itoa(3 * len(sp)),
+		"own": "", "own_cols": "", "own_d": "", "own_c": "", "own_agg": "",
+	}
+	if s.Overrides {
+		o := s.KeyLimits()
+		own = &o
+		args["own"] = o.Lateral(s.Beside(OverridesTable), "$1", "r.key", "own")
+		args["own_cols"] = ", " + o.Columns("c")
+		args["own_d"] = ", " + o.Out("d", false)
+		args["own_c"] = ", " + o.Out("c", false)
+		args["own_agg"] = ", array_agg(rates), array_agg(bursts)"
+	}
+	count, _, state, expires := arith.BatchSQL(sp, "x.state", "x.tat", "x.now", "x.n", "x.calls", "g.granted", own.Params("x."))
+	_, guard, _, _ := arith.BatchSQL(sp, "c.state", "c.tat", "c.now", "c.n", "1", "1", own.Params("c."))
+	refuses := "NOT " + guard
+	if s.Overrides {
+		// A row the limits cannot use decides nothing: no call fits it,
+		// and it is no refusal either.
+		count = "CASE WHEN x.ok THEN " + count + " ELSE 0 END"
+		guard, refuses = "(c.ok AND "+guard+")", "(c.ok AND "+refuses+")"
+	}
+	args["guard"], args["refuses"], args["count"], args["new_state"], args["new_expires"] = guard, refuses, count, state, expires
+	return queries.Text("batch.general", args)
 }
