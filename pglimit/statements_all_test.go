@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 )
 
 var updateAll = flag.Bool("update-all-statements", false, "rewrite testdata/statements_all.golden")
@@ -80,7 +82,7 @@ func TestStatementsAllGolden(t *testing.T) {
 				put(c.name, "batch "+f, cfg.FieldByName(f).String())
 			}
 		}
-		d := l.distributedStatements()
+		d := engine.Citus(specOf(l.cfg))
 		put(c.name, "citus fast", d.Fast)
 		put(c.name, "citus fastTx", d.FastTx)
 		put(c.name, "citus peek", d.Peek)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -20,6 +21,10 @@ type Spec struct {
 	Limits      []LimitSpec
 	Overrides   bool // per-key limits (Config.Overrides)
 	AsyncCommit bool
+	// Timeout is a call's bound (Config.Timeout): on a table Citus
+	// distributes, the lock_timeout its function takes in a caller's
+	// transaction.
+	Timeout time.Duration
 	// MaxPeriod is the longest a key's own GCRA burst may take to
 	// replenish, in µs: the per-key limits' statements check it.
 	MaxPeriod int64
@@ -465,4 +470,59 @@ func (s Spec) generalBatch(table, column, wait, patience string) string {
 	}
 	args["guard"], args["refuses"], args["count"], args["new_state"], args["new_expires"] = guard, refuses, count, state, expires
 	return queries.Text("batch.general", args)
+}
+
+// The functions pglimit.Distribute installs for a table are named as the
+// table with a suffix.
+const (
+	AllowSuffix  = "_allow"
+	DecideSuffix = "_decide"
+	PeekSuffix   = "_peek"
+)
+
+// Citus writes the statements of a limiter of s that decide a key
+// on a table Citus distributes: calls of its functions, with the same
+// parameters and answers as Build's. A call in a caller's transaction
+// passes s.Timeout as the function's lock_timeout.
+func Citus(s Spec) Decide {
+	fn := func(suffix string) string { return s.Beside(s.Table + suffix) }
+	ms := (s.Timeout + time.Millisecond - 1) / time.Millisecond // rounded up: 0 would disable it
+	inTx := fmt.Sprintf("false, '%dms'", ms)
+	own := fmt.Sprintf("%t, NULL", s.AsyncCommit)
+	call := func(name, suffix string, args queries.Args) (plain, tx string) {
+		args["function"] = fn(suffix)
+		args["tail"] = own
+		plain = queries.Text(name, args)
+		args["tail"] = inTx
+		return plain, queries.Text(name, args)
+	}
+	peek := queries.Text("citus.call.peek", queries.Args{"function": fn(PeekSuffix)})
+	if s.Strategy == Range {
+		fast, fastTx := call("citus.call.range_allow", AllowSuffix, queries.Args{})
+		return Decide{Fast: fast, FastTx: fastTx, Peek: peek}
+	}
+	nowait := strconv.FormatBool(s.Strategy == NoWait)
+	g := new(General)
+	for mode := range arith.Modes {
+		maxDelay := "0"
+		if mode == arith.Reserve {
+			maxDelay = "$5"
+		}
+		g.Own[mode], g.Tx[mode] = call("citus.call.decide", DecideSuffix, queries.Args{
+			"mode": strconv.Itoa(int(mode)), "max_delay": maxDelay, "spec": s.specArray(), "nowait": nowait,
+		})
+	}
+	fast, fastTx := call("citus.call.row_allow", AllowSuffix, queries.Args{"nowait": nowait})
+	return Decide{Fast: fast, FastTx: fastTx, General: g, Peek: peek}
+}
+
+// specArray is s's limits as the migrations' pglimit_decide reads them,
+// an array literal of validated integers: algorithm, period (µs), rate
+// and burst per limit.
+func (s Spec) specArray() string {
+	parts := make([]string, 0, 4*len(s.Limits))
+	for _, l := range s.Limits {
+		parts = append(parts, strconv.Itoa(int(l.Algorithm)), strconv.FormatInt(l.Period, 10), strconv.FormatInt(l.Rate, 10), strconv.FormatInt(l.Burst, 10))
+	}
+	return "ARRAY[" + strings.Join(parts, ", ") + "]::bigint[]"
 }
