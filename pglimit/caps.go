@@ -20,7 +20,8 @@ func specOf(c Config) engine.Spec {
 		limits[i] = engine.LimitSpec{Limit: lim.spec(), Name: lim.Name, Burst: int64(lim.Burst)}
 	}
 	return engine.Spec{Strategy: engine.Strategy(c.Strategy), Schema: c.Schema, Table: c.Table, Limits: limits,
-		Overrides: c.Overrides, AsyncCommit: c.AsyncCommit, Timeout: c.Timeout, MaxPeriod: maxPeriod.Microseconds()}
+		Overrides: c.Overrides, AsyncCommit: c.AsyncCommit, Shadow: c.Shadow,
+		IDRetention: c.IDRetention, Timeout: c.Timeout, MaxPeriod: maxPeriod.Microseconds()}
 }
 
 // shape is the limiter's facets, on a table the database made dep.

@@ -2,8 +2,6 @@ package pglimit
 
 import (
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // PreBlocks reports whether lim's pre-block refuses key now, without a
@@ -43,8 +41,7 @@ func Statements(lim Limiter) map[string]string {
 	s := map[string]string{"allow": l.plain.Fast, "peek": l.plain.Peek, "reset": l.keySQL.Reset, "inspect": inspectSQL(l.cfg)}
 	if l.cfg.Strategy != Range {
 		// AllowAll of two keys of lim, in lock order.
-		table := pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()
-		s["hierarchy"] = hierarchySQL([]level{{l: l, key: "k1", table: table}, {l: l, key: "k2", index: 1, table: table}}, false, false)
+		s["hierarchy"] = hierarchySQL([]level{{l: l, key: "k1"}, {l: l, key: "k2", index: 1}}, false, false)
 	}
 	if l.plain.General != nil {
 		s["general"] = l.plain.General.Own[modeAllow]

@@ -100,7 +100,7 @@ func TestStatementsAllGolden(t *testing.T) {
 	} {
 		levels := make([]level, len(h))
 		for i, name := range h {
-			levels[i] = level{l: limiters[name], key: "k", index: i, table: limiters[name].table}
+			levels[i] = level{l: limiters[name], key: "k", index: i}
 		}
 		for _, inTx := range []bool{false, true} {
 			for _, id := range []bool{false, true} {

@@ -21,6 +21,8 @@ type Spec struct {
 	Limits      []LimitSpec
 	Overrides   bool // per-key limits (Config.Overrides)
 	AsyncCommit bool
+	Shadow      bool          // Config.Shadow: AllowAll's level counts without enforcing
+	IDRetention time.Duration // how long an admitted decision id is kept (AllowAll's claims)
 	// Timeout is a call's bound (Config.Timeout): on a table Citus
 	// distributes, the lock_timeout its function takes in a caller's
 	// transaction.
@@ -525,4 +527,104 @@ func (s Spec) specArray() string {
 		parts = append(parts, strconv.Itoa(int(l.Algorithm)), strconv.FormatInt(l.Period, 10), strconv.FormatInt(l.Rate, 10), strconv.FormatInt(l.Burst, 10))
 	}
 	return "ARRAY[" + strings.Join(parts, ", ") + "]::bigint[]"
+}
+
+// Hierarchy writes AllowAll's statement (hierarchy.allow) for the limiters
+// of levels (in lock order), in a caller's transaction or its own, with a
+// decision id or without: its parameters are each level's namespace and
+// key, then n, then the id.
+func Hierarchy(levels []Spec, inTx, id bool) string {
+	var snapshot, seen, ownSeen, fits, locks, values, own, decisions, updates, answer, seenAnswer, counted, writes, written, claims []string
+	async := true
+	nParam := "$" + strconv.Itoa(2*len(levels)+1) + "::bigint"
+	claimed, taken, notTaken := "", "", ""
+	if id {
+		claimed, taken, notTaken = " AND EXISTS (SELECT FROM c0)", ", d.go AND NOT EXISTS (SELECT FROM c0)", ", false"
+	}
+	for i, lv := range levels {
+		is := strconv.Itoa(i)
+		ns, key := "$"+strconv.Itoa(2*i+1), "$"+strconv.Itoa(2*i+2)
+		sp, table := lv.arith(), lv.Beside(lv.Table)
+		snapshot = append(snapshot, queries.Text("hierarchy.snapshot", queries.Args{"i": is, "table": table, "ns": ns, "key": key}))
+		seen = append(seen, queries.Text("hierarchy.seen", queries.Args{"i": is, "state": arith.Shaped(sp, "r"+is+".state")}))
+		after := ""
+		if i > 0 {
+			after = "(SELECT count(*) FROM l" + strconv.Itoa(i-1) + ") >= 0 AND "
+		}
+		locks = append(locks, queries.Text("hierarchy.lock", queries.Args{"i": is, "table": table, "ns": ns, "key": key, "after": after}))
+		values = append(values, queries.Text("hierarchy.values", queries.Args{"i": is, "state": arith.Shaped(sp, "l.state")}))
+		columns := fmt.Sprintf("%%[1]s.f%[1]s, %%[1]s.s%[1]s, %%[1]s.tat%[1]s", is)
+		var params arith.Params
+		ok := "true"
+		if lv.Overrides {
+			o := lv.KeyLimits()
+			alias := "o" + is
+			own = append(own, o.Lateral(lv.Beside(OverridesTable), ns, key, alias))
+			params, ok = o.Params(alias+"."), alias+".ok"
+			limits := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates%s, ARRAY[%s]::bigint[] AS bursts%s, %s.unknown AS unknown%s",
+				Prefixed(alias+".", o.Rates), is, Prefixed(alias+".", o.Bursts), is, alias, is)
+			decisions, ownSeen = append(decisions, limits), append(ownSeen, ", "+limits)
+			columns += fmt.Sprintf(", %%[1]s.rates%[1]s, %%[1]s.bursts%[1]s, %%[1]s.unknown%[1]s", is)
+		}
+		answer, seenAnswer = append(answer, fmt.Sprintf(columns, "d")), append(seenAnswer, fmt.Sprintf(columns, "g"))
+		// The level's decision, as its limiter's general statement makes
+		// it, with n as a parameter of this statement: on the snapshot's
+		// row (g), and on the locked one (x).
+		admits := func(row string) string {
+			a, _, _ := arith.DecisionSQL(sp, arith.Allow, row+".s"+is, row+".tat"+is, row+".now", params)
+			return "(" + ok + " AND " + strings.ReplaceAll(a, "$4::bigint", nParam) + ")"
+		}
+		if !lv.Shadow {
+			fits = append(fits, admits("g"))
+		}
+		_, state, expires := arith.DecisionSQL(sp, arith.Allow, "x.s"+is, "x.tat"+is, "x.now", params)
+		a := admits("x")
+		state = "CASE WHEN " + a + " THEN " + strings.ReplaceAll(state, "$4::bigint", nParam) + " END"
+		expires = "CASE WHEN " + a + " THEN " + strings.ReplaceAll(expires, "$4::bigint", nParam) + " END"
+		decisions = append(decisions, fmt.Sprintf("%s AS a%s, %s AS ns%s, %s AS ne%s", a, is, state, is, expires, is))
+		found := "x.f" + is + " = 1"
+		if lv.Shadow {
+			counted = append(counted, found)
+		} else {
+			counted = append(counted, found+" AND "+a)
+		}
+		returning := ""
+		if inTx {
+			returning = XactReturning
+			writes = append(writes, "SELECT xmin FROM u"+is)
+		}
+		updates = append(updates, queries.Text("hierarchy.update", queries.Args{"i": is, "table": table, "ns": ns, "key": key, "returning": returning, "claimed": claimed}))
+		if id {
+			conflict, after := "ON CONFLICT (namespace, id) DO NOTHING\n    ", claimed
+			if i == 0 {
+				after = ""
+			} else {
+				conflict = ""
+			}
+			claims = append(claims, queries.Text("hierarchy.claim", queries.Args{
+				"i": is, "ids": lv.Beside(IDsTable), "ns": ns, "key": key,
+				"id": "$" + strconv.Itoa(2*len(levels)+2), "n": nParam, "retention": strconv.FormatInt(lv.IDRetention.Microseconds(), 10),
+				"conflict": conflict, "after": after,
+			})+", ")
+		}
+		written = append(written, "(SELECT count(*) FROM u"+is+")")
+		async = async && lv.AsyncCommit
+	}
+	setting := NoSettingColumn
+	switch {
+	case inTx: // the subtransaction that wrote the rows, for Refund
+		setting = queries.Text("hierarchy.xact", queries.Args{"writes": strings.Join(writes, " UNION ALL ")})
+	case async:
+		setting = AsyncCommitColumn
+	}
+	return queries.Text("hierarchy.allow", queries.Args{
+		"snapshot": strings.Join(snapshot, "\n    "), "seen": strings.Join(seen, ",\n        "),
+		"own_seen": strings.Join(ownSeen, ""), "fits": "(" + strings.Join(append(fits, "true"), " AND ") + ")",
+		"locks": strings.Join(locks, ", "), "last": "l" + strconv.Itoa(len(levels)-1),
+		"values": strings.Join(values, ",\n        "), "own": strings.Join(own, ""),
+		"decisions": strings.Join(decisions, ",\n        "), "go": "(" + strings.Join(counted, ") AND (") + ")",
+		"updates": strings.Join(updates, ", "), "answer": strings.Join(answer, ", "), "seen_answer": strings.Join(seenAnswer, ", "),
+		"setting": setting, "written": "(" + strings.Join(written, " + ") + ")",
+		"claims": strings.Join(claims, ""), "taken": taken, "not_taken": notTaken,
+	})
 }
