@@ -1,7 +1,9 @@
 package pglimit
 
 import (
+	"context"
 	"crypto/sha256"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -9,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglimit/cooldown/pglimit/internal/engine"
 )
@@ -21,6 +26,25 @@ var updateAll = flag.Bool("update-all-statements", false, "rewrite testdata/stat
 // strategy, limit set and option that changes one, is byte for byte what
 // testdata/statements_all.golden holds (by SHA-256): a move of the code that writes
 // them changes none.
+// captureDB records the statements sent to it, and answers none.
+type captureDB struct{ sent *[]string }
+
+var errCaptured = errors.New("captureDB answers no statement")
+
+func (d captureDB) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTag, error) {
+	*d.sent = append(*d.sent, sql)
+	return pgconn.CommandTag{}, errCaptured
+}
+
+func (d captureDB) QueryRow(_ context.Context, sql string, _ ...any) pgx.Row {
+	*d.sent = append(*d.sent, sql)
+	return errRow{}
+}
+
+type errRow struct{}
+
+func (errRow) Scan(...any) error { return errCaptured }
+
 func TestStatementsAllGolden(t *testing.T) {
 	t.Parallel()
 	gcra := Limit{Name: "a", Rate: 10, Period: time.Second, Burst: 10}
@@ -106,6 +130,36 @@ func TestStatementsAllGolden(t *testing.T) {
 			for _, id := range []bool{false, true} {
 				put(strings.Join(h, "+"), fmt.Sprintf("hierarchy inTx=%t id=%t", inTx, id), hierarchySQL(levels, inTx, id))
 			}
+		}
+	}
+	// The operator's statements, as each call sends them (a limiter on a
+	// DB that records them and answers none).
+	for _, name := range []string{"upsert-general", "upsert-overrides", "nowait-overrides-single", "upsert-schema"} {
+		cfg := limiters[name].cfg
+		var sent []string
+		lim, err := New(captureDB{&sent}, &cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		ctx := context.Background()
+		calls := []struct {
+			op   string
+			call func() error
+		}{
+			{"Inspect", func() error { _, err := Inspect(ctx, lim, "k"); return err }},
+			{"LimitedKeys", func() error { _, err := LimitedKeys(ctx, lim, 1, "", 10); return err }},
+			{"SetKeyLimits", func() error {
+				return SetKeyLimits(ctx, lim, "k", Limit{Name: "a", Rate: 5, Burst: 5})
+			}},
+			{"SetKeyLimits none", func() error { return SetKeyLimits(ctx, lim, "k") }},
+			{"ListKeyLimits", func() error { _, err := ListKeyLimits(ctx, lim, "", 10); return err }},
+		}
+		for _, c := range calls {
+			sent = sent[:0]
+			if err := c.call(); err == nil {
+				t.Fatalf("%s %s: no error from a DB that answers none", name, c.op)
+			}
+			put(name, c.op, strings.Join(sent, "\n--\n"))
 		}
 	}
 	const file = "testdata/statements_all.golden"
