@@ -38,7 +38,7 @@ func BatchLevel(lim Limiter) int { return lim.(*limiter).batch.Level() }
 // tail).
 func Statements(lim Limiter) map[string]string {
 	l := lim.(*limiter)
-	s := map[string]string{"allow": l.plain.Fast, "peek": l.plain.Peek, "reset": l.keySQL.Reset, "inspect": inspectSQL(l.cfg)}
+	s := map[string]string{"allow": l.plain.Fast, "peek": l.plain.Peek, "reset": l.keySQL.Reset, "inspect": l.keySQL.Inspect}
 	if l.cfg.Strategy != Range {
 		// AllowAll of two keys of lim, in lock order.
 		s["hierarchy"] = hierarchySQL([]level{{l: l, key: "k1"}, {l: l, key: "k2", index: 1}}, false, false)

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/engine"
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // keyLimits returns limits with the rates and bursts a statement read for
@@ -134,13 +133,13 @@ func (l *limiter) setKeyLimits(ctx context.Context, key string, ttl *int64, limi
 	if err := ValidateKey(key); err != nil {
 		return err
 	}
-	sql, args := queries.Text("overrides.delete", queries.Args{"overrides": table}), []any{c.Namespace, key}
+	sql, args := l.keySQL.DeleteLimits, []any{c.Namespace, key}
 	if len(limits) > 0 {
 		doc, err := keyLimitsDoc(c.Limits, limits)
 		if err != nil {
 			return err
 		}
-		sql, args = queries.Text("overrides.set", queries.Args{"overrides": table}), append(args, doc, ttl)
+		sql, args = l.keySQL.SetLimits, append(args, doc, ttl)
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
@@ -203,14 +202,13 @@ func (l *limiter) listKeyLimits(ctx context.Context, after string, max int) ([]K
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
-	sql := queries.Text("overrides.list", queries.Args{"overrides": table, "counts": engine.OverrideCounts})
 	var page []struct {
 		Key     string      `json:"key"`
 		Limits  overrideDoc `json:"limits"`
 		Expires *time.Time  `json:"expires"`
 		Updated time.Time   `json:"updated"`
 	}
-	if err := db.QueryRow(ctx, sql, c.Namespace, after, max).Scan(&page); err != nil {
+	if err := db.QueryRow(ctx, l.keySQL.ListLimits, c.Namespace, after, max).Scan(&page); err != nil {
 		return nil, statementErr(ctx, db, c, table, nil, "ListKeyLimits", err)
 	}
 	out := make([]KeyLimits, len(page))

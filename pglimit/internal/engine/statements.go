@@ -45,8 +45,8 @@ type LimitSpec struct {
 const (
 	// OverridesTable holds per-key limits (migrations 00008 and 00009).
 	OverridesTable = "pglimit_overrides"
-	// IDsTable holds decision ids (migration 00013).
-	IDsTable = "pglimit_ids"
+	// idsTable holds decision ids (migration 00013).
+	idsTable = "pglimit_ids"
 )
 
 // ResetChannel is the channel every Reset notifies, with the payload
@@ -54,20 +54,20 @@ const (
 // on which pglimit's Invalidator listens.
 const ResetChannel = "pglimit_reset"
 
-// OverrideCounts is whether the overrides row o counts now: it has not
+// overrideCounts is whether the overrides row o counts now: it has not
 // lapsed (SetKeyLimitsFor). A lapsed row is the same as none.
-const OverrideCounts = "(o.expires_at IS NULL OR o.expires_at > now())"
+const overrideCounts = "(o.expires_at IS NULL OR o.expires_at > now())"
 
 // The value of an extra column in a statement's admitting branches:
 // asynchronous commit's setting, none, or in a caller's transaction the
 // id of the one that wrote the row, for Refund (internal/queries,
-// setting.*), which needs the writes to return XactReturning.
+// setting.*), which needs the writes to return xactReturning.
 var (
-	AsyncCommitColumn = queries.Static("setting.async")
-	NoSettingColumn   = queries.Static("setting.none")
+	asyncCommitColumn = queries.Static("setting.async")
+	noSettingColumn   = queries.Static("setting.none")
 	xactColumn        = queries.Static("setting.xact")
 	xactWrittenColumn = queries.Static("setting.xact_written") // key_row.allow's
-	XactReturning     = queries.Static("returning.xact")
+	xactReturning     = queries.Static("returning.xact")
 )
 
 // arith is the limits as the decision arithmetic reads them.
@@ -105,11 +105,17 @@ type Decide struct {
 // Keys is the statements that act on a key beside deciding it, on a
 // table of one server.
 type Keys struct {
-	Reset  string
-	Refund string // "" where Refund is not supported (Range)
-	Settle string // "" where Settle is not supported (Range)
-	Pause  string // "" where Pause is not supported (Range)
-	Blank  string // AllowAll's blank row of a key; "" where AllowAll is not supported (Range)
+	Reset   string
+	Refund  string // "" where Refund is not supported (Range)
+	Settle  string // "" where Settle is not supported (Range)
+	Pause   string // "" where Pause is not supported (Range)
+	Blank   string // AllowAll's blank row of a key; "" where AllowAll is not supported (Range)
+	Inspect string
+	Limited string // LimitedKeys'; "" where it is not supported (Range)
+
+	// The per-key limits' (SetKeyLimits, SetKeyLimitsFor, ListKeyLimits):
+	// "" without Overrides.
+	SetLimits, DeleteLimits, ListLimits string
 }
 
 // IDs is a limiter's statements for decisions with an id
@@ -143,9 +149,9 @@ type Batch struct {
 // statement, and decides nothing beside Allow, Peek and Reset.
 func Build(s Spec) Statements {
 	table := s.Beside(s.Table)
-	column := NoSettingColumn
+	column := noSettingColumn
 	if s.AsyncCommit {
-		column = AsyncCommitColumn
+		column = asyncCommitColumn
 	}
 	fast, patience, fastID, lock := "key_row.allow", "true", "upsert.allow_id", queries.Static("upsert.lock")
 	switch s.Strategy {
@@ -156,13 +162,14 @@ func Build(s Spec) Statements {
 	}
 	txColumn := xactWrittenColumn
 	if lock == "" {
-		txColumn = NoSettingColumn // Range, which refunds nothing
+		txColumn = noSettingColumn // Range, which refunds nothing
 	}
 	st := Statements{Decide: Decide{
 		Fast:   queries.Text(fast, queries.Args{"table": table, "patience": patience, "setting": column, "returning": ""}),
-		FastTx: queries.Text(fast, queries.Args{"table": table, "patience": patience, "setting": txColumn, "returning": XactReturning}),
+		FastTx: queries.Text(fast, queries.Args{"table": table, "patience": patience, "setting": txColumn, "returning": xactReturning}),
 	}}
 	st.Keys.Reset = queries.Text("reset", queries.Args{"table": table, "channel": ResetChannel})
+	st.Keys.Inspect = s.inspect(table)
 	if lock == "" {
 		st.Peek = queries.Text("range.peek", queries.Args{"table": table})
 		return st
@@ -176,7 +183,48 @@ func Build(s Spec) Statements {
 	st.Keys.Pause = queries.Text("pause", queries.Args{"table": table})
 	st.Keys.Blank = queries.Text("hierarchy.blank", queries.Args{"table": table})
 	st.Batch = s.batch(table, column)
+	st.Keys.Limited = s.limited(table)
+	if s.Overrides {
+		overrides := s.Beside(OverridesTable)
+		st.Keys.SetLimits = queries.Text("overrides.set", queries.Args{"overrides": overrides})
+		st.Keys.DeleteLimits = queries.Text("overrides.delete", queries.Args{"overrides": overrides})
+		st.Keys.ListLimits = queries.Text("overrides.list", queries.Args{"overrides": overrides, "counts": overrideCounts})
+	}
 	return st
+}
+
+// inspect is Inspect's statement of s on table: the key's row, with its
+// own limits where s has Overrides.
+func (s Spec) inspect(table string) string {
+	args := queries.Args{"table": table, "own": "", "own_cols": "NULL::jsonb, NULL::timestamptz"}
+	if s.Overrides {
+		args["own"] = queries.Text("inspect.own", queries.Args{"overrides": s.Beside(OverridesTable), "counts": overrideCounts})
+		args["own_cols"] = "o.limits, o.expires_at"
+	}
+	return queries.Text("inspect.key", args)
+}
+
+// limited is LimitedKeys' statement of s on table: the keys that would
+// refuse a request of n units ($4) now, by the key's own limits where s
+// has Overrides.
+func (s Spec) limited(table string) string {
+	sp := s.arith()
+	args := queries.Args{"table": table, "state": arith.Shaped(sp, "t.state"), "own": "", "own_fields": "", "own_cols": ""}
+	var params arith.Params
+	if s.Overrides {
+		o := s.keyLimits()
+		params = o.params("x.")
+		args["own"] = o.lateral(s.Beside(OverridesTable), "$1", "t.key", "own")
+		args["own_fields"] = ", own.*"
+		args["own_cols"] = fmt.Sprintf(", 'rates', ARRAY[%s], 'bursts', ARRAY[%s], 'unknown', p.unknown",
+			prefixed("p.", o.rates), prefixed("p.", o.bursts))
+	}
+	admits, _, _ := arith.DecisionSQL(sp, arith.Allow, "x.state", "x.tat", "x.now", params)
+	args["refuses"] = "NOT " + admits
+	if s.Overrides {
+		args["refuses"] = "(NOT x.ok OR NOT " + admits + ")"
+	}
+	return queries.Text("inspect.limited", args)
 }
 
 // General is the general statements of a limiter (general.allow, or
@@ -209,7 +257,7 @@ func (s Spec) general(table, column, lock string) (g *General, peek string) {
 				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
 			})
 		}
-		g.Own[mode], g.Tx[mode] = stmt(column, ""), stmt(xactColumn, XactReturning)
+		g.Own[mode], g.Tx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
 	}
 	return g, queries.Text("general.peek", queries.Args{"table": table})
 }
@@ -224,15 +272,15 @@ func (s Spec) general(table, column, lock string) (g *General, peek string) {
 // the limiter reports the error. The arithmetic reads a burst cut to the
 // bound even then, so that no product overflows.
 func (s Spec) overrideGeneral(table, column, lock string) (*General, string) {
-	o, overrides := s.KeyLimits(), s.Beside(OverridesTable)
+	o, overrides := s.keyLimits(), s.Beside(OverridesTable)
 	g := new(General)
 	sp := s.arith()
 	for mode := range arith.Modes {
 		if mode == arith.Reserve && !arith.AllGCRA(sp) {
 			continue
 		}
-		admits, state, expires := arith.DecisionSQL(sp, mode, "x.state", "x.tat", "x.now", o.Params("x."))
-		guard, _, _ := arith.DecisionSQL(sp, mode, "c.state", "c.tat", "c.now", o.Params("c."))
+		admits, state, expires := arith.DecisionSQL(sp, mode, "x.state", "x.tat", "x.now", o.params("x."))
+		guard, _, _ := arith.DecisionSQL(sp, mode, "c.state", "c.tat", "c.now", o.params("c."))
 		admits, guard = "(x.ok AND "+admits+")", "(c.ok AND "+guard+")"
 		// A cost past the key's capacity is refused, and n*T may then
 		// overflow: the new state is computed for an admission only.
@@ -242,33 +290,33 @@ func (s Spec) overrideGeneral(table, column, lock string) (*General, string) {
 			return queries.Text("overrides.allow", queries.Args{
 				"table": table, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
 				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
-				"overrides": overrides, "counts": OverrideCounts, "raw": o.raw, "derived": o.derived, "limits_out": o.Out("x", true),
+				"overrides": overrides, "counts": overrideCounts, "raw": o.raw, "derived": o.derived, "limits_out": o.out("x", true),
 			})
 		}
-		g.Own[mode], g.Tx[mode] = stmt(column, ""), stmt(xactColumn, XactReturning)
+		g.Own[mode], g.Tx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
 	}
 	peek := queries.Text("overrides.peek", queries.Args{
-		"table": table, "overrides": overrides, "counts": OverrideCounts, "raw": o.raw, "derived": o.derived, "limits_out": o.Out("x", true),
+		"table": table, "overrides": overrides, "counts": overrideCounts, "raw": o.raw, "derived": o.derived, "limits_out": o.out("x", true),
 	})
 	return g, peek
 }
 
-// KeyLimitsSQL is the SQL that reads a key's own limits from the
+// keyLimitsSQL is the SQL that reads a key's own limits from the
 // overrides table: raw, each limit's rate and burst (the limiter's where
 // the key has none) and the names the key's row gives that the limiter
 // lacks; derived, the columns the decision reads, from raw (r<i>, t<i>,
 // bt<i>: rate, emission interval and burst span; ok, whether the limits
 // can use the row).
-type KeyLimitsSQL struct {
+type keyLimitsSQL struct {
 	raw, derived  string
-	Rates, Bursts []string // each limit's rate and burst column, unqualified
+	rates, bursts []string // each limit's rate and burst column, unqualified
 	n             int      // the number of limits
 }
 
-// KeyLimits writes the SQL that reads a key's own limits of s's limits.
-func (s Spec) KeyLimits() KeyLimitsSQL {
+// keyLimits writes the SQL that reads a key's own limits of s's limits.
+func (s Spec) keyLimits() keyLimitsSQL {
 	var raw, derived, oks, names []string
-	var o KeyLimitsSQL
+	var o keyLimitsSQL
 	maxP := s.MaxPeriod
 	for i, l := range s.Limits {
 		name := "'" + strings.ReplaceAll(l.Name, "'", "''") + "'"
@@ -286,8 +334,8 @@ func (s Spec) KeyLimits() KeyLimitsSQL {
 			ok = fmt.Sprintf("r%d <= %d AND b%d <= %d / %s", i, P, i, maxP, t)
 		}
 		oks = append(oks, ok)
-		o.Rates = append(o.Rates, fmt.Sprintf("r%d", i))
-		o.Bursts = append(o.Bursts, fmt.Sprintf("b%d", i))
+		o.rates = append(o.rates, fmt.Sprintf("r%d", i))
+		o.bursts = append(o.bursts, fmt.Sprintf("b%d", i))
 	}
 	raw = append(raw, fmt.Sprintf("ARRAY(SELECT k FROM jsonb_object_keys(o.limits) AS k WHERE k <> ALL (ARRAY[%s])) AS unknown", strings.Join(names, ", ")))
 	derived = append(derived, fmt.Sprintf("unknown, cardinality(unknown) = 0 AND %s AS ok", strings.Join(oks, " AND ")))
@@ -295,9 +343,9 @@ func (s Spec) KeyLimits() KeyLimitsSQL {
 	return o
 }
 
-// Params names the columns of the key's limits, of the row prefix; on a
+// params names the columns of the key's limits, of the row prefix; on a
 // nil o, none: the limiter's own limits.
-func (o *KeyLimitsSQL) Params(prefix string) arith.Params {
+func (o *keyLimitsSQL) params(prefix string) arith.Params {
 	if o == nil {
 		return nil
 	}
@@ -307,19 +355,19 @@ func (o *KeyLimitsSQL) Params(prefix string) arith.Params {
 	}
 }
 
-// Lateral is the LATERAL join that reads, as alias, the limits of the key
+// lateral is the LATERAL join that reads, as alias, the limits of the key
 // (the SQL key) of namespace ns (SQL too) from overrides, the table.
-func (o KeyLimitsSQL) Lateral(overrides, ns, key, alias string) string {
+func (o keyLimitsSQL) lateral(overrides, ns, key, alias string) string {
 	return fmt.Sprintf(`
     CROSS JOIN LATERAL (SELECT %s FROM (
         SELECT %s FROM (SELECT) AS one
         LEFT JOIN %s AS o ON o.namespace = %s AND o.key = %s AND %s) AS raw) AS %s`,
-		o.derived, o.raw, overrides, ns, key, OverrideCounts, alias)
+		o.derived, o.raw, overrides, ns, key, overrideCounts, alias)
 }
 
-// Columns lists the columns of row r that a decision reads (Params), and
+// columns lists the columns of row r that a decision reads (params), and
 // ok.
-func (o KeyLimitsSQL) Columns(r string) string {
+func (o keyLimitsSQL) columns(r string) string {
 	var cols []string
 	for i := range o.n {
 		cols = append(cols, fmt.Sprintf("%s.r%d, %s.t%d, %s.bt%d", r, i, r, i, r, i))
@@ -327,19 +375,19 @@ func (o KeyLimitsSQL) Columns(r string) string {
 	return strings.Join(append(cols, r+".ok"), ", ")
 }
 
-// Out is the answer's columns of the key's limits, of row r: their rates
+// out is the answer's columns of the key's limits, of row r: their rates
 // and bursts (named rates and bursts), and, with unknown, the names the
 // limiter lacks.
-func (o KeyLimitsSQL) Out(r string, unknown bool) string {
-	s := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates, ARRAY[%s]::bigint[] AS bursts", Prefixed(r+".", o.Rates), Prefixed(r+".", o.Bursts))
+func (o keyLimitsSQL) out(r string, unknown bool) string {
+	s := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates, ARRAY[%s]::bigint[] AS bursts", prefixed(r+".", o.rates), prefixed(r+".", o.bursts))
 	if unknown {
 		s += ", " + r + ".unknown"
 	}
 	return s
 }
 
-// Prefixed is cols, each with prefix, joined by commas.
-func Prefixed(prefix string, cols []string) string {
+// prefixed is cols, each with prefix, joined by commas.
+func prefixed(prefix string, cols []string) string {
 	out := make([]string, len(cols))
 	for i, c := range cols {
 		out[i] = prefix + c
@@ -351,10 +399,10 @@ func Prefixed(prefix string, cols []string) string {
 // fast statement with an id is the template fast, with the lock clause
 // lock, and whose own writes return column.
 func (s Spec) ids(table, fast, column, lock string) *IDs {
-	ids := s.Beside(IDsTable)
+	ids := s.Beside(idsTable)
 	st := &IDs{
 		Fast:   queries.Text(fast, queries.Args{"table": table, "ids": ids, "setting": column, "returning": ""}),
-		FastTx: queries.Text(fast, queries.Args{"table": table, "ids": ids, "setting": xactColumn, "returning": XactReturning}),
+		FastTx: queries.Text(fast, queries.Args{"table": table, "ids": ids, "setting": xactColumn, "returning": xactReturning}),
 		Lookup: queries.Text("ids.lookup", queries.Args{"ids": ids}),
 	}
 	sp := s.arith()
@@ -379,7 +427,7 @@ func (s Spec) ids(table, fast, column, lock string) *IDs {
 			args["setting"], args["returning"] = column, returning
 			return queries.Text("general.allow_id", args)
 		}
-		st.General[mode], st.GeneralTx[mode] = stmt(column, ""), stmt(xactColumn, XactReturning)
+		st.General[mode], st.GeneralTx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
 	}
 	st.Settle = s.settle("settle.id", table, ids, "false")
 	if arith.Single(sp) {
@@ -446,23 +494,23 @@ func (s Spec) batch(table, column string) Batch {
 // limits, for s's limits on table: wait and patience as batch.allow's.
 func (s Spec) generalBatch(table, column, wait, patience string) string {
 	sp := s.arith()
-	var own *KeyLimitsSQL // nil: the limiter's own limits
+	var own *keyLimitsSQL // nil: the limiter's own limits
 	args := queries.Args{
 		"table": table, "setting": column, "wait": wait, "patience": patience,
 		"state": arith.Shaped(sp, "t.state"), "width": strconv.Itoa(3 * len(sp)),
 		"own": "", "own_cols": "", "own_d": "", "own_c": "", "own_agg": "",
 	}
 	if s.Overrides {
-		o := s.KeyLimits()
+		o := s.keyLimits()
 		own = &o
-		args["own"] = o.Lateral(s.Beside(OverridesTable), "$1", "r.key", "own")
-		args["own_cols"] = ", " + o.Columns("c")
-		args["own_d"] = ", " + o.Out("d", false)
-		args["own_c"] = ", " + o.Out("c", false)
+		args["own"] = o.lateral(s.Beside(OverridesTable), "$1", "r.key", "own")
+		args["own_cols"] = ", " + o.columns("c")
+		args["own_d"] = ", " + o.out("d", false)
+		args["own_c"] = ", " + o.out("c", false)
 		args["own_agg"] = ", array_agg(rates), array_agg(bursts)"
 	}
-	count, _, state, expires := arith.BatchSQL(sp, "x.state", "x.tat", "x.now", "x.n", "x.calls", "g.granted", own.Params("x."))
-	_, guard, _, _ := arith.BatchSQL(sp, "c.state", "c.tat", "c.now", "c.n", "1", "1", own.Params("c."))
+	count, _, state, expires := arith.BatchSQL(sp, "x.state", "x.tat", "x.now", "x.n", "x.calls", "g.granted", own.params("x."))
+	_, guard, _, _ := arith.BatchSQL(sp, "c.state", "c.tat", "c.now", "c.n", "1", "1", own.params("c."))
 	refuses := "NOT " + guard
 	if s.Overrides {
 		// A row the limits cannot use decides nothing: no call fits it,
@@ -557,12 +605,12 @@ func Hierarchy(levels []Spec, inTx, id bool) string {
 		var params arith.Params
 		ok := "true"
 		if lv.Overrides {
-			o := lv.KeyLimits()
+			o := lv.keyLimits()
 			alias := "o" + is
-			own = append(own, o.Lateral(lv.Beside(OverridesTable), ns, key, alias))
-			params, ok = o.Params(alias+"."), alias+".ok"
+			own = append(own, o.lateral(lv.Beside(OverridesTable), ns, key, alias))
+			params, ok = o.params(alias+"."), alias+".ok"
 			limits := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates%s, ARRAY[%s]::bigint[] AS bursts%s, %s.unknown AS unknown%s",
-				Prefixed(alias+".", o.Rates), is, Prefixed(alias+".", o.Bursts), is, alias, is)
+				prefixed(alias+".", o.rates), is, prefixed(alias+".", o.bursts), is, alias, is)
 			decisions, ownSeen = append(decisions, limits), append(ownSeen, ", "+limits)
 			columns += fmt.Sprintf(", %%[1]s.rates%[1]s, %%[1]s.bursts%[1]s, %%[1]s.unknown%[1]s", is)
 		}
@@ -590,7 +638,7 @@ func Hierarchy(levels []Spec, inTx, id bool) string {
 		}
 		returning := ""
 		if inTx {
-			returning = XactReturning
+			returning = xactReturning
 			writes = append(writes, "SELECT xmin FROM u"+is)
 		}
 		updates = append(updates, queries.Text("hierarchy.update", queries.Args{"i": is, "table": table, "ns": ns, "key": key, "returning": returning, "claimed": claimed}))
@@ -602,7 +650,7 @@ func Hierarchy(levels []Spec, inTx, id bool) string {
 				conflict = ""
 			}
 			claims = append(claims, queries.Text("hierarchy.claim", queries.Args{
-				"i": is, "ids": lv.Beside(IDsTable), "ns": ns, "key": key,
+				"i": is, "ids": lv.Beside(idsTable), "ns": ns, "key": key,
 				"id": "$" + strconv.Itoa(2*len(levels)+2), "n": nParam, "retention": strconv.FormatInt(lv.IDRetention.Microseconds(), 10),
 				"conflict": conflict, "after": after,
 			})+", ")
@@ -610,12 +658,12 @@ func Hierarchy(levels []Spec, inTx, id bool) string {
 		written = append(written, "(SELECT count(*) FROM u"+is+")")
 		async = async && lv.AsyncCommit
 	}
-	setting := NoSettingColumn
+	setting := noSettingColumn
 	switch {
 	case inTx: // the subtransaction that wrote the rows, for Refund
 		setting = queries.Text("hierarchy.xact", queries.Args{"writes": strings.Join(writes, " UNION ALL ")})
 	case async:
-		setting = AsyncCommitColumn
+		setting = asyncCommitColumn
 	}
 	return queries.Text("hierarchy.allow", queries.Args{
 		"snapshot": strings.Join(snapshot, "\n    "), "seen": strings.Join(seen, ",\n        "),
