@@ -24,7 +24,7 @@ import (
 //
 // A single GCRA limit (a cooldown among them) has its own statement, the
 // cheapest: the TAT is the row's expires_at. Any other set of limits, and
-// AllowAtMost, Reserve and Peek, use the general statement (general.go),
+// AllowAtMost, Reserve and Peek, use the general statement (internal/engine),
 // on Upsert and NoWait only.
 //
 // A statement that returns no row has not decided: a concurrent decision
@@ -56,7 +56,7 @@ type limiter struct {
 	// instead of at every decision.
 	args struct{ namespace, lockClass, idRetention any }
 
-	// ids are the statements of decisions with an id (ids.go); nil where
+	// ids are the statements of decisions with an id (engine.IDs); nil where
 	// ids are not supported (Range, Overrides).
 	ids *engine.IDs
 
