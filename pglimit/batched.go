@@ -4,29 +4,21 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/batch"
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 )
 
-// newBatch returns l's group commit (internal/batch), or nil when l does
-// not batch: l is not on Upsert or NoWait. table and column fill the batch
-// statements as they fill the single-key statements: batch.allow for a
-// single GCRA limit, which also leases, batch.general for any other set of
-// limits.
-func newBatch(l *limiter, table, column string) *batch.Group[Decision] {
+// newBatch returns l's group commit (internal/batch), with its
+// statements st, or nil when l does not batch: l is not on Upsert or
+// NoWait.
+func newBatch(l *limiter, st engine.Batch) *batch.Group[Decision] {
 	if l.cfg.Strategy == Range {
 		return nil
-	}
-	patience := "true" // Upsert waits for a lock as long as Config.Timeout lets it
-	if l.cfg.Strategy == NoWait {
-		patience = queries.Static("nowait.condition") // set before the first lock
 	}
 	c := batch.Config{
 		DB: l.db, Timeout: l.cfg.Timeout, Expired: ErrTimeout,
@@ -36,15 +28,10 @@ func newBatch(l *limiter, table, column string) *batch.Group[Decision] {
 		Batched:  l.observers.batches(l.cfg.Namespace, l.cfg.Strategy),
 		Level:    l.observers.levels(l.cfg.Namespace, l.cfg.Strategy),
 		GaveBack: l.observers.giveBacks(l.cfg.Namespace, l.cfg.Strategy),
+		SQL:      st.SQL, WaitSQL: st.WaitSQL, BackSQL: st.BackSQL,
 	}
 	if !l.single { // per-key limits among them
 		c.General, c.Overrides = true, l.cfg.Overrides
-		c.SQL = generalBatch(l, table, column, "", "true")
-		c.WaitSQL = generalBatch(l, table, column, "true", patience)
-	} else {
-		c.SQL = queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "wait": "", "patience": "true"})
-		c.WaitSQL = queries.Text("batch.allow", queries.Args{"table": table, "setting": column, "wait": "true", "patience": patience})
-		c.BackSQL = queries.Text("batch.give_back", queries.Args{"table": table})
 	}
 	return batch.New(c, (*batched)(l))
 }
@@ -80,37 +67,6 @@ func (c *Config) leases() bool {
 	}
 	_, _, t, burstT := c.Limits[0].micros()
 	return batch.Leases(t, burstT)
-}
-
-// generalBatch writes batch.general, the batch statement of any set of
-// limits, for l's limits on table: wait and patience as batch.allow's.
-func generalBatch(l *limiter, table, column, wait, patience string) string {
-	var own *overrideSQL // nil: the limiter's own limits
-	args := queries.Args{
-		"table": table, "setting": column, "wait": wait, "patience": patience,
-		"state": arith.Shaped(l.specs, "t.state"), "width": strconv.Itoa(3 * len(l.specs)),
-		"own": "", "own_cols": "", "own_d": "", "own_c": "", "own_agg": "",
-	}
-	if l.cfg.Overrides {
-		o := newOverrideSQL(l.cfg.Limits)
-		own = &o
-		args["own"] = o.lateral(pgx.Identifier{l.cfg.Schema, overridesTable}.Sanitize(), "$1", "r.key", "own")
-		args["own_cols"] = ", " + o.columns("c")
-		args["own_d"] = ", " + o.out("d", false)
-		args["own_c"] = ", " + o.out("c", false)
-		args["own_agg"] = ", array_agg(rates), array_agg(bursts)"
-	}
-	count, _, state, expires := arith.BatchSQL(l.specs, "x.state", "x.tat", "x.now", "x.n", "x.calls", "g.granted", own.params("x."))
-	_, guard, _, _ := arith.BatchSQL(l.specs, "c.state", "c.tat", "c.now", "c.n", "1", "1", own.params("c."))
-	refuses := "NOT " + guard
-	if l.cfg.Overrides {
-		// A row the limits cannot use decides nothing: no call fits it,
-		// and it is no refusal either.
-		count = "CASE WHEN x.ok THEN " + count + " ELSE 0 END"
-		guard, refuses = "(c.ok AND "+guard+")", "(c.ok AND "+refuses+")"
-	}
-	args["guard"], args["refuses"], args["count"], args["new_state"], args["new_expires"] = guard, refuses, count, state, expires
-	return queries.Text("batch.general", args)
 }
 
 // batched is a limiter as its group commit sees it: what builds its

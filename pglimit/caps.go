@@ -13,6 +13,17 @@ func capsOf(c Config, table string) engine.Shape {
 		Shadow: c.Shadow, Schema: c.Schema, Table: table}
 }
 
+// specOf is what the statements (internal/engine) read of a limiter of c.
+func specOf(c Config) engine.Spec {
+	limits := make([]engine.LimitSpec, len(c.Limits))
+	for i, lim := range c.Limits {
+		limits[i] = engine.LimitSpec{Limit: lim.spec(), Name: lim.Name, Burst: int64(lim.Burst)}
+	}
+	return engine.Spec{Strategy: engine.Strategy(c.Strategy), Schema: c.Schema, Table: c.Table, Limits: limits,
+		Overrides: c.Overrides, AsyncCommit: c.AsyncCommit, Shadow: c.Shadow,
+		IDRetention: c.IDRetention, Timeout: c.Timeout, MaxPeriod: maxPeriod.Microseconds()}
+}
+
 // shape is the limiter's facets, on a table the database made dep.
 func (l *limiter) shape(dep engine.Deployment) engine.Shape {
 	s := l.caps

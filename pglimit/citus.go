@@ -4,9 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -49,13 +46,10 @@ var distributedTables = []string{
 	"pglimit_upsert", "pglimit_nowait", "pglimit_range", "pglimit_upsert_unlogged", "pglimit_nowait_unlogged",
 }
 
-// Function names are the table's name with a suffix; the signatures are
-// what create_distributed_function and the detection look up.
+// Function names are the table's name with a suffix (engine.AllowSuffix
+// and the others); the signatures are what create_distributed_function
+// and the detection look up.
 const (
-	allowSuffix  = "_allow"
-	decideSuffix = "_decide"
-	peekSuffix   = "_peek"
-
 	rowAllowArgs   = "(text,text,bigint,integer,bigint,boolean,boolean,text)"
 	rowDecideArgs  = "(text,text,integer,bigint,integer,bigint,bigint[],boolean,boolean,text)"
 	rowPeekArgs    = "(text,text)"
@@ -171,63 +165,15 @@ type tableFunction struct{ suffix, args, template string }
 func tableFunctions(table string) []tableFunction {
 	if table == rangeTable {
 		return []tableFunction{
-			{allowSuffix, rangeAllowArgs, "citus.range_allow"},
-			{peekSuffix, rangePeekArgs, "citus.range_peek"},
+			{engine.AllowSuffix, rangeAllowArgs, "citus.range_allow"},
+			{engine.PeekSuffix, rangePeekArgs, "citus.range_peek"},
 		}
 	}
 	return []tableFunction{
-		{allowSuffix, rowAllowArgs, "citus.row_allow"},
-		{decideSuffix, rowDecideArgs, "citus.row_decide"},
-		{peekSuffix, rowPeekArgs, "citus.row_peek"},
+		{engine.AllowSuffix, rowAllowArgs, "citus.row_allow"},
+		{engine.DecideSuffix, rowDecideArgs, "citus.row_decide"},
+		{engine.PeekSuffix, rowPeekArgs, "citus.row_peek"},
 	}
-}
-
-// distributedStatements are the limiter's statements on a distributed
-// table: calls of its functions, with the same parameters and answers as
-// the plain statements. A call in a caller's transaction passes the
-// limiter's Timeout as the function's lock_timeout.
-func (l *limiter) distributedStatements() statements {
-	c := l.cfg
-	fn := func(suffix string) string { return pgx.Identifier{c.Schema, c.Table + suffix}.Sanitize() }
-	ms := (c.Timeout + time.Millisecond - 1) / time.Millisecond // rounded up: 0 would disable it
-	inTx := fmt.Sprintf("false, '%dms'", ms)
-	own := fmt.Sprintf("%t, NULL", c.AsyncCommit)
-	call := func(name, suffix string, args queries.Args) (plain, tx string) {
-		args["function"] = fn(suffix)
-		args["tail"] = own
-		plain = queries.Text(name, args)
-		args["tail"] = inTx
-		return plain, queries.Text(name, args)
-	}
-	peek := queries.Text("citus.call.peek", queries.Args{"function": fn(peekSuffix)})
-	if l.plain.general == nil { // Range
-		fast, fastTx := call("citus.call.range_allow", allowSuffix, queries.Args{})
-		return statements{fast: fast, fastTx: fastTx, peek: peek}
-	}
-	nowait := strconv.FormatBool(c.Strategy == NoWait)
-	g := &generalStatements{peek: peek}
-	for mode := range modes {
-		maxDelay := "0"
-		if mode == modeReserve {
-			maxDelay = "$5"
-		}
-		g.own[mode], g.tx[mode] = call("citus.call.decide", decideSuffix, queries.Args{
-			"mode": strconv.Itoa(mode), "max_delay": maxDelay, "spec": specArray(c.Limits), "nowait": nowait,
-		})
-	}
-	fast, fastTx := call("citus.call.row_allow", allowSuffix, queries.Args{"nowait": nowait})
-	return statements{fast: fast, fastTx: fastTx, general: g, peek: peek}
-}
-
-// specArray is limits as the migrations' pglimit_decide reads them, an
-// array literal of validated integers: algorithm, period (µs), rate and
-// burst per limit.
-func specArray(limits []Limit) string {
-	parts := make([]string, 0, 4*len(limits))
-	for _, l := range limits {
-		parts = append(parts, strconv.Itoa(int(l.Algorithm)), strconv.FormatInt(l.Period.Microseconds(), 10), strconv.Itoa(l.Rate), strconv.Itoa(l.Burst))
-	}
-	return "ARRAY[" + strings.Join(parts, ", ") + "]::bigint[]"
 }
 
 // detectDistributed finds out whether the limiter's table is a Citus
@@ -244,10 +190,10 @@ func (l *limiter) detectDistributed(ctx context.Context, db DB) (engine.Deployme
 	}
 	table := pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()
 	args := rowAllowArgs
-	if l.plain.general == nil {
+	if l.plain.General == nil {
 		args = rangeAllowArgs
 	}
-	fn := pgx.Identifier{l.cfg.Schema, l.cfg.Table + allowSuffix}.Sanitize() + args
+	fn := pgx.Identifier{l.cfg.Schema, l.cfg.Table + engine.AllowSuffix}.Sanitize() + args
 	var distributed, delegated bool
 	err := db.QueryRow(ctx, queries.Static("citus.distributed"), table, fn).Scan(&distributed, &delegated)
 	switch {
@@ -258,7 +204,7 @@ func (l *limiter) detectDistributed(ctx context.Context, db DB) (engine.Deployme
 	case !delegated:
 		return engine.DistributedBare, nil
 	}
-	s := l.distributedStatements()
+	s := engine.Citus(specOf(l.cfg))
 	l.dist.Store(&s)
 	return engine.Distributed, nil
 }

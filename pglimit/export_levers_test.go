@@ -2,8 +2,6 @@ package pglimit
 
 import (
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // PreBlocks reports whether lim's pre-block refuses key now, without a
@@ -40,14 +38,13 @@ func BatchLevel(lim Limiter) int { return lim.(*limiter).batch.Level() }
 // tail).
 func Statements(lim Limiter) map[string]string {
 	l := lim.(*limiter)
-	s := map[string]string{"allow": l.plain.fast, "peek": l.plain.peek, "reset": l.keySQL.reset, "inspect": inspectSQL(l.cfg)}
+	s := map[string]string{"allow": l.plain.Fast, "peek": l.plain.Peek, "reset": l.keySQL.Reset, "inspect": l.keySQL.Inspect}
 	if l.cfg.Strategy != Range {
 		// AllowAll of two keys of lim, in lock order.
-		table := pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()
-		s["hierarchy"] = hierarchySQL([]level{{l: l, key: "k1", table: table}, {l: l, key: "k2", index: 1, table: table}}, false, false)
+		s["hierarchy"] = hierarchySQL([]level{{l: l, key: "k1"}, {l: l, key: "k2", index: 1}}, false, false)
 	}
-	if l.plain.general != nil {
-		s["general"] = l.plain.general.own[modeAllow]
+	if l.plain.General != nil {
+		s["general"] = l.plain.General.Own[modeAllow]
 	}
 	switch c := l.batch.Config(); {
 	case l.batch != nil && c.General:

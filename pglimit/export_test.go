@@ -3,6 +3,8 @@ package pglimit
 import (
 	"context"
 	"time"
+
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 )
 
 // NoWaitPatience is how long NoWait waits for a row lock that another
@@ -24,7 +26,7 @@ func CreateFunctions(ctx context.Context, db DB, schema, table string) error {
 // finds its table distributed.
 func UseFunctions(lim Limiter) {
 	l := lim.(*limiter)
-	s := l.distributedStatements()
+	s := engine.Citus(specOf(l.cfg))
 	l.dist.Store(&s)
 }
 

@@ -6,11 +6,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
-// The general statement (general.allow, in internal/queries) decides for
-// any set of limits on the Upsert and NoWait tables; general.peek is Peek's.
+// The general statement (general.allow, in internal/queries, which
+// internal/engine writes) decides for any set of limits on the Upsert and
+// NoWait tables; general.peek is Peek's.
 
 // Modes of the general statement.
 const (
@@ -19,36 +19,6 @@ const (
 	modeReserve = 2 // admit n within a maximum delay (GCRA only)
 	modes       = 3
 )
-
-// generalStatements are the general statements of one limiter, by mode.
-type generalStatements struct {
-	own, tx [modes]string // own: in the statement's own transaction; tx: in a caller's
-	peek    string
-}
-
-// newGeneralStatements writes the general statements for limits on table.
-// Reserve's is written only when every limit is GCRA: Reserve refuses other
-// limits before it reaches the database.
-func newGeneralStatements(limits []Limit, table, column, lock string) generalStatements {
-	var g generalStatements
-	sp := specs(limits)
-	for mode := range modes {
-		if mode == modeReserve && !arith.AllGCRA(sp) {
-			continue
-		}
-		admits, state, expires := arith.DecisionSQL(sp, arith.Mode(mode), "x.state", "x.tat", "x.now", nil)
-		guard, _, _ := arith.DecisionSQL(sp, arith.Mode(mode), "c.state", "c.tat", "c.now", nil)
-		stmt := func(column, returning string) string {
-			return queries.Text("general.allow", queries.Args{
-				"table": table, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
-				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
-			})
-		}
-		g.own[mode], g.tx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
-	}
-	g.peek = queries.Text("general.peek", queries.Args{"table": table})
-	return g
-}
 
 // scanGeneral reads a general statement's answer: whether it admitted, the
 // row's state and expires_at (µs) it decided on, and the time; the rest of

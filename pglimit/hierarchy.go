@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -18,7 +17,6 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/fault"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // MaxLevels is the most charges one AllowAll decides at once; it needs
@@ -228,7 +226,7 @@ func allowAllUnobserved(ctx context.Context, tx DB, n int, charges []Charge) (De
 		// A key with no row yet: a blank row means the same as none, and
 		// gives the statement a row to lock.
 		for _, lv := range missing {
-			err := run(lv.l.keySQL.blank, []any{lv.l.cfg.Namespace, lv.key}, func(row pgx.Row) error {
+			err := run(lv.l.keySQL.Blank, []any{lv.l.cfg.Namespace, lv.key}, func(row pgx.Row) error {
 				if err := row.Scan(new(int)); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 					return err
 				}
@@ -289,8 +287,7 @@ func lostRaces(levels []level) Decisions {
 type level struct {
 	l     *limiter
 	key   string
-	index int    // in the charges
-	table string // quoted
+	index int // in the charges
 }
 
 // shape is what the capability table reads of the level, on a table
@@ -330,14 +327,14 @@ func hierarchyLevels(charges []Charge, n int) ([]level, error) {
 				return nil, fmt.Errorf("AllowAll: charges[%d]: %w", i, err)
 			}
 		}
-		levels[i] = level{l: l, key: c.Key, index: i, table: l.table}
+		levels[i] = level{l: l, key: c.Key, index: i}
 	}
 	slices.SortFunc(levels, func(a, b level) int {
-		return cmp.Or(strings.Compare(a.table, b.table), strings.Compare(a.l.cfg.Namespace, b.l.cfg.Namespace), strings.Compare(a.key, b.key))
+		return cmp.Or(strings.Compare(a.l.table, b.l.table), strings.Compare(a.l.cfg.Namespace, b.l.cfg.Namespace), strings.Compare(a.key, b.key))
 	})
 	for i := 1; i < len(levels); i++ {
 		a, b := levels[i-1], levels[i]
-		if a.table == b.table && a.l.cfg.Namespace == b.l.cfg.Namespace && a.key == b.key {
+		if a.l.table == b.l.table && a.l.cfg.Namespace == b.l.cfg.Namespace && a.key == b.key {
 			return nil, fmt.Errorf("%w: AllowAll: charges[%d] and charges[%d] name one key %q of one namespace %q", ErrInvalidConfig, min(a.index, b.index), max(a.index, b.index), a.key, a.l.cfg.Namespace)
 		}
 	}
@@ -392,103 +389,15 @@ func (c *statementCache) get(levels []level, inTx, id bool) string {
 	return sql
 }
 
-// hierarchySQL writes the statement for levels' limiters (in lock order),
-// in a caller's transaction or its own, with a decision id or without: its
-// parameters are each level's namespace and key, then n, then the id.
+// hierarchySQL is the statement for levels' limiters (in lock order), in
+// a caller's transaction or its own, with a decision id or without
+// (internal/engine writes it).
 func hierarchySQL(levels []level, inTx, id bool) string {
-	var snapshot, seen, ownSeen, fits, locks, values, own, decisions, updates, answer, seenAnswer, counted, writes, written, claims []string
-	async := true
-	nParam := "$" + strconv.Itoa(2*len(levels)+1) + "::bigint"
-	claimed, taken, notTaken := "", "", ""
-	if id {
-		claimed, taken, notTaken = " AND EXISTS (SELECT FROM c0)", ", d.go AND NOT EXISTS (SELECT FROM c0)", ", false"
-	}
+	specs := make([]engine.Spec, len(levels))
 	for i, lv := range levels {
-		is := strconv.Itoa(i)
-		ns, key := "$"+strconv.Itoa(2*i+1), "$"+strconv.Itoa(2*i+2)
-		sp := lv.l.specs
-		snapshot = append(snapshot, queries.Text("hierarchy.snapshot", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key}))
-		seen = append(seen, queries.Text("hierarchy.seen", queries.Args{"i": is, "state": arith.Shaped(sp, "r"+is+".state")}))
-		after := ""
-		if i > 0 {
-			after = "(SELECT count(*) FROM l" + strconv.Itoa(i-1) + ") >= 0 AND "
-		}
-		locks = append(locks, queries.Text("hierarchy.lock", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key, "after": after}))
-		values = append(values, queries.Text("hierarchy.values", queries.Args{"i": is, "state": arith.Shaped(sp, "l.state")}))
-		columns := fmt.Sprintf("%%[1]s.f%[1]s, %%[1]s.s%[1]s, %%[1]s.tat%[1]s", is)
-		var params arith.Params
-		ok := "true"
-		if lv.l.cfg.Overrides {
-			o := newOverrideSQL(lv.l.cfg.Limits)
-			alias := "o" + is
-			own = append(own, o.lateral(pgx.Identifier{lv.l.cfg.Schema, overridesTable}.Sanitize(), ns, key, alias))
-			params, ok = o.params(alias+"."), alias+".ok"
-			limits := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates%s, ARRAY[%s]::bigint[] AS bursts%s, %s.unknown AS unknown%s",
-				prefixed(alias+".", o.rates), is, prefixed(alias+".", o.bursts), is, alias, is)
-			decisions, ownSeen = append(decisions, limits), append(ownSeen, ", "+limits)
-			columns += fmt.Sprintf(", %%[1]s.rates%[1]s, %%[1]s.bursts%[1]s, %%[1]s.unknown%[1]s", is)
-		}
-		answer, seenAnswer = append(answer, fmt.Sprintf(columns, "d")), append(seenAnswer, fmt.Sprintf(columns, "g"))
-		// The level's decision, as its limiter's general statement makes
-		// it, with n as a parameter of this statement: on the snapshot's
-		// row (g), and on the locked one (x).
-		admits := func(row string) string {
-			a, _, _ := arith.DecisionSQL(sp, arith.Allow, row+".s"+is, row+".tat"+is, row+".now", params)
-			return "(" + ok + " AND " + strings.ReplaceAll(a, "$4::bigint", nParam) + ")"
-		}
-		if !lv.l.cfg.Shadow {
-			fits = append(fits, admits("g"))
-		}
-		_, state, expires := arith.DecisionSQL(sp, arith.Allow, "x.s"+is, "x.tat"+is, "x.now", params)
-		a := admits("x")
-		state = "CASE WHEN " + a + " THEN " + strings.ReplaceAll(state, "$4::bigint", nParam) + " END"
-		expires = "CASE WHEN " + a + " THEN " + strings.ReplaceAll(expires, "$4::bigint", nParam) + " END"
-		decisions = append(decisions, fmt.Sprintf("%s AS a%s, %s AS ns%s, %s AS ne%s", a, is, state, is, expires, is))
-		found := "x.f" + is + " = 1"
-		if lv.l.cfg.Shadow {
-			counted = append(counted, found)
-		} else {
-			counted = append(counted, found+" AND "+a)
-		}
-		returning := ""
-		if inTx {
-			returning = xactReturning
-			writes = append(writes, "SELECT xmin FROM u"+is)
-		}
-		updates = append(updates, queries.Text("hierarchy.update", queries.Args{"i": is, "table": lv.table, "ns": ns, "key": key, "returning": returning, "claimed": claimed}))
-		if id {
-			conflict, after := "ON CONFLICT (namespace, id) DO NOTHING\n    ", claimed
-			if i == 0 {
-				after = ""
-			} else {
-				conflict = ""
-			}
-			claims = append(claims, queries.Text("hierarchy.claim", queries.Args{
-				"i": is, "ids": pgx.Identifier{lv.l.cfg.Schema, idsTable}.Sanitize(), "ns": ns, "key": key,
-				"id": "$" + strconv.Itoa(2*len(levels)+2), "n": nParam, "retention": strconv.FormatInt(lv.l.cfg.IDRetention.Microseconds(), 10),
-				"conflict": conflict, "after": after,
-			})+", ")
-		}
-		written = append(written, "(SELECT count(*) FROM u"+is+")")
-		async = async && lv.l.cfg.AsyncCommit
+		specs[i] = specOf(lv.l.cfg)
 	}
-	setting := noSettingColumn
-	switch {
-	case inTx: // the subtransaction that wrote the rows, for Refund
-		setting = queries.Text("hierarchy.xact", queries.Args{"writes": strings.Join(writes, " UNION ALL ")})
-	case async:
-		setting = asyncCommitColumn
-	}
-	return queries.Text("hierarchy.allow", queries.Args{
-		"snapshot": strings.Join(snapshot, "\n    "), "seen": strings.Join(seen, ",\n        "),
-		"own_seen": strings.Join(ownSeen, ""), "fits": "(" + strings.Join(append(fits, "true"), " AND ") + ")",
-		"locks": strings.Join(locks, ", "), "last": "l" + strconv.Itoa(len(levels)-1),
-		"values": strings.Join(values, ",\n        "), "own": strings.Join(own, ""),
-		"decisions": strings.Join(decisions, ",\n        "), "go": "(" + strings.Join(counted, ") AND (") + ")",
-		"updates": strings.Join(updates, ", "), "answer": strings.Join(answer, ", "), "seen_answer": strings.Join(seenAnswer, ", "),
-		"setting": setting, "written": "(" + strings.Join(written, " + ") + ")",
-		"claims": strings.Join(claims, ""), "taken": taken, "not_taken": notTaken,
-	})
+	return engine.Hierarchy(specs, inTx, id)
 }
 
 // runHierarchy runs the statement once and reads its answer: the decisions

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -15,7 +14,6 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // MaxIDLength is the longest decision id ([WithID]), in bytes: an
@@ -28,10 +26,6 @@ const (
 	MinIDRetention     = time.Minute
 	MaxIDRetention     = 30 * 24 * time.Hour
 )
-
-// idsTable is the table of decision ids, in the limiter's Schema
-// (migration 00013).
-const idsTable = "pglimit_ids"
 
 // idModeAll is the mode of an id's row that a level of AllowAll stored:
 // the general statement's state, decided as Allow's (hierarchy.claim).
@@ -88,66 +82,6 @@ func ValidateID(id string) error {
 		return fmt.Errorf("%w: contains a NUL byte", ErrInvalidID)
 	}
 	return nil
-}
-
-// idStatements are a limiter's statements for decisions with an id
-// (internal/queries, ids.sql): the fast statement's and the general
-// statement's in each of its modes, in their own transaction and in a
-// caller's, and the lookup of an id's first decision.
-type idStatements struct {
-	fast, fastTx       string
-	general, generalTx [modes]string
-	lookup             string
-	refundSingle       string // RefundID's, for a single GCRA limit
-	refundGeneral      string // RefundID's, for any other set of limits
-	settle             string // SettleID's
-}
-
-// newIDStatements writes the id statements of a limiter of limits on
-// table, whose fast statement with an id is the template fast, with the lock clause
-// lock, and whose own writes return column.
-func newIDStatements(limits []Limit, schema, table, fast, column, lock string) *idStatements {
-	ids := pgx.Identifier{schema, idsTable}.Sanitize()
-	s := &idStatements{
-		fast:   queries.Text(fast, queries.Args{"table": table, "ids": ids, "setting": column, "returning": ""}),
-		fastTx: queries.Text(fast, queries.Args{"table": table, "ids": ids, "setting": xactColumn, "returning": xactReturning}),
-		lookup: queries.Text("ids.lookup", queries.Args{"ids": ids}),
-	}
-	sp := specs(limits)
-	for mode := range modes {
-		if mode == modeReserve && !arith.AllGCRA(sp) {
-			continue
-		}
-		admits, state, expires := arith.DecisionSQL(sp, arith.Mode(mode), "x.state", "x.tat", "x.now", nil)
-		guard, _, _ := arith.DecisionSQL(sp, arith.Mode(mode), "c.state", "c.tat", "c.now", nil)
-		args := queries.Args{
-			"table": table, "ids": ids, "lock": lock, "admits": admits, "new_state": state,
-			"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
-			"id": "$5", "retention": "$6", "mode_column": "", "mode_value": "",
-		}
-		if mode != modeAllow {
-			args["mode_column"], args["mode_value"] = ", mode", fmt.Sprintf(", %d", mode)
-		}
-		if mode == modeReserve { // $5 is the maximum delay
-			args["id"], args["retention"] = "$6", "$7"
-		}
-		stmt := func(column, returning string) string {
-			args["setting"], args["returning"] = column, returning
-			return queries.Text("general.allow_id", args)
-		}
-		s.general[mode], s.generalTx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
-	}
-	s.settle = settleText("settle.id", limits, table, ids, "false")
-	if len(limits) == 1 && limits[0].Algorithm == GCRA {
-		s.refundSingle = queries.Text("refund.single_id", queries.Args{"table": table, "ids": ids})
-	} else {
-		refundState, flags := arith.RefundSQL(sp)
-		s.refundGeneral = queries.Text("refund.general_id", queries.Args{
-			"table": table, "ids": ids, "new_state": refundState, "flags": flags,
-			"state_length": strconv.Itoa(3 * len(limits)), "limits": strconv.Itoa(len(limits)),
-		})
-	}
-	return s
 }
 
 // checkID reports whether a call of op, a decision method, may carry an
@@ -248,15 +182,15 @@ func (l *limiter) idQuery(q query, id string, inTx bool) (string, []any) {
 	params := l.params(q)
 	if q.general {
 		if inTx {
-			return l.ids.generalTx[q.mode], append(params, id, l.args.idRetention)
+			return l.ids.GeneralTx[q.mode], append(params, id, l.args.idRetention)
 		}
-		return l.ids.general[q.mode], append(params, id, l.args.idRetention)
+		return l.ids.General[q.mode], append(params, id, l.args.idRetention)
 	}
 	params = append(params, id, q.n, l.args.idRetention)
 	if inTx {
-		return l.ids.fastTx, params
+		return l.ids.FastTx, params
 	}
-	return l.ids.fast, params
+	return l.ids.Fast, params
 }
 
 // refusedID is refusal, a refusal of the id id, unless a concurrent
@@ -291,7 +225,7 @@ func (l *limiter) lookupID(ctx context.Context, db DB, id string) (idRow, bool, 
 		mode       int16
 	}
 	var row idRow
-	err := db.QueryRow(ctx, l.ids.lookup, l.args.namespace, id).Scan(&r.state, &r.tat, &r.now, &row.key, &row.n, &row.done, &r.mode, &r.clock)
+	err := db.QueryRow(ctx, l.ids.Lookup, l.args.namespace, id).Scan(&r.state, &r.tat, &r.now, &row.key, &row.n, &row.done, &r.mode, &r.clock)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idRow{}, false, nil
 	}
@@ -389,9 +323,9 @@ func (l *limiter) refundID(ctx context.Context, id string, n int) (bool, error) 
 	for i, lim := range l.cfg.Limits {
 		emissions[i] = lim.emission()
 	}
-	sql, args := l.ids.refundGeneral, []any{l.args.namespace, row.key, row.anchors, int64(n), emissions, id}
+	sql, args := l.ids.RefundGeneral, []any{l.args.namespace, row.key, row.anchors, int64(n), emissions, id}
 	if l.single {
-		sql, args = l.ids.refundSingle, []any{l.args.namespace, row.key, row.anchors[0], int64(n) * emissions[0], id}
+		sql, args = l.ids.RefundSingle, []any{l.args.namespace, row.key, row.anchors[0], int64(n) * emissions[0], id}
 	}
 	var made *string
 	var took []bool
@@ -473,7 +407,7 @@ func (l *limiter) settleID(ctx context.Context, id string, cost int) (Settlement
 		back, charge := int64(max(row.n-cost, 0)), int64(max(cost-row.n, 0))
 		t := &refundTicket{owner: l, key: row.key, limits: l.cfg.Limits, granted: row.n, anchors: row.anchors}
 		args := []any{l.args.namespace, row.key, slices.Clone(row.anchors), back, charge, id, rates, ts, bts}
-		out, err := l.settle(ctx, t, l.ids.settle, args)
+		out, err := l.settle(ctx, t, l.ids.Settle, args)
 		switch {
 		case err == nil:
 			if out.Returned > 0 {
@@ -486,7 +420,7 @@ func (l *limiter) settleID(ctx context.Context, id string, cost int) (Settlement
 		// The statement marked nothing: another call settled or refunded
 		// the id meanwhile (the lookup above tells), or a charge found no
 		// row of the key to charge, which a blank one stands for.
-		if _, err := l.db.Exec(ctx, l.keySQL.blank, l.args.namespace, row.key); err != nil {
+		if _, err := l.db.Exec(ctx, l.keySQL.Blank, l.args.namespace, row.key); err != nil {
 			return Settlement{}, l.wrap(ctx, fmt.Errorf("settle by id: %w", err))
 		}
 	}

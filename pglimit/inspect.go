@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/engine"
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // KeyState is where a key stands under each of a limiter's limits, read
@@ -98,7 +96,7 @@ func (l *limiter) inspect(ctx context.Context, key string) (KeyState, error) {
 	)
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
-	err := db.QueryRow(ctx, inspectSQL(c), c.Namespace, key).Scan(&state, &tat, &now, &doc, &ownUntil)
+	err := db.QueryRow(ctx, l.keySQL.Inspect, c.Namespace, key).Scan(&state, &tat, &now, &doc, &ownUntil)
 	if err != nil {
 		return KeyState{}, statementErr(ctx, db, c, pgx.Identifier{c.Schema, c.Table}.Sanitize(), shapes[c.Strategy], "Inspect", err)
 	}
@@ -116,16 +114,6 @@ func (l *limiter) inspect(ctx context.Context, key string) (KeyState, error) {
 	s := standing(key, limits, state, tat, now)
 	s.Own = own
 	return s, nil
-}
-
-// inspectSQL is Inspect's statement for c, a Config with defaults.
-func inspectSQL(c Config) string {
-	args := queries.Args{"table": pgx.Identifier{c.Schema, c.Table}.Sanitize(), "own": "", "own_cols": "NULL::jsonb, NULL::timestamptz"}
-	if c.Overrides {
-		args["own"] = queries.Text("inspect.own", queries.Args{"overrides": pgx.Identifier{c.Schema, overridesTable}.Sanitize(), "counts": overrideCounts})
-		args["own_cols"] = "o.limits, o.expires_at"
-	}
-	return queries.Text("inspect.key", args)
 }
 
 // LimitedKeys returns a page of the keys of lim's namespace that would
@@ -168,25 +156,6 @@ func (l *limiter) limitedKeys(ctx context.Context, n int, after string, max int)
 			return nil, fmt.Errorf("LimitedKeys: after: %w", err)
 		}
 	}
-	sp := specs(c.Limits)
-	args := queries.Args{
-		"table": pgx.Identifier{c.Schema, c.Table}.Sanitize(), "state": arith.Shaped(sp, "t.state"),
-		"own": "", "own_fields": "", "own_cols": "",
-	}
-	var params arith.Params
-	if c.Overrides {
-		o := newOverrideSQL(c.Limits)
-		params = o.params("x.")
-		args["own"] = o.lateral(pgx.Identifier{c.Schema, overridesTable}.Sanitize(), "$1", "t.key", "own")
-		args["own_fields"] = ", own.*"
-		args["own_cols"] = fmt.Sprintf(", 'rates', ARRAY[%s], 'bursts', ARRAY[%s], 'unknown', p.unknown",
-			prefixed("p.", o.rates), prefixed("p.", o.bursts))
-	}
-	admits, _, _ := arith.DecisionSQL(sp, arith.Allow, "x.state", "x.tat", "x.now", params)
-	args["refuses"] = "NOT " + admits
-	if c.Overrides {
-		args["refuses"] = "(NOT x.ok OR NOT " + admits + ")"
-	}
 	var (
 		now  int64
 		page []struct {
@@ -200,7 +169,7 @@ func (l *limiter) limitedKeys(ctx context.Context, n int, after string, max int)
 	)
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
-	err := db.QueryRow(ctx, queries.Text("inspect.limited", args), c.Namespace, after, max, n).Scan(&now, &page)
+	err := db.QueryRow(ctx, l.keySQL.Limited, c.Namespace, after, max, n).Scan(&now, &page)
 	if err != nil {
 		return nil, statementErr(ctx, db, c, pgx.Identifier{c.Schema, c.Table}.Sanitize(), shapes[c.Strategy], "LimitedKeys", err)
 	}
@@ -276,13 +245,4 @@ func ownOf(limiter, key []Limit) []Limit {
 		}
 	}
 	return out
-}
-
-// prefixed is cols, each with prefix, joined by commas.
-func prefixed(prefix string, cols []string) string {
-	out := make([]string, len(cols))
-	for i, c := range cols {
-		out[i] = prefix + c
-	}
-	return strings.Join(out, ", ")
 }

@@ -12,13 +12,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/listen"
 	"github.com/pglimit/cooldown/pglimit/internal/service"
 )
-
-// invalidateChannel is the channel every Reset notifies, with the payload
-// "<lock class>:<key>" (the lock class names the table and namespace).
-const invalidateChannel = "pglimit_reset"
 
 // InvalidatorConfig configures an [Invalidator].
 type InvalidatorConfig struct {
@@ -72,7 +69,7 @@ func NewInvalidator(cfg *InvalidatorConfig) (*Invalidator, error) {
 	v := &Invalidator{subs: make(map[int32][]func() forgetter)}
 	// Resets committed before a LISTEN were not heard: each (re)start
 	// empties the pre-blocks and leases.
-	v.listener = listen.New(conn, invalidateChannel, cmp.Or(cfg.Heartbeat, defaultHeartbeat), v.dispatch, v.clearAll)
+	v.listener = listen.New(conn, engine.ResetChannel, cmp.Or(cfg.Heartbeat, defaultHeartbeat), v.dispatch, v.clearAll)
 	return v, nil
 }
 

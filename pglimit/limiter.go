@@ -16,7 +16,6 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/flights"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 	"github.com/pglimit/cooldown/pglimit/internal/preblock"
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // limiter is every strategy: each decides in one statement. The
@@ -25,7 +24,7 @@ import (
 //
 // A single GCRA limit (a cooldown among them) has its own statement, the
 // cheapest: the TAT is the row's expires_at. Any other set of limits, and
-// AllowAtMost, Reserve and Peek, use the general statement (general.go),
+// AllowAtMost, Reserve and Peek, use the general statement (internal/engine),
 // on Upsert and NoWait only.
 //
 // A statement that returns no row has not decided: a concurrent decision
@@ -57,20 +56,20 @@ type limiter struct {
 	// instead of at every decision.
 	args struct{ namespace, lockClass, idRetention any }
 
-	// ids are the statements of decisions with an id (ids.go); nil where
+	// ids are the statements of decisions with an id (engine.IDs); nil where
 	// ids are not supported (Range, Overrides).
-	ids *idStatements
+	ids *engine.IDs
 
-	single    bool         // the limits are one GCRA limit: the fast statement decides
-	caps      engine.Shape // what the capability table reads of it (caps.go)
-	table     string       // schema-qualified and quoted
-	plain     statements   // on a table of one server
-	keySQL    keySQL       // what acts on a key beside deciding it
-	rangeArgs bool         // the fast statement takes no tau ($5)
+	single    bool          // the limits are one GCRA limit: the fast statement decides
+	caps      engine.Shape  // what the capability table reads of it (caps.go)
+	table     string        // schema-qualified and quoted
+	plain     engine.Decide // on a table of one server
+	keySQL    engine.Keys   // what acts on a key beside deciding it
+	rangeArgs bool          // the fast statement takes no tau ($5)
 
 	// dist, once check has found the table distributed by Citus, holds the
 	// statements that replace plain there (citus.go).
-	dist atomic.Pointer[statements]
+	dist atomic.Pointer[engine.Decide]
 
 	// contended is the SQLSTATE that means a concurrent decision holds the
 	// key; it becomes a refusal. Empty when contention raises no error.
@@ -101,18 +100,6 @@ type limiter struct {
 
 var _ Limiter = (*limiter)(nil)
 
-// The value of an extra column in a statement's admitting branches:
-// asynchronous commit's setting, none, or in a caller's transaction the
-// id of the one that wrote the row, for Refund (internal/queries,
-// setting.*), which needs the writes to return xactReturning.
-var (
-	asyncCommitColumn = queries.Static("setting.async")
-	noSettingColumn   = queries.Static("setting.none")
-	xactColumn        = queries.Static("setting.xact")
-	xactWrittenColumn = queries.Static("setting.xact_written") // key_row.allow's
-	xactReturning     = queries.Static("returning.xact")
-)
-
 // maxAttempts bounds how often a decision re-runs its statement: after a
 // concurrent change to the key (no row) or a serialization failure (40001,
 // under a session default of REPEATABLE READ or SERIALIZABLE). A fresh
@@ -120,90 +107,35 @@ var (
 // the request is refused: contention is a refusal, not an error.
 const maxAttempts = 3
 
-// statements are a limiter's SQL, each with its answer's shape: the fast
-// statement of a single GCRA limit in its own transaction and in a
-// caller's (whose durability is the caller's), the general ones, and
-// Peek's.
-type statements struct {
-	fast, fastTx string
-	general      *generalStatements // nil for Range
-	peek         string
-}
-
-// keySQL is the statements that act on a key beside deciding it, on a
-// table of one server.
-type keySQL struct {
-	reset  string
-	refund string // "" where Refund is not supported (Range)
-	settle string // "" where Settle is not supported (Range)
-	pause  string // "" where Pause is not supported (Range)
-	blank  string // AllowAll's blank row of a key; "" where AllowAll is not supported (Range)
-}
-
 // stmts returns the statements for the limiter's table.
-func (l *limiter) stmts() *statements {
+func (l *limiter) stmts() *engine.Decide {
 	if d := l.dist.Load(); d != nil {
 		return d
 	}
 	return &l.plain
 }
 
-// strategySQL is what a strategy's statements differ by.
-type strategySQL struct {
-	fast      string // the fast statement's template
-	patience  string // its condition before the write's lock: "true", or nowait.condition; "" for Range
-	fastID    string // its template with a decision id; "" where ids are not supported (Range)
-	lock      string // the general statement's lock clause; "" for Range, which has none
-	contended string // the SQLSTATE that means another decision holds the key; "" for none
-}
-
-// withStatements gives l the statements of its strategy, of sql, on table.
-func withStatements(l *limiter, table string, sql strategySQL) *limiter {
-	fast, lock, contended := sql.fast, sql.lock, sql.contended
-	column := noSettingColumn
-	if l.cfg.AsyncCommit {
-		column = asyncCommitColumn
-	}
+// withStatements gives l the statements of its strategy on table
+// (internal/engine writes them), with contended the SQLSTATE that means
+// another decision holds the key ("" for none).
+func withStatements(l *limiter, table, contended string) *limiter {
+	st := engine.Build(specOf(l.cfg))
+	l.plain, l.keySQL, l.ids = st.Decide, st.Keys, st.IDs
 	l.single = len(l.cfg.Limits) == 1 && l.cfg.Limits[0].Algorithm == GCRA && !l.cfg.Overrides
-	txColumn := xactWrittenColumn
-	if lock == "" {
-		txColumn = noSettingColumn // Range, which refunds nothing
-	}
-	l.plain = statements{
-		fast:   queries.Text(fast, queries.Args{"table": table, "patience": sql.patience, "setting": column, "returning": ""}),
-		fastTx: queries.Text(fast, queries.Args{"table": table, "patience": sql.patience, "setting": txColumn, "returning": xactReturning}),
-	}
 	l.table = table
-	l.keySQL.reset = queries.Text("reset", queries.Args{"table": table, "channel": invalidateChannel})
-	l.rangeArgs = lock == ""
+	l.rangeArgs = l.cfg.Strategy == Range
 	l.contended = contended
-	switch {
-	case lock != "" && l.cfg.Overrides:
-		overrides := pgx.Identifier{l.cfg.Schema, overridesTable}.Sanitize()
-		g := newOverrideStatements(l.cfg.Limits, table, overrides, column, lock)
-		l.plain.general, l.plain.peek = &g, g.peek
+	if l.cfg.Strategy != Range && l.cfg.Overrides {
 		// A key's own limits decide what fits, once its statement has
 		// read them; no limit of any key admits more than maxRate.
 		l.minCapacity = maxRate
-	case lock != "":
-		g := newGeneralStatements(l.cfg.Limits, table, column, lock)
-		l.plain.general, l.plain.peek = &g, g.peek
-	}
-	if sql.fastID != "" && !l.cfg.Overrides {
-		l.ids = newIDStatements(l.cfg.Limits, l.cfg.Schema, table, sql.fastID, column, lock)
-	}
-	if lock != "" {
-		l.keySQL.refund = refundStatement(l.cfg.Limits, table)
-		l.keySQL.settle = settleStatement(l.cfg.Limits, table)
-		l.keySQL.pause = queries.Text("pause", queries.Args{"table": table})
-		l.keySQL.blank = queries.Text("hierarchy.blank", queries.Args{"table": table})
 	}
 	if l.single {
 		lim := l.cfg.Limits[0]
 		_, _, l.emission, l.burstT = lim.micros()
 		l.oneT, l.oneTau = l.emission, l.burstT-l.emission
 	}
-	l.batch = newBatch(l, table, column)
+	l.batch = newBatch(l, st.Batch)
 	if l.batch.Leases() && l.cfg.Invalidator != nil {
 		register(l.cfg.Invalidator, l.lockClass, l.batch)
 	}
@@ -224,13 +156,13 @@ func (l *limiter) sql(q query, inTx bool) string {
 	s := l.stmts()
 	switch {
 	case q.general && inTx:
-		return s.general.tx[q.mode]
+		return s.General.Tx[q.mode]
 	case q.general:
-		return s.general.own[q.mode]
+		return s.General.Own[q.mode]
 	case inTx:
-		return s.fastTx
+		return s.FastTx
 	}
-	return s.fast
+	return s.Fast
 }
 
 // allowQuery is the query of AllowN.
@@ -365,7 +297,7 @@ func (l *limiter) AllowAtMost(ctx context.Context, key string, n int) (Decision,
 		invalid = fmt.Errorf("%w: n must be positive, got %d", ErrInvalidCost, n)
 	}
 	return l.decide(ctx, request{op: OpAllowAtMost, key: key, n: n, via: preblocked}, invalid, func(ctx context.Context) (Decision, error) {
-		if l.plain.general == nil { // Range: a cooldown grants one unit at a time
+		if l.plain.General == nil { // Range: a cooldown grants one unit at a time
 			return l.run(ctx, l.allowQuery(key, 1))
 		}
 		return l.runID(ctx, l.generalQuery(key, n, modeAtMost, 0))
@@ -414,10 +346,10 @@ func (l *limiter) Peek(ctx context.Context, key string, n int) (Decision, error)
 		if err := l.check(ctx, l.db); err != nil {
 			return Decision{}, err
 		}
-		if l.plain.general == nil {
+		if l.plain.General == nil {
 			return l.peekRange(ctx, key, n)
 		}
-		row := l.db.QueryRow(ctx, l.stmts().peek, l.args.namespace, key)
+		row := l.db.QueryRow(ctx, l.stmts().Peek, l.args.namespace, key)
 		d, _, err := l.scanGeneral(row, n, modeAllow, 0, nil)
 		return d, err
 	})
@@ -427,7 +359,7 @@ func (l *limiter) Peek(ctx context.Context, key string, n int) (Decision, error)
 func (l *limiter) peekRange(ctx context.Context, key string, n int) (Decision, error) {
 	var tat *int64
 	var now int64
-	if err := l.db.QueryRow(ctx, l.stmts().peek, l.args.namespace, key).Scan(&tat, &now); err != nil {
+	if err := l.db.QueryRow(ctx, l.stmts().Peek, l.args.namespace, key).Scan(&tat, &now); err != nil {
 		return Decision{}, err
 	}
 	if tat == nil || *tat <= now+l.burstT-int64(n)*l.emission {
@@ -537,7 +469,7 @@ func (l *limiter) check(ctx context.Context, db DB) error {
 
 func (l *limiter) Reset(ctx context.Context, key string) error {
 	_, err := l.observe(ctx, OpReset, key, "", 0, func(ctx context.Context) (Decision, error) {
-		if err := l.reset(ctx, l.keySQL.reset, key); err != nil {
+		if err := l.reset(ctx, l.keySQL.Reset, key); err != nil {
 			return Decision{}, err
 		}
 		l.batch.Forget(key)

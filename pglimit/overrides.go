@@ -7,146 +7,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglimit/cooldown/pglimit/internal/arith"
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
+	"github.com/pglimit/cooldown/pglimit/internal/engine"
 )
-
-// overridesTable holds per-key limits (migrations 00008 and 00009).
-const overridesTable = "pglimit_overrides"
-
-// overrideCounts is whether the overrides row o counts now: it has not
-// lapsed (SetKeyLimitsFor). A lapsed row is the same as none.
-const overrideCounts = "(o.expires_at IS NULL OR o.expires_at > now())"
-
-// newOverrideStatements is newGeneralStatements for a limiter whose keys
-// may have limits of their own, in overrides, a table in the same schema.
-//
-// The statements decide only on a row the key's limits can use (column
-// ok): one that names no limit the limiter lacks, and whose rates and
-// bursts pass what Limit.withKeyLimits checks. On any other they refuse
-// and write nothing, and return the row's figures, from which the limiter
-// reports the error. The arithmetic reads a burst cut to the bound even
-// then, so that no product overflows.
-func newOverrideStatements(limits []Limit, table, overrides, column, lock string) generalStatements {
-	o := newOverrideSQL(limits)
-	var g generalStatements
-	sp := specs(limits)
-	for mode := range modes {
-		if mode == modeReserve && !arith.AllGCRA(sp) {
-			continue
-		}
-		admits, state, expires := arith.DecisionSQL(sp, arith.Mode(mode), "x.state", "x.tat", "x.now", o.params("x."))
-		guard, _, _ := arith.DecisionSQL(sp, arith.Mode(mode), "c.state", "c.tat", "c.now", o.params("c."))
-		admits, guard = "(x.ok AND "+admits+")", "(c.ok AND "+guard+")"
-		// A cost past the key's capacity is refused, and n*T may then
-		// overflow: the new state is computed for an admission only.
-		state = "CASE WHEN " + admits + " THEN " + state + " END"
-		expires = "CASE WHEN " + admits + " THEN " + expires + " END"
-		stmt := func(column, returning string) string {
-			return queries.Text("overrides.allow", queries.Args{
-				"table": table, "setting": column, "returning": returning, "lock": lock, "admits": admits, "new_state": state,
-				"new_expires": expires, "guard": guard, "state": arith.Shaped(sp, "t.state"),
-				"overrides": overrides, "counts": overrideCounts, "raw": o.raw, "derived": o.derived, "limits_out": o.out("x", true),
-			})
-		}
-		g.own[mode], g.tx[mode] = stmt(column, ""), stmt(xactColumn, xactReturning)
-	}
-	g.peek = queries.Text("overrides.peek", queries.Args{
-		"table": table, "overrides": overrides, "counts": overrideCounts, "raw": o.raw, "derived": o.derived, "limits_out": o.out("x", true),
-	})
-	return g
-}
-
-// overrideSQL is the SQL that reads a key's own limits from the overrides
-// table: raw, each limit's rate and burst (the limiter's where the key has
-// none) and the names the key's row gives that the limiter lacks; derived,
-// the columns the decision reads, from raw (r<i>, t<i>, bt<i>: rate,
-// emission interval and burst span; ok, whether the limits can use the
-// row).
-type overrideSQL struct {
-	raw, derived  string
-	rates, bursts []string // each limit's rate and burst column, unqualified
-	n             int      // the number of limits
-}
-
-// newOverrideSQL writes the SQL that reads a key's own limits of limits.
-func newOverrideSQL(limits []Limit) overrideSQL {
-	var raw, derived, oks, names []string
-	var o overrideSQL
-	maxP := maxPeriod.Microseconds()
-	for i, l := range limits {
-		name := "'" + strings.ReplaceAll(l.Name, "'", "''") + "'"
-		names = append(names, name)
-		// Through numeric: the table takes 5.0 for 5.
-		raw = append(raw,
-			fmt.Sprintf("coalesce((o.limits -> %s ->> 'rate')::numeric::bigint, %d) AS r%d", name, l.Rate, i),
-			fmt.Sprintf("coalesce((o.limits -> %s ->> 'burst')::numeric::bigint, %d) AS b%d", name, l.Burst, i))
-		// T rounds up, as Limit.emission does.
-		P := l.Period.Microseconds()
-		t := fmt.Sprintf("((%d + r%d - 1) / r%d)", P, i, i)
-		derived = append(derived, fmt.Sprintf("r%d, b%d, %s AS t%d, least(b%d, %d / %s) * %s AS bt%d", i, i, t, i, i, maxP, t, t, i))
-		ok := fmt.Sprintf("r%d <= %d AND b%d = 0", i, P, i)
-		if l.Algorithm == GCRA {
-			ok = fmt.Sprintf("r%d <= %d AND b%d <= %d / %s", i, P, i, maxP, t)
-		}
-		oks = append(oks, ok)
-		o.rates = append(o.rates, fmt.Sprintf("r%d", i))
-		o.bursts = append(o.bursts, fmt.Sprintf("b%d", i))
-	}
-	raw = append(raw, fmt.Sprintf("ARRAY(SELECT k FROM jsonb_object_keys(o.limits) AS k WHERE k <> ALL (ARRAY[%s])) AS unknown", strings.Join(names, ", ")))
-	derived = append(derived, fmt.Sprintf("unknown, cardinality(unknown) = 0 AND %s AS ok", strings.Join(oks, " AND ")))
-	o.raw, o.derived, o.n = strings.Join(raw, ", "), strings.Join(derived, ", "), len(limits)
-	return o
-}
-
-// params names the columns of the key's limits, of the row prefix; on a
-// nil o, none: the limiter's own limits.
-func (o *overrideSQL) params(prefix string) arith.Params {
-	if o == nil {
-		return nil
-	}
-	return func(i int) (string, string, string) {
-		n := strconv.Itoa(i)
-		return prefix + "r" + n, prefix + "t" + n, prefix + "bt" + n
-	}
-}
-
-// lateral is the LATERAL join that reads, as alias, the limits of the key
-// (the SQL key) of namespace ns (SQL too) from overrides, the table.
-func (o overrideSQL) lateral(overrides, ns, key, alias string) string {
-	return fmt.Sprintf(`
-    CROSS JOIN LATERAL (SELECT %s FROM (
-        SELECT %s FROM (SELECT) AS one
-        LEFT JOIN %s AS o ON o.namespace = %s AND o.key = %s AND %s) AS raw) AS %s`,
-		o.derived, o.raw, overrides, ns, key, overrideCounts, alias)
-}
-
-// columns lists the columns of row r that a decision reads (params), and
-// ok.
-func (o overrideSQL) columns(r string) string {
-	var cols []string
-	for i := range o.n {
-		cols = append(cols, fmt.Sprintf("%s.r%d, %s.t%d, %s.bt%d", r, i, r, i, r, i))
-	}
-	return strings.Join(append(cols, r+".ok"), ", ")
-}
-
-// out is the answer's columns of the key's limits, of row r: their rates
-// and bursts (named rates and bursts), and, with unknown, the names the
-// limiter lacks.
-func (o overrideSQL) out(r string, unknown bool) string {
-	s := fmt.Sprintf("ARRAY[%s]::bigint[] AS rates, ARRAY[%s]::bigint[] AS bursts", prefixed(r+".", o.rates), prefixed(r+".", o.bursts))
-	if unknown {
-		s += ", " + r + ".unknown"
-	}
-	return s
-}
 
 // keyLimits returns limits with the rates and bursts a statement read for
 // the key, as it returned them: the key's own limits. A row the limits
@@ -156,13 +22,13 @@ func keyLimits(limits []Limit, rates, bursts []int64, unknown []string) ([]Limit
 		return nil, fmt.Errorf("the statement returned %d rates and %d bursts for %d limits", len(rates), len(bursts), len(limits))
 	}
 	if len(unknown) > 0 {
-		return nil, fmt.Errorf("%w: the key's row in %s names %q, which the limiter does not have", ErrInvalidConfig, overridesTable, unknown)
+		return nil, fmt.Errorf("%w: the key's row in %s names %q, which the limiter does not have", ErrInvalidConfig, engine.OverridesTable, unknown)
 	}
 	out := make([]Limit, len(limits))
 	for i, l := range limits {
 		var err error
 		if out[i], err = l.withKeyLimits(rates[i], bursts[i]); err != nil {
-			return nil, fmt.Errorf("the key's row in %s: %w", overridesTable, err)
+			return nil, fmt.Errorf("the key's row in %s: %w", engine.OverridesTable, err)
 		}
 	}
 	return out, nil
@@ -171,7 +37,7 @@ func keyLimits(limits []Limit, rates, bursts []int64, unknown []string) ([]Limit
 // withKeyLimits returns l with a key's own rate and burst (a burst of 0
 // for a window), checked as a limit of the limiter's own is: at most one
 // unit per microsecond, and a GCRA burst that replenishes within 366 days.
-// The override statements check the same (newOverrideStatements).
+// The override statements check the same (internal/engine, KeyLimits).
 func (l Limit) withKeyLimits(rate, burst int64) (Limit, error) {
 	switch {
 	case rate < 1 || rate > maxRate:
@@ -267,13 +133,13 @@ func (l *limiter) setKeyLimits(ctx context.Context, key string, ttl *int64, limi
 	if err := ValidateKey(key); err != nil {
 		return err
 	}
-	sql, args := queries.Text("overrides.delete", queries.Args{"overrides": table}), []any{c.Namespace, key}
+	sql, args := l.keySQL.DeleteLimits, []any{c.Namespace, key}
 	if len(limits) > 0 {
 		doc, err := keyLimitsDoc(c.Limits, limits)
 		if err != nil {
 			return err
 		}
-		sql, args = queries.Text("overrides.set", queries.Args{"overrides": table}), append(args, doc, ttl)
+		sql, args = l.keySQL.SetLimits, append(args, doc, ttl)
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
@@ -289,7 +155,7 @@ func overridesOf(c Config, op string) (string, error) {
 	if !c.Overrides {
 		return "", fmt.Errorf("%w: %s: the configuration does not set Overrides", ErrInvalidConfig, op)
 	}
-	return pgx.Identifier{c.Schema, overridesTable}.Sanitize(), nil
+	return pgx.Identifier{c.Schema, engine.OverridesTable}.Sanitize(), nil
 }
 
 // KeyLimits is a key's own limits, as [SetKeyLimits] wrote them.
@@ -336,14 +202,13 @@ func (l *limiter) listKeyLimits(ctx context.Context, after string, max int) ([]K
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
 	defer cancel()
-	sql := queries.Text("overrides.list", queries.Args{"overrides": table, "counts": overrideCounts})
 	var page []struct {
 		Key     string      `json:"key"`
 		Limits  overrideDoc `json:"limits"`
 		Expires *time.Time  `json:"expires"`
 		Updated time.Time   `json:"updated"`
 	}
-	if err := db.QueryRow(ctx, sql, c.Namespace, after, max).Scan(&page); err != nil {
+	if err := db.QueryRow(ctx, l.keySQL.ListLimits, c.Namespace, after, max).Scan(&page); err != nil {
 		return nil, statementErr(ctx, db, c, table, nil, "ListKeyLimits", err)
 	}
 	out := make([]KeyLimits, len(page))

@@ -62,7 +62,7 @@ func (l *limiter) pause(ctx context.Context, key string, d time.Duration) error 
 	}
 	// The first unit fits when TAT + T - now <= Burst*T.
 	reach := d.Microseconds() + l.burstT - l.emission
-	_, err := l.db.Exec(ctx, l.keySQL.pause, l.cfg.Namespace, key, reach)
+	_, err := l.db.Exec(ctx, l.keySQL.Pause, l.cfg.Namespace, key, reach)
 	switch {
 	case err != nil && pgtx.UnknownOutcome(err):
 		// It may have paused the key: pausing it again is safe, as a

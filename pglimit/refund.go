@@ -4,13 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 
-	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // refundTicket is what an admission leaves for a refund: which key, how
@@ -46,19 +43,6 @@ func (d Decision) key() string {
 		return ""
 	}
 	return d.refund.key
-}
-
-// refundStatement is a limiter's refund statement: refund.single for a
-// single GCRA limit, refund.general for others.
-func refundStatement(limits []Limit, table string) string {
-	if len(limits) == 1 && limits[0].Algorithm == GCRA {
-		return queries.Text("refund.single", queries.Args{"table": table})
-	}
-	state, flags := arith.RefundSQL(specs(limits))
-	return queries.Text("refund.general", queries.Args{
-		"table": table, "new_state": state, "flags": flags,
-		"state_length": strconv.Itoa(3 * len(limits)), "limits": strconv.Itoa(len(limits)),
-	})
 }
 
 // Refund gives back n of the units admission d took, when the work they
@@ -113,7 +97,7 @@ func (l *limiter) refund(ctx context.Context, d Decision, n int) (bool, error) {
 	defer cancel()
 	var made *string // how the decision's transaction ended; nil: too old to tell
 	var took []bool  // nil: no limit was asked to take the units back
-	err := l.db.QueryRow(ctx, l.keySQL.refund, args...).Scan(&made, &took)
+	err := l.db.QueryRow(ctx, l.keySQL.Refund, args...).Scan(&made, &took)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.pending -= n

@@ -5,14 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
 	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
-	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
 // Settlement is what [Settle] did.
@@ -35,27 +31,6 @@ type Settlement struct {
 
 // maxSettleCost bounds a settle's cost, as maxRate bounds a limit's.
 const maxSettleCost = maxRate
-
-// settleStatement is a limiter's settle statement, for its limits (their
-// algorithms, periods and debts; the rates and bursts are parameters).
-func settleStatement(limits []Limit, table string) string {
-	return settleText("settle", limits, table, "", "true")
-}
-
-// settleText is the settle statement name for limits on table, with ids
-// the ids table (settle.id) and unmade the settle.tail placeholder.
-func settleText(name string, limits []Limit, table, ids, unmade string) string {
-	sp := specs(limits)
-	params := func(i int) (string, string, string) {
-		n := strconv.Itoa(i + 1)
-		return "x.rates[" + n + "]", "x.ts[" + n + "]", "x.bts[" + n + "]"
-	}
-	charged, state, expires := arith.SettleSQL(sp, "x.state", "x.tat", "x.now", "$3::bigint[]", "x.back", "$5::bigint", "x.units", params)
-	return queries.Text(name, queries.Args{
-		"table": table, "ids": ids, "unmade": unmade, "state": arith.Shaped(sp, "o.state"),
-		"charged": charged, "new_state": state, "new_expires": expires,
-	})
-}
 
 // Settle settles admission d of lim at cost, its real cost, by giving
 // back or charging the difference from d's estimate.
@@ -151,7 +126,7 @@ func (l *limiter) settleDecision(ctx context.Context, d Decision, cost int) (Set
 
 	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
 	defer cancel()
-	out, err := l.settle(ctx, t, l.keySQL.settle, args)
+	out, err := l.settle(ctx, t, l.keySQL.Settle, args)
 	switch {
 	case err == nil:
 		if out.Returned > 0 {
@@ -196,8 +171,7 @@ func (l *limiter) settle(ctx context.Context, t *refundTicket, sql string, args 
 		case now == nil:
 			// A key with no row (reset, or cleaned) is charged on a blank
 			// one, which means the same as none.
-			blank := queries.Text("hierarchy.blank", queries.Args{"table": pgx.Identifier{l.cfg.Schema, l.cfg.Table}.Sanitize()})
-			if _, err := l.db.Exec(ctx, blank, l.cfg.Namespace, t.key); err != nil {
+			if _, err := l.db.Exec(ctx, l.keySQL.Blank, l.cfg.Namespace, t.key); err != nil {
 				return Settlement{}, err
 			}
 			continue

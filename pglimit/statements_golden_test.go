@@ -47,14 +47,14 @@ func TestStatementsGolden(t *testing.T) {
 		}
 		l := lim.(*limiter)
 		s := l.plain
-		fmt.Fprintf(&b, "== %s fast\n%s\n== %s fastTx\n%s\n== %s peek\n%s\n", c.name, s.fast, c.name, s.fastTx, c.name, s.peek)
-		if s.general != nil {
+		fmt.Fprintf(&b, "== %s fast\n%s\n== %s fastTx\n%s\n== %s peek\n%s\n", c.name, s.Fast, c.name, s.FastTx, c.name, s.Peek)
+		if s.General != nil {
 			for mode := range modes {
-				fmt.Fprintf(&b, "== %s general own %d\n%s\n== %s general tx %d\n%s\n", c.name, mode, s.general.own[mode], c.name, mode, s.general.tx[mode])
+				fmt.Fprintf(&b, "== %s general own %d\n%s\n== %s general tx %d\n%s\n", c.name, mode, s.General.Own[mode], c.name, mode, s.General.Tx[mode])
 			}
 		}
 		k := l.keySQL
-		fmt.Fprintf(&b, "== %s keys\n%s\n%s\n%s\n%s\n%s\n", c.name, k.reset, k.refund, k.settle, k.pause, k.blank)
+		fmt.Fprintf(&b, "== %s keys\n%s\n%s\n%s\n%s\n%s\n", c.name, k.Reset, k.Refund, k.Settle, k.Pause, k.Blank)
 	}
 	const file = "testdata/statements.golden"
 	if *updateGolden {

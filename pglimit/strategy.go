@@ -13,8 +13,9 @@ import (
 	"github.com/pglimit/cooldown/pglimit/internal/queries"
 )
 
-// The strategies differ only in their statements (internal/queries) and in
-// which error means "someone else is deciding"; every one is a limiter.
+// The strategies differ only in their statements (internal/engine writes
+// them, from internal/queries) and in which error means "someone else is
+// deciding"; every one is a limiter.
 
 // Upsert reads the key's row and, if the request fits, writes it through
 // INSERT ... ON CONFLICT DO UPDATE, which locks the row's latest version
@@ -23,7 +24,7 @@ import (
 // statement of a single GCRA limit, of which a cooldown is one; other
 // limits use the general statement.
 func newUpsert(l *limiter, table string) *limiter {
-	return withStatements(l, table, strategySQL{fast: "key_row.allow", patience: "true", fastID: "upsert.allow_id", lock: queries.Static("upsert.lock")})
+	return withStatements(l, table, "")
 }
 
 // NoWait decides as Upsert does, in the same statement, but waits for the
@@ -52,15 +53,13 @@ func newUpsert(l *limiter, table string) *limiter {
 const noWaitPatience = 20 * time.Millisecond
 
 func newNoWait(l *limiter, table string) *limiter {
-	return withStatements(l, table, strategySQL{fast: "key_row.allow", patience: queries.Static("nowait.condition"), fastID: "nowait.allow_id",
-		lock: queries.Static("nowait.lock"), contended: pgtx.CodeLockNotAvailable})
+	return withStatements(l, table, pgtx.CodeLockNotAvailable)
 }
 
 // Range inserts [now, now+cooldown) into a table whose exclusion
 // constraint forbids two overlapping ranges for one key (range.allow).
 func newRange(l *limiter, table string) Limiter {
-	withStatements(l, table, strategySQL{fast: "range.allow"})
-	l.plain.peek = queries.Text("range.peek", queries.Args{"table": table})
+	withStatements(l, table, "")
 	l.verify = func(ctx context.Context, db DB) error { return verifyExclusion(ctx, db, table) }
 	return l
 }

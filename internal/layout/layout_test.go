@@ -26,7 +26,7 @@ var mayImport = map[string][]string{
 	"pglimit/internal/batch":      {"github.com/jackc/pgx/v5/", "~/pglimit/internal/arith", "~/pglimit/internal/pgtx", "~/pglimit/internal/service"},
 	"pglimit/internal/arith":      {},
 	"pglimit/internal/fault":      {"~/pglimit/internal/pgtx"},
-	"pglimit/internal/engine":     {"~/pglimit/internal/fault"},
+	"pglimit/internal/engine":     {"github.com/jackc/pgx/v5/", "~/pglimit/internal/arith", "~/pglimit/internal/fault", "~/pglimit/internal/queries"},
 	"pglimit/internal/listen":     {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
 	"pglimit/internal/pgtx":       {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries"},
 	"pglimit/internal/cleanup":    {"github.com/jackc/pgx/v5/", "~/pglimit/internal/queries", "~/pglimit/internal/leadership"},

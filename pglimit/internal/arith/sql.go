@@ -8,7 +8,7 @@ import (
 
 // Params names, for each limit, the SQL of its rate, emission interval
 // and burst span, where they are not the limit's own constants: a per-key
-// override's columns (pglimit's overrides.go). nil means the constants.
+// override's columns (internal/engine's keyLimits). nil means the constants.
 type Params func(i int) (rate, t, burstT string)
 
 // of returns limit l's (the i-th) rate, emission interval T and burst span

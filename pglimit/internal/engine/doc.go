@@ -1,7 +1,32 @@
-// Package engine holds the capability table: which operation works on
-// which limiter, and the one place that raises ErrUnsupported for one
-// that does not. It takes plain values ([Shape]), not pglimit's types:
-// nothing under pglimit/internal imports the root.
+// Package engine holds the stages of a limiter's work that need none of
+// pglimit's types, in plain values ([Shape], [Spec]): nothing under
+// pglimit/internal imports the root, which translates its Config.
+//
+//   - caps.go, the capability table: which operation works on which
+//     limiter, and the one place that raises ErrUnsupported for one that
+//     does not ([Check]).
+//   - statements.go, the statements: every statement a limiter sends,
+//     written once, when pglimit.New makes it ([Build]), from the
+//     templates of internal/queries and the arithmetic of internal/arith.
+//
+// # The statements
+//
+// [Build] writes, from a [Spec], the statements that decide a key (the
+// fast statement of a single GCRA limit, the general statement by mode,
+// Peek's), those that act on a key beside deciding it (Reset, Refund,
+// Settle, Pause, AllowAll's blank row, Inspect, LimitedKeys, and the
+// per-key limits' operations), those of decisions with an id, and the
+// group commit's. [Citus] writes the calls that replace the statements
+// that decide a key on a table Citus distributes, once the limiter has
+// found it so. [Hierarchy] writes AllowAll's statement for a set of
+// levels, at the first call for the set, which the root keeps. Beside
+// it, and the statements on the schema rather than on a limiter's keys
+// (Migrate's, Distribute's, the policies table's), which the root
+// writes, no statement is written at a call. pglimit's
+// TestStatementsGolden and TestStatementsAllGolden pin every text byte
+// for byte.
+//
+// # The capability table
 //
 // The table, in prose (Check answers each row; its test pins every cell):
 //

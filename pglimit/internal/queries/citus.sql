@@ -1,6 +1,6 @@
 -- Citus: the PL/pgSQL functions that Distribute installs on a distributed
 -- table, the calls that replace the plain statements there, and the
--- statements of Distribute and of detection (the engine's citus.go says
+-- statements of Distribute and of detection (pglimit's citus.go says
 -- why a function per decision).
 --
 -- The function templates: placeholders table, function (its name), decide

@@ -86,7 +86,7 @@ FROM current AS c WHERE c.expires_at > c.now + $5::bigint * interval '1 microsec
 -- always true sets lock_timeout for the statement's transaction, evaluated
 -- on the row before its lock is requested. nowait.condition is that
 -- condition alone, which key_row.allow and the batch statement evaluate
--- before their first lock. The engine's noWaitPatience says the same 20 ms.
+-- before their first lock. pglimit's noWaitPatience says the same 20 ms.
 {{define "nowait.lock"}}AND {{template "nowait.condition"}}
     FOR UPDATE{{end}}
 {{define "nowait.condition"}}set_config('lock_timeout', '20ms', true) IS NOT NULL{{end}}
