@@ -25,7 +25,7 @@ func TestStatements(t *testing.T) {
 	for _, st := range []struct{ name, text string }{
 		{"allow", q.stmts.allow}, {"allow_id", q.stmts.allowID}, {"usage", q.stmts.usage}, {"set_plan", q.stmts.setPlan},
 		{"grant", q.stmts.grant}, {"lookup_id", q.stmts.lookupID}, {"take_events", q.stmts.takeEvents},
-		{"refund", q.stmts.refund}, {"settle", q.stmts.settle},
+		{"refund", q.stmts.refund}, {"settle", q.stmts.settle}, {"forget", q.stmts.forget},
 	} {
 		fmt.Fprintf(&b, "-- %s\n%s\n", st.name, st.text)
 	}
