@@ -54,8 +54,8 @@ const (
 // Config configures a [Quota]. Namespace is required; every other zero
 // field takes its default.
 type Config struct {
-	// Schema holds the tables (migration 00015, which [pglimit.Migrate]
-	// applies). Defaults to "public".
+	// Schema holds the tables (migrations 00015 and 00017, which
+	// [pglimit.Migrate] applies). Defaults to "public".
 	Schema string
 
 	// Namespace separates quotas that share the tables: a key's plan,
@@ -552,11 +552,13 @@ func (q *Quota) Grant(ctx context.Context, key string, units int64, expires time
 	return q.wrap(ctx, "grant", errors.New("the key's row kept changing"))
 }
 
-// Forget deletes everything the quota keeps for key: its row (plan,
-// anchor, a plan set for the next period, the period's counters and its
-// credits) and the rows of its admitted ids, so that the key is as one
-// never decided, granted or planned: its next decision starts a period
-// anchored then, on the Config's plan, with no credits.
+// Forget deletes everything the quota keeps for key but its threshold
+// events, so that the key is as one never decided, granted or planned.
+//
+// It deletes the key's row (plan, anchor, a plan set for the next
+// period, the period's counters, credits) and the rows of its admitted
+// ids: the key's next decision starts a period anchored then, on the
+// Config's plan, with no credits.
 //
 // Its threshold events stay: they are an outbox the application has not
 // read yet ([Quota.TakeEvents]); a period of the key after Forget starts
@@ -573,8 +575,10 @@ func (q *Quota) Grant(ctx context.Context, key string, units int64, expires time
 // makes it run its statement again, until the Timeout. Forget of a key
 // the quota has nothing of is no error and writes nothing, so a Forget
 // whose outcome is unknown can be retried. An invalid key is
-// [pglimit.ErrInvalidKey] and writes nothing. A Forget that fails deleted
-// nothing. It runs in a transaction of its own on the quota's db.
+// [pglimit.ErrInvalidKey] and writes nothing. A Forget that fails
+// deleted all of it or nothing, never a part: nothing, unless its outcome
+// was unknown (the connection lost as it committed). It runs in a
+// transaction of its own on the quota's db.
 func (q *Quota) Forget(ctx context.Context, key string) error {
 	if err := pglimit.ValidateKey(key); err != nil {
 		return err
