@@ -259,3 +259,62 @@ func TestForgetConcurrent(t *testing.T) {
 	}
 	t.Logf("%d admissions, %d Forgets racing them", admitted.Load(), forgets.Load())
 }
+
+// SettleID above the estimate and RefundID of a key's ids race a Forget
+// of the key, from two instances, one through PgBouncer: each applies
+// before the Forget, which then deletes it with the rest, or after, as
+// ErrNotAdmitted, writing nothing; so nothing of the key is left, and
+// no settle brought its row back.
+func TestForgetRacesSettle(t *testing.T) {
+	schema := testdb.Schema(t)
+	cfg := pglimitquota.Config{Schema: schema, Namespace: "n", Allowance: 1000}
+	admin := testdb.Pool(t)
+	var quotas []*pglimitquota.Quota
+	for _, pool := range []pglimit.DB{admin, testdb.PgBouncerPool(t)} {
+		q, err := pglimitquota.New(pool, &cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		quotas = append(quotas, q)
+	}
+	ctx := context.Background()
+	const rounds, ids = 6, 16
+	var applied, notAdmitted atomic.Int64
+	for r := range rounds {
+		for i := range ids {
+			allow(t, pglimit.WithID(ctx, fmt.Sprintf("r%d-%d", r, i)), quotas[i%2], "k", 5)
+		}
+		var wg sync.WaitGroup
+		for i := range ids {
+			wg.Go(func() {
+				q, id := quotas[i%2], fmt.Sprintf("r%d-%d", r, i)
+				var err error
+				if i%2 == 0 {
+					_, err = q.SettleID(ctx, id, 9)
+				} else {
+					_, err = q.RefundID(ctx, id, 2)
+				}
+				switch {
+				case err == nil:
+					applied.Add(1)
+				case errors.Is(err, pglimit.ErrNotAdmitted):
+					notAdmitted.Add(1)
+				default:
+					t.Errorf("%s: %v", id, err)
+				}
+			})
+			if i == ids/2 {
+				wg.Go(func() {
+					if err := quotas[r%2].Forget(ctx, "k"); err != nil {
+						t.Errorf("Forget: %v", err)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		if used, n := checkForgetConsistent(t, admin, schema, "k"); used != 0 || n != 0 {
+			t.Fatalf("round %d: after the Forget and the settles racing it, the key used %d with %d ids: a settle wrote after the Forget", r, used, n)
+		}
+	}
+	t.Logf("%d refunds and settles applied before the Forget, %d were ErrNotAdmitted after it", applied.Load(), notAdmitted.Load())
+}
