@@ -9,7 +9,8 @@
 -- counters of the period in force (period_start to period_end, written by
 -- the decision that started it), and the key's live
 -- credits, as two arrays sorted by expiry. A row lives until deleted
--- (nothing deletes it yet). It has no CHECK constraints: pglimitquota
+-- (pglimitquota.Quota.Forget, with the key's ids; migration 00017
+-- indexes the ids by key for it). It has no CHECK constraints: pglimitquota
 -- checks every value before it writes (anchors, allowances, caps), and a
 -- CHECK makes every UPDATE prepare its expression again, about 40 µs of
 -- a decision's 170 µs on the server (docs/limits.md, "Billing periods",

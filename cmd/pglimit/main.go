@@ -1,7 +1,8 @@
 // Command pglimit answers the questions of the person on call about a
 // pglimit limiter, and changes what they need changed: why a key is
 // refused and until when, lift its limit for an hour, reset it, which
-// keys are at their limits, and whether the cleanup job keeps up.
+// keys are at their limits, whether the cleanup job keeps up, and a key's
+// billing period, or forget it.
 //
 //	pglimit [flags] inspect KEY
 //	pglimit [flags] limited [-n N] [-after KEY] [-max M]
@@ -12,6 +13,7 @@
 //	pglimit [flags] cleaner [-tables T1,T2] [-retention DURATION]
 //	pglimit [flags] health [NAME]
 //	pglimit [flags] usage [-yearly] [-allowance N] [-hard-cap N] [-tz ZONE] KEY
+//	pglimit [flags] forget [-yearly] [-allowance N] [-hard-cap N] [-tz ZONE] KEY
 //
 // The limiter is the one its namespace recorded: a limiter records its
 // policy (strategy, limits, per-key limits) in its schema at its first
@@ -26,8 +28,9 @@
 // taken as given, with a warning. The database URL comes from -database-url or
 // DATABASE_URL. Every command is one statement of the library's Go API
 // (Inspect, LimitedKeys, ListKeyLimits, SetKeyLimits, SetKeyLimitsFor,
-// Reset, pglimitclean.Inspect, pglimithealth.Status, pglimitquota's Usage,
-// for which -namespace names the quota's namespace). With -dry-run a command that writes runs in a
+// Reset, pglimitclean.Inspect, pglimithealth.Status, pglimitquota's Usage
+// and Forget, for which -namespace names the quota's namespace; forget
+// reads the key's Usage first, to print what it deleted). With -dry-run a command that writes runs in a
 // transaction that it rolls back, and prints what it would have done.
 // With -json it prints JSON instead of tables.
 //
@@ -91,6 +94,10 @@ Commands:
                                   KEY's billing period (pglimitquota, of -namespace): used,
                                   allowance, credits left, overage, its end; the flags are
                                   the quota's Config, for a key without a plan of its own
+  forget [-yearly] [-allowance N] [-hard-cap N] [-tz ZONE] KEY
+                                  delete KEY's billing state (pglimitquota, of -namespace):
+                                  plan, counters, credits and ids; prints its period before.
+                                  Its threshold events stay until taken
 
 A limit (-limit, repeated; or PGLIMIT_LIMITS, separated by ";"):
   [NAME=]RATE/PERIOD[,burst=N][,debt=N][,fixed|,sliding][,tz=ZONE]
@@ -247,7 +254,7 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 	defer pool.Close()
 	p := printer{w: stdout, json: o.json}
 	var lim pglimit.Limiter // the limiter described, for the commands that read
-	if name != "cleaner" && name != "usage" {
+	if name != "cleaner" && name != "usage" && name != "forget" {
 		if err := o.resolve(ctx, pool, stderr); err != nil {
 			return err
 		}
@@ -321,7 +328,7 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 			return err
 		}
 		return p.health(throttle, st)
-	case "usage":
+	case "usage", "forget":
 		key, err := wantKey(false)
 		if err != nil {
 			return err
@@ -329,6 +336,9 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 		quota.Schema, quota.Namespace, quota.Timeout = o.cfg.Schema, o.cfg.Namespace, o.cfg.Timeout
 		if *yearly {
 			quota.Period = pglimitquota.Yearly
+		}
+		if name == "forget" {
+			return o.forget(ctx, pool, p, key, &quota)
 		}
 		q, err := pglimitquota.New(pool, &quota)
 		if err != nil {
@@ -347,7 +357,34 @@ func (o *options) command(ctx context.Context, args []string, stdout, stderr io.
 var usages = map[string]string{
 	"inspect": "KEY", "limited": "no arguments", "overrides list": "no arguments",
 	"overrides set": "KEY NAME=RATE[/BURST] ...", "overrides clear": "KEY", "reset": "KEY", "cleaner": "no arguments",
-	"health": "[NAME]", "usage": "KEY",
+	"health": "[NAME]", "usage": "KEY", "forget": "KEY",
+}
+
+// forget forgets key of the quota of cfg, and prints its period as it
+// stood before. With -dry-run it runs in a transaction that it rolls
+// back.
+func (o *options) forget(ctx context.Context, pool *pgxpool.Pool, p printer, key string, cfg *pglimitquota.Config) error {
+	var db pglimit.DB = pool
+	if o.dryRun {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the dry run's end
+		db = tx
+	}
+	q, err := pglimitquota.New(db, cfg)
+	if err != nil {
+		return err
+	}
+	u, err := q.Usage(ctx, key)
+	if err != nil {
+		return err
+	}
+	if err := q.Forget(ctx, key); err != nil {
+		return err
+	}
+	return p.forgot(key, o.dryRun, u)
 }
 
 // write runs a command that writes (name), on key, then prints the key's

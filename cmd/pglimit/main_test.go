@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -541,6 +542,63 @@ func TestUsageCommand(t *testing.T) {
 		t.Fatalf("-json usage: exit %d, %s%s (%v)", code, out, errOut, err)
 	}
 	for _, args := range [][]string{{"usage"}, {"usage", "a", "b"}, {"usage", "-tz", "Mars/Olympus_Mons", "a"}, {"usage", "-allowance", "-1", "a"}} {
+		if code, out, errOut := b.pglimit(t, args...); code != 2 {
+			t.Errorf("%q: exit %d, %s%s; want 2", args, code, out, errOut)
+		}
+	}
+}
+
+// forget deletes a key's billing state and prints its period before;
+// -dry-run shows it without doing it; a bad key is exit status 2.
+func TestForgetCommand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	q, err := pglimitquota.New(b.pool, &pglimitquota.Config{Schema: b.cfg.Schema, Namespace: "billing", Allowance: 10, HardCap: 15})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := q.Grant(ctx, "acme", 4, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := q.Allow(pglimit.WithID(ctx, "order-1"), "acme", 13); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	b.env["PGLIMIT_NAMESPACE"] = "billing"
+	used := func() int64 {
+		t.Helper()
+		u, err := q.Usage(ctx, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Used
+	}
+	code, out, errOut := b.pglimit(t, "forget", "-dry-run", "-allowance", "10", "-hard-cap", "15", "acme")
+	if code != 0 || !strings.Contains(out, "dry run: would have forgotten \"acme\"") || !strings.Contains(out, "used 13: 10 of the allowance of 10, 3 from credits") {
+		t.Fatalf("forget -dry-run acme: exit %d, %s%s", code, out, errOut)
+	}
+	if u := used(); u != 13 {
+		t.Fatalf("after forget -dry-run the key used %d, want 13: nothing changed", u)
+	}
+	code, out, errOut = b.pglimit(t, "-json", "forget", "acme")
+	var got struct {
+		Command string `json:"command"`
+		DryRun  bool   `json:"dry_run"`
+		Before  struct {
+			Used int64 `json:"used"`
+		} `json:"before"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil || got.Command != "forget" || got.DryRun || got.Before.Used != 13 {
+		t.Fatalf("-json forget acme: exit %d, %s%s (%v)", code, out, errOut, err)
+	}
+	t.Logf("pglimit -json forget acme:\n%s", out)
+	if u := used(); u != 0 {
+		t.Fatalf("after forget the key used %d, want 0", u)
+	}
+	if _, err := q.RefundID(ctx, "order-1", 1); !errors.Is(err, pglimit.ErrNotAdmitted) {
+		t.Fatalf("RefundID of the forgotten key's id: %v, want ErrNotAdmitted", err)
+	}
+	for _, args := range [][]string{{"forget"}, {"forget", "a", "b"}, {"forget", "a\x00"}} {
 		if code, out, errOut := b.pglimit(t, args...); code != 2 {
 			t.Errorf("%q: exit %d, %s%s; want 2", args, code, out, errOut)
 		}

@@ -391,25 +391,53 @@ func (p printer) health(name string, states []pglimithealth.State) error {
 	return tw.Flush()
 }
 
+// usageJSON is a key's period as -json prints it.
+type usageJSON struct {
+	Key           string    `json:"key"`
+	At            time.Time `json:"at"`
+	PeriodStart   time.Time `json:"period_start"`
+	PeriodEnd     time.Time `json:"period_end"`
+	Used          int64     `json:"used"`
+	FromAllowance int64     `json:"from_allowance"`
+	FromCredits   int64     `json:"from_credits"`
+	Overage       int64     `json:"overage"`
+	Allowance     int64     `json:"allowance"`
+	HardCap       int64     `json:"hard_cap"`
+	CreditsLeft   int64     `json:"credits_left"`
+}
+
+// toUsageJSON is key's period u as -json prints it.
+func toUsageJSON(key string, u pglimitquota.Usage) usageJSON {
+	return usageJSON{key, u.Now, u.PeriodStart, u.PeriodEnd, u.Used, u.FromAllowance, u.FromCredits, u.Overage, u.Allowance, u.HardCap, u.CreditsLeft}
+}
+
 // usage prints key's billing period (pglimitquota.Quota.Usage).
 func (p printer) usage(key string, u pglimitquota.Usage) error {
 	if p.json {
-		return p.encode(struct {
-			Key           string    `json:"key"`
-			At            time.Time `json:"at"`
-			PeriodStart   time.Time `json:"period_start"`
-			PeriodEnd     time.Time `json:"period_end"`
-			Used          int64     `json:"used"`
-			FromAllowance int64     `json:"from_allowance"`
-			FromCredits   int64     `json:"from_credits"`
-			Overage       int64     `json:"overage"`
-			Allowance     int64     `json:"allowance"`
-			HardCap       int64     `json:"hard_cap"`
-			CreditsLeft   int64     `json:"credits_left"`
-		}{key, u.Now, u.PeriodStart, u.PeriodEnd, u.Used, u.FromAllowance, u.FromCredits, u.Overage, u.Allowance, u.HardCap, u.CreditsLeft})
+		return p.encode(toUsageJSON(key, u))
 	}
 	fmt.Fprintf(p.w, "%s: period %s to %s (ends in %s)\n", key, u.PeriodStart.UTC().Format(time.RFC3339), u.PeriodEnd.UTC().Format(time.RFC3339), wait(u.PeriodEnd.Sub(u.Now)))
 	fmt.Fprintf(p.w, "used %d: %d of the allowance of %d, %d from credits, %d overage (hard cap %d)\n", u.Used, u.FromAllowance, u.Allowance, u.FromCredits, u.Overage, u.HardCap)
 	fmt.Fprintf(p.w, "credits left %d\n", u.CreditsLeft)
 	return nil
+}
+
+// forgot reports a key forgotten (or, dryRun, that would have been),
+// with its period u as it stood before.
+func (p printer) forgot(key string, dryRun bool, u pglimitquota.Usage) error {
+	if p.json {
+		return p.encode(struct {
+			Command string    `json:"command"`
+			Key     string    `json:"key"`
+			DryRun  bool      `json:"dry_run"`
+			Before  usageJSON `json:"before"`
+		}{"forget", key, dryRun, toUsageJSON(key, u)})
+	}
+	if dryRun {
+		fmt.Fprintf(p.w, "dry run: would have forgotten %q (its plan, counters, credits and ids); rolled back, nothing changed\n", key)
+	} else {
+		fmt.Fprintf(p.w, "forgot %q (its plan, counters, credits and ids; its threshold events stay until taken)\n", key)
+	}
+	fmt.Fprintln(p.w, "it stood:")
+	return p.usage(key, u)
 }

@@ -45,19 +45,20 @@ type deadlineCall struct {
 }
 
 // deadlineKeys are a deadline test's keys: the calls' key, that of the
-// calls of Allow with an id and that of AllowTx with an id, apart so
-// that nothing else charges them.
-type deadlineKeys struct{ key, idKey, txIDKey string }
+// calls of Allow with an id, that of AllowTx with an id and that of
+// Forget, apart so that nothing else charges them.
+type deadlineKeys struct{ key, idKey, txIDKey, forgetKey string }
 
 // testKeys are the keys of a deadline test.
-var testKeys = deadlineKeys{"k", "k-id", "k-txid"}
+var testKeys = deadlineKeys{"k", "k-id", "k-txid", "k-forget"}
 
 // quotaID is the decision id of the deadline tests' calls on idKey.
 func quotaID(idKey string) string { return "id/" + idKey }
 
 // newDeadlineCalls readies every call of q that reaches a key's row, and
 // Usage, while the server answers: it gives each key its row (one unit
-// charged) and begins AllowTx's transactions on pool. Allow with an id is
+// charged; keys.forgetKey's with an id, so that Forget has an id to
+// delete too) and begins AllowTx's transactions on pool. Allow with an id is
 // called idRetries times at once on keys.idKey, and AllowTx with an id
 // as many times on keys.txIDKey, each in a transaction of its own. With
 // txUsable, AllowTx checks that its error left the transaction usable.
@@ -68,6 +69,9 @@ func newDeadlineCalls(t *testing.T, q *pglimitquota.Quota, pool *pgxpool.Pool, k
 		if err := testdb.Ready(func() error { _, err := q.Allow(ctx, k, 1); return err }); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if _, err := q.Allow(pglimit.WithID(ctx, quotaID(keys.forgetKey)), keys.forgetKey, 1); err != nil {
+		t.Fatal(err)
 	}
 	tx := begin(t, pool)
 	key := keys.key
@@ -88,6 +92,7 @@ func newDeadlineCalls(t *testing.T, q *pglimitquota.Quota, pool *pgxpool.Pool, k
 			return err
 		}},
 		{name: "Usage", reads: true, call: func(ctx context.Context) error { _, err := q.Usage(ctx, key); return err }},
+		{name: "Forget", call: func(ctx context.Context) error { return q.Forget(ctx, keys.forgetKey) }},
 	}
 	for i := range idRetries {
 		calls = append(calls, deadlineCall{name: fmt.Sprintf("Allow with an id (%d)", i+1), id: true, call: func(ctx context.Context) error {
@@ -249,6 +254,52 @@ func checkTxIDOnce(t *testing.T, q *pglimitquota.Quota, pool *pgxpool.Pool, sche
 	}
 }
 
+// forgetBefore is forgetKey's rows of the key and ids tables before the
+// fault, which it must find as they were or gone.
+func forgetBefore(t *testing.T, db *pgxpool.Pool, schema, forgetKey string) string {
+	t.Helper()
+	var s string
+	if err := testdb.Ready(func() (err error) { s, err = forgetRows(db, schema, forgetKey); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if s == "" {
+		t.Fatalf("%s has no rows to forget", forgetKey)
+	}
+	return s
+}
+
+// forgetRows is key's rows of the key and ids tables, as text.
+func forgetRows(db *pgxpool.Pool, schema, key string) (string, error) {
+	var s string
+	err := db.QueryRow(context.Background(), `
+		SELECT coalesce((SELECT string_agg(t::text, E'\n' ORDER BY t::text) FROM `+pgx.Identifier{schema, "pglimit_quota_keys"}.Sanitize()+` AS t WHERE t.key = $1), '')
+		    || coalesce((SELECT string_agg(t::text, E'\n' ORDER BY t::text) FROM `+pgx.Identifier{schema, "pglimit_quota_ids"}.Sanitize()+` AS t WHERE t.key = $1), '')`,
+		key).Scan(&s)
+	return s, err
+}
+
+// checkForgetAtomic checks, once the fault is over and its statements
+// have ended, that the Forget that failed under it left forgetKey's rows
+// as they were or deleted them all: its row and its id's row together.
+// A Forget then deletes them.
+func checkForgetAtomic(t *testing.T, q *pglimitquota.Quota, db *pgxpool.Pool, schema, forgetKey, before string) {
+	t.Helper()
+	var after string
+	if err := testdb.Ready(func() (err error) { after, err = forgetRows(db, schema, forgetKey); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after the fault %s's rows are untouched: %t, gone: %t", forgetKey, after == before, after == "")
+	if after != before && after != "" {
+		t.Fatalf("a Forget that failed left part of %s's rows:\n%s\nbefore:\n%s", forgetKey, after, before)
+	}
+	if err := q.Forget(context.Background(), forgetKey); err != nil {
+		t.Fatal(err)
+	}
+	if after, err := forgetRows(db, schema, forgetKey); err != nil || after != "" {
+		t.Fatalf("after a Forget once the fault is over, %s has rows: %q, %v", forgetKey, after, err)
+	}
+}
+
 // deadlinePool opens a pool of cfg with a connection for each of a
 // deadline test's calls at once, so that none waits for the pool, whose
 // connections have the application_name app (testdb.Quiesce).
@@ -294,12 +345,14 @@ func TestDeadlineLockedRow(t *testing.T) {
 	keys := testKeys
 	calls := newDeadlineCalls(t, q, pool, keys, true)
 	before, txBefore := usedBefore(t, q, keys.idKey), usedBefore(t, q, keys.txIDKey)
-	unlock := testdb.Lock(t, testdb.Pool(t), schema, "pglimit_quota_keys", keys.key, keys.idKey, keys.txIDKey)
+	forgot := forgetBefore(t, pool, schema, keys.forgetKey)
+	unlock := testdb.Lock(t, testdb.Pool(t), schema, "pglimit_quota_keys", keys.key, keys.idKey, keys.txIDKey, keys.forgetKey)
 	runDeadlineCalls(t, calls, false)
 	unlock()
 	testdb.Quiesce(t, app, pool)
 	checkIDOnce(t, q, keys.idKey, before)
 	checkTxIDOnce(t, q, pool, schema, calls, keys.txIDKey, txBefore)
+	checkForgetAtomic(t, q, pool, schema, keys.forgetKey, forgot)
 }
 
 // Allow and AllowTx with an id whose id another transaction holds, an
@@ -352,12 +405,14 @@ func TestDeadlineFrozenServer(t *testing.T) {
 	keys := testKeys
 	calls := newDeadlineCalls(t, q, pool, keys, false)
 	before, txBefore := usedBefore(t, q, keys.idKey), usedBefore(t, q, keys.txIDKey)
+	forgot := forgetBefore(t, pool, schema, keys.forgetKey)
 	thaw := testdb.Frozen(t, srv)
 	runDeadlineCalls(t, calls, true)
 	thaw()
 	testdb.Quiesce(t, app, pool)
 	checkIDOnce(t, q, keys.idKey, before)
 	checkTxIDOnce(t, q, pool, schema, calls, keys.txIDKey, txBefore)
+	checkForgetAtomic(t, q, pool, schema, keys.forgetKey, forgot)
 }
 
 // Every call returns by its bound on a dead connection: every connection
@@ -374,6 +429,7 @@ func TestDeadlineDeadConnection(t *testing.T) {
 	keys := testKeys
 	calls := newDeadlineCalls(t, q, pool, keys, false)
 	before, txBefore := usedBefore(t, q, keys.idKey), usedBefore(t, q, keys.txIDKey)
+	forgot := forgetBefore(t, pool, schema, keys.forgetKey)
 	proxy.Stall()
 	t.Cleanup(proxy.Unstall) // before the pool closes and the transaction rolls back
 	runDeadlineCalls(t, calls, true)
@@ -381,4 +437,5 @@ func TestDeadlineDeadConnection(t *testing.T) {
 	testdb.Quiesce(t, app, pool)
 	checkIDOnce(t, q, keys.idKey, before)
 	checkTxIDOnce(t, q, pool, schema, calls, keys.txIDKey, txBefore)
+	checkForgetAtomic(t, q, pool, schema, keys.forgetKey, forgot)
 }

@@ -10,6 +10,8 @@
 // earliest expiry first, then overage up to its hard cap, past which it
 // refuses. [Quota.SetPlan] sets a key's anchor and plan at runtime, at
 // once or from the next period; [Quota.Usage] reports the period.
+// [Quota.Forget] deletes a key: its plan, counters, credits and ids, as
+// if it had never been seen; its threshold events stay until taken.
 //
 // # Exactly once
 //
@@ -29,6 +31,6 @@
 // No NOTIFY: a NOTIFY takes a global lock at commit.
 //
 // The tables are pglimit_quota_keys, pglimit_quota_ids and
-// pglimit_quota_events (migration 00015, which [pglimit.Migrate]
-// applies). docs/limits.md, "Billing periods", defines every rule.
+// pglimit_quota_events (migration 00015, and 00017, which indexes the
+// ids by key; [pglimit.Migrate] applies them). docs/limits.md, "Billing periods", defines every rule.
 package pglimitquota

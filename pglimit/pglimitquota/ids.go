@@ -99,7 +99,8 @@ func (q *Quota) ticketOf(ctx context.Context, op, id string) (ticket, error) {
 // unmarked is the error of op, whose statement found the row of id that
 // its lookup read neither unmarked nor the same: another call refunded or
 // settled it (ErrAlreadySettled), or the row was deleted after its
-// retention, and maybe the id admitted again, meanwhile (ErrNotAdmitted).
+// retention or by Forget, and maybe the id admitted again, meanwhile
+// (ErrNotAdmitted).
 func (q *Quota) unmarked(ctx context.Context, op, id string) error {
 	t, found, err := q.lookup(ctx, q.db, id)
 	switch {
@@ -108,7 +109,7 @@ func (q *Quota) unmarked(ctx context.Context, op, id string) error {
 	case found && t.done != nil:
 		return fmt.Errorf("%w: %s: the admission of id %q was %s by another call", pglimit.ErrAlreadySettled, op, id, *t.done)
 	}
-	return fmt.Errorf("%w: %s: the admission of id %q was deleted after its retention meanwhile", pglimit.ErrNotAdmitted, op, id)
+	return fmt.Errorf("%w: %s: the admission of id %q was deleted meanwhile (after its retention, or by Forget)", pglimit.ErrNotAdmitted, op, id)
 }
 
 // RefundID gives back n of the units the admission of decision id id
@@ -132,7 +133,8 @@ func (q *Quota) unmarked(ctx context.Context, op, id string) error {
 // instance, even racing the first, gives back nothing and is
 // [pglimit.ErrAlreadySettled]. An id with no admission stored (never
 // admitted, refused, admitted by an AllowTx whose transaction has not
-// committed or rolled back, or deleted after IDRetention) is
+// committed or rolled back, deleted after IDRetention, or its key
+// forgotten by [Quota.Forget]) is
 // [pglimit.ErrNotAdmitted]; n not from 1 to the admission's cost,
 // [pglimit.ErrInvalidCost]; an invalid id, [pglimit.ErrInvalidID]. None
 // writes anything. A RefundID whose outcome is unknown may have refunded:

@@ -36,8 +36,9 @@ const (
 // (some expiring at or before now: refused), SetPlan AtOnce and
 // AtNextPeriod (anchors mostly of the 28th to the 31st, zones with DST),
 // RefundID and SettleID of admitted ids (some refunded or settled
-// before), refused and unknown ids, with costs below, at and above the
-// admission's,
+// before, some of a key forgotten since), refused and unknown ids, with
+// costs below, at and above the admission's, Forget of the key (its
+// ids' retries then decide afresh),
 // and moves of the clock by minutes, hours and days, to a period's end
 // and a credit's expiry (exactly, or 1 µs before), across month ends, a
 // leap February and DST changes in America/New_York and Europe/Paris.
@@ -283,6 +284,16 @@ func (m *quotaModel) spend(idx []int, units int64) []quotaCredit {
 		units -= take
 	}
 	return takes
+}
+
+// forget is Forget: the key is as one never decided, granted or
+// planned, and its ids are gone (a retry of one decides afresh; a
+// refund or settle of one is "not admitted").
+func (m *quotaModel) forget() {
+	m.exists, m.next, m.periodStart = false, nil, time.Time{}
+	m.a, m.c, m.o = 0, 0, 0
+	m.credits = nil
+	clear(m.ids)
 }
 
 // ticket is the admitted id's ticket, or the error class of a refund or
@@ -547,6 +558,13 @@ func (s *quotaSequence) step() {
 		s.settleOrRefund(ctx, q, i)
 	case r < 75:
 		s.logf("Usage on %d", i)
+	case r < 78:
+		s.logf("Forget on %d", i)
+		if err := q.Forget(ctx, "k"); err != nil {
+			s.fail("Forget on %d: %v", i, err)
+		}
+		s.m.forget()
+		s.stats["forget"]++
 	default:
 		s.move()
 	}

@@ -54,8 +54,8 @@ const (
 // Config configures a [Quota]. Namespace is required; every other zero
 // field takes its default.
 type Config struct {
-	// Schema holds the tables (migration 00015, which [pglimit.Migrate]
-	// applies). Defaults to "public".
+	// Schema holds the tables (migrations 00015 and 00017, which
+	// [pglimit.Migrate] applies). Defaults to "public".
 	Schema string
 
 	// Namespace separates quotas that share the tables: a key's plan,
@@ -208,8 +208,9 @@ type Querier interface {
 // with an id one row of pglimit_quota_ids (about 180 bytes plus the id and
 // 16 per credit it took from) until the cleaner (pglimitclean, whose
 // default tables include it) deletes it after IDRetention; a threshold
-// crossed, one event row until [Quota.TakeEvents] takes it. Nothing
-// deletes a key's row yet. Bad input ([pglimit.ErrInvalidKey],
+// crossed, one event row until [Quota.TakeEvents] takes it. A key's row
+// and its ids' rows stay until [Quota.Forget] deletes them (its events
+// stay). Bad input ([pglimit.ErrInvalidKey],
 // [pglimit.ErrInvalidCost], [pglimit.ErrInvalidConfig],
 // [pglimit.ErrInvalidID]) writes nothing, nor does a refund or settle by
 // id of an id not admitted ([pglimit.ErrNotAdmitted]) or already refunded
@@ -225,6 +226,7 @@ type Quota struct {
 		allow, allowID, usage, setPlan, grant, lookupID, takeEvents string
 		kept, keptID                                                string // Allow's common case (quota.allow_kept)
 		refund, settle                                              string // RefundID's and SettleID's
+		forget                                                      string
 	}
 }
 
@@ -311,6 +313,7 @@ func New(db pglimit.DB, cfg *Config) (*Quota, error) {
 	q.stmts.grant = queries.Text("quota.grant", args)
 	q.stmts.lookupID = queries.Text("quota.lookup_id", args)
 	q.stmts.takeEvents = queries.Text("quota.take_events", args)
+	q.stmts.forget = queries.Text("quota.forget", args)
 	q.stmts.refund = queries.Text("quota.refund", args)
 	args["id"], args["settle"] = "", "true"
 	q.stmts.settle = queries.Text("quota.allow", args)
@@ -560,6 +563,52 @@ func (q *Quota) Grant(ctx context.Context, key string, units int64, expires time
 		}
 	}
 	return q.wrap(ctx, "grant", errors.New("the key's row kept changing"))
+}
+
+// Forget deletes everything the quota keeps for key but its threshold
+// events, so that the key is as one never decided, granted or planned.
+//
+// It deletes the key's row (plan, anchor, a plan set for the next
+// period, the period's counters, credits) and the rows of its admitted
+// ids: the key's next decision starts a period anchored then, on the
+// Config's plan, with no credits.
+//
+// Its threshold events stay: they are an outbox the application has not
+// read yet ([Quota.TakeEvents]); a period of the key after Forget starts
+// at another instant, so its crossings write events of their own. An id
+// of the key is gone with it: [Quota.RefundID] and [Quota.SettleID] of it
+// are [pglimit.ErrNotAdmitted] and write nothing, and a retry of Allow
+// with it decides afresh, on the fresh row.
+//
+// It takes the lock a decision takes on the key's row, in one statement:
+// a decision of the key racing it either comes before, and is deleted
+// with the rest, or after, and counts on a fresh row. It waits for a
+// decision in progress, or an AllowTx of the key whose transaction has
+// not ended, up to the Timeout; an admission that commits while it waits
+// makes it run its statement again, until the Timeout. Forget of a key
+// the quota has nothing of is no error and writes nothing, so a Forget
+// whose outcome is unknown can be retried. An invalid key is
+// [pglimit.ErrInvalidKey] and writes nothing. A Forget that fails
+// deleted all of it or nothing, never a part: nothing, unless its outcome
+// was unknown (the connection lost as it committed). It runs in a
+// transaction of its own on the quota's db.
+func (q *Quota) Forget(ctx context.Context, key string) error {
+	if err := pglimit.ValidateKey(key); err != nil {
+		return err
+	}
+	ctx, cancel := q.bound(ctx)
+	defer cancel()
+	for {
+		var done bool
+		if err := q.db.QueryRow(ctx, q.stmts.forget, q.cfg.Namespace, key).Scan(&done); err != nil {
+			return q.wrap(ctx, "forget", err)
+		}
+		if done {
+			return nil
+		}
+		// An admission of the key committed while the statement waited
+		// for its row: again, on a snapshot that sees its id.
+	}
 }
 
 // TakeEvents deletes and returns up to limit threshold events of the

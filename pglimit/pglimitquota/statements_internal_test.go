@@ -26,7 +26,7 @@ func TestStatements(t *testing.T) {
 		{"allow", q.stmts.allow}, {"allow_id", q.stmts.allowID}, {"allow_kept", q.stmts.kept}, {"allow_kept_id", q.stmts.keptID},
 		{"usage", q.stmts.usage}, {"set_plan", q.stmts.setPlan},
 		{"grant", q.stmts.grant}, {"lookup_id", q.stmts.lookupID}, {"take_events", q.stmts.takeEvents},
-		{"refund", q.stmts.refund}, {"settle", q.stmts.settle},
+		{"refund", q.stmts.refund}, {"settle", q.stmts.settle}, {"forget", q.stmts.forget},
 	} {
 		fmt.Fprintf(&b, "-- %s\n%s\n", st.name, st.text)
 	}

@@ -101,7 +101,7 @@ WITH clock AS (
 -- retention in µs and $10 the thresholds in basis points; without, $8 is
 -- the thresholds (th names which), and the statement neither reads nor
 -- writes the ids table: a decision without an id does not open it and its
--- two indexes, about 20 µs of a decision's time. The id's row keeps the
+-- three indexes, about 20 µs of a decision's time. The id's row keeps the
 -- units the admission took from each credit, in the order it took them
 -- (credit_units, credit_expires), for a refund by id (quota.refund).
 --
@@ -417,4 +417,43 @@ WHERE (e.namespace, e.key, e.period_start, e.threshold) IN (
     FOR UPDATE SKIP LOCKED
 )
 RETURNING e.key, e.period_start, e.period_end, e.threshold, e.used, e.allowance, e.crossed_at
+{{end}}
+
+-- quota.forget deletes key $2's row (plan, anchor, counters, credits) and
+-- every row of its ids, in one statement; the key's threshold events
+-- stay, an outbox the application has not read. It locks the key's row
+-- as a decision does (FOR UPDATE), so that it waits for a decision of the
+-- key in progress and none starts on the row until it commits.
+--
+-- Why it is safe: every admission with an id writes the id and the
+-- key's row in one statement under that lock, so the key's ids that
+-- this statement's snapshot sees are all of them, unless the row changed
+-- between the snapshot and the lock (a decision that committed while
+-- this statement waited for it): then seen, the version the snapshot
+-- reads, is not locked, the latest one (their ctids differ), and the
+-- statement deletes nothing and answers false (done); the caller runs it
+-- again, on a snapshot that sees that decision. A key with no row in the
+-- snapshot (never decided, or a first decision not committed when the
+-- statement began) has no row to lock: the statement deletes the ids the
+-- snapshot sees, none unless a row was deleted by hand, and a decision
+-- that commits later counts on a fresh row. A row deleted meanwhile (a
+-- concurrent forget) has nothing left to delete. The ids are deleted
+-- only once the lock is taken (their DELETE reads decided); both DELETEs
+-- run whether or not the last SELECT reads them.
+{{define "quota.forget"}}
+WITH seen AS (
+    SELECT t.ctid AS v FROM {{.keys}} AS t WHERE t.namespace = $1 AND t.key = $2
+), locked AS (
+    SELECT t.ctid AS v FROM {{.keys}} AS t WHERE t.namespace = $1 AND t.key = $2
+    FOR UPDATE
+), decided AS (
+    SELECT NOT EXISTS (SELECT FROM locked) OR EXISTS (SELECT FROM locked AS l, seen AS s WHERE l.v = s.v) AS done
+), gone AS (
+    DELETE FROM {{.keys}} AS t USING decided AS d
+    WHERE t.namespace = $1 AND t.key = $2 AND d.done
+), ids AS (
+    DELETE FROM {{.ids}} AS i USING decided AS d
+    WHERE i.namespace = $1 AND i.key = $2 AND d.done
+)
+SELECT d.done FROM decided AS d
 {{end}}
