@@ -466,17 +466,7 @@ func TestClientGoneIsNotALimiterFailure(t *testing.T) {
 		done <- err
 	}()
 	// Hang up once the decision waits for the lock.
-	deadline := time.Now().Add(30 * time.Second)
-	for waiting := 0; waiting == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("the decision never waited for the lock")
-		}
-		time.Sleep(10 * time.Millisecond) // the server has no event to wait on
-		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%pglimit_upsert%'`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testdb.WaitsForLock(t, b.pool, "pglimit_upsert", 30*time.Second)
 	hangUp()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("client: %v, want context.Canceled", err)
@@ -487,11 +477,11 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '
 		failed   = `pglimit_decisions_total{limiter="list-items",outcome="error",strategy="upsert"} 1`
 	)
 	var metrics string
-	for !strings.Contains(metrics, canceled) && !strings.Contains(metrics, failed) {
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(metrics, canceled) && !strings.Contains(metrics, failed); {
 		if time.Now().After(deadline) {
 			t.Fatal("the decision was never counted")
 		}
-		time.Sleep(10 * time.Millisecond) // as above
+		time.Sleep(10 * time.Millisecond)
 		metrics = string(b.do(t, "GET", "/metrics", "").body)
 	}
 	if !strings.Contains(metrics, canceled) {

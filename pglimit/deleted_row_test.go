@@ -48,7 +48,7 @@ func TestDeletedRowDecidedAfterTheWait(t *testing.T) {
 				done <- result{d, err}
 			}()
 			if s == pglimit.Upsert {
-				waitsForLock(t, pool, table)
+				testdb.WaitsForLock(t, pool, table, 10*time.Second)
 			}
 			time.Sleep(200 * time.Millisecond) // a wait long enough to tell its two ends apart
 			var committing time.Time
@@ -145,21 +145,3 @@ func endedCooldown(t *testing.T, s pglimit.Strategy, name string, cooldown time.
 	return pool, table, lim
 }
 
-// waitsForLock waits until a statement on table waits for a lock.
-func waitsForLock(t *testing.T, pool *pgxpool.Pool, table string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		var n int
-		err := pool.QueryRow(context.Background(),
-			"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0 AND pid <> pg_backend_pid()",
-			table).Scan(&n)
-		switch {
-		case err != nil:
-			t.Fatal(err)
-		case n > 0:
-			return
-		case time.Now().After(deadline):
-			t.Fatalf("no statement on %s waited for a lock within 10 s", table)
-		}
-	}
-}

@@ -462,6 +462,28 @@ func Slow(t testing.TB) {
 	}
 }
 
+// WaitsForLock returns once a session of the current database waits for
+// a lock in a statement whose text contains match; it fails the test if
+// none does within within. The server has no event to wait on, so it asks
+// pg_stat_activity every 10 ms.
+func WaitsForLock(tb testing.TB, db pglimit.DB, match string, within time.Duration) {
+	tb.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(10 * time.Millisecond) {
+		var n int
+		err := db.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0 AND pid <> pg_backend_pid()`,
+			match).Scan(&n)
+		switch {
+		case err != nil:
+			tb.Fatal(err)
+		case n > 0:
+			return
+		case time.Now().After(deadline):
+			tb.Fatalf("no statement containing %q waited for a lock within %s", match, within)
+		}
+	}
+}
+
 // Lock has a transaction of its own on pool hold the rows of keys in
 // schema's table, each of which must exist, or with no keys the whole
 // table, until release is called or the test ends.
