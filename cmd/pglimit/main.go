@@ -360,19 +360,28 @@ var usages = map[string]string{
 	"health": "[NAME]", "usage": "KEY", "forget": "KEY",
 }
 
+// writer is what a command that writes sends its statements through:
+// pool, or with -dry-run a transaction on it that end rolls back.
+func (o *options) writer(ctx context.Context, pool *pgxpool.Pool) (db pglimit.DB, end func(), err error) {
+	if !o.dryRun {
+		return pool, func() {}, nil
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return tx, func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }, nil // the dry run's end
+}
+
 // forget forgets key of the quota of cfg, and prints its period as it
 // stood before. With -dry-run it runs in a transaction that it rolls
 // back.
 func (o *options) forget(ctx context.Context, pool *pgxpool.Pool, p printer, key string, cfg *pglimitquota.Config) error {
-	var db pglimit.DB = pool
-	if o.dryRun {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the dry run's end
-		db = tx
+	db, end, err := o.writer(ctx, pool)
+	if err != nil {
+		return err
 	}
+	defer end()
 	q, err := pglimitquota.New(db, cfg)
 	if err != nil {
 		return err
@@ -391,15 +400,11 @@ func (o *options) forget(ctx context.Context, pool *pgxpool.Pool, p printer, key
 // state as it leaves it. With -dry-run it runs in a transaction, reads the
 // state there, and rolls back.
 func (o *options) write(ctx context.Context, pool *pgxpool.Pool, p printer, name, key string, own []pglimit.Limit, ttl time.Duration) error {
-	var db pglimit.DB = pool
-	if o.dryRun {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the dry run's end
-		db = tx
+	db, end, err := o.writer(ctx, pool)
+	if err != nil {
+		return err
 	}
+	defer end()
 	lim, err := pglimit.New(db, &o.cfg)
 	if err != nil {
 		return err

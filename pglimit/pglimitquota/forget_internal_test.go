@@ -40,22 +40,7 @@ func TestForgetUsesKeyIndex(t *testing.T) {
 		if _, err := admin.Exec(ctx, "VACUUM ANALYZE "+ids); err != nil {
 			t.Fatal(err)
 		}
-		rows, err := admin.Query(ctx, "EXPLAIN "+q.stmts.forget, q.cfg.Namespace, "user-5")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan strings.Builder
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
-				t.Fatal(err)
-			}
-			plan.WriteString(line + "\n")
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		if p := plan.String(); !strings.Contains(p, "pglimit_quota_ids_key_idx") || strings.Contains(p, "Seq Scan on pglimit_quota_ids") {
+		if p := plan(t, admin, "EXPLAIN "+q.stmts.forget, q.cfg.Namespace, "user-5"); !strings.Contains(p, "pglimit_quota_ids_key_idx") || strings.Contains(p, "Seq Scan on pglimit_quota_ids") {
 			t.Fatalf("Forget's plan does not read the ids by key:\n%s", p)
 		}
 		var total, index int64
@@ -100,23 +85,24 @@ func TestIDLookupsByPrimaryKey(t *testing.T) {
 		if _, err := conn.Prepare(ctx, st.name, st.sql); err != nil {
 			t.Fatal(err)
 		}
-		rows, err := conn.Query(ctx, "EXPLAIN EXECUTE "+st.name+"("+st.args+")")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan strings.Builder
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
-				t.Fatal(err)
-			}
-			plan.WriteString(line + "\n")
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		if p := plan.String(); !strings.Contains(p, "pglimit_quota_ids_pkey") || strings.Contains(p, "pglimit_quota_ids_key_idx") {
+		if p := plan(t, conn, "EXPLAIN EXECUTE "+st.name+"("+st.args+")"); !strings.Contains(p, "pglimit_quota_ids_pkey") || strings.Contains(p, "pglimit_quota_ids_key_idx") {
 			t.Errorf("%s's generic plan does not look the id up by the primary key:\n%s", st.name, p)
 		}
 	}
+}
+
+// plan is the text of the plan that the EXPLAIN sql prints on db.
+func plan(t *testing.T, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, sql string, args ...any) string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
 }

@@ -205,14 +205,7 @@ func TestForgetConcurrent(t *testing.T) {
 	schema := testdb.Schema(t)
 	cfg := pglimitquota.Config{Schema: schema, Namespace: "n", Allowance: 1_000_000}
 	admin := testdb.Pool(t)
-	var quotas []*pglimitquota.Quota
-	for _, pool := range []pglimit.DB{admin, testdb.PgBouncerPool(t)} {
-		q, err := pglimitquota.New(pool, &cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		quotas = append(quotas, q)
-	}
+	quotas := twoInstances(t, admin, cfg)
 	ctx := context.Background()
 	rounds, callers, calls := 8, 4, 8
 	if testing.Short() {
@@ -269,14 +262,7 @@ func TestForgetRacesSettle(t *testing.T) {
 	schema := testdb.Schema(t)
 	cfg := pglimitquota.Config{Schema: schema, Namespace: "n", Allowance: 1000}
 	admin := testdb.Pool(t)
-	var quotas []*pglimitquota.Quota
-	for _, pool := range []pglimit.DB{admin, testdb.PgBouncerPool(t)} {
-		q, err := pglimitquota.New(pool, &cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		quotas = append(quotas, q)
-	}
+	quotas := twoInstances(t, admin, cfg)
 	ctx := context.Background()
 	const rounds, ids = 6, 16
 	var applied, notAdmitted atomic.Int64

@@ -25,15 +25,8 @@ import (
 func TestIDRetryStorm(t *testing.T) {
 	schema := testdb.Schema(t)
 	cfg := pglimitquota.Config{Schema: schema, Namespace: "n", Allowance: 60, HardCap: 80}
-	var quotas []*pglimitquota.Quota
 	admin := testdb.Pool(t)
-	for _, pool := range []pglimit.DB{admin, testdb.PgBouncerPool(t)} {
-		q, err := pglimitquota.New(pool, &cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		quotas = append(quotas, q)
-	}
+	quotas := twoInstances(t, admin, cfg)
 	const ids, retries, callers = 200, 5, 8
 	type call struct{ id int }
 	var calls []call

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
+	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitquota"
 	"github.com/pglimit/cooldown/pglimit/pglimittest"
 )
@@ -44,6 +45,21 @@ func setup(t *testing.T, cfg pglimitquota.Config, at time.Time) *bundle {
 	}
 	b.q = q
 	return b
+}
+
+// twoInstances is two quotas of cfg, as two instances of a service
+// would have: one on db, one through PgBouncer.
+func twoInstances(t *testing.T, db pglimit.DB, cfg pglimitquota.Config) []*pglimitquota.Quota {
+	t.Helper()
+	var quotas []*pglimitquota.Quota
+	for _, pool := range []pglimit.DB{db, testdb.PgBouncerPool(t)} {
+		q, err := pglimitquota.New(pool, &cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		quotas = append(quotas, q)
+	}
+	return quotas
 }
 
 // count returns the number of rows of a table of the schema.

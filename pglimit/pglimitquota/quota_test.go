@@ -172,14 +172,7 @@ func TestPeriodDST(t *testing.T) {
 func TestHardCapConcurrent(t *testing.T) {
 	schema := testdb.Schema(t)
 	cfg := pglimitquota.Config{Schema: schema, Namespace: "n", Allowance: 100, HardCap: 150}
-	var quotas []*pglimitquota.Quota
-	for _, pool := range []pglimit.DB{testdb.Pool(t), testdb.PgBouncerPool(t)} {
-		q, err := pglimitquota.New(pool, &cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		quotas = append(quotas, q)
-	}
+	quotas := twoInstances(t, testdb.Pool(t), cfg)
 	ctx := context.Background()
 	var mu sync.Mutex
 	var admitted, fromAllowance, overage int64

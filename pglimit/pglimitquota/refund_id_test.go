@@ -78,14 +78,7 @@ func TestRefundIDOnce(t *testing.T) {
 	schema := testdb.Schema(t)
 	cfg := pglimitquota.Config{Schema: schema, Namespace: "n", Allowance: 1000}
 	admin := testdb.Pool(t)
-	var quotas []*pglimitquota.Quota
-	for _, pool := range []pglimit.DB{admin, testdb.PgBouncerPool(t)} {
-		q, err := pglimitquota.New(pool, &cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		quotas = append(quotas, q)
-	}
+	quotas := twoInstances(t, admin, cfg)
 	ctx := context.Background()
 	// Each instance alone refunds an admission that took credits, which
 	// it did not make: the parameters it sends match the id's row.
