@@ -144,4 +144,3 @@ func endedCooldown(t *testing.T, s pglimit.Strategy, name string, cooldown time.
 	}
 	return pool, table, lim
 }
-
