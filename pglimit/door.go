@@ -50,14 +50,19 @@ type action struct {
 //     as the limiter's calls' are (wrap), under that bound;
 //  7. the Observer sees it end.
 //
-// The capability comes before the arguments, as in Reserve's checkReserve:
-// an operation the limiter cannot do fails with ErrUnsupported whatever
-// its arguments, as the Pause and ids tests pin. Bad input fails before
-// the deadline starts and before any statement. fn's other errors are
+// The capability comes before the arguments, as each of these operations
+// read it before the door and as Reserve's checkReserve does: one the
+// limiter cannot do is ErrUnsupported whatever its arguments
+// (TestDoorUnsupportedBeforeArguments). Bad input fails before the
+// deadline starts and before any statement. fn's other errors are
 // returned as they are: the sentinels of a misuse it finds under its own
 // locks (a settled decision), and those of Inspect, LimitedKeys and the
 // key limits' operations, which statementErr names by operation and
 // diagnoses against the table.
+//
+// AllowAll does not pass it: one statement decides for several limiters,
+// and each level is observed on its own limiter's Observer, with that
+// level's decision. It bounds its deadline as act does (withDeadline).
 func (l *limiter) act(ctx context.Context, a action, fn func(ctx context.Context) error) error {
 	if l.observers.decisions == nil {
 		return l.acted(ctx, a, fn)
