@@ -64,9 +64,6 @@ type action struct {
 // and each level is observed on its own limiter's Observer, with that
 // level's decision. It bounds its deadline as act does (withDeadline).
 func (l *limiter) act(ctx context.Context, a action, fn func(ctx context.Context) error) error {
-	if l.observers.decisions == nil {
-		return l.acted(ctx, a, fn)
-	}
 	_, err := l.observe(ctx, a.op, a.key, a.id, a.n, func(ctx context.Context) (Decision, error) {
 		return Decision{}, l.acted(ctx, a, fn)
 	})
