@@ -153,13 +153,7 @@ func (l *limiter) database(ctx context.Context, key string, via path, fn func(ct
 		}
 	}
 	gen := l.preblock.Generation()
-	bound := l.cfg.Timeout
-	if via.inTx {
-		// The server bounds the wait (lock_timeout) and keeps the caller's
-		// connection; this deadline only catches a server gone silent.
-		bound += txClientTimeoutMargin
-	}
-	ctx, cancel := context.WithTimeoutCause(ctx, bound, ErrTimeout)
+	ctx, cancel := withDeadline(ctx, l.cfg.Timeout, via.inTx)
 	defer cancel()
 	d, err := fn(ctx)
 	if err != nil {
@@ -189,22 +183,4 @@ func (l *limiter) wrap(ctx context.Context, err error) error {
 func (l *limiter) lostRace() Decision {
 	violated := uint16(1)<<len(l.cfg.Limits) - 1
 	return Decision{RetryAfter: l.worst, ResetAfter: l.worst, Limit: l.cfg.Limits[0], violated: violated, policy: l.policy}
-}
-
-// reset deletes every row of key in the limiter's namespace.
-func (l *limiter) reset(ctx context.Context, query, key string) error {
-	if err := ValidateKey(key); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
-	defer cancel()
-	if err := l.check(ctx, l.db); err != nil {
-		return l.wrap(ctx, fmt.Errorf("reset: %w", err))
-	}
-	if _, err := l.db.Exec(ctx, query, l.args.namespace, key, l.args.lockClass); err != nil {
-		return l.wrap(ctx, fmt.Errorf("reset: %w", err))
-	}
-	l.preblock.Forget(key)
-	l.flights.Forget(key)
-	return nil
 }

@@ -164,11 +164,7 @@ func allowAllUnobserved(ctx context.Context, tx DB, n int, charges []Charge) (De
 	if tx != nil {
 		db = tx
 	}
-	bound := first.cfg.Timeout
-	if tx != nil {
-		bound += txClientTimeoutMargin // the server bounds the waits: lock_timeout
-	}
-	ctx, cancel := context.WithTimeoutCause(ctx, bound, ErrTimeout)
+	ctx, cancel := withDeadline(ctx, first.cfg.Timeout, tx != nil) // in tx the server bounds the waits: lock_timeout
 	defer cancel()
 	for _, lv := range levels {
 		// A level's first statement, its table's check, is bounded and

@@ -1,6 +1,7 @@
 package pglimit
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -281,37 +282,24 @@ func RefundID(ctx context.Context, lim Limiter, id string, n int) (ok bool, err 
 	if err != nil {
 		return false, err
 	}
-	_, err = l.observe(ctx, OpRefundID, "", id, n, func(ctx context.Context) (Decision, error) {
-		var err error
+	var invalid error
+	if n <= 0 {
+		invalid = fmt.Errorf("%w: RefundID: n must be positive, got %d", ErrInvalidCost, n)
+	}
+	a := action{op: OpRefundID, id: id, n: n, invalid: cmp.Or(invalid, ValidateID(id)), table: true, what: "refund by id"}
+	err = l.act(ctx, a, func(ctx context.Context) (err error) {
 		ok, err = l.refundID(ctx, id, n)
-		return Decision{}, err
+		return err
 	})
 	return ok, err
 }
 
-// refundID is RefundID unobserved.
+// refundID is RefundID past the door.
 func (l *limiter) refundID(ctx context.Context, id string, n int) (bool, error) {
-	if err := engine.Check(engine.RefundID, l.shape(engine.Unchecked)); err != nil {
-		return false, err
-	}
-	if n <= 0 {
-		return false, fmt.Errorf("%w: RefundID: n must be positive, got %d", ErrInvalidCost, n)
-	}
-	if err := ValidateID(id); err != nil {
-		return false, err
-	}
-	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
-	defer cancel()
-	if err := l.check(ctx, l.db); err != nil {
-		return false, l.wrap(ctx, fmt.Errorf("refund by id: %w", err))
-	}
-	if err := engine.Check(engine.RefundID, l.shape(l.deployment())); err != nil {
-		return false, err
-	}
 	row, found, err := l.lookupID(ctx, l.db, id)
 	switch {
 	case err != nil:
-		return false, l.wrap(ctx, err)
+		return false, failed(err)
 	case !found:
 		return false, fmt.Errorf("%w: RefundID: no admission has the id %q", ErrNotAdmitted, id)
 	case row.done != nil:
@@ -334,7 +322,7 @@ func (l *limiter) refundID(ctx context.Context, id string, n int) (bool, error) 
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, fmt.Errorf("%w: RefundID: the admission of id %q was refunded by another call", ErrAlreadySettled, id)
 	case err != nil:
-		return false, l.wrap(ctx, fmt.Errorf("refund by id: %w", err))
+		return false, failed(fmt.Errorf("refund by id: %w", err))
 	}
 	all := took != nil
 	for _, ok := range took {
@@ -363,33 +351,20 @@ func SettleID(ctx context.Context, lim Limiter, id string, cost int) (out Settle
 	if err != nil {
 		return Settlement{}, err
 	}
-	_, err = l.observe(ctx, OpSettleID, "", id, cost, func(ctx context.Context) (Decision, error) {
-		var err error
+	var invalid error
+	if cost < 0 || cost > maxSettleCost {
+		invalid = fmt.Errorf("%w: SettleID: cost must be in [0, %d], got %d", ErrInvalidCost, maxSettleCost, cost)
+	}
+	a := action{op: OpSettleID, id: id, n: cost, invalid: cmp.Or(invalid, ValidateID(id)), table: true, what: "settle by id"}
+	err = l.act(ctx, a, func(ctx context.Context) (err error) {
 		out, err = l.settleID(ctx, id, cost)
-		return Decision{}, err
+		return err
 	})
 	return out, err
 }
 
-// settleID is SettleID unobserved.
+// settleID is SettleID past the door.
 func (l *limiter) settleID(ctx context.Context, id string, cost int) (Settlement, error) {
-	if err := engine.Check(engine.SettleID, l.shape(engine.Unchecked)); err != nil {
-		return Settlement{}, err
-	}
-	if cost < 0 || cost > maxSettleCost {
-		return Settlement{}, fmt.Errorf("%w: SettleID: cost must be in [0, %d], got %d", ErrInvalidCost, maxSettleCost, cost)
-	}
-	if err := ValidateID(id); err != nil {
-		return Settlement{}, err
-	}
-	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
-	defer cancel()
-	if err := l.check(ctx, l.db); err != nil {
-		return Settlement{}, l.wrap(ctx, fmt.Errorf("settle by id: %w", err))
-	}
-	if err := engine.Check(engine.SettleID, l.shape(l.deployment())); err != nil {
-		return Settlement{}, err
-	}
 	rates, ts, bts := make([]int64, len(l.cfg.Limits)), make([]int64, len(l.cfg.Limits)), make([]int64, len(l.cfg.Limits))
 	for i, lim := range l.cfg.Limits {
 		_, rates[i], ts[i], bts[i] = lim.micros()
@@ -398,7 +373,7 @@ func (l *limiter) settleID(ctx context.Context, id string, cost int) (Settlement
 		row, found, err := l.lookupID(ctx, l.db, id)
 		switch {
 		case err != nil:
-			return Settlement{}, l.wrap(ctx, err)
+			return Settlement{}, failed(err)
 		case !found:
 			return Settlement{}, fmt.Errorf("%w: SettleID: no admission has the id %q", ErrNotAdmitted, id)
 		case row.done != nil:
@@ -415,13 +390,13 @@ func (l *limiter) settleID(ctx context.Context, id string, cost int) (Settlement
 			}
 			return out, nil
 		case !errors.Is(err, pgx.ErrNoRows):
-			return Settlement{}, l.wrap(ctx, fmt.Errorf("settle by id: %w", err))
+			return Settlement{}, failed(fmt.Errorf("settle by id: %w", err))
 		}
 		// The statement marked nothing: another call settled or refunded
 		// the id meanwhile (the lookup above tells), or a charge found no
 		// row of the key to charge, which a blank one stands for.
 		if _, err := l.db.Exec(ctx, l.keySQL.Blank, l.args.namespace, row.key); err != nil {
-			return Settlement{}, l.wrap(ctx, fmt.Errorf("settle by id: %w", err))
+			return Settlement{}, failed(fmt.Errorf("settle by id: %w", err))
 		}
 	}
 	if row, found, err := l.lookupID(ctx, l.db, id); err == nil && found && row.done != nil {

@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
-	"github.com/pglimit/cooldown/pglimit/internal/engine"
 )
 
 // KeyState is where a key stands under each of a limiter's limits, read
@@ -70,23 +69,16 @@ func Inspect(ctx context.Context, lim Limiter, key string) (st KeyState, err err
 	if err != nil {
 		return KeyState{}, err
 	}
-	_, err = l.observe(ctx, OpInspect, key, "", 0, func(ctx context.Context) (Decision, error) {
-		var err error
+	err = l.act(ctx, action{op: OpInspect, key: key, validKey: true}, func(ctx context.Context) (err error) {
 		st, err = l.inspect(ctx, key)
-		return Decision{}, err
+		return err
 	})
 	return st, err
 }
 
-// inspect is Inspect unobserved.
+// inspect is Inspect past the door.
 func (l *limiter) inspect(ctx context.Context, key string) (KeyState, error) {
 	db, c := l.db, l.cfg
-	if err := engine.Check(engine.Inspect, l.shape(engine.Unchecked)); err != nil {
-		return KeyState{}, err
-	}
-	if err := ValidateKey(key); err != nil {
-		return KeyState{}, err
-	}
 	var (
 		state    []int64
 		tat      *int64
@@ -94,8 +86,6 @@ func (l *limiter) inspect(ctx context.Context, key string) (KeyState, error) {
 		doc      overrideDoc
 		ownUntil *time.Time
 	)
-	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
-	defer cancel()
 	err := db.QueryRow(ctx, l.keySQL.Inspect, c.Namespace, key).Scan(&state, &tat, &now, &doc, &ownUntil)
 	if err != nil {
 		return KeyState{}, statementErr(ctx, db, c, pgx.Identifier{c.Schema, c.Table}.Sanitize(), shapes[c.Strategy], "Inspect", err)
@@ -131,31 +121,32 @@ func LimitedKeys(ctx context.Context, lim Limiter, n int, after string, max int)
 	if err != nil {
 		return nil, err
 	}
-	_, err = l.observe(ctx, OpLimitedKeys, "", "", n, func(ctx context.Context) (Decision, error) {
-		var err error
+	err = l.act(ctx, action{op: OpLimitedKeys, n: n, invalid: l.checkLimitedKeys(n, after, max)}, func(ctx context.Context) (err error) {
 		page, err = l.limitedKeys(ctx, n, after, max)
-		return Decision{}, err
+		return err
 	})
 	return page, err
 }
 
-// limitedKeys is LimitedKeys unobserved.
-func (l *limiter) limitedKeys(ctx context.Context, n int, after string, max int) ([]KeyState, error) {
-	db, c := l.db, l.cfg
-	if err := engine.Check(engine.LimitedKeys, l.shape(engine.Unchecked)); err != nil {
-		return nil, err
-	}
-	if n < 1 || costFits(c.Limits, n, modeAllow, 0) != nil {
-		return nil, fmt.Errorf("%w: LimitedKeys: n = %d, not in [1, the smallest capacity of the limits]", ErrInvalidCost, n)
+// checkLimitedKeys validates LimitedKeys' arguments.
+func (l *limiter) checkLimitedKeys(n int, after string, max int) error {
+	if n < 1 || costFits(l.cfg.Limits, n, modeAllow, 0) != nil {
+		return fmt.Errorf("%w: LimitedKeys: n = %d, not in [1, the smallest capacity of the limits]", ErrInvalidCost, n)
 	}
 	if max < 1 || max > maxPage {
-		return nil, fmt.Errorf("%w: LimitedKeys: max %d, not in [1, %d]", ErrInvalidConfig, max, maxPage)
+		return fmt.Errorf("%w: LimitedKeys: max %d, not in [1, %d]", ErrInvalidConfig, max, maxPage)
 	}
 	if after != "" {
 		if err := ValidateKey(after); err != nil {
-			return nil, fmt.Errorf("LimitedKeys: after: %w", err)
+			return fmt.Errorf("LimitedKeys: after: %w", err)
 		}
 	}
+	return nil
+}
+
+// limitedKeys is LimitedKeys past the door.
+func (l *limiter) limitedKeys(ctx context.Context, n int, after string, max int) ([]KeyState, error) {
+	db, c := l.db, l.cfg
 	var (
 		now  int64
 		page []struct {
@@ -167,8 +158,6 @@ func (l *limiter) limitedKeys(ctx context.Context, n int, after string, max int)
 			Unknown []string `json:"unknown"`
 		}
 	)
-	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
-	defer cancel()
 	err := db.QueryRow(ctx, l.keySQL.Limited, c.Namespace, after, max, n).Scan(&now, &page)
 	if err != nil {
 		return nil, statementErr(ctx, db, c, pgx.Identifier{c.Schema, c.Table}.Sanitize(), shapes[c.Strategy], "LimitedKeys", err)

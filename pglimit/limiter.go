@@ -468,12 +468,13 @@ func (l *limiter) check(ctx context.Context, db DB) error {
 }
 
 func (l *limiter) Reset(ctx context.Context, key string) error {
-	_, err := l.observe(ctx, OpReset, key, "", 0, func(ctx context.Context) (Decision, error) {
-		if err := l.reset(ctx, l.keySQL.Reset, key); err != nil {
-			return Decision{}, err
+	return l.act(ctx, action{op: OpReset, key: key, validKey: true, table: true, what: "reset"}, func(ctx context.Context) error {
+		if _, err := l.db.Exec(ctx, l.keySQL.Reset, l.args.namespace, key, l.args.lockClass); err != nil {
+			return failed(fmt.Errorf("reset: %w", err))
 		}
+		l.preblock.Forget(key)
+		l.flights.Forget(key)
 		l.batch.Forget(key)
-		return Decision{}, nil
+		return nil
 	})
-	return err
 }

@@ -99,40 +99,36 @@ func SetKeyLimitsFor(ctx context.Context, lim Limiter, key string, ttl time.Dura
 }
 
 // setKeyLimits is SetKeyLimits (op OpSetKeyLimits, ttl 0) and
-// SetKeyLimitsFor, observed.
+// SetKeyLimitsFor, through the door.
 func setKeyLimits(ctx context.Context, lim Limiter, op Op, key string, ttl time.Duration, limits []Limit) error {
 	l, err := made(lim, string(op))
 	if err != nil {
 		return err
 	}
-	_, err = l.observe(ctx, op, key, "", 0, func(ctx context.Context) (Decision, error) {
-		if op == OpSetKeyLimits {
-			return Decision{}, l.setKeyLimits(ctx, key, nil, limits)
-		}
-		if ttl <= 0 || ttl > maxPeriod {
-			return Decision{}, fmt.Errorf("%w: SetKeyLimitsFor: ttl %s, not in (0, %s]", ErrInvalidConfig, ttl, maxPeriod)
-		}
-		if len(limits) == 0 {
-			return Decision{}, fmt.Errorf("%w: SetKeyLimitsFor: no limits; SetKeyLimits with none takes a key's away", ErrInvalidConfig)
-		}
+	var invalid error
+	var lapse *int64 // µs; nil: never
+	switch {
+	case op == OpSetKeyLimits:
+	case ttl <= 0 || ttl > maxPeriod:
+		invalid = fmt.Errorf("%w: SetKeyLimitsFor: ttl %s, not in (0, %s]", ErrInvalidConfig, ttl, maxPeriod)
+	case len(limits) == 0:
+		invalid = fmt.Errorf("%w: SetKeyLimitsFor: no limits; SetKeyLimits with none takes a key's away", ErrInvalidConfig)
+	default:
 		us := ttl.Microseconds()
-		return Decision{}, l.setKeyLimits(ctx, key, &us, limits)
+		lapse = &us
+	}
+	table, err := overridesOf(l.cfg, "SetKeyLimits")
+	a := action{op: op, key: key, invalid: cmp.Or(invalid, err), validKey: true}
+	return l.act(ctx, a, func(ctx context.Context) error {
+		return l.setKeyLimits(ctx, table, key, lapse, limits)
 	})
-	return err
 }
 
 // setKeyLimits writes key's own limits, lapsing after ttl µs (nil:
-// never), or deletes them when there are none: SetKeyLimits and
-// SetKeyLimitsFor unobserved.
-func (l *limiter) setKeyLimits(ctx context.Context, key string, ttl *int64, limits []Limit) error {
+// never), or deletes them when there are none, in table: SetKeyLimits
+// and SetKeyLimitsFor past the door.
+func (l *limiter) setKeyLimits(ctx context.Context, table, key string, ttl *int64, limits []Limit) error {
 	db, c := l.db, l.cfg
-	table, err := overridesOf(c, "SetKeyLimits")
-	if err != nil {
-		return err
-	}
-	if err := ValidateKey(key); err != nil {
-		return err
-	}
 	sql, args := l.keySQL.DeleteLimits, []any{c.Namespace, key}
 	if len(limits) > 0 {
 		doc, err := keyLimitsDoc(c.Limits, limits)
@@ -141,9 +137,7 @@ func (l *limiter) setKeyLimits(ctx context.Context, key string, ttl *int64, limi
 		}
 		sql, args = l.keySQL.SetLimits, append(args, doc, ttl)
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
-	defer cancel()
-	if _, err = db.Exec(ctx, sql, args...); err != nil {
+	if _, err := db.Exec(ctx, sql, args...); err != nil {
 		return statementErr(ctx, db, c, table, nil, "SetKeyLimits", err)
 	}
 	return nil
@@ -182,26 +176,20 @@ func ListKeyLimits(ctx context.Context, lim Limiter, after string, max int) (pag
 	if err != nil {
 		return nil, err
 	}
-	_, err = l.observe(ctx, OpListKeyLimits, "", "", 0, func(ctx context.Context) (Decision, error) {
-		var err error
-		page, err = l.listKeyLimits(ctx, after, max)
-		return Decision{}, err
+	table, err := overridesOf(l.cfg, "ListKeyLimits")
+	if err == nil && (max < 1 || max > maxPage) {
+		err = fmt.Errorf("%w: ListKeyLimits: max %d, not in [1, %d]", ErrInvalidConfig, max, maxPage)
+	}
+	err = l.act(ctx, action{op: OpListKeyLimits, invalid: err}, func(ctx context.Context) (err error) {
+		page, err = l.listKeyLimits(ctx, table, after, max)
+		return err
 	})
 	return page, err
 }
 
-// listKeyLimits is ListKeyLimits unobserved.
-func (l *limiter) listKeyLimits(ctx context.Context, after string, max int) ([]KeyLimits, error) {
+// listKeyLimits is ListKeyLimits past the door, on table.
+func (l *limiter) listKeyLimits(ctx context.Context, table, after string, max int) ([]KeyLimits, error) {
 	db, c := l.db, l.cfg
-	table, err := overridesOf(c, "ListKeyLimits")
-	if err != nil {
-		return nil, err
-	}
-	if max < 1 || max > maxPage {
-		return nil, fmt.Errorf("%w: ListKeyLimits: max %d, not in [1, %d]", ErrInvalidConfig, max, maxPage)
-	}
-	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, ErrTimeout)
-	defer cancel()
 	var page []struct {
 		Key     string      `json:"key"`
 		Limits  overrideDoc `json:"limits"`

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 )
 
@@ -35,31 +34,17 @@ func Pause(ctx context.Context, lim Limiter, key string, d time.Duration) error 
 	if err != nil {
 		return err
 	}
-	_, err = l.observe(ctx, OpPause, key, "", 0, func(ctx context.Context) (Decision, error) {
-		return Decision{}, l.pause(ctx, key, d)
+	var invalid error
+	if d <= 0 || d > maxPeriod {
+		invalid = fmt.Errorf("%w: Pause: d = %s, not in (0, %s]", ErrInvalidCost, d, maxPeriod)
+	}
+	return l.act(ctx, action{op: OpPause, key: key, invalid: invalid, validKey: true, table: true}, func(ctx context.Context) error {
+		return l.pause(ctx, key, d)
 	})
-	return err
 }
 
-// pause is Pause unobserved.
+// pause is Pause past the door.
 func (l *limiter) pause(ctx context.Context, key string, d time.Duration) error {
-	if err := engine.Check(engine.Pause, l.shape(engine.Unchecked)); err != nil {
-		return err
-	}
-	if d <= 0 || d > maxPeriod {
-		return fmt.Errorf("%w: Pause: d = %s, not in (0, %s]", ErrInvalidCost, d, maxPeriod)
-	}
-	if err := ValidateKey(key); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
-	defer cancel()
-	if err := l.check(ctx, l.db); err != nil {
-		return l.wrap(ctx, err)
-	}
-	if err := engine.Check(engine.Pause, l.shape(l.deployment())); err != nil {
-		return err
-	}
 	// The first unit fits when TAT + T - now <= Burst*T.
 	reach := d.Microseconds() + l.burstT - l.emission
 	_, err := l.db.Exec(ctx, l.keySQL.Pause, l.cfg.Namespace, key, reach)
@@ -67,9 +52,9 @@ func (l *limiter) pause(ctx context.Context, key string, d time.Duration) error 
 	case err != nil && pgtx.UnknownOutcome(err):
 		// It may have paused the key: pausing it again is safe, as a
 		// pause only ever moves the key's end later.
-		return l.wrap(ctx, fmt.Errorf("pause, whose outcome is unknown: %w", err))
+		return failed(fmt.Errorf("pause, whose outcome is unknown: %w", err))
 	case err != nil:
-		return l.wrap(ctx, fmt.Errorf("pause: %w", err))
+		return failed(fmt.Errorf("pause: %w", err))
 	}
 	l.batch.Forget(key)
 	l.flights.Forget(key)

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 )
 
@@ -48,30 +47,32 @@ func (d Decision) key() string {
 // Refund gives back n of the units admission d took, when the work they
 // paid for did not happen (see [Limiter.Refund]).
 func (l *limiter) Refund(ctx context.Context, d Decision, n int) (ok bool, err error) {
-	_, err = l.observe(ctx, OpRefund, d.key(), "", n, func(ctx context.Context) (Decision, error) {
-		var err error
-		ok, err = l.refund(ctx, d, n)
-		return Decision{}, err
+	invalid := l.admitted(d, OpRefund)
+	if invalid == nil && n <= 0 {
+		invalid = fmt.Errorf("%w: Refund: n must be positive, got %d", ErrInvalidCost, n)
+	}
+	a := action{op: OpRefund, key: d.key(), n: n, invalid: invalid, decided: true, leased: d.leased}
+	err = l.act(ctx, a, func(ctx context.Context) (err error) {
+		ok, err = l.refund(ctx, d.refund, n)
+		return err
 	})
 	return ok, err
 }
 
-// refund is Refund unobserved.
-func (l *limiter) refund(ctx context.Context, d Decision, n int) (bool, error) {
-	t := d.refund
-	s := l.shape(l.deployment())
-	s.Leased = d.leased
-	if err := engine.Check(engine.Refund, s); err != nil {
-		return false, err
-	}
+// admitted checks that d, which op (Refund, Settle) gives back or
+// settles, took units from the database, and is the limiter's.
+func (l *limiter) admitted(d Decision, op Op) error {
 	switch {
-	case t == nil || !d.Allowed || d.Shadow || d.Fallback:
-		return false, fmt.Errorf("%w: Refund: the decision took no units from the database", ErrNotAdmitted)
-	case t.owner != l:
-		return false, fmt.Errorf("%w: Refund: the decision is another limiter's", ErrForeignDecision)
-	case n <= 0:
-		return false, fmt.Errorf("%w: Refund: n must be positive, got %d", ErrInvalidCost, n)
+	case d.refund == nil || !d.Allowed || d.Shadow || d.Fallback:
+		return fmt.Errorf("%w: %s: the decision took no units from the database", ErrNotAdmitted, op)
+	case d.refund.owner != l:
+		return fmt.Errorf("%w: %s: the decision is another limiter's", ErrForeignDecision, op)
 	}
+	return nil
+}
+
+// refund is Refund past the door, of n units of ticket t.
+func (l *limiter) refund(ctx context.Context, t *refundTicket, n int) (bool, error) {
 	emissions := make([]int64, len(t.limits))
 	for i, lim := range t.limits {
 		emissions[i] = lim.emission()
@@ -93,8 +94,6 @@ func (l *limiter) refund(ctx context.Context, d Decision, n int) (bool, error) {
 		args = []any{l.cfg.Namespace, t.key, t.anchors[0], int64(n) * emissions[0], t.xact}
 	}
 	t.mu.Unlock()
-	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
-	defer cancel()
 	var made *string // how the decision's transaction ended; nil: too old to tell
 	var took []bool  // nil: no limit was asked to take the units back
 	err := l.db.QueryRow(ctx, l.keySQL.Refund, args...).Scan(&made, &took)
@@ -105,9 +104,9 @@ func (l *limiter) refund(ctx context.Context, d Decision, n int) (bool, error) {
 	case err != nil && pgtx.UnknownOutcome(err):
 		// The units may have been given back: they never are twice.
 		t.refunded += n
-		return false, l.wrap(ctx, fmt.Errorf("refund, whose outcome is unknown: %w", err))
+		return false, failed(fmt.Errorf("refund, whose outcome is unknown: %w", err))
 	case err != nil:
-		return false, l.wrap(ctx, fmt.Errorf("refund: %w", err))
+		return false, failed(fmt.Errorf("refund: %w", err))
 	case made != nil && *made == "in progress":
 		return false, fmt.Errorf("%w: Refund: the transaction of the decision has not ended; refund after it commits", ErrInvalidCost)
 	}

@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"github.com/pglimit/cooldown/pglimit/internal/arith"
-	"github.com/pglimit/cooldown/pglimit/internal/engine"
 	"github.com/pglimit/cooldown/pglimit/internal/pgtx"
 )
 
@@ -75,30 +74,20 @@ func Settle(ctx context.Context, lim Limiter, d Decision, cost int) (out Settlem
 	if err != nil {
 		return Settlement{}, err
 	}
-	_, err = l.observe(ctx, OpSettle, d.key(), "", cost, func(ctx context.Context) (Decision, error) {
-		var err error
-		out, err = l.settleDecision(ctx, d, cost)
-		return Decision{}, err
+	invalid := l.admitted(d, OpSettle)
+	if invalid == nil && (cost < 0 || cost > maxSettleCost) {
+		invalid = fmt.Errorf("%w: Settle: cost must be in [0, %d], got %d", ErrInvalidCost, maxSettleCost, cost)
+	}
+	a := action{op: OpSettle, key: d.key(), n: cost, invalid: invalid, decided: true, leased: d.leased}
+	err = l.act(ctx, a, func(ctx context.Context) (err error) {
+		out, err = l.settleDecision(ctx, d.refund, cost)
+		return err
 	})
 	return out, err
 }
 
-// settleDecision is Settle unobserved.
-func (l *limiter) settleDecision(ctx context.Context, d Decision, cost int) (Settlement, error) {
-	t := d.refund
-	s := l.shape(l.deployment())
-	s.Leased = d.leased
-	if err := engine.Check(engine.Settle, s); err != nil {
-		return Settlement{}, err
-	}
-	switch {
-	case t == nil || !d.Allowed || d.Shadow || d.Fallback:
-		return Settlement{}, fmt.Errorf("%w: Settle: the decision took no units from the database", ErrNotAdmitted)
-	case t.owner != l:
-		return Settlement{}, fmt.Errorf("%w: Settle: the decision is another limiter's", ErrForeignDecision)
-	case cost < 0 || cost > maxSettleCost:
-		return Settlement{}, fmt.Errorf("%w: Settle: cost must be in [0, %d], got %d", ErrInvalidCost, maxSettleCost, cost)
-	}
+// settleDecision is Settle past the door, of ticket t at cost.
+func (l *limiter) settleDecision(ctx context.Context, t *refundTicket, cost int) (Settlement, error) {
 	t.mu.Lock()
 	switch {
 	case t.settled:
@@ -123,9 +112,6 @@ func (l *limiter) settleDecision(ctx context.Context, d Decision, cost int) (Set
 	}
 	args := []any{l.cfg.Namespace, t.key, slices.Clone(t.anchors), back, charge, t.xact, rates, ts, bts}
 	t.mu.Unlock()
-
-	ctx, cancel := context.WithTimeoutCause(ctx, l.cfg.Timeout, ErrTimeout)
-	defer cancel()
 	out, err := l.settle(ctx, t, l.keySQL.Settle, args)
 	switch {
 	case err == nil:
@@ -137,12 +123,12 @@ func (l *limiter) settleDecision(ctx context.Context, d Decision, cost int) (Set
 		return Settlement{}, err
 	case !errors.Is(err, ErrInvalidCost) && pgtx.UnknownOutcome(err):
 		// It may have settled: it never does twice.
-		return Settlement{}, l.wrap(ctx, fmt.Errorf("settle, whose outcome is unknown: %w", err))
+		return Settlement{}, failed(fmt.Errorf("settle, whose outcome is unknown: %w", err))
 	}
 	t.mu.Lock()
 	t.settled = false // nothing was written: the caller may settle again
 	t.mu.Unlock()
-	return Settlement{}, l.wrap(ctx, err)
+	return Settlement{}, failed(err)
 }
 
 // settle runs the settle statement sql (settle or settle.id) with args
