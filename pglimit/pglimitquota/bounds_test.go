@@ -118,7 +118,10 @@ func newDeadlineCalls(t *testing.T, q *pglimitquota.Quota, pool *pgxpool.Pool, k
 }
 
 // begin begins a transaction on pool, rolled back (within a second: the
-// server may not answer) when the test ends unless it was committed.
+// server may not answer) when the test ends unless it was committed. A
+// test that fails with a transaction open then fails at once: the
+// pool's close at its end would otherwise wait for the connection for
+// ever.
 func begin(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
 	t.Helper()
 	tx, err := pool.Begin(context.Background())

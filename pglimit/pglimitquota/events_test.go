@@ -67,18 +67,12 @@ func TestTakeEvents(t *testing.T) {
 	for _, key := range []string{"a", "b"} {
 		allow(t, ctx, b.q, key, 10) // both thresholds at once
 	}
-	first, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := begin(t, b.pool)
 	got, err := b.q.TakeEvents(ctx, first, 3)
 	if err != nil || len(got) != 3 {
 		t.Fatalf("first consumer: %v, %+v", err, got)
 	}
-	second, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	second := begin(t, b.pool)
 	rest, err := b.q.TakeEvents(ctx, second, 10)
 	if err != nil || len(rest) != 1 {
 		t.Fatalf("second consumer: %v, %+v", err, rest)

@@ -138,10 +138,7 @@ func TestIDRefusedThenAdmitted(t *testing.T) {
 func TestIDAllowTxRollback(t *testing.T) {
 	b := setup(t, pglimitquota.Config{Allowance: 10, Thresholds: []float64{0.5}}, time.Date(2027, 1, 5, 0, 0, 0, 0, time.UTC))
 	ctx := pglimit.WithID(context.Background(), "req-1")
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := begin(t, b.pool)
 	d, err := b.q.AllowTx(ctx, tx, "k", 6)
 	if err != nil || !d.Allowed || d.Replayed {
 		t.Fatalf("in tx: %+v, %v", d, err)
@@ -152,10 +149,7 @@ func TestIDAllowTxRollback(t *testing.T) {
 	if got := b.dump(t); got != "" {
 		t.Fatalf("a rolled back admission left:\n%s", got)
 	}
-	tx, err = b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx = begin(t, b.pool)
 	first, err := b.q.AllowTx(ctx, tx, "k", 6)
 	if err != nil || !first.Allowed || first.Replayed {
 		t.Fatalf("after the rollback: %+v, %v", first, err)
