@@ -2,26 +2,13 @@ package pglimitquota_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/pglimit/cooldown/internal/onpglimit/testdb"
 	"github.com/pglimit/cooldown/pglimit"
 	"github.com/pglimit/cooldown/pglimit/pglimitquota"
 )
-
-// counting is a pglimit.DB that counts the statements sent through it.
-type counting struct {
-	pglimit.DB
-	n atomic.Int32
-}
-
-func (c *counting) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	c.n.Add(1)
-	return c.DB.QueryRow(ctx, sql, args...)
-}
 
 // Allow decides the common case in one statement (docs/limits.md,
 // "Billing periods", Cost): a key whose period holds now and whose
@@ -32,20 +19,20 @@ func (c *counting) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 func TestAllowCommonCaseOneStatement(t *testing.T) {
 	start := at(t, "UTC", "2027-03-10 12:00:00")
 	b := setup(t, pglimitquota.Config{Allowance: 10, Thresholds: []float64{0.5}}, start)
-	db := &counting{DB: b.pool}
+	db := &testdb.Counted{DB: b.pool}
 	q, err := pglimitquota.New(db, &pglimitquota.Config{Schema: b.schema, Namespace: "n", Allowance: 10, Thresholds: []float64{0.5}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	step := func(what string, ctx context.Context, cost int64, statements int32, check func(d pglimitquota.Decision) bool) {
+	step := func(what string, ctx context.Context, cost int64, statements int64, check func(d pglimitquota.Decision) bool) {
 		t.Helper()
-		db.n.Store(0)
+		before := db.Statements()
 		d, err := q.Allow(ctx, "k", cost)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
-		if n := db.n.Load(); n != statements || !check(d) {
+		if n := db.Statements() - before; n != statements || !check(d) {
 			t.Errorf("%s: %d statements, %+v; want %d statements", what, n, d, statements)
 		}
 	}

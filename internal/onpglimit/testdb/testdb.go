@@ -9,10 +9,12 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
@@ -461,6 +463,28 @@ func Slow(t testing.TB) {
 		t.Skip("slow: the quick tier (-short) skips it; make test runs it")
 	}
 }
+
+// Counted is a pglimit.DB that counts the statements sent through it,
+// for a test that asserts how many an operation sends.
+type Counted struct {
+	pglimit.DB
+	n atomic.Int64
+}
+
+// QueryRow counts the statement and sends it.
+func (c *Counted) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	c.n.Add(1)
+	return c.DB.QueryRow(ctx, sql, args...)
+}
+
+// Exec counts the statement and sends it.
+func (c *Counted) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c.n.Add(1)
+	return c.DB.Exec(ctx, sql, args...)
+}
+
+// Statements is how many statements were sent so far.
+func (c *Counted) Statements() int64 { return c.n.Load() }
 
 // WaitsForLock returns once a session of the current database waits for
 // a lock in a statement whose text contains match; it fails the test if
