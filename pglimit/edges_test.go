@@ -961,7 +961,10 @@ func checkAfterFault(t *testing.T, app string, serverFault bool, cases ...*deadl
 // left behind. The key of each wait has no place in its queue, once the
 // places of joins cut off are taken out, within Timeout (it is polled
 // for Timeout and deadlineSlack); after a server fault, that of a wait
-// whose first statement does not join (not joinsFirst). The key of each
+// whose first statement does not join (not joinsFirst). Unless a call of
+// the case returned Timeout or more past its bound: then a leave, one
+// statement bounded by Timeout, may have timed out, and its place lapses
+// at its expiry instead. The key of each
 // call that takes a slot holds the one slot ready took and no other: its
 // Release succeeds, and then the key holds none.
 func (c *deadlineCase) checkSlots(t *testing.T, serverFault bool) {
@@ -987,7 +990,20 @@ func (c *deadlineCase) checkSlots(t *testing.T, serverFault bool) {
 					break
 				}
 			}
-			if places > 0 {
+			c.mu.Lock()
+			latest := c.latest
+			c.mu.Unlock()
+			switch {
+			case places == 0:
+			case latest >= c.tg.cfg.Timeout:
+				// A wait that gives up leaves its place in one statement
+				// bounded by Timeout, before it returns: a call that
+				// returned that late may have had its leave time out on
+				// a loaded machine. The place then lapses at its expiry,
+				// which the queue already skips.
+				t.Logf("%s: %s: key %q has %d places in its queue after the fault: a leave may have timed out (a call returned %s past its bound)",
+					c.name, e.name, key, places, latest.Round(time.Millisecond))
+			default:
 				t.Errorf("%s: %s: key %q has %d places in its queue after the fault, want none: a wait that gave up left its place",
 					c.name, e.name, key, places)
 			}
