@@ -276,7 +276,18 @@ func TestWaitLevelBorrowing(t *testing.T) {
 	for len(batch) < 6 {
 		batch = append(batch, <-got)
 	}
-	waitFor(t, "the other batch waiters' places", func() bool { return waiters(t, pool, schema, "k") == 4 })
+	// The other four join the queue; on a loaded machine their first
+	// tries can take seconds, so the wait is long, and a failure says
+	// what the queue held.
+	for deadline, n := time.Now().Add(30*time.Second), 0; ; time.Sleep(10 * time.Millisecond) {
+		if n = waiters(t, pool, schema, "k"); n == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after batch's sixth slot, its queue holds %d live places and the key %d slots; want 4 places and 6 slots",
+				n, heldSlots(t, pool, schema, "k"))
+		}
+	}
 	time.Sleep(200 * time.Millisecond) // four wake-ups at WaitPoll: none takes a kept slot
 	if n := heldSlots(t, pool, schema, "k"); n != 6 {
 		t.Fatalf("batch's waiters hold %d slots, want 6: 8 less the 2 critical keeps", n)
