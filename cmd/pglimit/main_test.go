@@ -510,23 +510,31 @@ func TestHealthUnreadStandby(t *testing.T) {
 	}
 }
 
+// billed makes the quota "billing" (an allowance of 10, a hard cap of
+// 15), on which key "acme" holds a credit of 4 and has been charged 13,
+// under allow's context, and points the command at it.
+func billed(t *testing.T, b *bundle, allow context.Context) *pglimitquota.Quota {
+	t.Helper()
+	q, err := pglimitquota.New(b.pool, &pglimitquota.Config{Schema: b.cfg.Schema, Namespace: "billing", Allowance: 10, HardCap: 15})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Grant(context.Background(), "acme", 4, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := q.Allow(allow, "acme", 13); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	b.env["PGLIMIT_NAMESPACE"] = "billing"
+	return q
+}
+
 // usage shows a key's billing period: used, allowance, credits left,
 // overage and the period's end.
 func TestUsageCommand(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	q, err := pglimitquota.New(b.pool, &pglimitquota.Config{Schema: b.cfg.Schema, Namespace: "billing", Allowance: 10, HardCap: 15})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := q.Grant(ctx, "acme", 4, time.Now().Add(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	if d, err := q.Allow(ctx, "acme", 13); err != nil || !d.Allowed {
-		t.Fatalf("Allow: %+v, %v", d, err)
-	}
-	b.env["PGLIMIT_NAMESPACE"] = "billing"
+	billed(t, b, context.Background())
 	code, out, errOut := b.pglimit(t, "usage", "-allowance", "10", "-hard-cap", "15", "acme")
 	if code != 0 || !strings.Contains(out, "used 13: 10 of the allowance of 10, 3 from credits, 0 overage (hard cap 15)") || !strings.Contains(out, "credits left 1") {
 		t.Fatalf("usage acme: exit %d, %s%s", code, out, errOut)
@@ -553,18 +561,8 @@ func TestUsageCommand(t *testing.T) {
 func TestForgetCommand(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	q, err := pglimitquota.New(b.pool, &pglimitquota.Config{Schema: b.cfg.Schema, Namespace: "billing", Allowance: 10, HardCap: 15})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	if err := q.Grant(ctx, "acme", 4, time.Now().Add(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	if d, err := q.Allow(pglimit.WithID(ctx, "order-1"), "acme", 13); err != nil || !d.Allowed {
-		t.Fatalf("Allow: %+v, %v", d, err)
-	}
-	b.env["PGLIMIT_NAMESPACE"] = "billing"
+	q := billed(t, b, pglimit.WithID(ctx, "order-1"))
 	used := func() int64 {
 		t.Helper()
 		u, err := q.Usage(ctx, "acme")
